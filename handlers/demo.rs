@@ -1,0 +1,75 @@
+//! `demo`: a handler for trying the tool and for tests.
+//!
+//! Every body succeeds, except a JSON object that asks otherwise:
+//! `{"sleep_ms": 250}` sleeps first, and `{"fail": "retryable" | "permanent" |
+//! "panic"}` fails that way. Each time it runs, before obeying anything, it
+//! appends `<key>\t<messageId>\n` to the file named by `SQS_ONCE_DEMO_LOG`, so
+//! a test can count how often a side effect started.
+
+use std::{
+    fs::{File, OpenOptions},
+    io::Write,
+    path::Path,
+    time::Duration,
+};
+
+use serde::Deserialize;
+
+use crate::{Handler, HandlerError, HandlerResult, Record};
+
+/// The demo handler.
+#[derive(Debug, Default)]
+pub struct Demo {
+    log: Option<File>,
+}
+
+/// The directives a body may carry; anything else in it is ignored.
+#[derive(Debug, Default, Deserialize)]
+struct Directives {
+    sleep_ms: Option<u64>,
+    fail: Option<String>,
+}
+
+impl Demo {
+    /// A demo handler logging to `SQS_ONCE_DEMO_LOG`, if set.
+    ///
+    /// # Panics
+    ///
+    /// When the log file cannot be opened: a demo that cannot log would make
+    /// every count taken from it wrong.
+    pub fn from_env() -> Self {
+        match std::env::var_os("SQS_ONCE_DEMO_LOG") {
+            Some(path) => Self::with_log(&path).unwrap_or_else(|error| {
+                panic!("cannot open SQS_ONCE_DEMO_LOG {}: {error}", Path::new(&path).display())
+            }),
+            None => Self::default(),
+        }
+    }
+
+    /// A demo handler appending its run log to `path`.
+    pub fn with_log(path: impl AsRef<Path>) -> std::io::Result<Self> {
+        let log = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Self { log: Some(log) })
+    }
+}
+
+impl Handler for Demo {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        if let Some(mut log) = self.log.as_ref() {
+            // One write per line: with O_APPEND, lines of several processes never interleave.
+            log.write_all(format!("{}\t{}\n", record.key, record.message_id).as_bytes())
+                .map_err(|error| HandlerError::retryable(format!("demo log: {error}")))?;
+        }
+        let directives: Directives = serde_json::from_str(&record.body).unwrap_or_default();
+        if let Some(ms) = directives.sleep_ms {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        match directives.fail.as_deref() {
+            None => Ok(None),
+            Some("retryable") => Err(HandlerError::retryable("demo: asked to fail (retryable)")),
+            Some("permanent") => Err(HandlerError::permanent("demo: asked to fail (permanent)")),
+            Some("panic") => panic!("demo: asked to panic"),
+            Some(other) => Err(HandlerError::permanent(format!("demo: unknown directive fail={other:?}"))),
+        }
+    }
+}

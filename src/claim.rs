@@ -1,0 +1,452 @@
+//! The claim state machine, written once for every store.
+//!
+//! One record per stored key:
+//!
+//! ```text
+//!            claim (key free)                 complete (token matches)
+//!   (none) ──────────────────▶ INPROGRESS ───────────────────────────▶ COMPLETED
+//!     ▲                          │    │        fail (token matches)
+//!     │ release (token matches)  │    └──────────────────────────────▶ FAILED
+//!     └──────────────────────────┘
+//! ```
+//!
+//! A key is *free* (see [`ClaimRecord::is_free`]) when no record holds it, when
+//! its in-progress lease has ended, or when a finished record's expiry has
+//! passed. A live lease is never taken over because the record's overall
+//! expiry passed. Whoever claims a free key gets a fresh random token; the
+//! finishing writes are conditioned on it, so a holder whose lease was taken
+//! over can neither overwrite nor delete the new holder's claim.
+//!
+//! Expiry is always judged from the timestamps in the record, never from
+//! whether the store has deleted it yet.
+
+use std::{
+    num::NonZeroUsize,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use lru::LruCache;
+use serde_json::Value;
+
+use crate::{
+    clock::{Clock, SystemClock, duration_ms},
+    key::payload_hash,
+    store::{ClaimStore, Fenced, Finish, PutOutcome, StoreError},
+};
+
+/// The state of a claim record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimStatus {
+    /// A holder is running the handler under a lease.
+    InProgress,
+    /// The handler succeeded; deliveries until expiry are duplicates.
+    Completed,
+    /// The handler failed permanently; deliveries until expiry are not run.
+    Failed,
+}
+
+impl ClaimStatus {
+    /// The status as stored (`INPROGRESS` and `COMPLETED` as Powertools writes them).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InProgress => "INPROGRESS",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+        }
+    }
+
+    /// Parses a stored status.
+    pub fn parse(stored: &str) -> Option<Self> {
+        match stored {
+            "INPROGRESS" => Some(Self::InProgress),
+            "COMPLETED" => Some(Self::Completed),
+            "FAILED" => Some(Self::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// One claim, as every store holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimRecord {
+    /// The stored key (prefix and key, see [`crate::key::KeyDeriver`]).
+    pub id: String,
+    /// Where the claim stands.
+    pub status: ClaimStatus,
+    /// When the record stops counting, epoch seconds (the table's TTL).
+    pub expires_at_s: u64,
+    /// End of the in-progress lease, epoch milliseconds.
+    pub lease_until_ms: Option<u64>,
+    /// The holder's random token; the finishing writes are conditioned on it.
+    pub token: Option<String>,
+    /// Who holds or held the claim (the Lambda request id, or the process).
+    pub holder: Option<String>,
+    /// The SQS delivery attempt (`ApproximateReceiveCount`) that made the claim.
+    pub attempt: Option<u32>,
+    /// When the claim was made, epoch milliseconds.
+    pub claimed_at_ms: Option<u64>,
+    /// When the claim last changed, epoch milliseconds.
+    pub updated_at_ms: Option<u64>,
+    /// SHA-256 of the body, when payload validation is on.
+    pub payload_hash: Option<String>,
+    /// The handler's output as JSON text, when result storage is on.
+    pub result: Option<String>,
+    /// Why the claim failed, for [`ClaimStatus::Failed`].
+    pub error: Option<String>,
+}
+
+impl ClaimRecord {
+    /// Whether a new claim may replace this record at `now_ms`.
+    ///
+    /// An in-progress record is free once its lease has ended, whatever its
+    /// overall expiry; any other record (and an in-progress one without a
+    /// lease, as other tools write them) once its expiry has passed. The
+    /// DynamoDB store evaluates the same predicate as a condition expression.
+    pub fn is_free(&self, now_ms: u64) -> bool {
+        match (self.status, self.lease_until_ms) {
+            (ClaimStatus::InProgress, Some(lease_until_ms)) => lease_until_ms < now_ms,
+            _ => self.expires_at_s < now_ms / 1000,
+        }
+    }
+
+    /// Whether this is an in-progress claim whose lease has ended at `now_ms`:
+    /// work that crashed or timed out.
+    pub fn is_stale(&self, now_ms: u64) -> bool {
+        self.status == ClaimStatus::InProgress && self.is_free(now_ms)
+    }
+
+    /// Time until the key may be claimed again.
+    fn free_in(&self, now_ms: u64) -> Duration {
+        let free_at_ms = match (self.status, self.lease_until_ms) {
+            (ClaimStatus::InProgress, Some(lease_until_ms)) => lease_until_ms + 1,
+            _ => (self.expires_at_s + 1) * 1000,
+        };
+        Duration::from_millis(free_at_ms.saturating_sub(now_ms))
+    }
+
+    /// This record after `finish`, as every store must write it.
+    pub fn apply(&mut self, finish: &Finish) {
+        self.status = finish.status;
+        self.expires_at_s = finish.expires_at_s;
+        self.lease_until_ms = None;
+        self.updated_at_ms = Some(finish.finished_at_ms);
+        self.result = finish.result.clone();
+        self.error = finish.error.clone();
+    }
+}
+
+/// What the state machine needs to know about one claim attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The stored key.
+    pub id: &'a str,
+    /// The message body (hashed when payload validation is on).
+    pub body: &'a str,
+    /// When the invocation must answer, epoch milliseconds; the lease ends a
+    /// margin after it.
+    pub deadline_ms: u64,
+    /// Who claims (the Lambda request id, or the process).
+    pub holder: &'a str,
+    /// The SQS delivery attempt.
+    pub attempt: u32,
+}
+
+/// A claim that was won: the right to run the handler until `lease_until_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The stored key.
+    pub id: String,
+    /// The token the finishing writes are conditioned on.
+    pub token: String,
+    /// End of the lease, epoch milliseconds.
+    pub lease_until_ms: u64,
+    /// The body hash stored with the claim, when payload validation is on.
+    pub payload_hash: Option<String>,
+}
+
+/// The outcome of [`Claims::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The key was free and is now ours: run the handler.
+    Won(Lease),
+    /// The key completed before: a duplicate, not run again.
+    Duplicate {
+        /// The stored output, if one was stored.
+        result: Option<String>,
+    },
+    /// Another holder's lease is live: try again when it can have ended.
+    Conflict {
+        /// Time until the key can be claimed.
+        retry_after: Duration,
+    },
+    /// The key failed permanently before: not run again until it expires.
+    FailedBefore {
+        /// The recorded reason.
+        error: Option<String>,
+    },
+    /// The key was claimed with a different body, and payload validation is on.
+    PayloadMismatch,
+}
+
+/// Tuning of the state machine; see the README for the matching settings.
+#[derive(Debug, Clone)]
+pub struct ClaimPolicy {
+    /// How long a finished key is remembered (`SQS_ONCE_EXPIRES_AFTER_SECS`).
+    pub expires_after: Duration,
+    /// How long after the invocation deadline a lease lasts.
+    pub lease_margin: Duration,
+    /// Store a body hash and refuse the same key with another body.
+    pub validate_payload: bool,
+    /// Store the handler's output with the completed claim.
+    pub store_result: bool,
+    /// Outputs longer than this (bytes of JSON) are not stored.
+    pub max_result_bytes: usize,
+    /// Completed keys remembered in this process (0 turns the cache off).
+    pub local_cache_entries: usize,
+}
+
+impl Default for ClaimPolicy {
+    fn default() -> Self {
+        Self {
+            expires_after: Duration::from_secs(3600),
+            lease_margin: Duration::from_secs(2),
+            validate_payload: false,
+            store_result: false,
+            // DynamoDB items are capped at 400 KB; leave room for the rest of the item.
+            max_result_bytes: 350 * 1024,
+            local_cache_entries: 1024,
+        }
+    }
+}
+
+/// A completed key as remembered by the local cache.
+#[derive(Debug, Clone)]
+struct Completed {
+    expires_at_s: u64,
+    payload_hash: Option<String>,
+    result: Option<String>,
+}
+
+/// Counters of what the state machine saw, for metrics.
+#[derive(Debug, Default)]
+pub struct ClaimCounters {
+    /// Finishing writes refused because the lease had been taken over.
+    pub refused: AtomicU64,
+    /// Duplicates answered from the local cache, without a store request.
+    pub cache_hits: AtomicU64,
+    /// Outputs not stored because they were too large.
+    pub oversized_results: AtomicU64,
+}
+
+/// Claims the number of times a record changing under a claim is retried.
+const CONTENDED_RETRIES: usize = 2;
+
+/// The claim state machine over a [`ClaimStore`].
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use sqs_once::{claim::{Claim, ClaimRequest, Claims}, store::MemoryStore};
+///
+/// let claims = Claims::new(Arc::new(MemoryStore::default()));
+/// let request = ClaimRequest { id: "orders#o-1", body: "{}", deadline_ms: u64::MAX / 2, holder: "me", attempt: 1 };
+/// let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("key was free") };
+/// claims.complete(&lease, None).await.unwrap();
+/// assert_eq!(claims.claim(&request).await.unwrap(), Claim::Duplicate { result: None });
+/// # });
+/// ```
+pub struct Claims {
+    store: Arc<dyn ClaimStore>,
+    clock: Arc<dyn Clock>,
+    policy: ClaimPolicy,
+    cache: Option<Mutex<LruCache<String, Completed>>>,
+    counters: ClaimCounters,
+}
+
+impl Claims {
+    /// The state machine over `store`, with the default policy and the system clock.
+    pub fn new(store: Arc<dyn ClaimStore>) -> Self {
+        Self::with_policy(store, ClaimPolicy::default(), Arc::new(SystemClock))
+    }
+
+    /// The state machine over `store`, with `policy`, reading time from `clock`.
+    pub fn with_policy(store: Arc<dyn ClaimStore>, policy: ClaimPolicy, clock: Arc<dyn Clock>) -> Self {
+        let cache = NonZeroUsize::new(policy.local_cache_entries).map(|size| Mutex::new(LruCache::new(size)));
+        Self { store, clock, policy, cache, counters: ClaimCounters::default() }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &ClaimPolicy {
+        &self.policy
+    }
+
+    /// What the state machine counted so far.
+    pub fn counters(&self) -> &ClaimCounters {
+        &self.counters
+    }
+
+    /// Claims `request.id`: one conditional write, plus one strongly
+    /// consistent read only when the store could not say who holds the key.
+    pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let payload_hash = self.policy.validate_payload.then(|| payload_hash(request.body));
+        if let Some(completed) = self.cached(request.id) {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.duplicate(completed.payload_hash.as_deref(), payload_hash.as_deref(), completed.result));
+        }
+        for _ in 0..=CONTENDED_RETRIES {
+            let now_ms = self.clock.now_ms();
+            let record = self.new_claim(request, now_ms, payload_hash.clone());
+            let existing = match self.store.put_if_free(&record, now_ms).await? {
+                PutOutcome::Claimed => {
+                    let lease_until_ms = record.lease_until_ms.unwrap_or_default();
+                    let token = record.token.unwrap_or_default();
+                    return Ok(Claim::Won(Lease { id: record.id, token, lease_until_ms, payload_hash }));
+                }
+                PutOutcome::Taken(Some(existing)) => *existing,
+                // The record went away between the write and the read: claim again.
+                PutOutcome::Taken(None) => match self.store.get(request.id).await? {
+                    Some(existing) => existing,
+                    None => continue,
+                },
+            };
+            if let Some(claim) = self.judge(existing, payload_hash.as_deref()) {
+                return Ok(claim);
+            }
+        }
+        Err(StoreError::Contended(request.id.to_owned()))
+    }
+
+    /// Marks the lease's claim completed, storing `output` if the policy says so.
+    pub async fn complete(&self, lease: &Lease, output: Option<&Value>) -> Result<Fenced, StoreError> {
+        let result = output.filter(|_| self.policy.store_result).and_then(|output| self.storable(lease, output));
+        let finish = self.finish(ClaimStatus::Completed, result, None);
+        let fenced = self.settle(lease, self.store.finish(&lease.id, &lease.token, &finish).await?, "completion");
+        if fenced == Fenced::Applied {
+            let completed = Completed {
+                expires_at_s: finish.expires_at_s,
+                payload_hash: lease.payload_hash.clone(),
+                result: finish.result,
+            };
+            self.cache_insert(&lease.id, completed);
+        }
+        Ok(fenced)
+    }
+
+    /// Records a permanent failure of the lease's claim, with `error` as the reason.
+    pub async fn fail(&self, lease: &Lease, error: &str) -> Result<Fenced, StoreError> {
+        let finish = self.finish(ClaimStatus::Failed, None, Some(error.to_owned()));
+        Ok(self.settle(lease, self.store.finish(&lease.id, &lease.token, &finish).await?, "failure record"))
+    }
+
+    /// Deletes the lease's claim so that a redelivery runs again.
+    pub async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
+        Ok(self.settle(lease, self.store.release(&lease.id, &lease.token).await?, "release"))
+    }
+
+    fn new_claim(&self, request: &ClaimRequest<'_>, now_ms: u64, payload_hash: Option<String>) -> ClaimRecord {
+        ClaimRecord {
+            id: request.id.to_owned(),
+            status: ClaimStatus::InProgress,
+            expires_at_s: self.expiry_from(now_ms),
+            lease_until_ms: Some(request.deadline_ms.saturating_add(duration_ms(self.policy.lease_margin))),
+            token: Some(uuid::Uuid::new_v4().simple().to_string()),
+            holder: Some(request.holder.to_owned()),
+            attempt: Some(request.attempt),
+            claimed_at_ms: Some(now_ms),
+            updated_at_ms: Some(now_ms),
+            payload_hash,
+            result: None,
+            error: None,
+        }
+    }
+
+    /// What an existing record means for a claim; `None` when it turned out
+    /// to be free after all (it expired between the write and the read).
+    fn judge(&self, existing: ClaimRecord, payload_hash: Option<&str>) -> Option<Claim> {
+        let now_ms = self.clock.now_ms();
+        if existing.is_free(now_ms) {
+            return None;
+        }
+        if self.mismatched(existing.payload_hash.as_deref(), payload_hash) {
+            return Some(Claim::PayloadMismatch);
+        }
+        Some(match existing.status {
+            ClaimStatus::InProgress => Claim::Conflict { retry_after: existing.free_in(now_ms) },
+            ClaimStatus::Failed => Claim::FailedBefore { error: existing.error },
+            ClaimStatus::Completed => {
+                let completed = Completed {
+                    expires_at_s: existing.expires_at_s,
+                    payload_hash: existing.payload_hash,
+                    result: existing.result,
+                };
+                self.cache_insert(&existing.id, completed.clone());
+                self.duplicate(completed.payload_hash.as_deref(), payload_hash, completed.result)
+            }
+        })
+    }
+
+    fn duplicate(&self, stored_hash: Option<&str>, payload_hash: Option<&str>, result: Option<String>) -> Claim {
+        if self.mismatched(stored_hash, payload_hash) { Claim::PayloadMismatch } else { Claim::Duplicate { result } }
+    }
+
+    fn mismatched(&self, stored_hash: Option<&str>, payload_hash: Option<&str>) -> bool {
+        matches!((stored_hash, payload_hash), (Some(stored), Some(ours)) if stored != ours)
+    }
+
+    fn finish(&self, status: ClaimStatus, result: Option<String>, error: Option<String>) -> Finish {
+        let now_ms = self.clock.now_ms();
+        Finish { status, expires_at_s: self.expiry_from(now_ms), finished_at_ms: now_ms, result, error }
+    }
+
+    fn expiry_from(&self, now_ms: u64) -> u64 {
+        now_ms / 1000 + self.policy.expires_after.as_secs()
+    }
+
+    fn settle(&self, lease: &Lease, fenced: Fenced, write: &str) -> Fenced {
+        if fenced == Fenced::Refused {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(id = %lease.id, "{write} refused: the lease was taken over by another holder");
+        }
+        fenced
+    }
+
+    /// `output` as JSON text, or `None` (with a warning) when it is too large
+    /// to store: the record still completes, only the output is not kept.
+    fn storable(&self, lease: &Lease, output: &Value) -> Option<String> {
+        let text = output.to_string();
+        if text.len() <= self.policy.max_result_bytes {
+            return Some(text);
+        }
+        self.counters.oversized_results.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            id = %lease.id,
+            bytes = text.len(),
+            limit = self.policy.max_result_bytes,
+            "handler output too large to store; the claim completes without it"
+        );
+        None
+    }
+
+    fn cache_insert(&self, id: &str, completed: Completed) {
+        if let Some(cache) = &self.cache {
+            cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).put(id.to_owned(), completed);
+        }
+    }
+
+    fn cached(&self, id: &str) -> Option<Completed> {
+        let mut cache = self.cache.as_ref()?.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now_s = self.clock.now_ms() / 1000;
+        match cache.get(id) {
+            Some(completed) if completed.expires_at_s >= now_s => Some(completed.clone()),
+            Some(_) => {
+                cache.pop(id);
+                None
+            }
+            None => None,
+        }
+    }
+}

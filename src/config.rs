@@ -1,0 +1,174 @@
+//! The `SQS_ONCE_` settings, read once at start.
+//!
+//! Every setting is an environment variable, as Lambda users expect; invalid
+//! values are refused at start with a message naming the valid ones.
+
+use std::{fmt::Display, path::PathBuf, str::FromStr, time::Duration};
+
+use crate::{
+    claim::ClaimPolicy,
+    engine::EngineOptions,
+    key::{KeyDeriver, KeySpec, OnMissingKey},
+};
+
+/// Where claims are kept (`SQS_ONCE_STORE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// In process memory; nothing survives the process.
+    Memory,
+    /// A SQLite file, shared safely by concurrent processes.
+    File(PathBuf),
+}
+
+/// A setting with an invalid value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {name}={value:?}: expected {expected}")]
+pub struct ConfigError {
+    /// The variable.
+    pub name: &'static str,
+    /// The value it had.
+    pub value: String,
+    /// What would have been accepted.
+    pub expected: String,
+}
+
+/// All settings, resolved.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The registered handler to run (`SQS_ONCE_HANDLER`).
+    pub handler: String,
+    /// Which parts of a message make its key (`SQS_ONCE_KEY`).
+    pub key: KeySpec,
+    /// The namespace of stored keys (`SQS_ONCE_KEY_PREFIX`).
+    pub key_prefix: String,
+    /// Store keys as SHA-256 hashes (`SQS_ONCE_HASH_KEYS`).
+    pub hash_keys: bool,
+    /// What to do with a record without a key (`SQS_ONCE_ON_MISSING_KEY`).
+    pub on_missing_key: OnMissingKey,
+    /// The claim state machine's tuning.
+    pub claims: ClaimPolicy,
+    /// The batch engine's tuning.
+    pub engine: EngineOptions,
+    /// Where claims are kept.
+    pub store: StoreChoice,
+}
+
+impl Config {
+    /// Reads the settings from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the settings from `lookup`, which plays the environment.
+    ///
+    /// ```
+    /// use sqs_once::config::Config;
+    ///
+    /// let config = Config::from_lookup(|name| (name == "SQS_ONCE_CONCURRENCY").then(|| "8".to_owned())).unwrap();
+    /// assert_eq!(config.engine.concurrency, 8);
+    /// assert_eq!(config.key_prefix, "demo");
+    ///
+    /// let error = Config::from_lookup(|name| (name == "SQS_ONCE_ON_MISSING_KEY").then(|| "skip".to_owned()));
+    /// assert_eq!(error.unwrap_err().to_string(), r#"invalid SQS_ONCE_ON_MISSING_KEY="skip": expected fail or message-id"#);
+    /// ```
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env(&lookup);
+        let handler = env.text("SQS_ONCE_HANDLER").unwrap_or_else(|| "demo".to_owned());
+        let key_prefix = env
+            .text("SQS_ONCE_KEY_PREFIX")
+            .or_else(|| env.text("AWS_LAMBDA_FUNCTION_NAME"))
+            .unwrap_or_else(|| handler.clone());
+        let defaults = ClaimPolicy::default();
+        let claims = ClaimPolicy {
+            expires_after: Duration::from_secs(env.parse(
+                "SQS_ONCE_EXPIRES_AFTER_SECS",
+                defaults.expires_after.as_secs(),
+                "a number of seconds",
+            )?),
+            lease_margin: Duration::from_millis(env.parse(
+                "SQS_ONCE_LEASE_MARGIN_MS",
+                2000,
+                "a number of milliseconds",
+            )?),
+            validate_payload: env.flag("SQS_ONCE_VALIDATE_PAYLOAD", false)?,
+            store_result: env.flag("SQS_ONCE_STORE_RESULT", false)?,
+            local_cache_entries: env.parse(
+                "SQS_ONCE_LOCAL_CACHE",
+                defaults.local_cache_entries,
+                "a number of entries (0 turns the cache off)",
+            )?,
+            ..defaults
+        };
+        let engine = EngineOptions {
+            concurrency: env.parse("SQS_ONCE_CONCURRENCY", 64, "a positive number of records")?,
+            deadline_margin: Duration::from_millis(env.parse(
+                "SQS_ONCE_DEADLINE_MARGIN_MS",
+                500,
+                "a number of milliseconds",
+            )?),
+        };
+        if engine.concurrency == 0 {
+            return Err(env.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
+        }
+        let path = PathBuf::from(env.text("SQS_ONCE_STORE_PATH").unwrap_or_else(|| ".sqs-once/claims.db".into()));
+        let store = match env.text("SQS_ONCE_STORE").as_deref() {
+            None | Some("file") => StoreChoice::File(path),
+            Some("memory") => StoreChoice::Memory,
+            Some(_) => return Err(env.invalid("SQS_ONCE_STORE", "file or memory")),
+        };
+        Ok(Self {
+            handler,
+            key: env.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?,
+            key_prefix,
+            hash_keys: env.flag("SQS_ONCE_HASH_KEYS", true)?,
+            on_missing_key: env.parse("SQS_ONCE_ON_MISSING_KEY", OnMissingKey::Fail, "fail or message-id")?,
+            claims,
+            engine,
+            store,
+        })
+    }
+
+    /// The key deriver these settings describe.
+    pub fn key_deriver(&self) -> KeyDeriver {
+        KeyDeriver::new(self.key.clone(), self.key_prefix.clone(), self.hash_keys, self.on_missing_key)
+    }
+}
+
+/// The environment, with parsing that names the variable on failure.
+struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
+
+impl Env<'_> {
+    /// A variable's value; empty counts as unset, as it does in Lambda's console.
+    fn text(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|value| !value.trim().is_empty())
+    }
+
+    fn parse<T: FromStr>(&self, name: &'static str, default: T, expected: &str) -> Result<T, ConfigError> {
+        self.parse_with(name, default, |_| expected.to_owned())
+    }
+
+    fn parse_with<T: FromStr>(
+        &self,
+        name: &'static str,
+        default: T,
+        expected: impl FnOnce(T::Err) -> String,
+    ) -> Result<T, ConfigError> {
+        match self.text(name) {
+            None => Ok(default),
+            Some(value) => value.trim().parse().map_err(|error| ConfigError { name, value, expected: expected(error) }),
+        }
+    }
+
+    fn flag(&self, name: &'static str, default: bool) -> Result<bool, ConfigError> {
+        match self.text(name).map(|value| value.trim().to_ascii_lowercase()).as_deref() {
+            None => Ok(default),
+            Some("1" | "true" | "yes" | "on") => Ok(true),
+            Some("0" | "false" | "no" | "off") => Ok(false),
+            Some(_) => Err(self.invalid(name, "true or false")),
+        }
+    }
+
+    fn invalid(&self, name: &'static str, expected: impl Display) -> ConfigError {
+        ConfigError { name, value: self.text(name).unwrap_or_default(), expected: expected.to_string() }
+    }
+}

@@ -1,0 +1,527 @@
+//! The batch engine: one SQS batch in, one partial-batch response out.
+//!
+//! Records fan out concurrently, with a bound. Records that share a key run
+//! once and share the outcome. FIFO records run in order within their message
+//! group, and a failure stops the rest of its group. When the invocation's
+//! deadline comes within the safety margin, nothing new starts, and the engine
+//! answers with every unfinished record failed, so a slow record never turns
+//! into a Lambda timeout that would redeliver the whole batch.
+//!
+//! The engine knows a [`Claims`] state machine and a handler; it does not know
+//! which store is behind them, nor whether it runs inside Lambda.
+
+use std::{
+    collections::HashMap,
+    panic::AssertUnwindSafe,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared, join_all},
+};
+use tokio::{
+    sync::Semaphore,
+    task::AbortHandle,
+    time::{Instant, timeout_at},
+};
+
+use crate::{
+    BoxHandler, ErrorKind, Record,
+    claim::{Claim, ClaimRequest, Claims, Lease},
+    clock::epoch_ms,
+    event::EventRecord,
+    key::{KeyDeriver, payload_hash},
+    store::{Fenced, StoreError},
+};
+
+/// Tuning of the engine; see the README for the matching settings.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Records running at once (`SQS_ONCE_CONCURRENCY`).
+    pub concurrency: usize,
+    /// Stop starting records, and answer, this long before the deadline
+    /// (`SQS_ONCE_DEADLINE_MARGIN_MS`).
+    pub deadline_margin: Duration,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self { concurrency: 64, deadline_margin: Duration::from_millis(500) }
+    }
+}
+
+/// One invocation of the engine.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// When the answer is due (the Lambda deadline, or `invoke --timeout`).
+    pub deadline: SystemTime,
+    /// Who is processing: stored as the claims' holder.
+    pub request_id: String,
+}
+
+/// What became of one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler ran and succeeded. `recorded` is false when the completed
+    /// state could not be written (the store failed, or the lease had been
+    /// taken over); the record still succeeded and SQS may delete it.
+    Processed {
+        /// Whether the claim was marked completed.
+        recorded: bool,
+    },
+    /// The key had completed before: the handler did not run.
+    Duplicate,
+    /// The record must be delivered again.
+    Failed(Failure),
+}
+
+impl Outcome {
+    /// Whether the record goes into `batchItemFailures`.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Self::Failed(_))
+    }
+
+    /// A short label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Processed { .. } => "processed",
+            Self::Duplicate => "duplicate",
+            Self::Failed(failure) => failure.label(),
+        }
+    }
+}
+
+/// Why a record failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// The record's fields do not parse.
+    #[error("invalid record: {0}")]
+    InvalidRecord(String),
+    /// No idempotency key could be derived.
+    #[error("no idempotency key: {0}")]
+    MissingKey(String),
+    /// Another holder's lease on the key is live.
+    #[error("key is being processed elsewhere; free in {} ms", retry_after.as_millis())]
+    Conflict {
+        /// Time until that lease can have ended.
+        retry_after: Duration,
+    },
+    /// The handler failed, and another delivery may succeed.
+    #[error("handler failed (retryable): {0}")]
+    Retryable(String),
+    /// The handler failed, and no delivery can succeed.
+    #[error("handler failed (permanent): {0}")]
+    Permanent(String),
+    /// The key failed permanently in an earlier delivery.
+    #[error("key failed permanently before: {}", .0.as_deref().unwrap_or("no reason recorded"))]
+    FailedBefore(Option<String>),
+    /// The key was claimed before with a different body.
+    #[error("key was processed before with a different body (payload validation)")]
+    PayloadMismatch,
+    /// The handler panicked.
+    #[error("handler panicked: {0}")]
+    Panicked(String),
+    /// The claim store failed.
+    #[error("claim store error: {0}")]
+    Store(String),
+    /// The deadline came before the record finished (or started).
+    #[error("not finished before the invocation deadline")]
+    Deadline,
+    /// An earlier record of the same FIFO message group failed.
+    #[error("skipped: earlier record {0} of its FIFO message group failed")]
+    GroupSkipped(String),
+}
+
+impl Failure {
+    /// A short label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::InvalidRecord(_) => "invalid_record",
+            Self::MissingKey(_) => "missing_key",
+            Self::Conflict { .. } => "conflict",
+            Self::Retryable(_) => "retryable",
+            Self::Permanent(_) => "permanent",
+            Self::FailedBefore(_) => "failed_before",
+            Self::PayloadMismatch => "payload_mismatch",
+            Self::Panicked(_) => "panicked",
+            Self::Store(_) => "store_error",
+            Self::Deadline => "deadline",
+            Self::GroupSkipped(_) => "group_skipped",
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(error: StoreError) -> Self {
+        Self::Store(error.to_string())
+    }
+}
+
+/// The fate of one record of the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordReport {
+    /// The record's message id.
+    pub message_id: String,
+    /// The stored key, when one was derived.
+    pub key: Option<String>,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Time spent on its key (shared by in-batch duplicates).
+    pub duration: Duration,
+}
+
+/// The fate of a whole batch, in event order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// One entry per event record.
+    pub records: Vec<RecordReport>,
+}
+
+impl BatchReport {
+    /// The partial-batch response: each failed record's message id, once.
+    pub fn response(&self) -> SqsBatchResponse {
+        let mut seen = std::collections::HashSet::new();
+        let mut response = SqsBatchResponse::default();
+        response.batch_item_failures = self
+            .records
+            .iter()
+            .filter(|record| record.outcome.is_failure() && seen.insert(record.message_id.as_str()))
+            .map(|record| {
+                let mut failure = BatchItemFailure::default();
+                failure.item_identifier = record.message_id.clone();
+                failure
+            })
+            .collect();
+        response
+    }
+
+    /// How many records had each outcome label.
+    pub fn counts(&self) -> HashMap<&'static str, usize> {
+        let mut counts = HashMap::new();
+        for record in &self.records {
+            *counts.entry(record.outcome.label()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+/// The batch engine. Cheap to clone; build one per process and reuse it.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::{sync::Arc, time::{Duration, SystemTime}};
+/// use sqs_once::{
+///     Handler, HandlerResult, Record, claim::Claims, engine::{Engine, EngineOptions, Invocation},
+///     event::parse_event, key::KeyDeriver, store::MemoryStore,
+/// };
+///
+/// struct Echo;
+/// impl Handler for Echo {
+///     async fn handle(&self, _record: &Record) -> HandlerResult { Ok(None) }
+/// }
+///
+/// let claims = Arc::new(Claims::new(Arc::new(MemoryStore::default())));
+/// let keys = KeyDeriver::new(Default::default(), "echo", true, Default::default());
+/// let engine = Engine::new(Arc::new(Echo), claims, keys, EngineOptions::default());
+/// let event = serde_json::json!({"Records": [{"messageId": "m-1", "body": "hi"}]});
+/// let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(5), request_id: "r-1".into() };
+/// let report = engine.process(parse_event(event).unwrap(), &invocation).await;
+/// assert!(report.response().batch_item_failures.is_empty());
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    handler: BoxHandler,
+    claims: Arc<Claims>,
+    keys: KeyDeriver,
+    options: EngineOptions,
+}
+
+/// A key's run, awaited by every record of the batch that shares the key.
+type KeyRun = Shared<BoxFuture<'static, (Outcome, Duration)>>;
+
+/// What the records of one batch share while it runs.
+struct BatchState {
+    /// Outcome of each record, by event index; `None` until it is known.
+    reports: Mutex<Vec<Option<RecordReport>>>,
+    /// The run of each key, with the body hash it ran with when payload
+    /// validation is on.
+    runs: Mutex<HashMap<String, (KeyRun, Option<String>)>>,
+    aborts: Mutex<Vec<AbortHandle>>,
+    permits: Arc<Semaphore>,
+    /// No record starts after this instant.
+    cutoff: Instant,
+    deadline: Instant,
+    deadline_ms: u64,
+    request_id: Arc<str>,
+}
+
+impl Engine {
+    /// An engine running `handler` under `claims`, keying records with `keys`.
+    pub fn new(handler: BoxHandler, claims: Arc<Claims>, keys: KeyDeriver, options: EngineOptions) -> Self {
+        Self { inner: Arc::new(Inner { handler, claims, keys, options }) }
+    }
+
+    /// The claim state machine the engine runs on.
+    pub fn claims(&self) -> &Arc<Claims> {
+        &self.inner.claims
+    }
+
+    /// Processes one batch and reports every record's fate, in event order.
+    pub async fn process(&self, records: Vec<EventRecord>, invocation: &Invocation) -> BatchReport {
+        let remaining = invocation.deadline.duration_since(SystemTime::now()).unwrap_or_default();
+        let deadline = Instant::now() + remaining;
+        let state = BatchState {
+            reports: Mutex::new(vec![None; records.len()]),
+            runs: Mutex::new(HashMap::new()),
+            aborts: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
+            cutoff: deadline.checked_sub(self.inner.options.deadline_margin).unwrap_or(deadline),
+            deadline,
+            deadline_ms: epoch_ms(invocation.deadline),
+            request_id: invocation.request_id.as_str().into(),
+        };
+        let groups = message_groups(&records);
+        let work = join_all(groups.into_iter().map(|group| self.run_group(&records, group, &state)));
+        if timeout_at(state.cutoff, work).await.is_err() {
+            tracing::warn!("deadline margin reached: answering now, unfinished records fail");
+        }
+        for run in lock(&state.aborts).drain(..) {
+            run.abort();
+        }
+        let reports = std::mem::take(&mut *lock(&state.reports));
+        let report = BatchReport {
+            records: records
+                .iter()
+                .zip(reports)
+                .map(|(record, report)| {
+                    report.unwrap_or_else(|| RecordReport {
+                        message_id: record.message_id().to_owned(),
+                        key: None,
+                        outcome: Outcome::Failed(Failure::Deadline),
+                        duration: Duration::ZERO,
+                    })
+                })
+                .collect(),
+        };
+        report.records.iter().for_each(log_record);
+        report
+    }
+
+    /// Runs one message group in order; a standard queue's record is a group
+    /// of its own. After a failure in a FIFO group the rest is skipped.
+    async fn run_group(&self, records: &[EventRecord], group: Group, state: &BatchState) {
+        let mut failed: Option<&str> = None;
+        for index in group.indices {
+            let record = &records[index];
+            let (key, outcome, duration) = match failed {
+                Some(message_id) => {
+                    (None, Outcome::Failed(Failure::GroupSkipped(message_id.to_owned())), Duration::ZERO)
+                }
+                None => self.run_record(record, state).await,
+            };
+            if group.fifo && failed.is_none() && outcome.is_failure() {
+                failed = Some(record.message_id());
+            }
+            let report = RecordReport { message_id: record.message_id().to_owned(), key, outcome, duration };
+            lock(&state.reports)[index] = Some(report);
+        }
+    }
+
+    async fn run_record(&self, record: &EventRecord, state: &BatchState) -> (Option<String>, Outcome, Duration) {
+        let message = match record {
+            EventRecord::Message(message) => message,
+            EventRecord::Malformed { reason, .. } => {
+                return (None, Outcome::Failed(Failure::InvalidRecord(reason.clone())), Duration::ZERO);
+            }
+        };
+        let key = match self.inner.keys.derive(message) {
+            Ok(key) => key,
+            Err(missing) => return (None, Outcome::Failed(Failure::MissingKey(missing.to_string())), Duration::ZERO),
+        };
+        let body_hash = self.inner.claims.policy().validate_payload.then(|| payload_hash(body(message)));
+        let run = {
+            let mut runs = lock(&state.runs);
+            match runs.get(&key) {
+                Some((_, first_hash)) if *first_hash != body_hash => None,
+                Some((run, _)) => Some(run.clone()),
+                None => {
+                    let run = self.start(message, key.clone(), state);
+                    runs.insert(key.clone(), (run.clone(), body_hash));
+                    Some(run)
+                }
+            }
+        };
+        match run {
+            Some(run) => {
+                let (outcome, duration) = run.await;
+                (Some(key), outcome, duration)
+            }
+            None => (Some(key), Outcome::Failed(Failure::PayloadMismatch), Duration::ZERO),
+        }
+    }
+
+    /// Spawns the run of a key, so that records run in parallel on the runtime.
+    fn start(&self, message: &SqsMessage, key: String, state: &BatchState) -> KeyRun {
+        let engine = self.clone();
+        let record = Record::new(message, key, state.deadline);
+        let permits = Arc::clone(&state.permits);
+        let (cutoff, deadline_ms, holder) = (state.cutoff, state.deadline_ms, Arc::clone(&state.request_id));
+        let task = tokio::spawn(async move {
+            let Ok(_permit) = permits.acquire_owned().await else {
+                return (Outcome::Failed(Failure::Deadline), Duration::ZERO);
+            };
+            if Instant::now() >= cutoff {
+                return (Outcome::Failed(Failure::Deadline), Duration::ZERO);
+            }
+            let started = Instant::now();
+            let outcome = engine.run_key(&record, deadline_ms, &holder).await;
+            (outcome, started.elapsed())
+        });
+        lock(&state.aborts).push(task.abort_handle());
+        task.map(|joined| {
+            joined.unwrap_or_else(|error| (Outcome::Failed(Failure::Panicked(error.to_string())), Duration::ZERO))
+        })
+        .boxed()
+        .shared()
+    }
+
+    /// Claims the record's key and, if the claim is won, runs the handler and
+    /// records how it ended.
+    async fn run_key(&self, record: &Record, deadline_ms: u64, holder: &str) -> Outcome {
+        let request =
+            ClaimRequest { id: &record.key, body: &record.body, deadline_ms, holder, attempt: record.receive_count };
+        let lease = match self.inner.claims.claim(&request).await {
+            Ok(Claim::Won(lease)) => lease,
+            Ok(Claim::Duplicate { .. }) => return Outcome::Duplicate,
+            Ok(Claim::Conflict { retry_after }) => return Outcome::Failed(Failure::Conflict { retry_after }),
+            Ok(Claim::FailedBefore { error }) => return Outcome::Failed(Failure::FailedBefore(error)),
+            Ok(Claim::PayloadMismatch) => return Outcome::Failed(Failure::PayloadMismatch),
+            Err(error) => return Outcome::Failed(error.into()),
+        };
+        let result = AssertUnwindSafe(self.inner.handler.handle_boxed(record)).catch_unwind().await;
+        self.settle(record, &lease, result).await
+    }
+
+    async fn settle(
+        &self,
+        record: &Record,
+        lease: &Lease,
+        result: std::thread::Result<crate::HandlerResult>,
+    ) -> Outcome {
+        let claims = &self.inner.claims;
+        match result {
+            Ok(Ok(output)) => {
+                let recorded = match claims.complete(lease, output.as_ref()).await {
+                    Ok(fenced) => fenced == Fenced::Applied,
+                    Err(error) => {
+                        tracing::error!(
+                            message_id = %record.message_id, key = %record.key, %error,
+                            "handler succeeded but its completion could not be recorded; \
+                             the claim stays in progress until its lease ends"
+                        );
+                        false
+                    }
+                };
+                Outcome::Processed { recorded }
+            }
+            Ok(Err(error)) if error.kind() == ErrorKind::Permanent => {
+                let reason = error.to_string();
+                log_unsettled(record, claims.fail(lease, &reason).await);
+                Outcome::Failed(Failure::Permanent(reason))
+            }
+            Ok(Err(error)) => {
+                log_unsettled(record, claims.release(lease).await);
+                Outcome::Failed(Failure::Retryable(error.to_string()))
+            }
+            Err(panic) => {
+                log_unsettled(record, claims.release(lease).await);
+                Outcome::Failed(Failure::Panicked(panic_message(panic.as_ref())))
+            }
+        }
+    }
+}
+
+fn log_unsettled(record: &Record, settled: Result<Fenced, StoreError>) {
+    if let Err(error) = settled {
+        tracing::error!(
+            message_id = %record.message_id, key = %record.key, %error,
+            "could not record the failure; the claim stays in progress until its lease ends"
+        );
+    }
+}
+
+fn log_record(report: &RecordReport) {
+    let duration_ms = u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX);
+    let key = report.key.as_deref().unwrap_or("-");
+    match &report.outcome {
+        Outcome::Failed(failure) => tracing::warn!(
+            message_id = %report.message_id, key, outcome = failure.label(), duration_ms, reason = %failure,
+            "record failed"
+        ),
+        outcome => {
+            tracing::info!(message_id = %report.message_id, key, outcome = outcome.label(), duration_ms, "record done")
+        }
+    }
+}
+
+/// Records that must run in order, and whether they come from a FIFO queue.
+struct Group {
+    indices: Vec<usize>,
+    fifo: bool,
+}
+
+/// Splits the batch into FIFO message groups (in event order) and single
+/// records of standard queues.
+fn message_groups(records: &[EventRecord]) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut by_group_id: HashMap<&str, usize> = HashMap::new();
+    for (index, record) in records.iter().enumerate() {
+        match fifo_group(record) {
+            Some(group_id) => {
+                let slot = *by_group_id.entry(group_id).or_insert_with(|| {
+                    groups.push(Group { indices: Vec::new(), fifo: true });
+                    groups.len() - 1
+                });
+                groups[slot].indices.push(index);
+            }
+            None => groups.push(Group { indices: vec![index], fifo: false }),
+        }
+    }
+    groups
+}
+
+/// The record's FIFO message group: its `MessageGroupId`, or one shared group
+/// for a record of a `.fifo` queue that lacks it.
+fn fifo_group(record: &EventRecord) -> Option<&str> {
+    let message = match record {
+        EventRecord::Message(message) => message,
+        EventRecord::Malformed { fifo_group, .. } => return fifo_group.as_deref(),
+    };
+    let group_id = message.attributes.get("MessageGroupId").map(String::as_str);
+    let fifo_queue = message.event_source_arn.as_deref().is_some_and(|arn| arn.ends_with(".fifo"));
+    group_id.or(fifo_queue.then_some(""))
+}
+
+fn body(message: &SqsMessage) -> &str {
+    message.body.as_deref().unwrap_or_default()
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|message| (*message).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

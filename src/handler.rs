@@ -1,0 +1,135 @@
+//! The business handler: the one trait a user implements.
+
+use std::{fmt, future::Future, sync::Arc};
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::Record;
+
+/// What a successful handler returns: an optional JSON value, kept in the
+/// claim record when result storage is on.
+pub type HandlerResult = Result<Option<Value>, HandlerError>;
+
+/// Business logic for one SQS record.
+///
+/// The framework calls `handle` only for the record that won the claim on its
+/// idempotency key, so the side effects inside run once per key. Return
+/// [`HandlerError::retryable`] for failures that another delivery may fix (the
+/// claim is released and SQS redelivers the message) and
+/// [`HandlerError::permanent`] for ones it cannot (the failure is recorded and
+/// later deliveries are not run again). A panic counts as retryable.
+///
+/// A complete handler, registered under a name in `handlers/mod.rs`:
+///
+/// ```
+/// use serde::Deserialize;
+/// use serde_json::json;
+/// use sqs_once::{Handler, HandlerError, HandlerResult, Record};
+///
+/// #[derive(Deserialize)]
+/// struct Shipment {
+///     order_id: String,
+///     parcels: u32,
+/// }
+///
+/// struct ShipOrder;
+///
+/// impl Handler for ShipOrder {
+///     async fn handle(&self, record: &Record) -> HandlerResult {
+///         let shipment: Shipment = record.body_json()?;
+///         if shipment.parcels == 0 {
+///             return Err(HandlerError::permanent("a shipment needs at least one parcel"));
+///         }
+///         // Call the carrier here; a timeout would be `HandlerError::retryable(..)`.
+///         Ok(Some(json!({ "order_id": shipment.order_id, "label": "1Z999" })))
+///     }
+/// }
+///
+/// # let mut message = aws_lambda_events::sqs::SqsMessage::default();
+/// # message.body = Some(r#"{"order_id":"o-1","parcels":2}"#.into());
+/// # let record = Record::new(&message, "k".into(), tokio::time::Instant::now());
+/// # let output = tokio::runtime::Runtime::new().unwrap().block_on(ShipOrder.handle(&record));
+/// # assert_eq!(output.unwrap().unwrap()["label"], "1Z999");
+/// ```
+pub trait Handler: Send + Sync + 'static {
+    /// Processes one record.
+    fn handle(&self, record: &Record) -> impl Future<Output = HandlerResult> + Send;
+}
+
+/// A shared handler is a handler, so tests and callers can keep a reference
+/// to the state a handler records.
+impl<H: Handler> Handler for Arc<H> {
+    fn handle(&self, record: &Record) -> impl Future<Output = HandlerResult> + Send {
+        H::handle(self, record)
+    }
+}
+
+/// A type-erased, shareable handler, as the registry hands them out.
+pub type BoxHandler = Arc<dyn DynHandler>;
+
+/// Object-safe form of [`Handler`], implemented for every handler, so that a
+/// handler chosen at run time can drive the engine.
+pub trait DynHandler: Send + Sync + 'static {
+    /// [`Handler::handle`] with its future boxed.
+    fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult>;
+}
+
+impl<H: Handler> DynHandler for H {
+    fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult> {
+        Box::pin(self.handle(record))
+    }
+}
+
+/// Whether another delivery of the same message could succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Transient: release the claim and let SQS redeliver.
+    Retryable,
+    /// Final: record the failure; later deliveries are not run.
+    Permanent,
+}
+
+/// A handler's failure, classified as retryable or permanent.
+///
+/// ```
+/// use sqs_once::{ErrorKind, HandlerError};
+///
+/// let error = HandlerError::retryable("payment provider timed out");
+/// assert_eq!(error.kind(), ErrorKind::Retryable);
+/// assert_eq!(error.to_string(), "payment provider timed out");
+/// ```
+#[derive(Debug)]
+pub struct HandlerError {
+    kind: ErrorKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl HandlerError {
+    /// A failure that a later delivery may not repeat.
+    pub fn retryable(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self { kind: ErrorKind::Retryable, source: error.into() }
+    }
+
+    /// A failure that no later delivery can fix.
+    pub fn permanent(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self { kind: ErrorKind::Permanent, source: error.into() }
+    }
+
+    /// Retryable or permanent.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.source.as_ref())
+    }
+}

@@ -1,0 +1,315 @@
+//! Idempotency keys: which part of a message identifies it, and how that
+//! becomes the id stored in the claim table.
+
+use std::{fmt, str::FromStr};
+
+use aws_lambda_events::sqs::SqsMessage;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Where one part of a key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// The SQS message id.
+    MessageId,
+    /// A field of the body parsed as JSON; numeric segments index arrays.
+    Body(Vec<String>),
+    /// A system attribute, e.g. `MessageDeduplicationId`.
+    Attribute(String),
+    /// The string value of a message attribute.
+    MessageAttribute(String),
+}
+
+/// What `SQS_ONCE_KEY` says: one or more sources, joined into one key.
+///
+/// ```
+/// use sqs_once::key::{KeySource, KeySpec};
+///
+/// let spec: KeySpec = "body.order.id,attributes.MessageGroupId".parse().unwrap();
+/// assert_eq!(spec.sources()[0], KeySource::Body(vec!["order".into(), "id".into()]));
+/// assert!("body.".parse::<KeySpec>().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpec(Vec<KeySource>);
+
+impl KeySpec {
+    /// The sources, in the order they were given.
+    pub fn sources(&self) -> &[KeySource] {
+        &self.0
+    }
+
+    /// Whether the key needs the body parsed.
+    pub fn reads_body(&self) -> bool {
+        self.0.iter().any(|source| matches!(source, KeySource::Body(_)))
+    }
+}
+
+impl Default for KeySpec {
+    fn default() -> Self {
+        Self(vec![KeySource::MessageId])
+    }
+}
+
+/// A key specification that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid key source `{0}`: expected messageId, body.<path>, attributes.<Name> or messageAttributes.<Name>, comma-separated for a composite key"
+)]
+pub struct InvalidKeySpec(String);
+
+impl FromStr for KeySpec {
+    type Err = InvalidKeySpec;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        spec.split(',').map(|part| parse_source(part.trim())).collect::<Result<_, _>>().map(Self)
+    }
+}
+
+fn parse_source(part: &str) -> Result<KeySource, InvalidKeySpec> {
+    let invalid = || InvalidKeySpec(part.to_owned());
+    let nonempty = |name: &str| if name.is_empty() { Err(invalid()) } else { Ok(name.to_owned()) };
+    if part == "messageId" {
+        return Ok(KeySource::MessageId);
+    }
+    let (scope, rest) = part.split_once('.').ok_or_else(invalid)?;
+    match scope {
+        "body" => rest.split('.').map(nonempty).collect::<Result<_, _>>().map(KeySource::Body),
+        "attributes" => nonempty(rest).map(KeySource::Attribute),
+        "messageAttributes" => nonempty(rest).map(KeySource::MessageAttribute),
+        _ => Err(invalid()),
+    }
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MessageId => f.write_str("messageId"),
+            Self::Body(path) => write!(f, "body.{}", path.join(".")),
+            Self::Attribute(name) => write!(f, "attributes.{name}"),
+            Self::MessageAttribute(name) => write!(f, "messageAttributes.{name}"),
+        }
+    }
+}
+
+/// Why a record's key could not be derived.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MissingKey {
+    /// The key reads the body, and the body is not JSON.
+    #[error("{key_source}: body is not JSON ({reason})")]
+    BodyNotJson {
+        /// The key source that needed the body.
+        key_source: String,
+        /// The parser's message.
+        reason: String,
+    },
+    /// The source names nothing in this message (or names a JSON null).
+    #[error("{0}: not present in the message")]
+    Absent(String),
+}
+
+/// How a record with no derivable key is treated (`SQS_ONCE_ON_MISSING_KEY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissingKey {
+    /// Report the record failed with the reason logged.
+    #[default]
+    Fail,
+    /// Use the record's message id as its key.
+    MessageId,
+}
+
+impl FromStr for OnMissingKey {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "fail" => Ok(Self::Fail),
+            "message-id" => Ok(Self::MessageId),
+            other => Err(format!("`{other}` (valid: fail, message-id)")),
+        }
+    }
+}
+
+/// Turns messages into the ids their claims are stored under:
+/// `<prefix>#<key>`, where `<key>` is the SHA-256 (hex) of the key's canonical
+/// text when hashing is on, or the canonical text itself.
+///
+/// The canonical text of a one-part key is the part itself (a JSON string
+/// unquoted, any other JSON value serialised with sorted object keys); a
+/// composite key is the JSON array of its parts.
+///
+/// ```
+/// use sqs_once::key::{KeyDeriver, KeySpec, OnMissingKey};
+/// # use aws_lambda_events::sqs::SqsMessage;
+///
+/// let deriver = KeyDeriver::new("body.order_id".parse().unwrap(), "orders", false, OnMissingKey::Fail);
+/// let mut message = SqsMessage::default();
+/// message.message_id = Some("m-1".into());
+/// message.body = Some(r#"{"order_id": 42}"#.into());
+/// assert_eq!(deriver.derive(&message).unwrap(), "orders#42");
+/// assert_eq!(deriver.stored_id(&["42".to_owned()]), "orders#42");
+/// ```
+#[derive(Debug, Clone)]
+pub struct KeyDeriver {
+    spec: KeySpec,
+    prefix: String,
+    hash: bool,
+    on_missing: OnMissingKey,
+}
+
+impl KeyDeriver {
+    /// A deriver for `spec` under `prefix`.
+    pub fn new(spec: KeySpec, prefix: impl Into<String>, hash: bool, on_missing: OnMissingKey) -> Self {
+        Self { spec, prefix: prefix.into(), hash, on_missing }
+    }
+
+    /// The stored id for `message`, falling back to its message id when the
+    /// key is missing and the policy allows it.
+    pub fn derive(&self, message: &SqsMessage) -> Result<String, MissingKey> {
+        match self.parts(message) {
+            Ok(parts) => Ok(self.stored_id(&parts)),
+            Err(missing) => match (self.on_missing, &message.message_id) {
+                (OnMissingKey::MessageId, Some(id)) => Ok(self.stored_id(std::slice::from_ref(id))),
+                _ => Err(missing),
+            },
+        }
+    }
+
+    /// The stored id for a key given as its parts' canonical texts, in the
+    /// order of the key specification; operators use it to find a claim by
+    /// the key they know.
+    pub fn stored_id(&self, parts: &[String]) -> String {
+        let canonical = match parts {
+            [single] => single.clone(),
+            _ => Value::from(parts.to_vec()).to_string(),
+        };
+        let key = if self.hash { hex::encode(Sha256::digest(canonical.as_bytes())) } else { canonical };
+        format!("{}#{key}", self.prefix)
+    }
+
+    fn parts(&self, message: &SqsMessage) -> Result<Vec<String>, MissingKey> {
+        let mut body: Option<Value> = None;
+        self.spec
+            .sources()
+            .iter()
+            .map(|source| {
+                let absent = || MissingKey::Absent(source.to_string());
+                match source {
+                    KeySource::MessageId => message.message_id.clone().ok_or_else(absent),
+                    KeySource::Attribute(name) => message.attributes.get(name).cloned().ok_or_else(absent),
+                    KeySource::MessageAttribute(name) => message
+                        .message_attributes
+                        .get(name)
+                        .and_then(|attribute| attribute.string_value.clone())
+                        .ok_or_else(absent),
+                    KeySource::Body(path) => {
+                        if body.is_none() {
+                            let text = message.body.as_deref().unwrap_or_default();
+                            body = Some(serde_json::from_str(text).map_err(|e| MissingKey::BodyNotJson {
+                                key_source: source.to_string(),
+                                reason: e.to_string(),
+                            })?);
+                        }
+                        let value = body.as_ref().and_then(|body| lookup(body, path));
+                        value.map(canonical_text).ok_or_else(absent)
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+fn lookup<'v>(value: &'v Value, path: &[String]) -> Option<&'v Value> {
+    path.iter()
+        .try_fold(value, |value, segment| match value {
+            Value::Object(map) => map.get(segment),
+            Value::Array(items) => segment.parse::<usize>().ok().and_then(|index| items.get(index)),
+            _ => None,
+        })
+        .filter(|value| !value.is_null())
+}
+
+/// A JSON value as key text: strings unquoted, everything else as compact JSON
+/// (`serde_json` keeps object keys sorted, which makes it canonical).
+fn canonical_text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// SHA-256 (hex) of a message body, stored for payload validation.
+pub fn payload_hash(body: &str) -> String {
+    hex::encode(Sha256::digest(body.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_lambda_events::sqs::SqsMessageAttribute;
+
+    fn message(body: &str) -> SqsMessage {
+        let mut message = SqsMessage::default();
+        message.message_id = Some("m-1".into());
+        message.body = Some(body.into());
+        message.attributes.insert("MessageDeduplicationId".into(), "dedup-1".into());
+        let mut attribute = SqsMessageAttribute::default();
+        attribute.string_value = Some("tenant-9".into());
+        attribute.data_type = Some("String".into());
+        message.message_attributes.insert("Tenant".into(), attribute);
+        message
+    }
+
+    fn plain(spec: &str, on_missing: OnMissingKey) -> KeyDeriver {
+        KeyDeriver::new(spec.parse().unwrap(), "p", false, on_missing)
+    }
+
+    #[test]
+    fn every_source_kind_reads_its_part() {
+        let m = message(r#"{"order":{"id":"o-7","lines":[{"sku":"A"},{"sku":"B"}]},"n":3}"#);
+        let derive = |spec| plain(spec, OnMissingKey::Fail).derive(&m).unwrap();
+        assert_eq!(derive("messageId"), "p#m-1");
+        assert_eq!(derive("body.order.id"), "p#o-7");
+        assert_eq!(derive("body.order.lines.1.sku"), "p#B");
+        assert_eq!(derive("body.n"), "p#3");
+        assert_eq!(derive("body.order.lines.0"), r#"p#{"sku":"A"}"#);
+        assert_eq!(derive("attributes.MessageDeduplicationId"), "p#dedup-1");
+        assert_eq!(derive("messageAttributes.Tenant"), "p#tenant-9");
+        assert_eq!(derive("messageAttributes.Tenant, body.order.id"), r#"p#["tenant-9","o-7"]"#);
+    }
+
+    #[test]
+    fn object_keys_are_canonical_whatever_their_order() {
+        let a = plain("body.k", OnMissingKey::Fail).derive(&message(r#"{"k":{"b":1,"a":2}}"#));
+        let b = plain("body.k", OnMissingKey::Fail).derive(&message(r#"{"k":{"a":2,"b":1}}"#));
+        assert_eq!(a.unwrap(), b.unwrap());
+    }
+
+    #[test]
+    fn hashing_hides_the_key_and_is_stable() {
+        let deriver = KeyDeriver::new("body.email".parse().unwrap(), "fn", true, OnMissingKey::Fail);
+        let id = deriver.derive(&message(r#"{"email":"ann@example.com"}"#)).unwrap();
+        assert!(!id.contains("ann"));
+        assert_eq!(id, format!("fn#{}", payload_hash("ann@example.com")));
+        assert_eq!(id.len(), "fn#".len() + 64);
+    }
+
+    #[test]
+    fn missing_parts_are_reported_or_fall_back_to_the_message_id() {
+        let not_json = message("plain text");
+        let error = plain("body.id", OnMissingKey::Fail).derive(&not_json).unwrap_err();
+        assert!(matches!(error, MissingKey::BodyNotJson { .. }), "{error}");
+        assert!(error.to_string().starts_with("body.id: body is not JSON"));
+        let absent = plain("body.id", OnMissingKey::Fail).derive(&message(r#"{"id":null}"#)).unwrap_err();
+        assert_eq!(absent, MissingKey::Absent("body.id".into()));
+        let attribute = plain("attributes.MessageGroupId", OnMissingKey::Fail).derive(&not_json);
+        assert_eq!(attribute.unwrap_err().to_string(), "attributes.MessageGroupId: not present in the message");
+        assert_eq!(plain("body.id", OnMissingKey::MessageId).derive(&not_json).unwrap(), "p#m-1");
+    }
+
+    #[test]
+    fn bad_specs_are_rejected() {
+        for spec in ["", "body", "body.", "body.a..b", "attributes.", "headers.x", "messageid"] {
+            assert!(spec.parse::<KeySpec>().is_err(), "{spec:?} parsed");
+        }
+    }
+}

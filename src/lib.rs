@@ -1,0 +1,37 @@
+//! Effectively-once processing of SQS batches on AWS Lambda.
+//!
+//! SQS delivers every message at least once. `sqs-once` turns that into
+//! *effectively once*: each record of a batch gets an idempotency key, the
+//! key is claimed with an atomic conditional write in a [`store`], and only
+//! the claim's winner runs the business [`Handler`]. The [`engine`] answers
+//! with a partial-batch response listing exactly the records SQS must
+//! deliver again.
+//!
+//! The pieces, from the inside out:
+//!
+//! - [`Handler`]: the business logic for one [`Record`];
+//! - [`claim`]: the claim state machine, written once for every store;
+//! - [`store`]: where claims live (memory, a SQLite file, DynamoDB);
+//! - [`key`]: which part of a message identifies it;
+//! - [`engine`]: fans a batch out, keeps FIFO order and the deadline;
+//! - [`event`]: reads an SQS event one record at a time;
+//! - [`config`]: the `SQS_ONCE_` settings.
+
+#![warn(missing_docs)]
+
+pub mod claim;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod event;
+mod handler;
+pub mod key;
+mod record;
+pub mod startup;
+pub mod store;
+
+#[path = "../handlers/mod.rs"]
+pub mod handlers;
+
+pub use handler::{BoxHandler, DynHandler, ErrorKind, Handler, HandlerError, HandlerResult};
+pub use record::Record;

@@ -1,0 +1,107 @@
+//! The `sqs-once` binary: the Lambda function, and the offline `invoke` command.
+
+use std::{
+    io::{IsTerminal, Read},
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use sqs_once::{config::Config, engine::Invocation, event::parse_event, startup};
+
+/// Effectively-once processing of SQS batches.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Process one SQS event offline and print the partial-batch response.
+    Invoke {
+        /// The event file; `-` or nothing reads standard input.
+        file: Option<PathBuf>,
+        /// Seconds the invocation may take, as a function timeout would allow.
+        #[arg(long, default_value_t = 30.0)]
+        timeout: f64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(anyhow::Error::new(error).context("cannot start the async runtime")),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+fn fail(error: anyhow::Error) -> ExitCode {
+    eprintln!("sqs-once: {error:#}");
+    ExitCode::FAILURE
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Some(Command::Invoke { file, timeout }) => invoke(file, timeout).await,
+        None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
+    }
+}
+
+async fn invoke(file: Option<PathBuf>, timeout: f64) -> anyhow::Result<()> {
+    let timeout = Duration::try_from_secs_f64(timeout)
+        .ok()
+        .filter(|timeout| !timeout.is_zero())
+        .context("--timeout must be a positive number of seconds")?;
+    let (name, text) = read_event(file)?;
+    let event = serde_json::from_str(&text).with_context(|| format!("{name} is not valid JSON"))?;
+    let records = parse_event(event).with_context(|| format!("{name} cannot be processed"))?;
+    let config = Config::from_env()?;
+    let engine = startup::engine(&config).await?;
+    let invocation = Invocation {
+        deadline: SystemTime::now() + timeout,
+        request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
+    };
+    let report = engine.process(records, &invocation).await;
+    println!("{}", serde_json::to_string(&report.response())?);
+    Ok(())
+}
+
+/// The event's text, and a name for it in error messages.
+fn read_event(file: Option<PathBuf>) -> anyhow::Result<(String, String)> {
+    match file.filter(|path| path.as_os_str() != "-") {
+        Some(path) => {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {name}"))?;
+            Ok((name, text))
+        }
+        None => {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).context("cannot read standard input")?;
+            Ok(("standard input".to_owned(), text))
+        }
+    }
+}
+
+/// Logs go to standard error, so standard output carries only the answer.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SQS_ONCE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+    // A handler's panic fails only its record, and the engine logs it there;
+    // one line here says where it happened, without a backtrace per record.
+    std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
+}

@@ -1,0 +1,82 @@
+//! The view of one SQS message that a [`Handler`](crate::Handler) receives.
+
+use std::{collections::HashMap, time::Duration};
+
+use aws_lambda_events::sqs::{SqsMessage, SqsMessageAttribute};
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+use crate::handler::HandlerError;
+
+/// One SQS message, as the business handler sees it.
+///
+/// Besides the message itself it carries the idempotency key the message was
+/// claimed under and the time left before the invocation must answer.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// The SQS message id.
+    pub message_id: String,
+    /// The message body as text (empty when the event carried none).
+    pub body: String,
+    /// System attributes such as `ApproximateReceiveCount` or `MessageGroupId`.
+    pub attributes: HashMap<String, String>,
+    /// User message attributes.
+    pub message_attributes: HashMap<String, SqsMessageAttribute>,
+    /// The key this record was claimed under, as stored (prefixed, and hashed
+    /// unless key hashing is off).
+    pub key: String,
+    /// How many times SQS has delivered this message, this delivery included.
+    pub receive_count: u32,
+    /// The queue's ARN, when the event names it.
+    pub event_source_arn: Option<String>,
+    deadline: Instant,
+}
+
+impl Record {
+    /// A record for `message`, claimed under `key`, that must finish by `deadline`.
+    pub fn new(message: &SqsMessage, key: String, deadline: Instant) -> Self {
+        Self {
+            message_id: message.message_id.clone().unwrap_or_default(),
+            body: message.body.clone().unwrap_or_default(),
+            attributes: message.attributes.clone(),
+            message_attributes: message.message_attributes.clone(),
+            key,
+            receive_count: receive_count(message),
+            event_source_arn: message.event_source_arn.clone(),
+            deadline,
+        }
+    }
+
+    /// Time left before the invocation answers; a handler that needs longer
+    /// should return a retryable error instead of starting.
+    pub fn remaining_time(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// The body parsed as JSON into `T`; a body that does not parse is a
+    /// permanent error, since redelivering the same bytes cannot fix it.
+    ///
+    /// ```
+    /// # use sqs_once::Record;
+    /// # use aws_lambda_events::sqs::SqsMessage;
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { id: u64 }
+    ///
+    /// let mut message = SqsMessage::default();
+    /// message.message_id = Some("m-1".into());
+    /// message.body = Some(r#"{"id": 7}"#.into());
+    /// let record = Record::new(&message, "orders#m-1".into(), tokio::time::Instant::now());
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let order: Order = record.body_json().unwrap();
+    /// assert_eq!(order.id, 7);
+    /// # });
+    /// ```
+    pub fn body_json<T: DeserializeOwned>(&self) -> Result<T, HandlerError> {
+        serde_json::from_str(&self.body).map_err(|e| HandlerError::permanent(format!("body does not parse: {e}")))
+    }
+}
+
+/// The record's `ApproximateReceiveCount`, or 1 when the event lacks it.
+pub(crate) fn receive_count(message: &SqsMessage) -> u32 {
+    message.attributes.get("ApproximateReceiveCount").and_then(|count| count.parse().ok()).unwrap_or(1)
+}

@@ -1,0 +1,76 @@
+//! An in-process store: for tests and for `SQS_ONCE_STORE=memory`.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, MutexGuard},
+};
+
+use async_trait::async_trait;
+
+use super::{ClaimStore, Fenced, Finish, PutOutcome, StoreError};
+use crate::claim::{ClaimRecord, ClaimStatus};
+
+/// Claims in a hash map; nothing survives the process.
+///
+/// ```
+/// use std::sync::Arc;
+/// use sqs_once::{claim::Claims, store::MemoryStore};
+///
+/// let claims = Claims::new(Arc::new(MemoryStore::default()));
+/// ```
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    records: Mutex<HashMap<String, ClaimRecord>>,
+}
+
+impl MemoryStore {
+    fn records(&self) -> MutexGuard<'_, HashMap<String, ClaimRecord>> {
+        // A panic cannot leave a half-written record behind (every write is a
+        // single map operation), so a poisoned map is still consistent.
+        self.records.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Applies `change` to the in-progress record `id` if it still holds `token`.
+    fn fenced(&self, id: &str, token: &str, change: impl FnOnce(&mut HashMap<String, ClaimRecord>)) -> Fenced {
+        let mut records = self.records();
+        match records.get(id) {
+            Some(record) if record.status == ClaimStatus::InProgress && record.token.as_deref() == Some(token) => {
+                change(&mut records);
+                Fenced::Applied
+            }
+            _ => Fenced::Refused,
+        }
+    }
+}
+
+#[async_trait]
+impl ClaimStore for MemoryStore {
+    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        let mut records = self.records();
+        match records.get(&record.id) {
+            Some(existing) if !existing.is_free(now_ms) => Ok(PutOutcome::Taken(Some(Box::new(existing.clone())))),
+            _ => {
+                records.insert(record.id.clone(), record.clone());
+                Ok(PutOutcome::Claimed)
+            }
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        Ok(self.records().get(id).cloned())
+    }
+
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        Ok(self.fenced(id, token, |records| {
+            if let Some(record) = records.get_mut(id) {
+                record.apply(finish);
+            }
+        }))
+    }
+
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        Ok(self.fenced(id, token, |records| {
+            records.remove(id);
+        }))
+    }
+}

@@ -1,0 +1,101 @@
+//! Where claims live: the [`ClaimStore`] trait and its implementations.
+//!
+//! A store knows nothing of SQS or handlers. It offers the few atomic
+//! operations the claim state machine in [`crate::claim`] is built from, and
+//! each store performs them atomically in its own way: a mutex in memory, an
+//! immediate transaction in SQLite, a conditional write in DynamoDB.
+
+use async_trait::async_trait;
+
+use crate::claim::{ClaimRecord, ClaimStatus};
+
+pub mod memory;
+pub mod sqlite;
+
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+/// The outcome of [`ClaimStore::put_if_free`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum PutOutcome {
+    /// The record was written: the caller holds the claim.
+    Claimed,
+    /// Another record holds the key. It is returned when the store can say
+    /// what it is in the same request; `None` makes the state machine read it.
+    Taken(Option<Box<ClaimRecord>>),
+}
+
+/// The outcome of a write fenced by a claim's token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// The caller still held the claim and the write took effect.
+    Applied,
+    /// The claim is no longer the caller's (its lease was taken over, or it is
+    /// gone): nothing was written.
+    Refused,
+}
+
+/// How a finished claim is recorded by [`ClaimStore::finish`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    /// [`ClaimStatus::Completed`] or [`ClaimStatus::Failed`].
+    pub status: ClaimStatus,
+    /// New overall expiry, epoch seconds.
+    pub expires_at_s: u64,
+    /// When the claim finished, epoch milliseconds.
+    pub finished_at_ms: u64,
+    /// The handler's output as JSON text, when stored.
+    pub result: Option<String>,
+    /// Why the claim failed, for [`ClaimStatus::Failed`].
+    pub error: Option<String>,
+}
+
+/// A failure to reach or understand the store. Records that meet one are
+/// reported failed and never marked done.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or refused the request (I/O error,
+    /// network, throttling, timeout).
+    #[error("claim store unavailable: {0}")]
+    Unavailable(Box<dyn std::error::Error + Send + Sync>),
+    /// The store holds a record this version cannot read.
+    #[error("claim record `{id}` is malformed: {reason}")]
+    Malformed {
+        /// The record's id.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The record changed under every attempt to claim it.
+    #[error("claim record `{0}` kept changing while it was being claimed")]
+    Contended(String),
+}
+
+impl StoreError {
+    /// Wraps a backend error as [`StoreError::Unavailable`].
+    pub fn unavailable(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Unavailable(error.into())
+    }
+}
+
+/// Atomic operations on claim records, keyed by their stored id.
+///
+/// Implementations must make each method atomic with respect to every other
+/// caller of the same store, including other processes when the store is
+/// shared. The state machine supplies all timestamps, so a store never reads
+/// a clock of its own.
+#[async_trait]
+pub trait ClaimStore: Send + Sync {
+    /// Writes `record` (replacing what is there) if no record holds its id or
+    /// the one that does is free at `now_ms` by [`ClaimRecord::is_free`].
+    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError>;
+
+    /// Reads a record, with strong consistency.
+    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError>;
+
+    /// Records the end of an in-progress claim that still carries `token`.
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError>;
+
+    /// Deletes an in-progress claim that still carries `token`.
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError>;
+}

@@ -1,0 +1,236 @@
+//! An embedded, crash-safe store in one SQLite file: the default for the
+//! offline `invoke` command.
+//!
+//! Several processes may share the file: a claim runs in a `BEGIN IMMEDIATE`
+//! transaction, which takes the database's write lock before reading, so two
+//! processes can never both see a key free. WAL mode lets readers proceed
+//! while one process writes, and a busy timeout makes writers queue instead
+//! of failing. With `synchronous = NORMAL` a committed claim survives a crash
+//! of the process; an operating-system crash may lose the last few commits.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+
+use super::{ClaimStore, Fenced, Finish, PutOutcome, StoreError};
+use crate::claim::{ClaimRecord, ClaimStatus};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS claims (
+    id            TEXT PRIMARY KEY,
+    status        TEXT NOT NULL,
+    expires_at    INTEGER NOT NULL,
+    lease_until   INTEGER,
+    token         TEXT,
+    holder        TEXT,
+    attempt       INTEGER,
+    claimed_at    INTEGER,
+    updated_at    INTEGER,
+    payload_hash  TEXT,
+    result        TEXT,
+    error         TEXT
+) WITHOUT ROWID;
+";
+
+const COLUMNS: &str =
+    "id, status, expires_at, lease_until, token, holder, attempt, claimed_at, updated_at, payload_hash, result, error";
+
+/// How long a writer waits for another process's transaction before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Claims in a SQLite database file.
+///
+/// ```
+/// use sqs_once::store::SqliteStore;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = SqliteStore::open(dir.path().join("claims.db")).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct SqliteStore {
+    connection: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its folder if needed) the database at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(StoreError::unavailable)?;
+        }
+        let connection = Connection::open(&path).map_err(StoreError::unavailable)?;
+        connection.busy_timeout(BUSY_TIMEOUT).map_err(StoreError::unavailable)?;
+        prepare(&connection).map_err(StoreError::unavailable)?;
+        Ok(Self { connection: Arc::new(Mutex::new(connection)), path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `work` on the connection on a blocking thread, since SQLite calls
+    /// (and their busy waits) block.
+    async fn with_connection<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let connection = Arc::clone(&self.connection);
+        tokio::task::spawn_blocking(move || {
+            let mut connection = connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            work(&mut connection)
+        })
+        .await
+        .map_err(StoreError::unavailable)?
+        .map_err(StoreError::unavailable)
+    }
+}
+
+#[async_trait]
+impl ClaimStore for SqliteStore {
+    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        let record = record.clone();
+        let existing = self
+            .with_connection(move |connection| {
+                let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let existing = select(&transaction, &record.id)?;
+                let taken = existing.filter(|existing| existing.as_ref().is_ok_and(|e| !e.is_free(now_ms)));
+                if taken.is_none() {
+                    upsert(&transaction, &record)?;
+                }
+                transaction.commit()?;
+                Ok(taken)
+            })
+            .await?;
+        match existing {
+            None => Ok(PutOutcome::Claimed),
+            Some(existing) => existing.map(|existing| PutOutcome::Taken(Some(Box::new(existing)))),
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        let id = id.to_owned();
+        self.with_connection(move |connection| select(connection, &id)).await?.transpose()
+    }
+
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        let (id, token, finish) = (id.to_owned(), token.to_owned(), finish.clone());
+        let changed = self
+            .with_connection(move |connection| {
+                connection.execute(
+                    "UPDATE claims SET status = ?1, expires_at = ?2, lease_until = NULL, updated_at = ?3,
+                         result = ?4, error = ?5
+                     WHERE id = ?6 AND token = ?7 AND status = 'INPROGRESS'",
+                    params![
+                        finish.status.as_str(),
+                        finish.expires_at_s,
+                        finish.finished_at_ms,
+                        finish.result,
+                        finish.error,
+                        id,
+                        token
+                    ],
+                )
+            })
+            .await?;
+        Ok(fenced(changed))
+    }
+
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        let (id, token) = (id.to_owned(), token.to_owned());
+        let changed = self
+            .with_connection(move |connection| {
+                connection.execute(
+                    "DELETE FROM claims WHERE id = ?1 AND token = ?2 AND status = 'INPROGRESS'",
+                    params![id, token],
+                )
+            })
+            .await?;
+        Ok(fenced(changed))
+    }
+}
+
+/// Switches the file to WAL and creates the table. Switching the journal mode
+/// does not wait on the busy timeout when another process is doing the same,
+/// so a process that opens the file at the same time as another retries.
+fn prepare(connection: &Connection) -> rusqlite::Result<()> {
+    let mut attempts = 0;
+    loop {
+        let prepared =
+            connection.execute_batch(&format!("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; {SCHEMA}"));
+        match prepared {
+            Err(rusqlite::Error::SqliteFailure(error, _))
+                if error.code == rusqlite::ErrorCode::DatabaseBusy && attempts < 200 =>
+            {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn fenced(rows_changed: usize) -> Fenced {
+    if rows_changed == 1 { Fenced::Applied } else { Fenced::Refused }
+}
+
+/// The record `id`; the inner error is a row this version cannot read.
+fn select(connection: &Connection, id: &str) -> rusqlite::Result<Option<Result<ClaimRecord, StoreError>>> {
+    connection.query_row(&format!("SELECT {COLUMNS} FROM claims WHERE id = ?1"), [id], read_row).optional()
+}
+
+fn upsert(connection: &Connection, record: &ClaimRecord) -> rusqlite::Result<usize> {
+    connection.execute(
+        &format!(
+            "INSERT OR REPLACE INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+        ),
+        params![
+            record.id,
+            record.status.as_str(),
+            record.expires_at_s,
+            record.lease_until_ms,
+            record.token,
+            record.holder,
+            record.attempt,
+            record.claimed_at_ms,
+            record.updated_at_ms,
+            record.payload_hash,
+            record.result,
+            record.error
+        ],
+    )
+}
+
+fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<ClaimRecord, StoreError>> {
+    let id: String = row.get(0)?;
+    let status: String = row.get(1)?;
+    let Some(status) = ClaimStatus::parse(&status) else {
+        return Ok(Err(StoreError::Malformed { id, reason: format!("unknown status `{status}`") }));
+    };
+    Ok(Ok(ClaimRecord {
+        id,
+        status,
+        expires_at_s: row.get(2)?,
+        lease_until_ms: row.get(3)?,
+        token: row.get(4)?,
+        holder: row.get(5)?,
+        attempt: row.get(6)?,
+        claimed_at_ms: row.get(7)?,
+        updated_at_ms: row.get(8)?,
+        payload_hash: row.get(9)?,
+        result: row.get(10)?,
+        error: row.get(11)?,
+    }))
+}

@@ -1,0 +1,295 @@
+//! The claim state machine's behaviour, written once and run against every
+//! store: `claim_suite!(make_store)` expands to one test per transition.
+
+use std::{sync::Arc, time::Duration};
+
+use serde_json::json;
+use sqs_once::{
+    claim::{Claim, ClaimPolicy, ClaimRecord, ClaimRequest, ClaimStatus, Claims, Lease},
+    clock::ManualClock,
+    store::{ClaimStore, Fenced},
+};
+
+use super::{Counting, WithoutOldItem};
+
+/// 2023-11-14T22:13:20Z, a round number of seconds.
+pub const T0: u64 = 1_700_000_000_000;
+/// The invocation deadline the tests claim under: 30 s after `T0`.
+pub const DEADLINE: u64 = T0 + 30_000;
+const MARGIN: Duration = Duration::from_secs(2);
+
+/// A state machine over `store` with a manual clock at `T0`, no local cache
+/// unless `policy` says otherwise.
+pub struct Machine {
+    pub claims: Claims,
+    pub clock: Arc<ManualClock>,
+    pub store: Arc<dyn ClaimStore>,
+    pub counting: Arc<Counting>,
+}
+
+impl Machine {
+    pub fn new(store: Arc<dyn ClaimStore>, policy: ClaimPolicy) -> Self {
+        let clock = Arc::new(ManualClock::new(T0));
+        let counting = Counting::new(store.clone());
+        let claims = Claims::with_policy(counting.clone(), policy, clock.clone());
+        Self { claims, clock, store, counting }
+    }
+
+    pub fn plain(store: Arc<dyn ClaimStore>) -> Self {
+        Self::new(store, policy())
+    }
+
+    pub async fn claim(&self, id: &str, body: &str, holder: &str) -> Claim {
+        let request = ClaimRequest { id, body, deadline_ms: DEADLINE, holder, attempt: 1 };
+        self.claims.claim(&request).await.expect("store error")
+    }
+
+    pub async fn win(&self, id: &str) -> Lease {
+        match self.claim(id, "{}", "holder-1").await {
+            Claim::Won(lease) => lease,
+            other => panic!("expected to win {id}, got {other:?}"),
+        }
+    }
+
+    pub async fn stored(&self, id: &str) -> Option<ClaimRecord> {
+        self.store.get(id).await.expect("store error")
+    }
+}
+
+pub fn policy() -> ClaimPolicy {
+    ClaimPolicy { lease_margin: MARGIN, local_cache_entries: 0, ..ClaimPolicy::default() }
+}
+
+pub async fn a_free_key_is_won_and_recorded_in_progress(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let lease = m.win("k-free").await;
+    assert_eq!(lease.lease_until_ms, DEADLINE + 2_000);
+    let record = m.stored("k-free").await.expect("claim stored");
+    assert_eq!(record.status, ClaimStatus::InProgress);
+    assert_eq!(record.token.as_deref(), Some(lease.token.as_str()));
+    assert_eq!(record.holder.as_deref(), Some("holder-1"));
+    assert_eq!(record.attempt, Some(1));
+    assert_eq!(record.lease_until_ms, Some(DEADLINE + 2_000));
+    assert_eq!(record.expires_at_s, T0 / 1000 + 3600);
+    assert_eq!(record.claimed_at_ms, Some(T0));
+}
+
+pub async fn a_completed_key_is_a_duplicate(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let lease = m.win("k-done").await;
+    m.clock.advance(Duration::from_secs(1));
+    assert_eq!(m.claims.complete(&lease, None).await.unwrap(), Fenced::Applied);
+    let record = m.stored("k-done").await.unwrap();
+    assert_eq!(record.status, ClaimStatus::Completed);
+    assert_eq!(record.lease_until_ms, None);
+    assert_eq!(record.expires_at_s, T0 / 1000 + 1 + 3600);
+    assert_eq!(m.claim("k-done", "{}", "holder-2").await, Claim::Duplicate { result: None });
+}
+
+pub async fn a_live_lease_is_a_conflict(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    m.win("k-live").await;
+    m.clock.advance(Duration::from_secs(10));
+    let retry_after = Duration::from_millis(DEADLINE + 2_000 + 1 - (T0 + 10_000));
+    assert_eq!(m.claim("k-live", "{}", "holder-2").await, Claim::Conflict { retry_after });
+    // The last millisecond of the lease still belongs to its holder.
+    m.clock.set(DEADLINE + 2_000);
+    assert!(matches!(m.claim("k-live", "{}", "holder-2").await, Claim::Conflict { .. }));
+}
+
+pub async fn an_ended_lease_is_taken_over_and_the_old_holder_is_fenced_off(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let old = m.win("k-stale").await;
+    m.clock.set(DEADLINE + 2_001);
+    let Claim::Won(new) = m.claim("k-stale", "{}", "holder-2").await else { panic!("stale lease not taken over") };
+    assert_ne!(new.token, old.token);
+    assert_eq!(m.claims.complete(&old, None).await.unwrap(), Fenced::Refused);
+    assert_eq!(m.claims.release(&old).await.unwrap(), Fenced::Refused);
+    assert_eq!(m.claims.fail(&old, "late").await.unwrap(), Fenced::Refused);
+    let record = m.stored("k-stale").await.unwrap();
+    assert_eq!((record.status, record.holder.as_deref()), (ClaimStatus::InProgress, Some("holder-2")));
+    assert_eq!(m.claims.complete(&new, None).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.stored("k-stale").await.unwrap().status, ClaimStatus::Completed);
+    assert_eq!(m.claims.counters().refused.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+pub async fn a_retryable_failure_releases_the_key(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let lease = m.win("k-retry").await;
+    assert_eq!(m.claims.release(&lease).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.stored("k-retry").await, None);
+    m.win("k-retry").await;
+}
+
+pub async fn a_permanent_failure_is_kept_until_it_expires(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let lease = m.win("k-perm").await;
+    assert_eq!(m.claims.fail(&lease, "card declined").await.unwrap(), Fenced::Applied);
+    let record = m.stored("k-perm").await.unwrap();
+    assert_eq!((record.status, record.error.as_deref()), (ClaimStatus::Failed, Some("card declined")));
+    let error = Some("card declined".to_owned());
+    assert_eq!(m.claim("k-perm", "{}", "holder-2").await, Claim::FailedBefore { error });
+    m.clock.set(T0 + 3_601_000);
+    m.win("k-perm").await;
+}
+
+pub async fn an_expired_completion_is_claimed_again(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let lease = m.win("k-exp").await;
+    m.claims.complete(&lease, None).await.unwrap();
+    m.clock.set(T0 + 3_600_000);
+    assert!(matches!(m.claim("k-exp", "{}", "h").await, Claim::Duplicate { .. }), "expiry second still counts");
+    m.clock.set(T0 + 3_601_000);
+    m.win("k-exp").await;
+}
+
+pub async fn a_live_lease_outlives_the_record_expiry(store: Arc<dyn ClaimStore>) {
+    let policy = ClaimPolicy { expires_after: Duration::from_secs(1), ..policy() };
+    let m = Machine::new(store, policy);
+    m.win("k-long").await;
+    m.clock.advance(Duration::from_secs(20));
+    assert!(matches!(m.claim("k-long", "{}", "h2").await, Claim::Conflict { .. }));
+}
+
+pub async fn an_in_progress_record_without_a_lease_waits_for_its_expiry(store: Arc<dyn ClaimStore>) {
+    // Written by a tool that knew no invocation deadline.
+    let m = Machine::plain(store.clone());
+    let foreign = ClaimRecord {
+        id: "k-foreign".into(),
+        status: ClaimStatus::InProgress,
+        expires_at_s: T0 / 1000 + 60,
+        lease_until_ms: None,
+        token: None,
+        holder: None,
+        attempt: None,
+        claimed_at_ms: None,
+        updated_at_ms: None,
+        payload_hash: None,
+        result: None,
+        error: None,
+    };
+    assert_eq!(store.put_if_free(&foreign, T0).await.unwrap(), sqs_once::store::PutOutcome::Claimed);
+    let retry_after = Duration::from_millis(61_000);
+    assert_eq!(m.claim("k-foreign", "{}", "h").await, Claim::Conflict { retry_after });
+    m.clock.set(T0 + 61_000);
+    m.win("k-foreign").await;
+}
+
+pub async fn payload_validation_refuses_another_body(store: Arc<dyn ClaimStore>) {
+    let policy = ClaimPolicy { validate_payload: true, ..policy() };
+    let m = Machine::new(store, policy);
+    let lease = match m.claim("k-pay", r#"{"amount":1}"#, "h").await {
+        Claim::Won(lease) => lease,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(m.claim("k-pay", r#"{"amount":2}"#, "h2").await, Claim::PayloadMismatch);
+    m.claims.complete(&lease, None).await.unwrap();
+    assert_eq!(m.claim("k-pay", r#"{"amount":2}"#, "h2").await, Claim::PayloadMismatch);
+    assert_eq!(m.claim("k-pay", r#"{"amount":1}"#, "h2").await, Claim::Duplicate { result: None });
+}
+
+pub async fn results_are_stored_unless_too_large(store: Arc<dyn ClaimStore>) {
+    let policy = ClaimPolicy { store_result: true, max_result_bytes: 64, ..policy() };
+    let m = Machine::new(store, policy);
+    let small = m.win("k-small").await;
+    m.claims.complete(&small, Some(&json!({"receipt": "r-1"}))).await.unwrap();
+    let result = Some(r#"{"receipt":"r-1"}"#.to_owned());
+    assert_eq!(m.stored("k-small").await.unwrap().result, result);
+    assert_eq!(m.claim("k-small", "{}", "h").await, Claim::Duplicate { result });
+
+    let large = m.win("k-large").await;
+    let big = json!({"blob": "x".repeat(100)});
+    assert_eq!(m.claims.complete(&large, Some(&big)).await.unwrap(), Fenced::Applied);
+    let record = m.stored("k-large").await.unwrap();
+    assert_eq!((record.status, record.result), (ClaimStatus::Completed, None));
+}
+
+pub async fn the_local_cache_answers_duplicates_without_a_request(store: Arc<dyn ClaimStore>) {
+    let policy = ClaimPolicy { local_cache_entries: 16, ..policy() };
+    let m = Machine::new(store, policy);
+    let lease = m.win("k-cache").await;
+    m.claims.complete(&lease, None).await.unwrap();
+    m.counting.take();
+    assert!(matches!(m.claim("k-cache", "{}", "h").await, Claim::Duplicate { .. }));
+    assert_eq!(m.counting.take(), 0);
+    // A cached completion expires with the record.
+    m.clock.set(T0 + 3_601_000);
+    m.win("k-cache").await;
+    assert_eq!(m.counting.take(), 1);
+}
+
+pub async fn requests_per_path_meet_the_floor(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let lease = m.win("k-count").await;
+    m.claims.complete(&lease, None).await.unwrap();
+    assert_eq!(m.counting.take(), 2, "new record: claim + complete");
+    m.claim("k-count", "{}", "h").await;
+    assert_eq!(m.counting.take(), 1, "duplicate: one failed claim");
+    let lease = m.win("k-count-fail").await;
+    m.claims.release(&lease).await.unwrap();
+    assert_eq!(m.counting.take(), 2, "handler failure: claim + release");
+}
+
+pub async fn a_store_that_does_not_return_the_old_record_is_read_once(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(Arc::new(WithoutOldItem(store)));
+    let lease = m.win("k-noitem").await;
+    m.claims.complete(&lease, None).await.unwrap();
+    m.counting.take();
+    assert_eq!(m.claim("k-noitem", "{}", "h").await, Claim::Duplicate { result: None });
+    assert_eq!(m.counting.take(), 2, "failed claim + one consistent read");
+    m.win("k-noitem-live").await;
+    assert!(matches!(m.claim("k-noitem-live", "{}", "h").await, Claim::Conflict { .. }));
+}
+
+/// `claimants` claim one key at once, `rounds` times: exactly one wins each round.
+pub async fn concurrent_claims_have_one_winner(store: Arc<dyn ClaimStore>, claimants: usize, rounds: usize) {
+    let claims = Arc::new(Claims::with_policy(store, policy(), Arc::new(ManualClock::new(T0))));
+    for round in 0..rounds {
+        let id = format!("k-race-{round}");
+        let attempts = (0..claimants).map(|n| {
+            let (claims, id) = (claims.clone(), id.clone());
+            tokio::spawn(async move {
+                let holder = format!("holder-{n}");
+                let request = ClaimRequest { id: &id, body: "{}", deadline_ms: DEADLINE, holder: &holder, attempt: 1 };
+                claims.claim(&request).await.expect("store error")
+            })
+        });
+        let outcomes = futures::future::join_all(attempts).await;
+        let winners = outcomes.iter().filter(|outcome| matches!(outcome, Ok(Claim::Won(_)))).count();
+        assert_eq!(winners, 1, "round {round}: {outcomes:?}");
+        assert!(outcomes.iter().all(|o| matches!(o, Ok(Claim::Won(_) | Claim::Conflict { .. }))));
+    }
+}
+
+/// One test per transition for the store that `$make` (an async expression
+/// giving `Arc<dyn ClaimStore>`) builds.
+#[macro_export]
+macro_rules! claim_suite {
+    ($make:expr, $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                common::claim_suite::$name($make).await;
+            }
+        )*
+    };
+    ($make:expr) => {
+        $crate::claim_suite!(
+            $make,
+            a_free_key_is_won_and_recorded_in_progress,
+            a_completed_key_is_a_duplicate,
+            a_live_lease_is_a_conflict,
+            an_ended_lease_is_taken_over_and_the_old_holder_is_fenced_off,
+            a_retryable_failure_releases_the_key,
+            a_permanent_failure_is_kept_until_it_expires,
+            an_expired_completion_is_claimed_again,
+            a_live_lease_outlives_the_record_expiry,
+            an_in_progress_record_without_a_lease_waits_for_its_expiry,
+            payload_validation_refuses_another_body,
+            results_are_stored_unless_too_large,
+            the_local_cache_answers_duplicates_without_a_request,
+            requests_per_path_meet_the_floor,
+            a_store_that_does_not_return_the_old_record_is_read_once,
+        );
+    };
+}

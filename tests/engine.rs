@@ -1,0 +1,298 @@
+//! The batch engine: which records land in `batchItemFailures`, and how often
+//! handlers run. The in-memory store stands in for DynamoDB here.
+
+mod common;
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use serde_json::{Value, json};
+use sqs_once::{
+    Handler, HandlerResult, Record,
+    claim::{ClaimPolicy, Claims},
+    clock::SystemClock,
+    engine::{BatchReport, Engine, EngineOptions, Failure, Invocation, Outcome},
+    event::parse_event,
+    handlers::demo::Demo,
+    key::{KeyDeriver, KeySpec, OnMissingKey},
+    store::{ClaimStore, MemoryStore},
+};
+
+fn message(id: &str, body: Value) -> Value {
+    let body = match body {
+        Value::String(text) => text,
+        other => other.to_string(),
+    };
+    json!({"messageId": id, "body": body, "eventSource": "aws:sqs",
+           "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:work",
+           "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}})
+}
+
+fn fifo(id: &str, group: &str, body: Value) -> Value {
+    let mut message = message(id, body);
+    message["eventSourceARN"] = json!("arn:aws:sqs:us-east-1:123456789012:work.fifo");
+    message["attributes"]["MessageGroupId"] = json!(group);
+    message
+}
+
+struct Setup {
+    store: Arc<dyn ClaimStore>,
+    key: &'static str,
+    on_missing: OnMissingKey,
+    options: EngineOptions,
+    policy: ClaimPolicy,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            store: Arc::new(MemoryStore::default()),
+            key: "messageId",
+            on_missing: OnMissingKey::Fail,
+            options: EngineOptions::default(),
+            policy: ClaimPolicy::default(),
+        }
+    }
+}
+
+impl Setup {
+    fn engine(self, handler: impl Handler) -> Engine {
+        let claims = Claims::with_policy(self.store, self.policy, Arc::new(SystemClock));
+        let spec: KeySpec = self.key.parse().unwrap();
+        let keys = KeyDeriver::new(spec, "test", false, self.on_missing);
+        Engine::new(Arc::new(handler), Arc::new(claims), keys, self.options)
+    }
+}
+
+async fn run(engine: &Engine, records: Vec<Value>, timeout: Duration) -> BatchReport {
+    let invocation = Invocation { deadline: SystemTime::now() + timeout, request_id: "req-1".into() };
+    engine.process(parse_event(json!({ "Records": records })).unwrap(), &invocation).await
+}
+
+fn failures(report: &BatchReport) -> Vec<String> {
+    report.response().batch_item_failures.into_iter().map(|failure| failure.item_identifier).collect()
+}
+
+fn outcome<'r>(report: &'r BatchReport, message_id: &str) -> &'r Outcome {
+    &report.records.iter().find(|record| record.message_id == message_id).unwrap().outcome
+}
+
+/// Lines of the demo log, as (key, messageId).
+fn log_lines(path: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let (key, id) = line.split_once('\t').unwrap();
+            (key.to_owned(), id.to_owned())
+        })
+        .collect()
+}
+
+fn demo() -> (Demo, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    (Demo::with_log(dir.path().join("demo.log")).unwrap(), dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_directive_lands_where_it_should() {
+    let (handler, dir) = demo();
+    let engine = Setup::default().engine(handler);
+    let records = vec![
+        message("ok", json!({"n": 1})),
+        message("text", json!("plain text")),
+        message("slow", json!({"sleep_ms": 50})),
+        message("retry", json!({"fail": "retryable"})),
+        message("perm", json!({"fail": "permanent"})),
+        message("boom", json!({"fail": "panic"})),
+    ];
+    let report = run(&engine, records.clone(), Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["retry", "perm", "boom"]);
+    assert!(matches!(outcome(&report, "retry"), Outcome::Failed(Failure::Retryable(_))));
+    assert!(matches!(outcome(&report, "perm"), Outcome::Failed(Failure::Permanent(_))));
+    assert!(matches!(outcome(&report, "boom"), Outcome::Failed(Failure::Panicked(m)) if m.contains("asked to panic")));
+    assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 6);
+
+    // Redelivery: completed keys are duplicates, released keys run again, the
+    // permanent failure is not run again.
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["retry", "perm", "boom"]);
+    assert_eq!(outcome(&report, "ok"), &Outcome::Duplicate);
+    assert!(matches!(outcome(&report, "perm"), Outcome::Failed(Failure::FailedBefore(Some(_)))));
+    let ran: Vec<String> = log_lines(&dir.path().join("demo.log")).into_iter().skip(6).map(|(_, id)| id).collect();
+    assert_eq!(ran.iter().collect::<HashSet<_>>(), HashSet::from([&"retry".to_owned(), &"boom".to_owned()]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_sharing_a_key_run_once_and_share_the_outcome() {
+    let (handler, dir) = demo();
+    let counting = common::Counting::new(Arc::new(MemoryStore::default()));
+    let engine = Setup { key: "body.order", store: counting.clone(), ..Setup::default() }.engine(handler);
+    let records = vec![
+        message("a1", json!({"order": "A", "sleep_ms": 20})),
+        message("b1", json!({"order": "B", "fail": "retryable"})),
+        message("a2", json!({"order": "A"})),
+        message("b2", json!({"order": "B"})),
+        message("a3", json!({"order": "A"})),
+    ];
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["b1", "b2"]);
+    assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 2, "one run per key");
+    assert_eq!(counting.take(), 4, "claim + settle per key, nothing for in-batch duplicates");
+    assert!(
+        report.records.iter().filter(|r| r.key.as_deref() == Some("test#A")).all(|r| r.outcome.label() == "processed")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_group_stops_at_its_first_failure_and_keeps_its_order() {
+    #[derive(Default)]
+    struct Sequence(Mutex<Vec<String>>);
+    impl Handler for Sequence {
+        async fn handle(&self, record: &Record) -> HandlerResult {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.0.lock().unwrap().push(record.message_id.clone());
+            if record.body.contains("fail") {
+                return Err(sqs_once::HandlerError::retryable("asked to"));
+            }
+            Ok(None)
+        }
+    }
+    let seen = Arc::new(Sequence::default());
+    let engine = Setup::default().engine(seen.clone());
+    let records = vec![
+        fifo("a1", "A", json!({})),
+        fifo("b1", "B", json!({})),
+        fifo("a2", "A", json!({"fail": true})),
+        fifo("b2", "B", json!({})),
+        fifo("a3", "A", json!({})),
+        fifo("b3", "B", json!({})),
+        fifo("a4", "A", json!({})),
+    ];
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["a2", "a3", "a4"]);
+    assert_eq!(outcome(&report, "a3"), &Outcome::Failed(Failure::GroupSkipped("a2".into())));
+    let seen = seen.0.lock().unwrap().clone();
+    let order = |group: char| seen.iter().filter(|id| id.starts_with(group)).cloned().collect::<Vec<_>>();
+    assert_eq!(order('a'), ["a1", "a2"], "a3 and a4 never ran");
+    assert_eq!(order('b'), ["b1", "b2", "b3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_fails_only_its_record_and_releases_its_claim() {
+    let (handler, _dir) = demo();
+    let store: Arc<dyn ClaimStore> = Arc::new(MemoryStore::default());
+    let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
+    let records =
+        (0..20).map(|n| message(&format!("m{n}"), if n == 7 { json!({"fail": "panic"}) } else { json!({}) })).collect();
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["m7"]);
+    assert_eq!(store.get("test#m7").await.unwrap(), None, "claim released, so a redelivery runs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_drains_the_batch_and_fails_what_did_not_finish() {
+    let (handler, dir) = demo();
+    let options = EngineOptions { concurrency: 2, deadline_margin: Duration::from_millis(300) };
+    let engine = Setup { options, ..Setup::default() }.engine(handler);
+    let mut records = vec![message("fast-1", json!({})), message("fast-2", json!({}))];
+    records.extend((0..4).map(|n| message(&format!("slow-{n}"), json!({"sleep_ms": 60_000}))));
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+    let report = run(&engine, records, Duration::from_millis(1500)).await;
+    assert!(tokio::time::Instant::now() < deadline, "answered after the deadline");
+    assert_eq!(failures(&report), ["slow-0", "slow-1", "slow-2", "slow-3"]);
+    assert!(report.records[2..].iter().all(|r| r.outcome == Outcome::Failed(Failure::Deadline)));
+    let started: HashSet<String> = log_lines(&dir.path().join("demo.log")).into_iter().map(|(_, id)| id).collect();
+    let slow_started = started.iter().filter(|id| id.starts_with("slow")).count();
+    assert_eq!(slow_started, 2, "two slow records held both slots; the others never started: {started:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_without_a_key_fail_or_fall_back_to_their_message_id() {
+    let records = || {
+        vec![
+            message("json", json!({"id": "k1"})),
+            message("text", json!("not json")),
+            message("no-id", json!({"x": 1})),
+        ]
+    };
+    let (handler, _dir) = demo();
+    let report =
+        run(&Setup { key: "body.id", ..Setup::default() }.engine(handler), records(), Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["text", "no-id"]);
+    assert!(
+        matches!(outcome(&report, "text"), Outcome::Failed(Failure::MissingKey(r)) if r.contains("body is not JSON"))
+    );
+    assert!(matches!(outcome(&report, "no-id"), Outcome::Failed(Failure::MissingKey(r)) if r.contains("body.id")));
+
+    let (handler, dir) = demo();
+    let setup = Setup { key: "body.id", on_missing: OnMissingKey::MessageId, ..Setup::default() };
+    let report = run(&setup.engine(handler), records(), Duration::from_secs(30)).await;
+    assert!(failures(&report).is_empty());
+    let keys: HashMap<String, String> =
+        log_lines(&dir.path().join("demo.log")).into_iter().map(|(k, id)| (id, k)).collect();
+    assert_eq!(keys["text"], "test#text");
+    assert_eq!(keys["json"], "test#k1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_fails_every_record_and_marks_nothing_done() {
+    let (handler, dir) = demo();
+    let engine = Setup { store: Arc::new(common::Down), ..Setup::default() }.engine(handler);
+    let report = run(&engine, vec![message("a", json!({})), message("b", json!({}))], Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["a", "b"]);
+    assert!(matches!(outcome(&report, "a"), Outcome::Failed(Failure::Store(r)) if r.contains("connection refused")));
+    assert!(log_lines(&dir.path().join("demo.log")).is_empty(), "no handler runs without a claim");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_records_fail_alone_and_duplicate_message_ids_are_reported_once() {
+    let (handler, _dir) = demo();
+    let engine = Setup::default().engine(handler);
+    let mut bad = message("bad", json!({}));
+    bad["attributes"] = json!({"ApproximateReceiveCount": 1});
+    let records = vec![
+        message("good", json!({})),
+        bad,
+        message("twice", json!({"fail": "retryable"})),
+        message("twice", json!({})),
+    ];
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["bad", "twice"]);
+    assert!(matches!(outcome(&report, "bad"), Outcome::Failed(Failure::InvalidRecord(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_run_in_parallel_within_the_concurrency_bound() {
+    #[derive(Default)]
+    struct Gauge {
+        now: Mutex<(usize, usize)>,
+        threads: Mutex<HashSet<std::thread::ThreadId>>,
+    }
+    impl Handler for Gauge {
+        async fn handle(&self, _record: &Record) -> HandlerResult {
+            {
+                let mut now = self.now.lock().unwrap();
+                now.0 += 1;
+                now.1 = now.1.max(now.0);
+            }
+            // Blocking on purpose: only records on different threads can overlap here.
+            std::thread::sleep(Duration::from_millis(20));
+            self.threads.lock().unwrap().insert(std::thread::current().id());
+            self.now.lock().unwrap().0 -= 1;
+            Ok(None)
+        }
+    }
+    let gauge = Arc::new(Gauge::default());
+    let options = EngineOptions { concurrency: 2, ..EngineOptions::default() };
+    let engine = Setup { options, ..Setup::default() }.engine(gauge.clone());
+    let records = (0..40).map(|n| message(&format!("m{n}"), json!({}))).collect();
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+    assert!(failures(&report).is_empty());
+    assert_eq!(gauge.now.lock().unwrap().1, 2, "at most the bound, and more than one at once");
+    assert!(gauge.threads.lock().unwrap().len() >= 2, "records ran on several worker threads");
+}

@@ -1,0 +1,170 @@
+//! The `sqs-once invoke` command, run as a user runs it.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+};
+
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
+
+/// A folder with an event file, a claims database and a demo log.
+struct Workspace {
+    dir: tempfile::TempDir,
+}
+
+impl Workspace {
+    fn new() -> Self {
+        Self { dir: tempfile::tempdir().unwrap() }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn event(&self, name: &str, bodies: &[Value]) -> PathBuf {
+        let records: Vec<Value> = bodies
+            .iter()
+            .enumerate()
+            .map(|(n, body)| {
+                json!({"messageId": format!("m-{n:04}"), "body": body.to_string(), "eventSource": "aws:sqs",
+                       "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}})
+            })
+            .collect();
+        let path = self.path(name);
+        std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
+        path
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .current_dir(self.dir.path())
+            .env_remove("AWS_LAMBDA_FUNCTION_NAME")
+            .env_remove("AWS_LAMBDA_RUNTIME_API")
+            .env_remove("SQS_ONCE_TABLE")
+            .env("SQS_ONCE_STORE_PATH", self.path("claims.db"))
+            .env("SQS_ONCE_DEMO_LOG", self.path("demo.log"))
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn invoke(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    fn log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("demo.log")).unwrap_or_default().lines().map(str::to_owned).collect()
+    }
+}
+
+fn failures(output: &Output) -> Vec<String> {
+    assert!(output.status.success(), "invoke failed: {}", String::from_utf8_lossy(&output.stderr));
+    let response: Value = serde_json::from_slice(&output.stdout).expect("stdout is one JSON object");
+    response["batchItemFailures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_second_invoke_of_the_same_event_runs_no_handler() {
+    let ws = Workspace::new();
+    let event = ws.event("event.json", &(0..50).map(|n| json!({"n": n})).collect::<Vec<_>>());
+    let first = ws.invoke(&["invoke", event.to_str().unwrap()]);
+    assert_eq!(failures(&first), Vec::<String>::new());
+    assert_eq!(ws.log().len(), 50);
+    let second = ws.invoke(&["invoke", event.to_str().unwrap()]);
+    assert_eq!(failures(&second), Vec::<String>::new());
+    assert_eq!(ws.log().len(), 50, "the second run ran no handler");
+    assert_eq!(stderr(&second).matches("outcome=\"duplicate\"").count(), 50);
+}
+
+#[test]
+fn the_sample_batch_reports_its_failing_directives_and_reads_stdin() {
+    let ws = Workspace::new();
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("events/batch.json");
+    let mut child = ws
+        .command(&["invoke", "-"])
+        .env("SQS_ONCE_KEY", "body.order_id")
+        .stdin(std::fs::File::open(sample).unwrap())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take();
+    let output = child.wait_with_output().unwrap();
+    let expected: Vec<String> = [5, 6, 7, 8].iter().map(|n| format!("b0000000-0000-4000-8000-{n:012}")).collect();
+    assert_eq!(failures(&output), expected);
+    assert_eq!(
+        ws.log().len(),
+        7,
+        "8 keyed records, one an in-batch duplicate of o-2 and one of o-1: 10 - 2 - 1 without a key"
+    );
+}
+
+#[test]
+fn two_processes_racing_on_one_batch_run_each_key_once() {
+    let ws = Workspace::new();
+    let bodies: Vec<Value> = (0..300).map(|n| json!({"sleep_ms": (n % 3) * 5})).collect();
+    let event = ws.event("event.json", &bodies);
+    let spawn = || {
+        ws.command(&["invoke", event.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let (failed_a, failed_b) = (failures(&a), failures(&b));
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for line in ws.log() {
+        *runs.entry(line.split('\t').nth(1).unwrap().to_owned()).or_default() += 1;
+    }
+    assert!(runs.values().all(|&count| count == 1), "a key ran twice");
+    assert_eq!(runs.len(), 300, "every key ran once in total");
+    // A record one process lost to the other's live claim is failed there, never lost.
+    assert!(failed_a.iter().all(|id| !failed_b.contains(id)), "a record failed in both processes");
+}
+
+#[test]
+fn bad_input_exits_non_zero_with_one_clear_line() {
+    let ws = Workspace::new();
+    std::fs::write(ws.path("broken.json"), "{ nope").unwrap();
+    std::fs::write(ws.path("other.json"), r#"{"detail-type": "Scheduled Event"}"#).unwrap();
+    std::fs::write(ws.path("no-id.json"), r#"{"Records": [{"body": "x"}]}"#).unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["invoke", "missing.json"], "cannot read missing.json"),
+        (&["invoke", "broken.json"], "broken.json is not valid JSON"),
+        (&["invoke", "other.json"], "not an SQS event"),
+        (&["invoke", "no-id.json"], "record 0 has no messageId"),
+        (&["invoke", "other.json", "--timeout", "0"], "--timeout must be a positive number"),
+    ];
+    for (args, expected) in cases {
+        let output = ws.invoke(args);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        assert!(output.stdout.is_empty(), "{args:?} printed a response");
+        assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+        assert!(stderr(&output).contains(expected), "{args:?}: {}", stderr(&output));
+    }
+    let event = ws.event("ok.json", &[json!({})]);
+    let config_errors = [
+        ("SQS_ONCE_HANDLER", "nope", "registered handlers are demo, orders"),
+        ("SQS_ONCE_ON_MISSING_KEY", "skip", "expected fail or message-id"),
+        ("SQS_ONCE_STORE", "redis", "expected file or memory"),
+        ("SQS_ONCE_CONCURRENCY", "0", "SQS_ONCE_CONCURRENCY"),
+        ("SQS_ONCE_KEY", "header.x", "invalid key source `header.x`"),
+    ];
+    for (name, value, expected) in config_errors {
+        let output = ws.command(&["invoke", event.to_str().unwrap()]).env(name, value).output().unwrap();
+        assert!(!output.status.success(), "{name}={value} accepted");
+        assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+        assert!(stderr(&output).contains(expected), "{name}: {}", stderr(&output));
+    }
+}
