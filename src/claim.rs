@@ -168,6 +168,17 @@ pub struct Lease {
     pub payload_hash: Option<String>,
 }
 
+impl Lease {
+    fn of(claim: ClaimRecord) -> Self {
+        Self {
+            id: claim.id,
+            token: claim.token.unwrap_or_default(),
+            lease_until_ms: claim.lease_until_ms.unwrap_or_default(),
+            payload_hash: claim.payload_hash,
+        }
+    }
+}
+
 /// The outcome of [`Claims::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
@@ -301,11 +312,7 @@ impl Claims {
             let now_ms = self.clock.now_ms();
             let record = self.new_claim(request, now_ms, payload_hash.clone());
             let existing = match self.store.put_if_free(&record, now_ms).await? {
-                PutOutcome::Claimed => {
-                    let lease_until_ms = record.lease_until_ms.unwrap_or_default();
-                    let token = record.token.unwrap_or_default();
-                    return Ok(Claim::Won(Lease { id: record.id, token, lease_until_ms, payload_hash }));
-                }
+                PutOutcome::Claimed => return Ok(Claim::Won(Lease::of(record))),
                 PutOutcome::Taken(Some(existing)) => *existing,
                 // The record went away between the write and the read: claim again.
                 PutOutcome::Taken(None) => match self.store.get(request.id).await? {
@@ -313,6 +320,10 @@ impl Claims {
                     None => continue,
                 },
             };
+            // A retried write whose first attempt succeeded unseen finds our own claim.
+            if existing.token.is_some() && existing.token == record.token {
+                return Ok(Claim::Won(Lease::of(record)));
+            }
             if let Some(claim) = self.judge(existing, payload_hash.as_deref()) {
                 return Ok(claim);
             }

@@ -9,6 +9,7 @@ use crate::{
     claim::ClaimPolicy,
     engine::EngineOptions,
     key::{KeyDeriver, KeySpec, OnMissingKey},
+    store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
 /// Where claims are kept (`SQS_ONCE_STORE`).
@@ -18,6 +19,8 @@ pub enum StoreChoice {
     Memory,
     /// A SQLite file, shared safely by concurrent processes.
     File(PathBuf),
+    /// A DynamoDB table: the production store.
+    DynamoDb(TableLayout),
 }
 
 /// A setting with an invalid value.
@@ -110,12 +113,22 @@ impl Config {
         if engine.concurrency == 0 {
             return Err(env.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
         }
-        let path = PathBuf::from(env.text("SQS_ONCE_STORE_PATH").unwrap_or_else(|| ".sqs-once/claims.db".into()));
         let store = match env.text("SQS_ONCE_STORE").as_deref() {
-            None | Some("file") => StoreChoice::File(path),
+            None if env.text("SQS_ONCE_TABLE").is_some() => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
+            Some("dynamodb") => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
+            None | Some("file") => StoreChoice::File(PathBuf::from(
+                env.text("SQS_ONCE_STORE_PATH").unwrap_or_else(|| ".sqs-once/claims.db".into()),
+            )),
             Some("memory") => StoreChoice::Memory,
-            Some(_) => return Err(env.invalid("SQS_ONCE_STORE", "file or memory")),
+            Some(_) => return Err(env.invalid("SQS_ONCE_STORE", "dynamodb, file or memory")),
         };
+        if env.text("AWS_LAMBDA_RUNTIME_API").is_some() && !matches!(store, StoreChoice::DynamoDb(_)) {
+            return Err(ConfigError {
+                name: "SQS_ONCE_TABLE",
+                value: String::new(),
+                expected: "the name of the DynamoDB claim table: inside Lambda, claims must be kept in DynamoDB".into(),
+            });
+        }
         Ok(Self {
             handler,
             key: env.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?,
@@ -157,6 +170,31 @@ impl Env<'_> {
             None => Ok(default),
             Some(value) => value.trim().parse().map_err(|error| ConfigError { name, value, expected: expected(error) }),
         }
+    }
+
+    /// The DynamoDB table and attribute names (`SQS_ONCE_TABLE`, `SQS_ONCE_ATTR_*`,
+    /// `SQS_ONCE_TABLE_SORT_KEY`, `SQS_ONCE_TABLE_PARTITION_VALUE`).
+    fn table_layout(&self, key_prefix: &str) -> Result<TableLayout, ConfigError> {
+        let table = self.text("SQS_ONCE_TABLE").ok_or_else(|| self.invalid("SQS_ONCE_TABLE", "a table name"))?;
+        let defaults = Attributes::default();
+        let name = |variable: &str, default: String| self.text(variable).unwrap_or(default);
+        let partition = name("SQS_ONCE_ATTR_ID", defaults.id);
+        let (id, key) = match self.text("SQS_ONCE_TABLE_SORT_KEY") {
+            None => (partition, TableKey::Partition),
+            Some(sort_key) => {
+                let partition_value = name("SQS_ONCE_TABLE_PARTITION_VALUE", format!("idempotency#{key_prefix}"));
+                (sort_key, TableKey::Sorted { partition_attribute: partition, partition_value })
+            }
+        };
+        let attributes = Attributes {
+            id,
+            expiry: name("SQS_ONCE_ATTR_EXPIRY", defaults.expiry),
+            lease: name("SQS_ONCE_ATTR_IN_PROGRESS_EXPIRY", defaults.lease),
+            status: name("SQS_ONCE_ATTR_STATUS", defaults.status),
+            data: name("SQS_ONCE_ATTR_DATA", defaults.data),
+            validation: name("SQS_ONCE_ATTR_VALIDATION", defaults.validation),
+        };
+        Ok(TableLayout { table, attributes, key })
     }
 
     fn flag(&self, name: &'static str, default: bool) -> Result<bool, ConfigError> {

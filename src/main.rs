@@ -9,7 +9,12 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use sqs_once::{config::Config, engine::Invocation, event::parse_event, startup};
+use sqs_once::{
+    config::{Config, StoreChoice},
+    engine::Invocation,
+    event::parse_event,
+    startup,
+};
 
 /// Effectively-once processing of SQS batches.
 #[derive(Debug, Parser)]
@@ -28,6 +33,12 @@ enum Command {
         /// Seconds the invocation may take, as a function timeout would allow.
         #[arg(long, default_value_t = 30.0)]
         timeout: f64,
+    },
+    /// Create the DynamoDB claim table (on-demand, TTL on the expiry attribute).
+    CreateTable {
+        /// The table name; defaults to SQS_ONCE_TABLE.
+        #[arg(long)]
+        table: Option<String>,
     },
 }
 
@@ -52,6 +63,7 @@ fn fail(error: anyhow::Error) -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Invoke { file, timeout }) => invoke(file, timeout).await,
+        Some(Command::CreateTable { table }) => create_table(table).await,
         None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
     }
 }
@@ -75,6 +87,22 @@ async fn invoke(file: Option<PathBuf>, timeout: f64) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn create_table(table: Option<String>) -> anyhow::Result<()> {
+    let config = Config::from_lookup(|name| match (name, &table) {
+        ("SQS_ONCE_TABLE", Some(table)) => Some(table.clone()),
+        _ => std::env::var(name).ok(),
+    })?;
+    let StoreChoice::DynamoDb(layout) = config.store else {
+        bail!("no table to create: set SQS_ONCE_TABLE or pass --table NAME");
+    };
+    let store = startup::dynamodb_store(layout).await;
+    let layout = store.layout();
+    let created = store.create_table().await.with_context(|| format!("cannot create table {}", layout.table))?;
+    let state = if created { "created" } else { "already exists" };
+    println!("table {} {state}; TTL on `{}`", layout.table, layout.attributes.expiry);
+    Ok(())
+}
+
 /// The event's text, and a name for it in error messages.
 fn read_event(file: Option<PathBuf>) -> anyhow::Result<(String, String)> {
     match file.filter(|path| path.as_os_str() != "-") {
@@ -94,7 +122,7 @@ fn read_event(file: Option<PathBuf>) -> anyhow::Result<(String, String)> {
 /// Logs go to standard error, so standard output carries only the answer.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SQS_ONCE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aws_config=error"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

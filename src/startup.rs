@@ -8,7 +8,10 @@ use crate::{
     config::{Config, StoreChoice},
     engine::Engine,
     handlers::{self, UnknownHandler},
-    store::{ClaimStore, MemoryStore, SqliteStore, StoreError},
+    store::{
+        ClaimStore, DynamoDbStore, MemoryStore, SqliteStore, StoreError,
+        dynamodb::{self, TableLayout},
+    },
 };
 
 /// Why the engine could not be built.
@@ -27,7 +30,15 @@ pub async fn store(config: &Config) -> Result<Arc<dyn ClaimStore>, StartupError>
     Ok(match &config.store {
         StoreChoice::Memory => Arc::new(MemoryStore::default()),
         StoreChoice::File(path) => Arc::new(SqliteStore::open(path)?),
+        StoreChoice::DynamoDb(layout) => Arc::new(dynamodb_store(layout.clone()).await),
     })
+}
+
+/// A DynamoDB store on `layout`, with a client built from the SDK's default
+/// configuration chain.
+pub async fn dynamodb_store(layout: TableLayout) -> DynamoDbStore {
+    let (client, _requests) = dynamodb::client().await;
+    DynamoDbStore::new(client, layout)
 }
 
 /// The engine `config` describes: its handler, store, keys and tuning.

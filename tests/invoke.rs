@@ -53,7 +53,11 @@ impl Workspace {
     }
 
     fn invoke(&self, args: &[&str]) -> Output {
-        self.command(args).output().unwrap()
+        self.invoke_with(args, &[])
+    }
+
+    fn invoke_with(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
+        self.command(args).envs(envs.iter().copied()).output().unwrap()
     }
 
     fn log(&self) -> Vec<String> {
@@ -157,14 +161,24 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
     let config_errors = [
         ("SQS_ONCE_HANDLER", "nope", "registered handlers are demo, orders"),
         ("SQS_ONCE_ON_MISSING_KEY", "skip", "expected fail or message-id"),
-        ("SQS_ONCE_STORE", "redis", "expected file or memory"),
+        ("SQS_ONCE_STORE", "redis", "expected dynamodb, file or memory"),
         ("SQS_ONCE_CONCURRENCY", "0", "SQS_ONCE_CONCURRENCY"),
         ("SQS_ONCE_KEY", "header.x", "invalid key source `header.x`"),
     ];
     for (name, value, expected) in config_errors {
-        let output = ws.command(&["invoke", event.to_str().unwrap()]).env(name, value).output().unwrap();
+        let output = ws.invoke_with(&["invoke", event.to_str().unwrap()], &[(name, value)]);
         assert!(!output.status.success(), "{name}={value} accepted");
         assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
         assert!(stderr(&output).contains(expected), "{name}: {}", stderr(&output));
     }
+}
+
+#[test]
+fn inside_lambda_a_table_is_required() {
+    let ws = Workspace::new();
+    let event = ws.event("ok.json", &[json!({})]);
+    let output = ws.invoke_with(&["invoke", event.to_str().unwrap()], &[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("SQS_ONCE_TABLE"), "{}", stderr(&output));
+    assert!(stderr(&output).contains("inside Lambda, claims must be kept in DynamoDB"), "{}", stderr(&output));
 }

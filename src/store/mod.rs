@@ -9,9 +9,11 @@ use async_trait::async_trait;
 
 use crate::claim::{ClaimRecord, ClaimStatus};
 
+pub mod dynamodb;
 pub mod memory;
 pub mod sqlite;
 
+pub use dynamodb::DynamoDbStore;
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 

@@ -6,21 +6,24 @@ use std::{sync::Arc, time::Duration};
 use serde_json::json;
 use sqs_once::{
     claim::{Claim, ClaimPolicy, ClaimRecord, ClaimRequest, ClaimStatus, Claims, Lease},
-    clock::ManualClock,
+    clock::{Clock, ManualClock, SystemClock},
     store::{ClaimStore, Fenced},
 };
 
 use super::{Counting, WithoutOldItem};
 
-/// 2023-11-14T22:13:20Z, a round number of seconds.
-pub const T0: u64 = 1_700_000_000_000;
-/// The invocation deadline the tests claim under: 30 s after `T0`.
-pub const DEADLINE: u64 = T0 + 30_000;
+/// A start for a manual clock: the current time, rounded down to a second.
+/// Real time, because DynamoDB Local's TTL sweeper deletes records whose
+/// expiry is past in real time.
+pub fn now_s_ms() -> u64 {
+    SystemClock.now_ms() / 1000 * 1000
+}
 const MARGIN: Duration = Duration::from_secs(2);
 
-/// A state machine over `store` with a manual clock at `T0`, no local cache
+/// A state machine over `store` with a manual clock at `t0`, no local cache
 /// unless `policy` says otherwise.
 pub struct Machine {
+    pub t0: u64,
     pub claims: Claims,
     pub clock: Arc<ManualClock>,
     pub store: Arc<dyn ClaimStore>,
@@ -29,10 +32,16 @@ pub struct Machine {
 
 impl Machine {
     pub fn new(store: Arc<dyn ClaimStore>, policy: ClaimPolicy) -> Self {
-        let clock = Arc::new(ManualClock::new(T0));
+        let t0 = now_s_ms();
+        let clock = Arc::new(ManualClock::new(t0));
         let counting = Counting::new(store.clone());
         let claims = Claims::with_policy(counting.clone(), policy, clock.clone());
-        Self { claims, clock, store, counting }
+        Self { t0, claims, clock, store, counting }
+    }
+
+    /// The invocation deadline the tests claim under: 30 s after `t0`.
+    pub fn deadline(&self) -> u64 {
+        self.t0 + 30_000
     }
 
     pub fn plain(store: Arc<dyn ClaimStore>) -> Self {
@@ -40,7 +49,7 @@ impl Machine {
     }
 
     pub async fn claim(&self, id: &str, body: &str, holder: &str) -> Claim {
-        let request = ClaimRequest { id, body, deadline_ms: DEADLINE, holder, attempt: 1 };
+        let request = ClaimRequest { id, body, deadline_ms: self.deadline(), holder, attempt: 1 };
         self.claims.claim(&request).await.expect("store error")
     }
 
@@ -63,15 +72,15 @@ pub fn policy() -> ClaimPolicy {
 pub async fn a_free_key_is_won_and_recorded_in_progress(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-free").await;
-    assert_eq!(lease.lease_until_ms, DEADLINE + 2_000);
+    assert_eq!(lease.lease_until_ms, m.deadline() + 2_000);
     let record = m.stored("k-free").await.expect("claim stored");
     assert_eq!(record.status, ClaimStatus::InProgress);
     assert_eq!(record.token.as_deref(), Some(lease.token.as_str()));
     assert_eq!(record.holder.as_deref(), Some("holder-1"));
     assert_eq!(record.attempt, Some(1));
-    assert_eq!(record.lease_until_ms, Some(DEADLINE + 2_000));
-    assert_eq!(record.expires_at_s, T0 / 1000 + 3600);
-    assert_eq!(record.claimed_at_ms, Some(T0));
+    assert_eq!(record.lease_until_ms, Some(m.deadline() + 2_000));
+    assert_eq!(record.expires_at_s, m.t0 / 1000 + 3600);
+    assert_eq!(record.claimed_at_ms, Some(m.t0));
 }
 
 pub async fn a_completed_key_is_a_duplicate(store: Arc<dyn ClaimStore>) {
@@ -82,7 +91,7 @@ pub async fn a_completed_key_is_a_duplicate(store: Arc<dyn ClaimStore>) {
     let record = m.stored("k-done").await.unwrap();
     assert_eq!(record.status, ClaimStatus::Completed);
     assert_eq!(record.lease_until_ms, None);
-    assert_eq!(record.expires_at_s, T0 / 1000 + 1 + 3600);
+    assert_eq!(record.expires_at_s, m.t0 / 1000 + 1 + 3600);
     assert_eq!(m.claim("k-done", "{}", "holder-2").await, Claim::Duplicate { result: None });
 }
 
@@ -90,17 +99,17 @@ pub async fn a_live_lease_is_a_conflict(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     m.win("k-live").await;
     m.clock.advance(Duration::from_secs(10));
-    let retry_after = Duration::from_millis(DEADLINE + 2_000 + 1 - (T0 + 10_000));
+    let retry_after = Duration::from_millis(m.deadline() + 2_000 + 1 - (m.t0 + 10_000));
     assert_eq!(m.claim("k-live", "{}", "holder-2").await, Claim::Conflict { retry_after });
     // The last millisecond of the lease still belongs to its holder.
-    m.clock.set(DEADLINE + 2_000);
+    m.clock.set(m.deadline() + 2_000);
     assert!(matches!(m.claim("k-live", "{}", "holder-2").await, Claim::Conflict { .. }));
 }
 
 pub async fn an_ended_lease_is_taken_over_and_the_old_holder_is_fenced_off(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let old = m.win("k-stale").await;
-    m.clock.set(DEADLINE + 2_001);
+    m.clock.set(m.deadline() + 2_001);
     let Claim::Won(new) = m.claim("k-stale", "{}", "holder-2").await else { panic!("stale lease not taken over") };
     assert_ne!(new.token, old.token);
     assert_eq!(m.claims.complete(&old, None).await.unwrap(), Fenced::Refused);
@@ -129,7 +138,7 @@ pub async fn a_permanent_failure_is_kept_until_it_expires(store: Arc<dyn ClaimSt
     assert_eq!((record.status, record.error.as_deref()), (ClaimStatus::Failed, Some("card declined")));
     let error = Some("card declined".to_owned());
     assert_eq!(m.claim("k-perm", "{}", "holder-2").await, Claim::FailedBefore { error });
-    m.clock.set(T0 + 3_601_000);
+    m.clock.set(m.t0 + 3_601_000);
     m.win("k-perm").await;
 }
 
@@ -137,17 +146,17 @@ pub async fn an_expired_completion_is_claimed_again(store: Arc<dyn ClaimStore>) 
     let m = Machine::plain(store);
     let lease = m.win("k-exp").await;
     m.claims.complete(&lease, None).await.unwrap();
-    m.clock.set(T0 + 3_600_000);
+    m.clock.set(m.t0 + 3_600_000);
     assert!(matches!(m.claim("k-exp", "{}", "h").await, Claim::Duplicate { .. }), "expiry second still counts");
-    m.clock.set(T0 + 3_601_000);
+    m.clock.set(m.t0 + 3_601_000);
     m.win("k-exp").await;
 }
 
 pub async fn a_live_lease_outlives_the_record_expiry(store: Arc<dyn ClaimStore>) {
-    let policy = ClaimPolicy { expires_after: Duration::from_secs(1), ..policy() };
+    let policy = ClaimPolicy { expires_after: Duration::from_secs(20), ..policy() };
     let m = Machine::new(store, policy);
     m.win("k-long").await;
-    m.clock.advance(Duration::from_secs(20));
+    m.clock.advance(Duration::from_secs(25));
     assert!(matches!(m.claim("k-long", "{}", "h2").await, Claim::Conflict { .. }));
 }
 
@@ -157,7 +166,7 @@ pub async fn an_in_progress_record_without_a_lease_waits_for_its_expiry(store: A
     let foreign = ClaimRecord {
         id: "k-foreign".into(),
         status: ClaimStatus::InProgress,
-        expires_at_s: T0 / 1000 + 60,
+        expires_at_s: m.t0 / 1000 + 60,
         lease_until_ms: None,
         token: None,
         holder: None,
@@ -168,10 +177,10 @@ pub async fn an_in_progress_record_without_a_lease_waits_for_its_expiry(store: A
         result: None,
         error: None,
     };
-    assert_eq!(store.put_if_free(&foreign, T0).await.unwrap(), sqs_once::store::PutOutcome::Claimed);
+    assert_eq!(store.put_if_free(&foreign, m.t0).await.unwrap(), sqs_once::store::PutOutcome::Claimed);
     let retry_after = Duration::from_millis(61_000);
     assert_eq!(m.claim("k-foreign", "{}", "h").await, Claim::Conflict { retry_after });
-    m.clock.set(T0 + 61_000);
+    m.clock.set(m.t0 + 61_000);
     m.win("k-foreign").await;
 }
 
@@ -213,7 +222,7 @@ pub async fn the_local_cache_answers_duplicates_without_a_request(store: Arc<dyn
     assert!(matches!(m.claim("k-cache", "{}", "h").await, Claim::Duplicate { .. }));
     assert_eq!(m.counting.take(), 0);
     // A cached completion expires with the record.
-    m.clock.set(T0 + 3_601_000);
+    m.clock.set(m.t0 + 3_601_000);
     m.win("k-cache").await;
     assert_eq!(m.counting.take(), 1);
 }
@@ -243,14 +252,16 @@ pub async fn a_store_that_does_not_return_the_old_record_is_read_once(store: Arc
 
 /// `claimants` claim one key at once, `rounds` times: exactly one wins each round.
 pub async fn concurrent_claims_have_one_winner(store: Arc<dyn ClaimStore>, claimants: usize, rounds: usize) {
-    let claims = Arc::new(Claims::with_policy(store, policy(), Arc::new(ManualClock::new(T0))));
+    let t0 = now_s_ms();
+    let deadline_ms = t0 + 30_000;
+    let claims = Arc::new(Claims::with_policy(store, policy(), Arc::new(ManualClock::new(t0))));
     for round in 0..rounds {
         let id = format!("k-race-{round}");
         let attempts = (0..claimants).map(|n| {
             let (claims, id) = (claims.clone(), id.clone());
             tokio::spawn(async move {
                 let holder = format!("holder-{n}");
-                let request = ClaimRequest { id: &id, body: "{}", deadline_ms: DEADLINE, holder: &holder, attempt: 1 };
+                let request = ClaimRequest { id: &id, body: "{}", deadline_ms, holder: &holder, attempt: 1 };
                 claims.claim(&request).await.expect("store error")
             })
         });

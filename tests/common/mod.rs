@@ -96,3 +96,35 @@ impl ClaimStore for Down {
         Err(StoreError::unavailable("connection refused"))
     }
 }
+
+/// DynamoDB Local, as `scripts/test` starts it.
+pub mod dynamodb {
+    use std::sync::Arc;
+
+    use sqs_once::store::{
+        DynamoDbStore,
+        dynamodb::{self, RequestCounter, TableKey, TableLayout},
+    };
+
+    /// The endpoint `scripts/test` exported; these tests need the real server.
+    pub fn endpoint() -> String {
+        std::env::var("AWS_ENDPOINT_URL_DYNAMODB").expect(
+            "AWS_ENDPOINT_URL_DYNAMODB is not set: run the tests with scripts/test, which starts DynamoDB Local",
+        )
+    }
+
+    /// A fresh table with a unique name, created as `sqs-once create-table` creates it.
+    pub async fn fresh_table(key: TableKey) -> (DynamoDbStore, Arc<RequestCounter>) {
+        endpoint();
+        let (client, requests) = dynamodb::client().await;
+        let name = format!("claims-{}", uuid::Uuid::new_v4().simple());
+        let store = DynamoDbStore::new(client, TableLayout { key, ..TableLayout::new(name) });
+        assert!(store.create_table().await.expect("create table"), "table name collided");
+        (store, requests)
+    }
+
+    /// A table keyed by a static partition value and a sort key, as Powertools lays it out.
+    pub fn sorted() -> TableKey {
+        TableKey::Sorted { partition_attribute: "pk".into(), partition_value: "idempotency#tests".into() }
+    }
+}

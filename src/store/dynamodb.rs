@@ -1,0 +1,538 @@
+//! The production store: claims in a DynamoDB table.
+//!
+//! A claim is one conditional `PutItem` that asks for the old item back when
+//! its condition fails (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), so a
+//! duplicate or a conflict costs one request. The condition is
+//! [`ClaimRecord::is_free`] written as a DynamoDB condition expression.
+//! Completing, failing and releasing are an `UpdateItem` or `DeleteItem`
+//! conditioned on the claim's token.
+//!
+//! Attribute names default to those of Powertools for AWS Lambda (`id`,
+//! `expiration`, `in_progress_expiration`, `status`, `data`, `validation`), so
+//! a table can be shared with functions that use it; tables keyed by a static
+//! partition value and a sort key are supported as Powertools supports them.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::{
+    Client,
+    client::Waiters,
+    config::{
+        ConfigBag, Intercept, RuntimeComponents, interceptors::BeforeTransmitInterceptorContextRef, retry::RetryConfig,
+        timeout::TimeoutConfig,
+    },
+    error::{BoxError, ProvideErrorMetadata},
+    operation::{
+        create_table::CreateTableError, delete_item::DeleteItemError, put_item::PutItemError,
+        update_item::UpdateItemError,
+    },
+    types::{
+        AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+        ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+    },
+};
+
+use super::{ClaimStore, Fenced, Finish, PutOutcome, StoreError};
+use crate::claim::{ClaimRecord, ClaimStatus};
+
+type Item = HashMap<String, AttributeValue>;
+
+/// Attempts per request, the first included. Throttling and 5xx answers are
+/// retried with jittered exponential back-off between these bounds.
+pub const MAX_ATTEMPTS: u32 = 3;
+/// First retry back-off.
+pub const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
+/// Longest retry back-off.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Time to open a connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Time for one attempt of a request.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time for a request, retries included: a record whose store does not answer
+/// in this time fails, long before a Lambda timeout.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Names of the attributes a claim is stored in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attributes {
+    /// The key attribute holding the claim's id (the partition key, or the
+    /// sort key of a [`TableKey::Sorted`] table). Default `id`.
+    pub id: String,
+    /// Overall expiry, epoch seconds; the table's TTL attribute. Default `expiration`.
+    pub expiry: String,
+    /// Lease end, epoch milliseconds. Default `in_progress_expiration`.
+    pub lease: String,
+    /// `INPROGRESS`, `COMPLETED` or `FAILED`. Default `status`.
+    pub status: String,
+    /// The stored handler output. Default `data`.
+    pub data: String,
+    /// The body hash for payload validation. Default `validation`.
+    pub validation: String,
+}
+
+impl Default for Attributes {
+    fn default() -> Self {
+        Self {
+            id: "id".into(),
+            expiry: "expiration".into(),
+            lease: "in_progress_expiration".into(),
+            status: "status".into(),
+            data: "data".into(),
+            validation: "validation".into(),
+        }
+    }
+}
+
+/// Attributes this project adds to the Powertools layout.
+const TOKEN: &str = "token";
+const HOLDER: &str = "holder";
+const ATTEMPT: &str = "attempt";
+const CLAIMED_AT: &str = "claimed_at";
+const UPDATED_AT: &str = "updated_at";
+const ERROR: &str = "error";
+
+/// How claims map onto the table's primary key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TableKey {
+    /// The claim id is the partition key, named [`Attributes::id`].
+    #[default]
+    Partition,
+    /// Every claim shares one partition value, and the claim id is the sort key.
+    Sorted {
+        /// The partition key attribute.
+        partition_attribute: String,
+        /// Its value on every claim.
+        partition_value: String,
+    },
+}
+
+/// Where claims live in DynamoDB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableLayout {
+    /// The table name.
+    pub table: String,
+    /// Attribute names.
+    pub attributes: Attributes,
+    /// The primary key's shape.
+    pub key: TableKey,
+}
+
+impl TableLayout {
+    /// A table keyed by `id` alone, with the default attribute names.
+    pub fn new(table: impl Into<String>) -> Self {
+        Self { table: table.into(), attributes: Attributes::default(), key: TableKey::default() }
+    }
+
+    fn key(&self, id: &str) -> Item {
+        let mut key = Item::from([(self.attributes.id.clone(), s(id))]);
+        if let TableKey::Sorted { partition_attribute, partition_value } = &self.key {
+            key.insert(partition_attribute.clone(), s(partition_value));
+        }
+        key
+    }
+}
+
+/// DynamoDB requests made by a client, counted as they are sent (retries
+/// count again), per operation.
+#[derive(Debug, Default)]
+pub struct RequestCounter {
+    put: AtomicU64,
+    get: AtomicU64,
+    update: AtomicU64,
+    delete: AtomicU64,
+    other: AtomicU64,
+}
+
+/// A snapshot of a [`RequestCounter`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// `PutItem` requests (claims).
+    pub put: u64,
+    /// `GetItem` requests (reads after a claim that returned no item).
+    pub get: u64,
+    /// `UpdateItem` requests (completions and failure records).
+    pub update: u64,
+    /// `DeleteItem` requests (releases).
+    pub delete: u64,
+    /// Any other request.
+    pub other: u64,
+}
+
+impl RequestCounts {
+    /// All requests.
+    pub fn total(&self) -> u64 {
+        self.put + self.get + self.update + self.delete + self.other
+    }
+}
+
+impl RequestCounter {
+    /// The counts so far.
+    pub fn snapshot(&self) -> RequestCounts {
+        RequestCounts {
+            put: self.put.load(Ordering::Relaxed),
+            get: self.get.load(Ordering::Relaxed),
+            update: self.update.load(Ordering::Relaxed),
+            delete: self.delete.load(Ordering::Relaxed),
+            other: self.other.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counts each request as the SDK sends it, by its `X-Amz-Target` operation.
+#[derive(Debug, Clone)]
+struct CountRequests(Arc<RequestCounter>);
+
+impl Intercept for CountRequests {
+    fn name(&self) -> &'static str {
+        "CountRequests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let target = context.request().headers().get("x-amz-target").unwrap_or_default();
+        let counter = match target.rsplit('.').next() {
+            Some("PutItem") => &self.0.put,
+            Some("GetItem") => &self.0.get,
+            Some("UpdateItem") => &self.0.update,
+            Some("DeleteItem") => &self.0.delete,
+            _ => &self.0.other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A DynamoDB client as this store uses it: built once per process from the
+/// SDK's default chain (so `AWS_REGION`, credentials and
+/// `AWS_ENDPOINT_URL_DYNAMODB` work as the SDK defines them), with this
+/// module's retry and timeout settings, counting its requests.
+pub async fn client() -> (Client, Arc<RequestCounter>) {
+    let retries = RetryConfig::standard()
+        .with_max_attempts(MAX_ATTEMPTS)
+        .with_initial_backoff(INITIAL_BACKOFF)
+        .with_max_backoff(MAX_BACKOFF);
+    let timeouts = TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+        .operation_timeout(OPERATION_TIMEOUT)
+        .build();
+    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .retry_config(retries)
+        .timeout_config(timeouts)
+        .load()
+        .await;
+    let counter = Arc::new(RequestCounter::default());
+    let config =
+        aws_sdk_dynamodb::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(&counter))).build();
+    (Client::from_conf(config), counter)
+}
+
+/// Claims in a DynamoDB table.
+///
+/// ```no_run
+/// # async fn example() {
+/// use std::sync::Arc;
+/// use sqs_once::{claim::Claims, store::dynamodb::{self, DynamoDbStore, TableLayout}};
+///
+/// let (client, _requests) = dynamodb::client().await;
+/// let store = DynamoDbStore::new(client, TableLayout::new("idempotency"));
+/// let claims = Claims::new(Arc::new(store));
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct DynamoDbStore {
+    client: Client,
+    layout: Arc<TableLayout>,
+    return_old_item: bool,
+}
+
+impl DynamoDbStore {
+    /// A store on `layout.table`, through `client`.
+    pub fn new(client: Client, layout: TableLayout) -> Self {
+        Self { client, layout: Arc::new(layout), return_old_item: true }
+    }
+
+    /// Whether a failed claim asks DynamoDB for the item that holds the key
+    /// (on by default). Off, the state machine reads it with a consistent
+    /// `GetItem`, as it must with servers that do not return it.
+    pub fn returning_old_item(mut self, return_old_item: bool) -> Self {
+        self.return_old_item = return_old_item;
+        self
+    }
+
+    /// The table layout.
+    pub fn layout(&self) -> &TableLayout {
+        &self.layout
+    }
+
+    /// Creates the table (on-demand billing, TTL on the expiry attribute).
+    /// Returns `false` when it already existed; TTL is enabled either way.
+    pub async fn create_table(&self) -> Result<bool, StoreError> {
+        let layout = &self.layout;
+        let mut keys = vec![(layout.attributes.id.as_str(), KeyType::Hash)];
+        if let TableKey::Sorted { partition_attribute, .. } = &layout.key {
+            keys = vec![(partition_attribute.as_str(), KeyType::Hash), (layout.attributes.id.as_str(), KeyType::Range)];
+        }
+        let mut request = self.client.create_table().table_name(&layout.table).billing_mode(BillingMode::PayPerRequest);
+        for (name, key_type) in keys {
+            request = request
+                .attribute_definitions(
+                    AttributeDefinition::builder()
+                        .attribute_name(name)
+                        .attribute_type(ScalarAttributeType::S)
+                        .build()
+                        .map_err(StoreError::unavailable)?,
+                )
+                .key_schema(
+                    KeySchemaElement::builder()
+                        .attribute_name(name)
+                        .key_type(key_type)
+                        .build()
+                        .map_err(StoreError::unavailable)?,
+                );
+        }
+        let created = match request.send().await {
+            Ok(_) => true,
+            Err(error) if matches!(error.as_service_error(), Some(CreateTableError::ResourceInUseException(_))) => {
+                false
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        self.client.wait_until_table_exists().table_name(&layout.table).wait(Duration::from_secs(120)).await.map_err(
+            |error| StoreError::unavailable(format!("table {} did not become active: {error}", layout.table)),
+        )?;
+        let ttl = TimeToLiveSpecification::builder()
+            .attribute_name(&layout.attributes.expiry)
+            .enabled(true)
+            .build()
+            .map_err(StoreError::unavailable)?;
+        match self.client.update_time_to_live().table_name(&layout.table).time_to_live_specification(ttl).send().await {
+            Ok(_) => Ok(created),
+            Err(error) if error.message().is_some_and(|message| message.contains("already enabled")) => Ok(created),
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    fn write_item(&self, record: &ClaimRecord) -> Item {
+        let names = &self.layout.attributes;
+        let mut item = self.layout.key(&record.id);
+        item.insert(names.status.clone(), s(record.status.as_str()));
+        item.insert(names.expiry.clone(), n(record.expires_at_s));
+        let optional = [
+            (names.lease.as_str(), record.lease_until_ms.map(n)),
+            (TOKEN, record.token.as_deref().map(s)),
+            (HOLDER, record.holder.as_deref().map(s)),
+            (ATTEMPT, record.attempt.map(n)),
+            (CLAIMED_AT, record.claimed_at_ms.map(n)),
+            (UPDATED_AT, record.updated_at_ms.map(n)),
+            (names.validation.as_str(), record.payload_hash.as_deref().map(s)),
+            (names.data.as_str(), record.result.as_deref().map(s)),
+            (ERROR, record.error.as_deref().map(s)),
+        ];
+        item.extend(optional.into_iter().filter_map(|(name, value)| Some((name.to_owned(), value?))));
+        item
+    }
+
+    fn read_item(&self, item: &Item) -> Result<ClaimRecord, StoreError> {
+        let names = &self.layout.attributes;
+        let id = text(item, &names.id).unwrap_or_default();
+        let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
+        let status_text = text(item, &names.status).unwrap_or_default();
+        let status = ClaimStatus::parse(&status_text)
+            .ok_or_else(|| malformed(format!("unknown {} `{status_text}`", names.status)))?;
+        let number = |name: &str| match item.get(name) {
+            None => Ok(None),
+            Some(AttributeValue::N(value)) => value
+                .parse::<f64>()
+                .map(|value| Some(value as u64))
+                .map_err(|_| malformed(format!("{name} is not a number"))),
+            Some(_) => Err(malformed(format!("{name} is not a number"))),
+        };
+        Ok(ClaimRecord {
+            status,
+            expires_at_s: number(&names.expiry)?.ok_or_else(|| malformed(format!("no {}", names.expiry)))?,
+            lease_until_ms: number(&names.lease)?,
+            token: text(item, TOKEN),
+            holder: text(item, HOLDER),
+            attempt: number(ATTEMPT)?.and_then(|attempt| u32::try_from(attempt).ok()),
+            claimed_at_ms: number(CLAIMED_AT)?,
+            updated_at_ms: number(UPDATED_AT)?,
+            payload_hash: text(item, &names.validation),
+            result: text(item, &names.data),
+            error: text(item, ERROR),
+            id,
+        })
+    }
+
+    /// The returned old item says whether a refused finishing write had in
+    /// fact been applied by an earlier attempt whose answer was lost.
+    fn already_finished(&self, old: Option<&Item>, token: &str, status: Option<ClaimStatus>) -> Fenced {
+        let names = &self.layout.attributes;
+        let ours = old.is_some_and(|old| text(old, TOKEN).as_deref() == Some(token));
+        let settled = old.and_then(|old| text(old, &names.status)).and_then(|stored| ClaimStatus::parse(&stored));
+        if ours && settled == status { Fenced::Applied } else { Fenced::Refused }
+    }
+}
+
+#[async_trait]
+impl ClaimStore for DynamoDbStore {
+    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        let names = &self.layout.attributes;
+        let returned = if self.return_old_item {
+            ReturnValuesOnConditionCheckFailure::AllOld
+        } else {
+            ReturnValuesOnConditionCheckFailure::None
+        };
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.layout.table)
+            .set_item(Some(self.write_item(record)))
+            .condition_expression(
+                "attribute_not_exists(#id) \
+                 OR (#status = :inprogress AND #lease < :now_ms) \
+                 OR (#status <> :inprogress AND #expiry < :now_s) \
+                 OR (#status = :inprogress AND attribute_not_exists(#lease) AND #expiry < :now_s)",
+            )
+            .expression_attribute_names("#id", &names.id)
+            .expression_attribute_names("#status", &names.status)
+            .expression_attribute_names("#lease", &names.lease)
+            .expression_attribute_names("#expiry", &names.expiry)
+            .expression_attribute_values(":inprogress", s(ClaimStatus::InProgress.as_str()))
+            .expression_attribute_values(":now_ms", n(now_ms))
+            .expression_attribute_values(":now_s", n(now_ms / 1000))
+            .return_values_on_condition_check_failure(returned)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(PutOutcome::Claimed),
+            Err(error) => match error.into_service_error() {
+                PutItemError::ConditionalCheckFailedException(failed) => match failed.item {
+                    Some(item) if !item.is_empty() => Ok(PutOutcome::Taken(Some(Box::new(self.read_item(&item)?)))),
+                    _ => Ok(PutOutcome::Taken(None)),
+                },
+                other => Err(unavailable(other)),
+            },
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.layout.key(id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        output.item.filter(|item| !item.is_empty()).map(|item| self.read_item(&item)).transpose()
+    }
+
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        let names = &self.layout.attributes;
+        let mut set = vec!["#status = :status", "#expiry = :expiry", "#updated = :updated"];
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.layout.key(id)))
+            .condition_expression("#status = :inprogress AND #token = :token")
+            .expression_attribute_names("#status", &names.status)
+            .expression_attribute_names("#expiry", &names.expiry)
+            .expression_attribute_names("#updated", UPDATED_AT)
+            .expression_attribute_names("#lease", &names.lease)
+            .expression_attribute_names("#token", TOKEN)
+            .expression_attribute_values(":status", s(finish.status.as_str()))
+            .expression_attribute_values(":expiry", n(finish.expires_at_s))
+            .expression_attribute_values(":updated", n(finish.finished_at_ms))
+            .expression_attribute_values(":inprogress", s(ClaimStatus::InProgress.as_str()))
+            .expression_attribute_values(":token", s(token))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some(result) = &finish.result {
+            set.push("#data = :data");
+            request = request
+                .expression_attribute_names("#data", &names.data)
+                .expression_attribute_values(":data", s(result));
+        }
+        if let Some(error) = &finish.error {
+            set.push("#error = :error");
+            request =
+                request.expression_attribute_names("#error", ERROR).expression_attribute_values(":error", s(error));
+        }
+        let result = request.update_expression(format!("SET {} REMOVE #lease", set.join(", "))).send().await;
+        match result {
+            Ok(_) => Ok(Fenced::Applied),
+            Err(error) => match error.into_service_error() {
+                UpdateItemError::ConditionalCheckFailedException(failed) => {
+                    Ok(self.already_finished(failed.item.as_ref(), token, Some(finish.status)))
+                }
+                other => Err(unavailable(other)),
+            },
+        }
+    }
+
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        let result = self
+            .client
+            .delete_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.layout.key(id)))
+            .condition_expression("#status = :inprogress AND #token = :token")
+            .expression_attribute_names("#status", &self.layout.attributes.status)
+            .expression_attribute_names("#token", TOKEN)
+            .expression_attribute_values(":inprogress", s(ClaimStatus::InProgress.as_str()))
+            .expression_attribute_values(":token", s(token))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Fenced::Applied),
+            Err(error) => match error.into_service_error() {
+                DeleteItemError::ConditionalCheckFailedException(_) => Ok(Fenced::Refused),
+                other => Err(unavailable(other)),
+            },
+        }
+    }
+}
+
+fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn text(item: &Item, name: &str) -> Option<String> {
+    match item.get(name) {
+        Some(AttributeValue::S(value)) => Some(value.clone()),
+        _ => None,
+    }
+}
+
+/// An SDK failure with its whole cause chain in one line, since the SDK's own
+/// `Display` says only "service error" or "dispatch failure".
+fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.ends_with(&text) {
+            message = format!("{message}: {text}");
+        }
+        source = cause.source();
+    }
+    StoreError::unavailable(message)
+}

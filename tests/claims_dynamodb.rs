@@ -1,0 +1,30 @@
+//! The claim state machine on the DynamoDB store, against DynamoDB Local:
+//! the same suite as every other store, on both table layouts.
+
+mod common;
+
+use std::sync::Arc;
+
+use sqs_once::store::{ClaimStore, dynamodb::TableKey};
+
+async fn store() -> Arc<dyn ClaimStore> {
+    Arc::new(common::dynamodb::fresh_table(TableKey::Partition).await.0)
+}
+
+claim_suite!(store().await);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_have_one_winner() {
+    common::claim_suite::concurrent_claims_have_one_winner(store().await, 32, 200).await;
+}
+
+/// The suite again on a table keyed by a static partition value and a sort key.
+mod sort_key_table {
+    use super::*;
+
+    async fn store() -> Arc<dyn ClaimStore> {
+        Arc::new(common::dynamodb::fresh_table(common::dynamodb::sorted()).await.0)
+    }
+
+    claim_suite!(store().await);
+}

@@ -1,0 +1,211 @@
+//! The DynamoDB store under the engine and the binary, against DynamoDB Local:
+//! races between whole engines, the request floor per record path, the read
+//! after a claim that returned no item, large results, and a server that is down.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    process::Command,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde_json::{Value, json};
+use sqs_once::{
+    Handler, HandlerResult, Record,
+    claim::{Claim, ClaimPolicy, ClaimRequest, ClaimStatus, Claims},
+    clock::SystemClock,
+    engine::{BatchReport, Engine, EngineOptions, Invocation},
+    event::parse_event,
+    handlers::demo::Demo,
+    key::KeyDeriver,
+    store::{ClaimStore, DynamoDbStore, dynamodb::TableKey},
+};
+
+fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> Engine {
+    let claims = Claims::with_policy(Arc::new(store), policy, Arc::new(SystemClock));
+    let keys = KeyDeriver::new("body.key".parse().unwrap(), "test", true, Default::default());
+    Engine::new(Arc::new(handler), Arc::new(claims), keys, EngineOptions::default())
+}
+
+fn batch(bodies: impl IntoIterator<Item = Value>) -> Vec<Value> {
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(n, body)| json!({"messageId": format!("m-{n:04}"), "body": body.to_string(), "eventSource": "aws:sqs"}))
+        .collect()
+}
+
+async fn run(engine: &Engine, records: &[Value]) -> BatchReport {
+    let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(60), request_id: "r".into() };
+    engine.process(parse_event(json!({ "Records": records })).unwrap(), &invocation).await
+}
+
+fn failed(report: &BatchReport) -> usize {
+    report.response().batch_item_failures.len()
+}
+
+fn log_counts(path: &Path) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+        *counts.entry(line.split('\t').next().unwrap().to_owned()).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_engines_on_one_batch_run_each_key_once() {
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("demo.log");
+    let records = batch((0..500).map(|n| json!({"key": n, "sleep_ms": n % 4})));
+    let engines: Vec<Engine> =
+        (0..4).map(|_| engine(store.clone(), Demo::with_log(&log).unwrap(), ClaimPolicy::default())).collect();
+    let reports = futures::future::join_all(engines.iter().map(|engine| run(engine, &records))).await;
+    let counts = log_counts(&log);
+    assert_eq!(counts.len(), 500, "every key ran");
+    assert!(counts.values().all(|&runs| runs == 1), "a key ran twice");
+    // Each record was processed by one engine; elsewhere it was a duplicate or a conflict.
+    for index in 0..500 {
+        let labels: Vec<&str> = reports.iter().map(|report| report.records[index].outcome.label()).collect();
+        assert_eq!(labels.iter().filter(|label| **label == "processed").count(), 1, "record {index}: {labels:?}");
+        assert!(labels.iter().all(|label| ["processed", "duplicate", "conflict"].contains(label)), "{labels:?}");
+    }
+    let conflicts: usize = reports.iter().map(failed).sum();
+    assert!(conflicts <= 3 * 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_per_record_meet_the_floor() {
+    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let cached = ClaimPolicy { local_cache_entries: 1000, ..ClaimPolicy::default() };
+    let warm = engine(store.clone(), Demo::default(), cached);
+    let cold =
+        || engine(store.clone(), Demo::default(), ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() });
+    let new_records = batch((0..20).map(|n| json!({"key": n})));
+    let mut before = requests.snapshot();
+    let mut delta = |what: &str| {
+        let now = requests.snapshot();
+        let delta =
+            (now.put - before.put, now.get - before.get, now.update - before.update, now.delete - before.delete);
+        assert_eq!(now.other, before.other, "{what}: unexpected operations");
+        before = now;
+        delta
+    };
+
+    assert_eq!(failed(&run(&warm, &new_records).await), 0);
+    assert_eq!(delta("new"), (20, 0, 20, 0), "new record: 2 (claim + complete)");
+    assert_eq!(failed(&run(&cold(), &new_records).await), 0);
+    assert_eq!(delta("duplicate"), (20, 0, 0, 0), "duplicate: 1 (failed claim returning the old item)");
+    assert_eq!(failed(&run(&warm, &new_records).await), 0);
+    assert_eq!(delta("warm duplicate"), (0, 0, 0, 0), "duplicate seen by this process: 0");
+    let repeated = batch((0..20).map(|n| json!({"key": format!("r{}", n % 10)})));
+    assert_eq!(failed(&run(&warm, &repeated).await), 0);
+    assert_eq!(delta("in-batch duplicates"), (10, 0, 10, 0), "in-batch duplicate: 0 extra");
+    let failing = batch((0..10).map(|n| json!({"key": format!("f{n}"), "fail": "retryable"})));
+    assert_eq!(failed(&run(&warm, &failing).await), 10);
+    assert_eq!(delta("handler failure"), (10, 0, 0, 10), "handler failure: 2 (claim + release)");
+    let permanent = batch((0..10).map(|n| json!({"key": format!("p{n}"), "fail": "permanent"})));
+    assert_eq!(failed(&run(&warm, &permanent).await), 10);
+    assert_eq!(delta("permanent failure"), (10, 0, 10, 0), "permanent failure: 2 (claim + failure record)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_the_old_item_reads_it_once_consistently() {
+    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let store = store.returning_old_item(false);
+    let claims = Claims::with_policy(
+        Arc::new(store.clone()),
+        ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() },
+        Arc::new(SystemClock),
+    );
+    let deadline_ms = sqs_once::clock::Clock::now_ms(&SystemClock) + 60_000;
+    let request = ClaimRequest { id: "k", body: "{}", deadline_ms, holder: "h", attempt: 1 };
+    let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("key was free") };
+    let before = requests.snapshot();
+    assert!(matches!(claims.claim(&request).await.unwrap(), Claim::Conflict { .. }));
+    claims.complete(&lease, None).await.unwrap();
+    assert_eq!(claims.claim(&request).await.unwrap(), Claim::Duplicate { result: None });
+    let after = requests.snapshot();
+    assert_eq!((after.put - before.put, after.get - before.get), (2, 2), "each failed claim: put + consistent get");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_stored_and_oversized_ones_are_dropped_without_failing_the_record() {
+    struct Sized;
+    impl Handler for Sized {
+        async fn handle(&self, record: &Record) -> HandlerResult {
+            let kib: usize = record.body_json::<Value>()?["kib"].as_u64().unwrap_or(0) as usize;
+            Ok(Some(json!({ "blob": "x".repeat(kib * 1024) })))
+        }
+    }
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let policy = ClaimPolicy { store_result: true, ..ClaimPolicy::default() };
+    let engine = engine(store.clone(), Sized, policy);
+    let report = run(&engine, &batch([json!({"key": "small", "kib": 300}), json!({"key": "huge", "kib": 500})])).await;
+    assert_eq!(failed(&report), 0, "{report:?}");
+    let stored = |index: usize| report.records[index].key.clone().unwrap();
+    let small = store.get(&stored(0)).await.unwrap().unwrap();
+    assert_eq!(small.status, ClaimStatus::Completed);
+    assert_eq!(small.result.map(|result| result.len()), Some(300 * 1024 + r#"{"blob":""}"#.len()));
+    let huge = store.get(&stored(1)).await.unwrap().unwrap();
+    assert_eq!((huge.status, huge.result), (ClaimStatus::Completed, None));
+    assert_eq!(engine.claims().counters().oversized_results.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+fn sqs_once(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sqs-once"));
+    command
+        .current_dir(dir)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("SQS_ONCE_STORE")
+        .env("SQS_ONCE_DEMO_LOG", dir.join("demo.log"));
+    command
+}
+
+#[test]
+fn invoke_against_dynamodb_local_runs_once_then_sees_duplicates() {
+    common::dynamodb::endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("invoke-{}", uuid::Uuid::new_v4().simple());
+    let created = sqs_once(dir.path()).args(["create-table", "--table", &table]).output().unwrap();
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    assert_eq!(String::from_utf8_lossy(&created.stdout).trim(), format!("table {table} created; TTL on `expiration`"));
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, json!({ "Records": batch((0..30).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+    for _ in 0..2 {
+        let output = sqs_once(dir.path()).arg("invoke").arg(&event).env("SQS_ONCE_TABLE", &table).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), r#"{"batchItemFailures":[]}"#);
+    }
+    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 30, "the second run ran nothing");
+    assert!(!dir.path().join(".sqs-once").exists(), "the file store was not used");
+}
+
+#[test]
+fn an_unreachable_dynamodb_fails_every_record_and_answers_before_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", nobody.local_addr().unwrap());
+    drop(nobody);
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, json!({ "Records": batch((0..5).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+    let started = Instant::now();
+    let output = sqs_once(dir.path())
+        .args(["invoke", "--timeout", "20"])
+        .arg(&event)
+        .env("SQS_ONCE_TABLE", "claims")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
+        .output()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(20), "answered after the deadline");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let response: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(response["batchItemFailures"].as_array().unwrap().len(), 5);
+    let logs = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(logs.matches("outcome=\"store_error\"").count(), 5, "{logs}");
+    assert!(logs.contains("claim store unavailable"), "{logs}");
+    assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran");
+}
