@@ -47,3 +47,39 @@ impl Handler for Orders {
         })))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+    use aws_lambda_events::sqs::SqsMessage;
+
+    async fn charge(body: &str) -> HandlerResult {
+        let mut message = SqsMessage::default();
+        message.message_id = Some("m-1".into());
+        message.body = Some(body.into());
+        Orders.handle(&Record::new(&message, "orders#0123456789abcdef".into(), tokio::time::Instant::now())).await
+    }
+
+    #[tokio::test]
+    async fn a_valid_order_is_charged_once_and_returns_a_receipt() {
+        let receipt = charge(r#"{"order_id":"o-1","customer_id":"c-1","amount_cents":2599,"currency":"EUR"}"#).await;
+        let receipt = receipt.unwrap().unwrap();
+        assert_eq!(receipt["charge_id"], "ch_456789abcdef");
+        assert_eq!(receipt["amount_cents"], 2599);
+    }
+
+    #[tokio::test]
+    async fn invalid_orders_fail_permanently() {
+        for body in [
+            "not json",
+            r#"{"order_id":"o-1"}"#,
+            r#"{"order_id":"o-1","customer_id":"c","amount_cents":0,"currency":"EUR"}"#,
+            r#"{"order_id":"o-1","customer_id":"c","amount_cents":5,"currency":"euro"}"#,
+            r#"{"order_id":"o-1","customer_id":"c","amount_cents":5,"currency":"EUR","coupon":"X"}"#,
+        ] {
+            let error = charge(body).await.unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::Permanent, "{body}: {error}");
+        }
+    }
+}

@@ -9,6 +9,7 @@ use crate::{
     claim::ClaimPolicy,
     engine::EngineOptions,
     key::{KeyDeriver, KeySpec, OnMissingKey},
+    metrics::MetricsConfig,
     store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
@@ -54,6 +55,8 @@ pub struct Config {
     pub engine: EngineOptions,
     /// Where claims are kept.
     pub store: StoreChoice,
+    /// The metrics published per Lambda invocation.
+    pub metrics: MetricsConfig,
 }
 
 impl Config {
@@ -109,6 +112,7 @@ impl Config {
                 500,
                 "a number of milliseconds",
             )?),
+            log_bodies: env.flag("SQS_ONCE_LOG_BODIES", false)?,
         };
         if engine.concurrency == 0 {
             return Err(env.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
@@ -138,6 +142,7 @@ impl Config {
             claims,
             engine,
             store,
+            metrics: env.metrics()?,
         })
     }
 
@@ -195,6 +200,30 @@ impl Env<'_> {
             validation: name("SQS_ONCE_ATTR_VALIDATION", defaults.validation),
         };
         Ok(TableLayout { table, attributes, key })
+    }
+
+    /// `SQS_ONCE_METRICS`, `SQS_ONCE_METRICS_NAMESPACE` and
+    /// `SQS_ONCE_METRICS_DIMENSIONS` (`Name=Value` pairs, comma-separated; the
+    /// default is the function name).
+    fn metrics(&self) -> Result<MetricsConfig, ConfigError> {
+        let defaults = MetricsConfig::default();
+        let dimensions = match self.text("SQS_ONCE_METRICS_DIMENSIONS") {
+            Some(pairs) => pairs
+                .split(',')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().into(), value.trim().into())),
+                    _ => Err(self.invalid("SQS_ONCE_METRICS_DIMENSIONS", "comma-separated Name=Value pairs")),
+                })
+                .collect::<Result<_, _>>()?,
+            None => {
+                self.text("AWS_LAMBDA_FUNCTION_NAME").map(|name| ("FunctionName".into(), name)).into_iter().collect()
+            }
+        };
+        Ok(MetricsConfig {
+            enabled: self.flag("SQS_ONCE_METRICS", defaults.enabled)?,
+            namespace: self.text("SQS_ONCE_METRICS_NAMESPACE").unwrap_or(defaults.namespace),
+            dimensions,
+        })
     }
 
     fn flag(&self, name: &'static str, default: bool) -> Result<bool, ConfigError> {

@@ -45,11 +45,13 @@ pub struct EngineOptions {
     /// Stop starting records, and answer, this long before the deadline
     /// (`SQS_ONCE_DEADLINE_MARGIN_MS`).
     pub deadline_margin: Duration,
+    /// Include each record's body in its log line (`SQS_ONCE_LOG_BODIES`).
+    pub log_bodies: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { concurrency: 64, deadline_margin: Duration::from_millis(500) }
+        Self { concurrency: 64, deadline_margin: Duration::from_millis(500), log_bodies: false }
     }
 }
 
@@ -171,6 +173,9 @@ pub struct RecordReport {
     pub outcome: Outcome,
     /// Time spent on its key (shared by in-batch duplicates).
     pub duration: Duration,
+    /// Time the claim took, for the record that made it (in-batch duplicates
+    /// and records that never claimed have none).
+    pub claim_latency: Option<Duration>,
 }
 
 /// The fate of a whole batch, in event order.
@@ -244,8 +249,22 @@ struct Inner {
     options: EngineOptions,
 }
 
+/// How a key's run ended.
+#[derive(Debug, Clone)]
+struct RunResult {
+    outcome: Outcome,
+    duration: Duration,
+    claim_latency: Option<Duration>,
+}
+
+impl RunResult {
+    fn failed(failure: Failure) -> Self {
+        Self { outcome: Outcome::Failed(failure), duration: Duration::ZERO, claim_latency: None }
+    }
+}
+
 /// A key's run, awaited by every record of the batch that shares the key.
-type KeyRun = Shared<BoxFuture<'static, (Outcome, Duration)>>;
+type KeyRun = Shared<BoxFuture<'static, RunResult>>;
 
 /// What the records of one batch share while it runs.
 struct BatchState {
@@ -277,6 +296,7 @@ impl Engine {
     /// Processes one batch and reports every record's fate, in event order.
     pub async fn process(&self, records: Vec<EventRecord>, invocation: &Invocation) -> BatchReport {
         let remaining = invocation.deadline.duration_since(SystemTime::now()).unwrap_or_default();
+        tracing::debug!(records = records.len(), remaining_ms = remaining.as_millis(), "batch received");
         let deadline = Instant::now() + remaining;
         let state = BatchState {
             reports: Mutex::new(vec![None; records.len()]),
@@ -304,15 +324,26 @@ impl Engine {
                 .map(|(record, report)| {
                     report.unwrap_or_else(|| RecordReport {
                         message_id: record.message_id().to_owned(),
-                        key: None,
+                        key: self.key_of(record),
                         outcome: Outcome::Failed(Failure::Deadline),
                         duration: Duration::ZERO,
+                        claim_latency: None,
                     })
                 })
                 .collect(),
         };
-        report.records.iter().for_each(log_record);
+        for (record, report) in records.iter().zip(&report.records) {
+            log_record(report, self.inner.options.log_bodies.then(|| body_of(record)));
+        }
         report
+    }
+
+    /// The record's key, for the log line of a record the deadline cut short.
+    fn key_of(&self, record: &EventRecord) -> Option<String> {
+        match record {
+            EventRecord::Message(message) => self.inner.keys.derive(message).ok(),
+            EventRecord::Malformed { .. } => None,
+        }
     }
 
     /// Runs one message group in order; a standard queue's record is a group
@@ -321,51 +352,55 @@ impl Engine {
         let mut failed: Option<&str> = None;
         for index in group.indices {
             let record = &records[index];
-            let (key, outcome, duration) = match failed {
-                Some(message_id) => {
-                    (None, Outcome::Failed(Failure::GroupSkipped(message_id.to_owned())), Duration::ZERO)
-                }
+            let (key, run) = match failed {
+                Some(message_id) => (None, RunResult::failed(Failure::GroupSkipped(message_id.to_owned()))),
                 None => self.run_record(record, state).await,
             };
-            if group.fifo && failed.is_none() && outcome.is_failure() {
+            if group.fifo && failed.is_none() && run.outcome.is_failure() {
                 failed = Some(record.message_id());
             }
-            let report = RecordReport { message_id: record.message_id().to_owned(), key, outcome, duration };
+            let report = RecordReport {
+                message_id: record.message_id().to_owned(),
+                key,
+                outcome: run.outcome,
+                duration: run.duration,
+                claim_latency: run.claim_latency,
+            };
             lock(&state.reports)[index] = Some(report);
         }
     }
 
-    async fn run_record(&self, record: &EventRecord, state: &BatchState) -> (Option<String>, Outcome, Duration) {
+    async fn run_record(&self, record: &EventRecord, state: &BatchState) -> (Option<String>, RunResult) {
         let message = match record {
             EventRecord::Message(message) => message,
             EventRecord::Malformed { reason, .. } => {
-                return (None, Outcome::Failed(Failure::InvalidRecord(reason.clone())), Duration::ZERO);
+                return (None, RunResult::failed(Failure::InvalidRecord(reason.clone())));
             }
         };
         let key = match self.inner.keys.derive(message) {
             Ok(key) => key,
-            Err(missing) => return (None, Outcome::Failed(Failure::MissingKey(missing.to_string())), Duration::ZERO),
+            Err(missing) => return (None, RunResult::failed(Failure::MissingKey(missing.to_string()))),
         };
         let body_hash = self.inner.claims.policy().validate_payload.then(|| payload_hash(body(message)));
-        let run = {
+        let (run, leader) = {
             let mut runs = lock(&state.runs);
             match runs.get(&key) {
-                Some((_, first_hash)) if *first_hash != body_hash => None,
-                Some((run, _)) => Some(run.clone()),
+                Some((_, first_hash)) if *first_hash != body_hash => {
+                    return (Some(key), RunResult::failed(Failure::PayloadMismatch));
+                }
+                Some((run, _)) => (run.clone(), false),
                 None => {
                     let run = self.start(message, key.clone(), state);
                     runs.insert(key.clone(), (run.clone(), body_hash));
-                    Some(run)
+                    (run, true)
                 }
             }
         };
-        match run {
-            Some(run) => {
-                let (outcome, duration) = run.await;
-                (Some(key), outcome, duration)
-            }
-            None => (Some(key), Outcome::Failed(Failure::PayloadMismatch), Duration::ZERO),
+        let mut result = run.await;
+        if !leader {
+            result.claim_latency = None;
         }
+        (Some(key), result)
     }
 
     /// Spawns the run of a key, so that records run in parallel on the runtime.
@@ -376,29 +411,34 @@ impl Engine {
         let (cutoff, deadline_ms, holder) = (state.cutoff, state.deadline_ms, Arc::clone(&state.request_id));
         let task = tokio::spawn(async move {
             let Ok(_permit) = permits.acquire_owned().await else {
-                return (Outcome::Failed(Failure::Deadline), Duration::ZERO);
+                return RunResult::failed(Failure::Deadline);
             };
             if Instant::now() >= cutoff {
-                return (Outcome::Failed(Failure::Deadline), Duration::ZERO);
+                return RunResult::failed(Failure::Deadline);
             }
             let started = Instant::now();
-            let outcome = engine.run_key(&record, deadline_ms, &holder).await;
-            (outcome, started.elapsed())
+            let (outcome, claim_latency) = engine.run_key(&record, deadline_ms, &holder).await;
+            RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
         });
         lock(&state.aborts).push(task.abort_handle());
-        task.map(|joined| {
-            joined.unwrap_or_else(|error| (Outcome::Failed(Failure::Panicked(error.to_string())), Duration::ZERO))
-        })
-        .boxed()
-        .shared()
+        task.map(|joined| joined.unwrap_or_else(|error| RunResult::failed(Failure::Panicked(error.to_string()))))
+            .boxed()
+            .shared()
     }
 
     /// Claims the record's key and, if the claim is won, runs the handler and
-    /// records how it ended.
-    async fn run_key(&self, record: &Record, deadline_ms: u64, holder: &str) -> Outcome {
+    /// records how it ended. Also returns how long the claim took.
+    async fn run_key(&self, record: &Record, deadline_ms: u64, holder: &str) -> (Outcome, Duration) {
         let request =
             ClaimRequest { id: &record.key, body: &record.body, deadline_ms, holder, attempt: record.receive_count };
-        let lease = match self.inner.claims.claim(&request).await {
+        let started = Instant::now();
+        let claim = self.inner.claims.claim(&request).await;
+        let claim_latency = started.elapsed();
+        (self.after_claim(record, claim).await, claim_latency)
+    }
+
+    async fn after_claim(&self, record: &Record, claim: Result<Claim, StoreError>) -> Outcome {
+        let lease = match claim {
             Ok(Claim::Won(lease)) => lease,
             Ok(Claim::Duplicate { .. }) => return Outcome::Duplicate,
             Ok(Claim::Conflict { retry_after }) => return Outcome::Failed(Failure::Conflict { retry_after }),
@@ -458,17 +498,26 @@ fn log_unsettled(record: &Record, settled: Result<Fenced, StoreError>) {
     }
 }
 
-fn log_record(report: &RecordReport) {
+/// One line per record: message id, key, outcome and duration, and the body
+/// only when the user opted in.
+fn log_record(report: &RecordReport, body: Option<&str>) {
     let duration_ms = u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX);
     let key = report.key.as_deref().unwrap_or("-");
     match &report.outcome {
         Outcome::Failed(failure) => tracing::warn!(
-            message_id = %report.message_id, key, outcome = failure.label(), duration_ms, reason = %failure,
+            message_id = %report.message_id, key, outcome = failure.label(), duration_ms, reason = %failure, body,
             "record failed"
         ),
-        outcome => {
-            tracing::info!(message_id = %report.message_id, key, outcome = outcome.label(), duration_ms, "record done")
-        }
+        outcome => tracing::info!(
+            message_id = %report.message_id, key, outcome = outcome.label(), duration_ms, body, "record done"
+        ),
+    }
+}
+
+fn body_of(record: &EventRecord) -> &str {
+    match record {
+        EventRecord::Message(message) => body(message),
+        EventRecord::Malformed { .. } => "",
     }
 }
 

@@ -26,6 +26,8 @@ pub mod engine;
 pub mod event;
 mod handler;
 pub mod key;
+pub mod lambda;
+pub mod metrics;
 mod record;
 pub mod startup;
 pub mod store;

@@ -44,7 +44,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    let lambda = cli.command.is_none() && std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    init_logging(lambda);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return fail(anyhow::Error::new(error).context("cannot start the async runtime")),
@@ -64,8 +65,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Invoke { file, timeout }) => invoke(file, timeout).await,
         Some(Command::CreateTable { table }) => create_table(table).await,
+        None if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() => lambda().await,
         None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
     }
+}
+
+/// The Lambda function. Configuration and clients are built once, before the
+/// loop; an error there fails the init phase with one clear line.
+async fn lambda() -> anyhow::Result<()> {
+    let started = async {
+        let config = Config::from_env()?;
+        let consumer = startup::consumer(&config).await?;
+        anyhow::Ok((config, consumer))
+    };
+    let (config, consumer) = match started.await {
+        Ok(started) => started,
+        Err(error) => {
+            sqs_once::lambda::report_init_error("Runtime.ConfigError", &format!("{error:#}"));
+            return Err(error);
+        }
+    };
+    sqs_once::lambda::run(consumer, config.metrics).await.map_err(|error| anyhow::anyhow!(error))
 }
 
 async fn invoke(file: Option<PathBuf>, timeout: f64) -> anyhow::Result<()> {
@@ -77,7 +97,7 @@ async fn invoke(file: Option<PathBuf>, timeout: f64) -> anyhow::Result<()> {
     let event = serde_json::from_str(&text).with_context(|| format!("{name} is not valid JSON"))?;
     let records = parse_event(event).with_context(|| format!("{name} cannot be processed"))?;
     let config = Config::from_env()?;
-    let engine = startup::engine(&config).await?;
+    let engine = startup::consumer(&config).await?.engine;
     let invocation = Invocation {
         deadline: SystemTime::now() + timeout,
         request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
@@ -95,7 +115,7 @@ async fn create_table(table: Option<String>) -> anyhow::Result<()> {
     let StoreChoice::DynamoDb(layout) = config.store else {
         bail!("no table to create: set SQS_ONCE_TABLE or pass --table NAME");
     };
-    let store = startup::dynamodb_store(layout).await;
+    let (store, _) = startup::dynamodb_store(layout).await;
     let layout = store.layout();
     let created = store.create_table().await.with_context(|| format!("cannot create table {}", layout.table))?;
     let state = if created { "created" } else { "already exists" };
@@ -119,16 +139,25 @@ fn read_event(file: Option<PathBuf>) -> anyhow::Result<(String, String)> {
     }
 }
 
-/// Logs go to standard error, so standard output carries only the answer.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SQS_ONCE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aws_config=error"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+/// Logs go to standard error, so standard output carries only the answer (and,
+/// in Lambda, the metrics). In Lambda, `AWS_LAMBDA_LOG_FORMAT=JSON` switches to
+/// JSON lines and `AWS_LAMBDA_LOG_LEVEL` sets the level; `SQS_ONCE_LOG`, then
+/// `RUST_LOG`, take precedence as a full filter.
+fn init_logging(lambda: bool) {
+    let lambda_level = lambda.then(|| std::env::var("AWS_LAMBDA_LOG_LEVEL").ok()).flatten();
+    let filter = ["SQS_ONCE_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|name| tracing_subscriber::EnvFilter::try_from_env(name).ok())
+        .unwrap_or_else(|| {
+            let level = lambda_level.map(|level| level.to_ascii_lowercase()).unwrap_or_else(|| "info".into());
+            tracing_subscriber::EnvFilter::new(format!("{level},aws_config=error"))
+        });
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    if lambda && std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|format| format.eq_ignore_ascii_case("json")) {
+        logs.json().flatten_event(true).with_span_list(false).init();
+    } else {
+        logs.with_ansi(std::io::stderr().is_terminal()).init();
+    }
     // A handler's panic fails only its record, and the engine logs it there;
     // one line here says where it happened, without a backtrace per record.
     std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));

@@ -10,7 +10,7 @@ use crate::{
     handlers::{self, UnknownHandler},
     store::{
         ClaimStore, DynamoDbStore, MemoryStore, SqliteStore, StoreError,
-        dynamodb::{self, TableLayout},
+        dynamodb::{self, RequestCounter, TableLayout},
     },
 };
 
@@ -25,23 +25,35 @@ pub enum StartupError {
     Store(#[from] StoreError),
 }
 
-/// The store `config` chooses.
-pub async fn store(config: &Config) -> Result<Arc<dyn ClaimStore>, StartupError> {
+/// A consumer, assembled from the settings.
+#[derive(Clone)]
+pub struct Consumer {
+    /// The engine: handler, claims, keys.
+    pub engine: Engine,
+    /// DynamoDB requests made so far, when the store is DynamoDB.
+    pub dynamodb_requests: Option<Arc<RequestCounter>>,
+}
+
+/// The store `config` chooses, and its request counter if it is DynamoDB.
+async fn store(config: &Config) -> Result<(Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>), StartupError> {
     Ok(match &config.store {
-        StoreChoice::Memory => Arc::new(MemoryStore::default()),
-        StoreChoice::File(path) => Arc::new(SqliteStore::open(path)?),
-        StoreChoice::DynamoDb(layout) => Arc::new(dynamodb_store(layout.clone()).await),
+        StoreChoice::Memory => (Arc::new(MemoryStore::default()), None),
+        StoreChoice::File(path) => (Arc::new(SqliteStore::open(path)?), None),
+        StoreChoice::DynamoDb(layout) => {
+            let (store, requests) = dynamodb_store(layout.clone()).await;
+            (Arc::new(store), Some(requests))
+        }
     })
 }
 
 /// A DynamoDB store on `layout`, with a client built from the SDK's default
-/// configuration chain.
-pub async fn dynamodb_store(layout: TableLayout) -> DynamoDbStore {
-    let (client, _requests) = dynamodb::client().await;
-    DynamoDbStore::new(client, layout)
+/// configuration chain, and the counter of its requests.
+pub async fn dynamodb_store(layout: TableLayout) -> (DynamoDbStore, Arc<RequestCounter>) {
+    let (client, requests) = dynamodb::client().await;
+    (DynamoDbStore::new(client, layout), requests)
 }
 
-/// The engine `config` describes: its handler, store, keys and tuning.
+/// The consumer `config` describes: its handler, store, keys and tuning.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -49,11 +61,13 @@ pub async fn dynamodb_store(layout: TableLayout) -> DynamoDbStore {
 ///     "SQS_ONCE_STORE" => Some("memory".to_owned()),
 ///     _ => None,
 /// }).unwrap();
-/// let engine = sqs_once::startup::engine(&config).await.unwrap();
+/// let consumer = sqs_once::startup::consumer(&config).await.unwrap();
 /// # });
 /// ```
-pub async fn engine(config: &Config) -> Result<Engine, StartupError> {
+pub async fn consumer(config: &Config) -> Result<Consumer, StartupError> {
     let handler = handlers::build(&config.handler)?;
-    let claims = Claims::with_policy(store(config).await?, config.claims.clone(), Arc::new(SystemClock));
-    Ok(Engine::new(handler, Arc::new(claims), config.key_deriver(), config.engine.clone()))
+    let (store, dynamodb_requests) = store(config).await?;
+    let claims = Claims::with_policy(store, config.claims.clone(), Arc::new(SystemClock));
+    let engine = Engine::new(handler, Arc::new(claims), config.key_deriver(), config.engine.clone());
+    Ok(Consumer { engine, dynamodb_requests })
 }

@@ -197,7 +197,7 @@ async fn a_panic_fails_only_its_record_and_releases_its_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_drains_the_batch_and_fails_what_did_not_finish() {
     let (handler, dir) = demo();
-    let options = EngineOptions { concurrency: 2, deadline_margin: Duration::from_millis(300) };
+    let options = EngineOptions { concurrency: 2, deadline_margin: Duration::from_millis(300), ..Default::default() };
     let engine = Setup { options, ..Setup::default() }.engine(handler);
     let mut records = vec![message("fast-1", json!({})), message("fast-2", json!({}))];
     records.extend((0..4).map(|n| message(&format!("slow-{n}"), json!({"sleep_ms": 60_000}))));

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod claim_suite;
+pub mod runtime_api;
 
 use std::sync::{
     Arc,

@@ -1,0 +1,148 @@
+//! The Lambda function: the `lambda_runtime` loop around the engine.
+//!
+//! The event is taken as raw JSON and split per record, so one odd record
+//! fails alone; an event that is not an SQS event at all is an invocation
+//! error. Handler panics never reach the runtime (the engine catches them per
+//! record), so the runtime's own panic handling never fails a whole batch.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use aws_lambda_events::sqs::SqsBatchResponse;
+use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
+use serde_json::{Value, json};
+
+use crate::{
+    clock::{Clock, SystemClock},
+    engine::Invocation,
+    event::{InvalidEvent, parse_event},
+    metrics::{Extra, MetricsConfig, emf_line},
+    startup::Consumer,
+};
+
+/// Variables the runtime needs, all set by Lambda itself.
+const RUNTIME_VARIABLES: [&str; 4] = [
+    "AWS_LAMBDA_RUNTIME_API",
+    "AWS_LAMBDA_FUNCTION_NAME",
+    "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+    "AWS_LAMBDA_FUNCTION_VERSION",
+];
+
+impl From<InvalidEvent> for Diagnostic {
+    fn from(error: InvalidEvent) -> Self {
+        Diagnostic { error_type: "InvalidEvent".into(), error_message: error.to_string() }
+    }
+}
+
+/// The function's state across invocations of one warm process.
+struct Function {
+    consumer: Consumer,
+    metrics: MetricsConfig,
+    /// Counters at the end of the previous invocation, to publish deltas.
+    seen: Mutex<Extra>,
+}
+
+/// Serves invocations from the Lambda Runtime API until the process ends.
+///
+/// `consumer` is built once, before the loop, so clients and configuration
+/// are shared by every invocation of the warm process.
+pub async fn run(consumer: Consumer, metrics: MetricsConfig) -> Result<(), lambda_runtime::Error> {
+    if let Some(missing) = RUNTIME_VARIABLES.iter().find(|name| std::env::var_os(name).is_none()) {
+        return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());
+    }
+    shut_down_on_sigterm();
+    let function = Arc::new(Function { consumer, metrics, seen: Mutex::new(Extra::default()) });
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+        let function = Arc::clone(&function);
+        async move { function.invoke(event).await }
+    }))
+    .await
+}
+
+impl Function {
+    async fn invoke(&self, event: LambdaEvent<Value>) -> Result<SqsBatchResponse, InvalidEvent> {
+        let (payload, context) = event.into_parts();
+        let records = parse_event(payload).inspect_err(|error| tracing::error!(%error, "invocation failed"))?;
+        let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
+        let report = self.consumer.engine.process(records, &invocation).await;
+        if self.metrics.enabled {
+            println!("{}", emf_line(&self.metrics, &report, self.delta(), SystemClock.now_ms()));
+        }
+        Ok(report.response())
+    }
+
+    /// Counters gathered since the previous invocation.
+    fn delta(&self) -> Extra {
+        let claims = self.consumer.engine.claims().counters();
+        let now = Extra {
+            lease_takeovers_refused: claims.refused.load(std::sync::atomic::Ordering::Relaxed),
+            dynamodb_requests: self.consumer.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let delta = Extra {
+            lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
+            dynamodb_requests: now.dynamodb_requests.map(|total| total - seen.dynamodb_requests.unwrap_or(0)),
+        };
+        *seen = now;
+        delta
+    }
+}
+
+/// The invocation deadline from `Lambda-Runtime-Deadline-Ms`, epoch milliseconds.
+/// Emulators such as `cargo lambda watch` send the function timeout there
+/// instead (600000); a value too small to be a date is taken as that, counted
+/// from now, since a deadline in 1970 would fail every record and leave leases
+/// that end before they start.
+fn deadline(deadline_ms: u64) -> SystemTime {
+    // 2001-09-09: no real deadline is earlier, no timeout is longer.
+    const EARLIEST_DATE_MS: u64 = 1_000_000_000_000;
+    if deadline_ms < EARLIEST_DATE_MS {
+        tracing::warn!(deadline_ms, "the deadline is not a date; taking it as milliseconds from now");
+        return SystemTime::now() + Duration::from_millis(deadline_ms);
+    }
+    UNIX_EPOCH + Duration::from_millis(deadline_ms)
+}
+
+/// Lambda sends SIGTERM before it shuts an environment down only when an
+/// extension is registered; when it does, leave with a log line instead of
+/// being killed mid-write. Nothing is lost either way: an unfinished claim's
+/// lease ends with its invocation.
+fn shut_down_on_sigterm() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut sigterm) => {
+            tokio::spawn(async move {
+                if sigterm.recv().await.is_some() {
+                    tracing::info!("SIGTERM: the execution environment is shutting down");
+                    std::process::exit(0);
+                }
+            });
+        }
+        Err(error) => tracing::warn!(%error, "cannot listen for SIGTERM"),
+    }
+}
+
+/// Tells the Runtime API that initialisation failed, so Lambda reports
+/// `message` as the init error instead of an anonymous exit. Best effort: the
+/// process exits with the message on standard error either way.
+pub fn report_init_error(error_type: &str, message: &str) {
+    let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API") else { return };
+    let body = json!({ "errorType": error_type, "errorMessage": message }).to_string();
+    let request = format!(
+        "POST /2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {api}\r\nLambda-Runtime-Function-Error-Type: {error_type}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let sent = TcpStream::connect(&api).and_then(|mut stream| {
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(request.as_bytes())?;
+        let mut status = [0; 12];
+        stream.read_exact(&mut status)
+    });
+    if let Err(error) = sent {
+        tracing::warn!(%error, "cannot report the init error to the Runtime API");
+    }
+}

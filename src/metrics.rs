@@ -1,0 +1,170 @@
+//! One CloudWatch Embedded Metric Format (EMF) line per invocation, so that
+//! duplicates, conflicts and failures can be graphed without a metric filter.
+
+use serde_json::{Map, Value, json};
+
+use crate::engine::BatchReport;
+
+/// What to publish (`SQS_ONCE_METRICS*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// Whether to print the EMF line at all.
+    pub enabled: bool,
+    /// The CloudWatch namespace.
+    pub namespace: String,
+    /// Dimension names and values; every metric is published under this one set.
+    pub dimensions: Vec<(String, String)>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { enabled: true, namespace: "sqs-once".into(), dimensions: Vec::new() }
+    }
+}
+
+/// Counts that come from outside the batch report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extra {
+    /// Finishing writes refused because a lease was taken over.
+    pub lease_takeovers_refused: u64,
+    /// DynamoDB requests made during the invocation, when the store is DynamoDB.
+    pub dynamodb_requests: Option<u64>,
+}
+
+/// CloudWatch keeps at most 100 values of one metric per EMF line.
+const MAX_VALUES: usize = 100;
+
+/// Each metric: its name, unit, and which outcome labels it counts.
+const COUNTS: &[(&str, &[&str])] = &[
+    ("Processed", &["processed"]),
+    ("Duplicates", &["duplicate"]),
+    ("Conflicts", &["conflict"]),
+    ("FailedRetryable", &["retryable", "panicked"]),
+    ("FailedPermanent", &["permanent", "failed_before", "payload_mismatch", "invalid_record"]),
+    ("FailedMissingKey", &["missing_key"]),
+    ("FailedStoreError", &["store_error"]),
+    ("FailedDeadline", &["deadline"]),
+    ("FailedGroupSkipped", &["group_skipped"]),
+];
+
+/// The EMF line for one invocation.
+///
+/// ```
+/// use sqs_once::{engine::BatchReport, metrics::{emf_line, Extra, MetricsConfig}};
+///
+/// let config = MetricsConfig { dimensions: vec![("FunctionName".into(), "orders".into())], ..Default::default() };
+/// let line = emf_line(&config, &BatchReport::default(), Extra::default(), 1_700_000_000_000);
+/// let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+/// assert_eq!(value["Records"], 0);
+/// assert_eq!(value["FunctionName"], "orders");
+/// assert_eq!(value["_aws"]["CloudWatchMetrics"][0]["Namespace"], "sqs-once");
+/// ```
+pub fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extra, timestamp_ms: u64) -> String {
+    let counts = report.counts();
+    let mut values = Map::new();
+    let mut metrics = Vec::new();
+    let mut put = |name: &str, unit: &str, value: Value| {
+        metrics.push(json!({ "Name": name, "Unit": unit }));
+        values.insert(name.to_owned(), value);
+    };
+    put("Records", "Count", report.records.len().into());
+    put("Failed", "Count", report.records.iter().filter(|record| record.outcome.is_failure()).count().into());
+    for (name, labels) in COUNTS {
+        put(name, "Count", labels.iter().map(|label| counts.get(label).copied().unwrap_or(0)).sum::<usize>().into());
+    }
+    put("LeaseTakeoversRefused", "Count", extra.lease_takeovers_refused.into());
+    if let Some(requests) = extra.dynamodb_requests {
+        put("DynamoDbRequests", "Count", requests.into());
+    }
+    let mut latencies: Vec<f64> = report
+        .records
+        .iter()
+        .filter_map(|record| record.claim_latency)
+        .map(|latency| latency.as_secs_f64() * 1000.0)
+        .collect();
+    if !latencies.is_empty() {
+        latencies.sort_by(f64::total_cmp);
+        put("ClaimLatency", "Milliseconds", quantiles(&latencies).into());
+    }
+    let dimension_names: Vec<&str> = config.dimensions.iter().map(|(name, _)| name.as_str()).collect();
+    for (name, value) in &config.dimensions {
+        values.insert(name.clone(), value.clone().into());
+    }
+    values.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": timestamp_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": config.namespace,
+                "Dimensions": [dimension_names],
+                "Metrics": metrics,
+            }],
+        }),
+    );
+    Value::Object(values).to_string()
+}
+
+/// At most [`MAX_VALUES`] evenly spaced order statistics of sorted `values`,
+/// so that CloudWatch's percentiles over them follow the whole distribution.
+fn quantiles(sorted: &[f64]) -> Vec<f64> {
+    if sorted.len() <= MAX_VALUES {
+        return sorted.to_vec();
+    }
+    (0..MAX_VALUES).map(|i| sorted[i * (sorted.len() - 1) / (MAX_VALUES - 1)]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::engine::{Failure, Outcome, RecordReport};
+
+    fn record(outcome: Outcome, claim_ms: Option<u64>) -> RecordReport {
+        RecordReport {
+            message_id: "m".into(),
+            key: None,
+            outcome,
+            duration: Duration::ZERO,
+            claim_latency: claim_ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn every_outcome_is_counted_under_its_metric() {
+        let mut records = vec![
+            record(Outcome::Processed { recorded: true }, Some(4)),
+            record(Outcome::Duplicate, Some(2)),
+            record(Outcome::Duplicate, None),
+            record(Outcome::Failed(Failure::Conflict { retry_after: Duration::ZERO }), Some(3)),
+            record(Outcome::Failed(Failure::Panicked("x".into())), Some(1)),
+            record(Outcome::Failed(Failure::MissingKey("x".into())), None),
+            record(Outcome::Failed(Failure::Deadline), None),
+        ];
+        records.extend((0..300).map(|n| record(Outcome::Failed(Failure::Store("down".into())), Some(n))));
+        let report = BatchReport { records };
+        let extra = Extra { lease_takeovers_refused: 2, dynamodb_requests: Some(9) };
+        let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 1)).unwrap();
+        let expected = [
+            ("Records", 307),
+            ("Failed", 304),
+            ("Processed", 1),
+            ("Duplicates", 2),
+            ("Conflicts", 1),
+            ("FailedRetryable", 1),
+            ("FailedMissingKey", 1),
+            ("FailedStoreError", 300),
+            ("FailedDeadline", 1),
+            ("LeaseTakeoversRefused", 2),
+            ("DynamoDbRequests", 9),
+        ];
+        for (name, value) in expected {
+            assert_eq!(line[name], value, "{name}");
+        }
+        let latency = line["ClaimLatency"].as_array().unwrap();
+        assert_eq!(latency.len(), 100);
+        assert_eq!((latency[0].as_f64(), latency[99].as_f64()), (Some(0.0), Some(299.0)));
+        let declared = line["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().unwrap();
+        assert!(declared.iter().all(|metric| line.get(metric["Name"].as_str().unwrap()).is_some()));
+    }
+}

@@ -1,0 +1,194 @@
+//! The compiled binary as Lambda runs it: started with `AWS_LAMBDA_RUNTIME_API`
+//! pointing at a Runtime API server, on the real `lambda_runtime` loop, with
+//! claims in DynamoDB Local.
+
+mod common;
+
+use std::{
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use common::runtime_api::{Answer, RuntimeApi};
+use serde_json::{Value, json};
+use sqs_once::store::dynamodb::TableKey;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::Child,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
+
+/// A running function process and what it printed.
+struct Function {
+    api: RuntimeApi,
+    process: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Function {
+    /// Starts the function on a fresh claim table, with extra settings.
+    async fn start(envs: &[(&str, &str)]) -> Self {
+        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let mut settings = vec![
+            ("SQS_ONCE_TABLE", store.layout().table.clone()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", common::dynamodb::endpoint()),
+        ];
+        settings.extend(envs.iter().map(|(name, value)| (*name, value.to_string())));
+        let api = RuntimeApi::start().await;
+        let mut process = api.spawn(BIN, &settings);
+        let stdout = collect(process.stdout.take().unwrap());
+        let stderr = collect(process.stderr.take().unwrap());
+        Self { api, process, stdout, stderr }
+    }
+
+    async fn invoke(&self, event: &Value, timeout: Duration) -> Answer {
+        let (answer, answered, deadline) = self.api.invoke(event, timeout).await.expect("no answer");
+        assert!(answered < deadline, "answered after the deadline");
+        answer
+    }
+
+    /// The EMF metrics lines printed so far.
+    fn metrics(&self) -> Vec<Value> {
+        let lines = self.stdout.lock().unwrap().clone();
+        lines
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|v| v.get("_aws").is_some())
+            .collect()
+    }
+
+    fn logs(&self) -> Vec<Value> {
+        let lines = self.stderr.lock().unwrap().clone();
+        lines
+            .iter()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not a JSON log line: {line}")))
+            .collect()
+    }
+}
+
+fn collect(stream: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&lines);
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    lines
+}
+
+fn sample(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("events").join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn failures(answer: &Answer) -> Vec<String> {
+    let Answer::Response(response) = answer else { panic!("expected a response, got {answer:?}") };
+    response["batchItemFailures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["itemIdentifier"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn ids(numbers: &[u32], prefix: &str) -> Vec<String> {
+    numbers.iter().map(|n| format!("{prefix}{n:012}")).collect()
+}
+
+fn batch(bodies: &[Value]) -> Value {
+    let records: Vec<Value> = bodies
+        .iter()
+        .enumerate()
+        .map(|(n, body)| json!({"messageId": format!("m-{n}"), "body": body.to_string(), "eventSource": "aws:sqs"}))
+        .collect();
+    json!({ "Records": records })
+}
+
+const SECONDS_30: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_batches_report_exactly_their_failures_and_the_process_keeps_serving() {
+    let function = Function::start(&[("SQS_ONCE_KEY", "body.order_id")]).await;
+    // Mixed directives, in-batch duplicates, a panic and a non-JSON body under a body key.
+    let answer = function.invoke(&sample("batch.json"), SECONDS_30).await;
+    assert_eq!(failures(&answer), ids(&[5, 6, 7, 8], "b0000000-0000-4000-8000-"));
+    let logs = function.logs();
+    let outcome = |id: &str| {
+        logs.iter().find(|line| line["message_id"] == id).map(|line| line["outcome"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(outcome("b0000000-0000-4000-8000-000000000007").as_deref(), Some("panicked"));
+    assert_eq!(outcome("b0000000-0000-4000-8000-000000000008").as_deref(), Some("missing_key"));
+    assert!(logs.iter().all(|line| line.get("body").is_none()), "bodies are not logged by default");
+
+    // The panic stayed in its record: the same process answers the next event.
+    let answer = function.invoke(&sample("single.json"), SECONDS_30).await;
+    assert!(failures(&answer).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_batch_stops_its_failed_group_only() {
+    let function = Function::start(&[]).await;
+    let answer = function.invoke(&sample("fifo.json"), SECONDS_30).await;
+    assert_eq!(failures(&answer), ids(&[3, 5], "f0000000-0000-4000-8000-"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_deadline_is_answered_in_time_with_the_unfinished_records() {
+    let function = Function::start(&[("SQS_ONCE_DEADLINE_MARGIN_MS", "400")]).await;
+    let event = batch(&[json!({}), json!({"sleep_ms": 10_000}), json!({}), json!({"sleep_ms": 10_000})]);
+    let answer = function.invoke(&event, Duration::from_millis(1200)).await;
+    assert_eq!(failures(&answer), ["m-1", "m-3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_process_answers_redeliveries_as_duplicates_without_dynamodb_requests() {
+    let function = Function::start(&[]).await;
+    let event = batch(&(0..10).map(|n| json!({"n": n})).collect::<Vec<_>>());
+    assert!(failures(&function.invoke(&event, SECONDS_30).await).is_empty());
+    assert!(failures(&function.invoke(&event, SECONDS_30).await).is_empty());
+    let metrics = function.metrics();
+    assert_eq!(metrics.len(), 2, "one metrics line per invocation");
+    assert_eq!((metrics[0]["Processed"].as_u64(), metrics[0]["DynamoDbRequests"].as_u64()), (Some(10), Some(20)));
+    assert_eq!((metrics[1]["Duplicates"].as_u64(), metrics[1]["DynamoDbRequests"].as_u64()), (Some(10), Some(0)));
+    assert_eq!(metrics[1]["FunctionName"], "sqs-once-test");
+    assert_eq!(metrics[1]["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([["FunctionName"]]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_that_is_not_sqs_is_an_invocation_error_and_the_process_keeps_serving() {
+    let function = Function::start(&[]).await;
+    let answer = function.invoke(&json!({"detail-type": "Scheduled Event", "source": "aws.events"}), SECONDS_30).await;
+    let Answer::Error(error) = answer else { panic!("expected an error, got {answer:?}") };
+    assert_eq!(error["errorType"], "InvalidEvent");
+    assert!(error["errorMessage"].as_str().unwrap().contains("not an SQS event"), "{error}");
+    let answer = function.invoke(&batch(&[json!({})]), SECONDS_30).await;
+    assert!(failures(&answer).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_configuration_fails_the_init_phase_with_one_clear_line() {
+    let mut function = Function::start(&[("SQS_ONCE_HANDLER", "nope")]).await;
+    let status = tokio::time::timeout(Duration::from_secs(20), function.process.wait()).await.unwrap().unwrap();
+    assert!(!status.success());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stderr = function.stderr.lock().unwrap().clone();
+    assert_eq!(stderr.len(), 1, "{stderr:?}");
+    assert!(stderr[0].contains("unknown handler `nope`"), "{stderr:?}");
+    let init_errors = function.api.init_errors();
+    assert_eq!(init_errors.len(), 1);
+    assert!(init_errors[0]["errorMessage"].as_str().unwrap().contains("registered handlers are demo, orders"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_sent_as_a_timeout_is_counted_from_now() {
+    // `cargo lambda watch` sends the function timeout (ms) where Lambda sends an epoch deadline.
+    let function = Function::start(&[]).await;
+    let event = batch(&[json!({}), json!({"sleep_ms": 50})]);
+    let (answer, _, _) = function.api.invoke_with_deadline_header(&event, SECONDS_30, 30_000).await.expect("no answer");
+    assert!(failures(&answer).is_empty(), "{answer:?}");
+}
