@@ -77,11 +77,7 @@ impl Function {
 
     /// Counters gathered since the previous invocation.
     fn delta(&self) -> Extra {
-        let claims = self.consumer.engine.claims().counters();
-        let now = Extra {
-            lease_takeovers_refused: claims.refused.load(std::sync::atomic::Ordering::Relaxed),
-            dynamodb_requests: self.consumer.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
-        };
+        let now = self.consumer.extra();
         let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let delta = Extra {
             lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,

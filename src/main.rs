@@ -10,9 +10,11 @@ use std::{
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use sqs_once::{
+    clock::{Clock, SystemClock},
     config::{Config, StoreChoice},
     engine::Invocation,
     event::parse_event,
+    metrics::emf_line,
     startup,
 };
 
@@ -33,6 +35,9 @@ enum Command {
         /// Seconds the invocation may take, as a function timeout would allow.
         #[arg(long, default_value_t = 30.0)]
         timeout: f64,
+        /// Also print, on standard error, the metrics line the Lambda function would publish.
+        #[arg(long)]
+        metrics: bool,
     },
     /// Create the DynamoDB claim table (on-demand, TTL on the expiry attribute).
     CreateTable {
@@ -63,7 +68,7 @@ fn fail(error: anyhow::Error) -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Some(Command::Invoke { file, timeout }) => invoke(file, timeout).await,
+        Some(Command::Invoke { file, timeout, metrics }) => invoke(file, timeout, metrics).await,
         Some(Command::CreateTable { table }) => create_table(table).await,
         None if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() => lambda().await,
         None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
@@ -88,7 +93,7 @@ async fn lambda() -> anyhow::Result<()> {
     sqs_once::lambda::run(consumer, config.metrics).await.map_err(|error| anyhow::anyhow!(error))
 }
 
-async fn invoke(file: Option<PathBuf>, timeout: f64) -> anyhow::Result<()> {
+async fn invoke(file: Option<PathBuf>, timeout: f64, metrics: bool) -> anyhow::Result<()> {
     let timeout = Duration::try_from_secs_f64(timeout)
         .ok()
         .filter(|timeout| !timeout.is_zero())
@@ -97,13 +102,16 @@ async fn invoke(file: Option<PathBuf>, timeout: f64) -> anyhow::Result<()> {
     let event = serde_json::from_str(&text).with_context(|| format!("{name} is not valid JSON"))?;
     let records = parse_event(event).with_context(|| format!("{name} cannot be processed"))?;
     let config = Config::from_env()?;
-    let engine = startup::consumer(&config).await?.engine;
+    let consumer = startup::consumer(&config).await?;
     let invocation = Invocation {
         deadline: SystemTime::now() + timeout,
         request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
     };
-    let report = engine.process(records, &invocation).await;
+    let report = consumer.engine.process(records, &invocation).await;
     println!("{}", serde_json::to_string(&report.response())?);
+    if metrics {
+        eprintln!("{}", emf_line(&config.metrics, &report, consumer.extra(), SystemClock.now_ms()));
+    }
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! From settings to a running engine: what every entry point does at start.
 
-use std::sync::Arc;
+use std::sync::{Arc, atomic::Ordering};
 
 use crate::{
     claim::Claims,
@@ -8,6 +8,7 @@ use crate::{
     config::{Config, StoreChoice},
     engine::Engine,
     handlers::{self, UnknownHandler},
+    metrics::Extra,
     store::{
         ClaimStore, DynamoDbStore, MemoryStore, SqliteStore, StoreError,
         dynamodb::{self, RequestCounter, TableLayout},
@@ -32,6 +33,16 @@ pub struct Consumer {
     pub engine: Engine,
     /// DynamoDB requests made so far, when the store is DynamoDB.
     pub dynamodb_requests: Option<Arc<RequestCounter>>,
+}
+
+impl Consumer {
+    /// The counts metrics take from outside the batch report, since start.
+    pub fn extra(&self) -> Extra {
+        Extra {
+            lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
+            dynamodb_requests: self.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
+        }
+    }
 }
 
 /// The store `config` chooses, and its request counter if it is DynamoDB.

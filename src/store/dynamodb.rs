@@ -522,9 +522,13 @@ fn text(item: &Item, name: &str) -> Option<String> {
     }
 }
 
-/// An SDK failure with its whole cause chain in one line, since the SDK's own
-/// `Display` says only "service error" or "dispatch failure".
-fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+/// An SDK failure in one line: DynamoDB's error code and message when it
+/// answered, else the whole cause chain, since the SDK's own `Display` says
+/// only "service error" or "dispatch failure".
+fn unavailable(error: impl std::error::Error + ProvideErrorMetadata + Send + Sync + 'static) -> StoreError {
+    if let (Some(code), Some(message)) = (error.code(), error.message()) {
+        return StoreError::unavailable(format!("DynamoDB {code}: {message}"));
+    }
     let mut message = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Runs sqs-once and Powertools for AWS Lambda (Python) side by side on the same
+DynamoDB Local and writes bench/RESULTS.md. Started by bench/run, which installs
+and starts what it needs and exports the DynamoDB endpoint."""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BINARY = ROOT / "target" / "release" / "sqs-once"
+PYTHON = sys.executable
+PEER = ROOT / "bench" / "peer_powertools.py"
+CONCURRENCY = 64
+
+
+def measured(command, env=None, stderr_to=None):
+    """Runs `command`; returns its stdout and its wall time, CPU time and peak RSS."""
+    started = time.perf_counter()
+    stderr = open(stderr_to, "wb") if stderr_to else subprocess.DEVNULL
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, env=env)
+    stdout = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if stderr_to:
+        stderr.close()
+    if process.returncode != 0:
+        raise SystemExit(f"{command} failed with {process.returncode}")
+    return {
+        "stdout": stdout.decode(),
+        "wall": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "rss_mib": usage.ru_maxrss / 1024,
+    }
+
+
+def create_table():
+    name = f"bench-{uuid.uuid4().hex[:12]}"
+    subprocess.run([BINARY, "create-table", "--table", name], check=True, stdout=subprocess.DEVNULL)
+    return name
+
+
+def record(message_id, body, fifo_group=None, sequence=0):
+    attributes = {"ApproximateReceiveCount": "1", "SentTimestamp": "1763780000000", "SenderId": "AIDAEXAMPLE",
+                  "ApproximateFirstReceiveTimestamp": "1763780000100"}
+    arn = "arn:aws:sqs:us-east-1:123456789012:work"
+    if fifo_group is not None:
+        arn += ".fifo"
+        attributes.update(MessageGroupId=fifo_group, MessageDeduplicationId=message_id,
+                          SequenceNumber=f"{sequence:020d}")
+    return {"messageId": message_id, "receiptHandle": f"AQEB{message_id}", "body": json.dumps(body),
+            "attributes": attributes, "messageAttributes": {}, "md5OfBody": "0" * 32, "eventSource": "aws:sqs",
+            "eventSourceARN": arn, "awsRegion": "us-east-1"}
+
+
+def event(kind, size):
+    """One SQS event of `size` records, with fresh message ids."""
+    run = uuid.uuid4().hex[:8]
+    if kind == "fifo":
+        groups, per_group = 100, size // 100
+        records = [record(f"{run}-g{g}-{n}", {"g": g, "n": n}, f"group-{g}", g * per_group + n)
+                   for n in range(per_group) for g in range(groups)]
+    elif kind == "in-batch":
+        # Every message delivered twice in the same batch: 50% of the records are duplicates.
+        records = [record(f"{run}-{n % (size // 2)}", {"n": n % (size // 2)}) for n in range(size)]
+    else:
+        records = [record(f"{run}-{n}", {"n": n}) for n in range(size)]
+    path = Path(tempfile.mkstemp(prefix=f"bench-{kind}-{size}-", suffix=".json")[1])
+    path.write_text(json.dumps({"Records": records}))
+    return path
+
+
+def sqs_once(table, event_path, size):
+    env = dict(os.environ, SQS_ONCE_TABLE=table, SQS_ONCE_HANDLER="demo", SQS_ONCE_CONCURRENCY=str(CONCURRENCY))
+    env.pop("SQS_ONCE_DEMO_LOG", None)
+    with tempfile.NamedTemporaryFile(suffix=".log") as logs:
+        run = measured([BINARY, "invoke", "--timeout", "900", "--metrics", event_path], env, logs.name)
+        metrics = [json.loads(line) for line in Path(logs.name).read_text().splitlines() if line.startswith("{")]
+    response = json.loads(run["stdout"])
+    return sample(run, size, len(response["batchItemFailures"]), metrics[-1]["DynamoDbRequests"], None)
+
+
+def powertools(table, event_path, size, fifo):
+    command = [PYTHON, PEER, table, str(event_path)] + (["fifo"] if fifo else [])
+    run = measured(command)
+    result = json.loads(run["stdout"])
+    failed = len(result["response"]["batchItemFailures"])
+    return sample(run, size, failed, result["requests"], result["seconds"])
+
+
+def in_process(table, event_path, size, passes):
+    """The engine inside the harness: `passes` runs of one event through one engine."""
+    command = ["cargo", "bench", "-q", "--locked", "--bench", "throughput", "--", "engine", "--table", table,
+               "--event", str(event_path), "--concurrency", str(CONCURRENCY), "--passes", str(passes)]
+    lines = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout.splitlines()
+    results = [json.loads(line) for line in lines if line.startswith("{")]
+    return [{"records_per_s": r["per_second"], "handler_s": r["seconds"], "requests_per_record": r["requests"] / size,
+             "failed": r["failed"]} for r in results]
+
+
+def sample(run, size, failed, requests, handler_seconds):
+    return {
+        "wall_s": run["wall"],
+        "handler_s": handler_seconds if handler_seconds is not None else run["wall"],
+        "records_per_s": size / (handler_seconds if handler_seconds is not None else run["wall"]),
+        "cpu_ms_per_record": run["cpu"] * 1000 / size,
+        "rss_mib": run["rss_mib"],
+        "requests_per_record": requests / size,
+        "failed": failed,
+    }
+
+
+def ceiling(requests):
+    command = ["cargo", "bench", "-q", "--locked", "--bench", "throughput", "--", "ceiling", "--table",
+               create_table(), "--requests", str(requests), "--concurrency", str(CONCURRENCY)]
+    output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    return json.loads(output.splitlines()[-1])["per_second"]
+
+
+def summary(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(stat, digits=0):
+    if stat is None:
+        return "–"
+    return f"{stat['median']:,.{digits}f} [{stat['min']:,.{digits}f}–{stat['max']:,.{digits}f}]"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sizes", default="10,1000,10000")
+    parser.add_argument("--output", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+
+    print("warming DynamoDB Local up (20,000 conditional puts)", file=sys.stderr)
+    ceiling(20_000)
+
+    scenarios = []
+    for size in sizes:
+        scenarios += [("new", size), ("duplicate", size)]
+        if size >= 100:
+            scenarios.append(("in-batch", size))
+    if 1000 in sizes:
+        scenarios.append(("fifo", 1000))
+    results = {}  # (consumer, scenario, size) -> list of samples
+    ceilings = []
+    for run in range(args.runs):
+        print(f"run {run + 1} of {args.runs}", file=sys.stderr)
+        ceilings.append(ceiling(5_000))
+        for kind, size in scenarios:
+            if kind == "duplicate":
+                continue  # measured right after "new", on the same table
+            path = event(kind, size)
+            consumers = [("Powertools (Python)", "pt"), ("sqs-once invoke", "cli"), ("sqs-once in process", "lib")]
+            if run % 2:
+                consumers.reverse()  # alternate who goes first
+            for name, consumer in consumers:
+                table = create_table()
+                if consumer == "lib":
+                    passes = in_process(table, path, size, 2 if kind == "new" else 1)
+                    results.setdefault((name, kind, size), []).append(passes[0])
+                    if kind == "new":
+                        results.setdefault((name + ", warm cache", "duplicate", size), []).append(passes[1])
+                    continue
+                for pass_kind in (["new", "duplicate"] if kind == "new" else [kind]):
+                    if consumer == "pt":
+                        measured_sample = powertools(table, path, size, kind == "fifo")
+                    else:
+                        measured_sample = sqs_once(table, path, size)
+                    results.setdefault((name, pass_kind, size), []).append(measured_sample)
+            path.unlink()
+        print(f"  ceiling {ceilings[-1]:.0f} puts/s", file=sys.stderr)
+
+    # A one-record event, process start to answer.
+    single = {"pt": [], "cli": []}
+    for run in range(max(args.runs, 5)):
+        path = event("new", 1)
+        for consumer in (["pt", "cli"] if run % 2 == 0 else ["cli", "pt"]):
+            table = create_table()
+            sample_ = powertools(table, path, 1, False) if consumer == "pt" else sqs_once(table, path, 1)
+            single[consumer].append(sample_["wall_s"] * 1000)
+        path.unlink()
+
+    write_report(args, results, summary(ceilings), {k: summary(v) for k, v in single.items()})
+
+
+def stat(results, key, field):
+    samples = results.get(key)
+    return summary([s[field] for s in samples]) if samples and field in samples[0] else None
+
+
+def write_report(args, results, ceiling_stat, single):
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    memory = next(line.split(":", 1)[1].strip() for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    powertools_version = subprocess.run([PYTHON, "-c", "import aws_lambda_powertools, boto3; "
+                                         "print(aws_lambda_powertools.__version__, boto3.__version__)"],
+                                        capture_output=True, text=True).stdout.split()
+    rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    binary_mib = BINARY.stat().st_size / 2**20
+    lines = [
+        "# Benchmark: sqs-once vs Powertools for AWS Lambda (Python)",
+        "",
+        f"Written by `bench/run` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
+        f"Machine: {os.cpu_count()} cores ({cpu}), {memory} memory, {platform.system()} {platform.release()}. "
+        f"DynamoDB Local 1.25.1 on the same machine, in memory. {rustc}; Powertools "
+        f"{powertools_version[0] if powertools_version else '?'} with boto3 "
+        f"{powertools_version[1] if len(powertools_version) > 1 else '?'}, Python {platform.python_version()}.",
+        "",
+        f"Each figure is the median of {args.runs} runs, with [min–max]; the consumers alternate who goes first; every "
+        "run uses fresh tables, and DynamoDB Local is warmed up with 20,000 writes first. Both handlers do no work of "
+        "their own, so what is measured is the consumer. Requests are counted by each client (an SDK interceptor, "
+        "a botocore hook). CPU is the consumer process's user + system time (the server excluded), per record. "
+        "`records/s` is records over the handler's own time for Powertools and the in-process engine, over the "
+        "whole process for `sqs-once invoke`.",
+        "",
+        f"**Ceiling:** DynamoDB Local sustained **{fmt(ceiling_stat)}** conditional `PutItem`/s from the Rust SDK at "
+        f"{CONCURRENCY} in flight; at 2 requests per new record that allows {ceiling_stat['median'] / 2:,.0f} new "
+        "records/s.",
+        "",
+        "| scenario | records | consumer | records/s | wall ms | CPU ms/record | requests/record | peak RSS MiB | failed |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = ["new", "duplicate", "in-batch", "fifo"]
+    keys = sorted(results, key=lambda k: (k[2], order.index(k[1]), k[0]))
+    labels = {"new": "all new", "duplicate": "all duplicates (2nd pass)", "in-batch": "50% duplicates in batch",
+              "fifo": "FIFO 100 groups × 10"}
+    for key in keys:
+        name, kind, size = key
+        wall = stat(results, key, "wall_s")
+        lines.append(
+            f"| {labels[kind]} | {size:,} | {name} | {fmt(stat(results, key, 'records_per_s'))} | "
+            f"{fmt({k: v * 1000 for k, v in wall.items()}) if wall else '–'} | "
+            f"{fmt(stat(results, key, 'cpu_ms_per_record'), 3)} | {fmt(stat(results, key, 'requests_per_record'), 2)} | "
+            f"{fmt(stat(results, key, 'rss_mib'), 1)} | {fmt(stat(results, key, 'failed'))} |")
+
+    def median(key, field):
+        found = stat(results, key, field)
+        return found["median"] if found else float("nan")
+
+    targets = []
+    if 1000 in [k[2] for k in results]:
+        ours = median(("sqs-once in process", "new", 1000), "records_per_s")
+        theirs = median(("Powertools (Python)", "new", 1000), "records_per_s")
+        fraction = ours / (ceiling_stat["median"] / 2)
+        targets.append(("1,000 new records: throughput ≥ 70% of the ceiling ÷ 2", f"{fraction:.0%} "
+                        f"({ours:,.0f} of {ceiling_stat['median'] / 2:,.0f} records/s); "
+                        f"{ours / theirs:.1f}× Powertools' {theirs:,.0f}", fraction >= 0.7))
+        for size in (1000, 10000):
+            ours_cpu = median(("sqs-once invoke", "new", size), "cpu_ms_per_record")
+            theirs_cpu = median(("Powertools (Python)", "new", size), "cpu_ms_per_record")
+            if ours_cpu == ours_cpu and theirs_cpu == theirs_cpu:
+                targets.append((f"CPU per new record at {size:,} records ≤ 1/20 of Powertools'",
+                                f"1/{theirs_cpu / ours_cpu:.0f} ({ours_cpu:.3f} vs {theirs_cpu:.3f} ms)",
+                                ours_cpu * 20 <= theirs_cpu))
+        floors = [(("sqs-once invoke", "new", 1000), 2), (("sqs-once invoke", "duplicate", 1000), 1),
+                  (("sqs-once in process, warm cache", "duplicate", 1000), 0), (("sqs-once invoke", "in-batch", 1000), 1)]
+        measured_floor = [median(key, "requests_per_record") for key, _ in floors]
+        targets.append(("requests per record: new 2, duplicate 1, warm-cache duplicate 0, 50% in-batch 1 (0 extra)",
+                        ", ".join(f"{value:.2f}" for value in measured_floor),
+                        all(abs(value - floor) < 1e-9 for value, (_, floor) in zip(measured_floor, floors))))
+    targets.append(("1-record invoke, process start to answer ≤ 0.2× the Python process",
+                    f"{single['cli']['median']:.0f} ms vs {single['pt']['median']:.0f} ms = "
+                    f"{single['cli']['median'] / single['pt']['median']:.2f}×",
+                    single["cli"]["median"] <= 0.2 * single["pt"]["median"]))
+    rss = median(("sqs-once invoke", "new", 10000), "rss_mib")
+    if rss == rss:
+        targets.append(("10,000-record batch: peak RSS ≤ 64 MiB", f"{rss:.1f} MiB", rss <= 64))
+    targets.append(("release binary, stripped, ≤ 15 MiB", f"{binary_mib:.1f} MiB (x86_64)", binary_mib <= 15))
+
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {'yes' if met else '**no**'} |" for name, value, met in targets]
+    lines += ["", f"1-record event, process start to answer: sqs-once {fmt(single['cli'])} ms, "
+                  f"Powertools (`python` importing it and handling one event) {fmt(single['pt'])} ms.", ""]
+    Path(args.output).write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

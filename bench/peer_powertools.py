@@ -1,0 +1,78 @@
+"""The peer: Powertools for AWS Lambda (Python) consuming one SQS event, as its
+documentation recommends for SQS: BatchProcessor (SqsFifoPartialProcessor for
+FIFO) with process_partial_response, and idempotent_function keyed on
+messageId with DynamoDBPersistenceLayer and the Lambda context registered.
+
+    python peer_powertools.py TABLE EVENT_FILE [fifo]
+
+Prints one JSON object: the partial batch response, the DynamoDB requests
+sent (counted by a botocore hook), and the handler's own time.
+"""
+
+import json
+import sys
+import time
+
+import boto3
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    SqsFifoPartialProcessor,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+    idempotent_function,
+)
+
+table, event_file = sys.argv[1], sys.argv[2]
+fifo = len(sys.argv) > 3 and sys.argv[3] == "fifo"
+
+client = boto3.client("dynamodb")  # AWS_ENDPOINT_URL_DYNAMODB points it at DynamoDB Local
+requests = 0
+
+
+def count(**_):
+    global requests
+    requests += 1
+
+
+client.meta.events.register("before-send.dynamodb.*", count)
+persistence = DynamoDBPersistenceLayer(table_name=table, boto3_client=client)
+config = IdempotencyConfig(event_key_jmespath="messageId")
+processor = SqsFifoPartialProcessor() if fifo else BatchProcessor(event_type=EventType.SQS)
+
+
+@idempotent_function(data_keyword_argument="record", config=config, persistence_store=persistence)
+def record_handler(record):
+    # The same trivial work as the demo handler of sqs-once: nothing.
+    return None
+
+
+class Context:
+    """The parts of the Lambda context Powertools reads."""
+
+    function_name = "powertools-peer"
+    memory_limit_in_mb = 256
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:powertools-peer"
+    aws_request_id = "bench"
+
+    def __init__(self, timeout_s):
+        self.deadline = time.time() + timeout_s
+
+    def get_remaining_time_in_millis(self):
+        return int(max(0.0, self.deadline - time.time()) * 1000)
+
+
+def lambda_handler(event, context):
+    config.register_lambda_context(context)
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
+
+
+with open(event_file) as f:
+    event = json.load(f)
+started = time.perf_counter()
+response = lambda_handler(event, Context(900))
+seconds = time.perf_counter() - started
+print(json.dumps({"response": response, "requests": requests, "seconds": seconds}))
