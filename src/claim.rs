@@ -23,7 +23,7 @@
 use std::{
     num::NonZeroUsize,
     sync::{
-        Arc, Mutex,
+        Arc, LazyLock, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -253,7 +253,16 @@ pub struct ClaimCounters {
     pub oversized_results: AtomicU64,
 }
 
-/// Claims the number of times a record changing under a claim is retried.
+/// A fresh claim token: a random per-process prefix and a counter. Tokens
+/// fence writes and are not secrets, so uniqueness is all they need, and this
+/// costs no system call per claim.
+fn claim_token() -> String {
+    static PREFIX: LazyLock<u64> = LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// How many times a claim is retried when the record changes under it.
 const CONTENDED_RETRIES: usize = 2;
 
 /// The claim state machine over a [`ClaimStore`].
@@ -364,7 +373,7 @@ impl Claims {
             status: ClaimStatus::InProgress,
             expires_at_s: self.expiry_from(now_ms),
             lease_until_ms: Some(request.deadline_ms.saturating_add(duration_ms(self.policy.lease_margin))),
-            token: Some(uuid::Uuid::new_v4().simple().to_string()),
+            token: Some(claim_token()),
             holder: Some(request.holder.to_owned()),
             attempt: Some(request.attempt),
             claimed_at_ms: Some(now_ms),
