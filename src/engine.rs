@@ -264,15 +264,16 @@ impl RunResult {
 }
 
 /// A key's run, awaited by every record of the batch that shares the key.
-type KeyRun = Shared<BoxFuture<'static, RunResult>>;
+type KeyRun<'a> = Shared<BoxFuture<'a, RunResult>>;
+
+/// The run of each key in a batch, with the body hash it ran with when
+/// payload validation is on.
+type Runs<'a> = Mutex<HashMap<String, (KeyRun<'a>, Option<String>)>>;
 
 /// What the records of one batch share while it runs.
 struct BatchState {
     /// Outcome of each record, by event index; `None` until it is known.
     reports: Mutex<Vec<Option<RecordReport>>>,
-    /// The run of each key, with the body hash it ran with when payload
-    /// validation is on.
-    runs: Mutex<HashMap<String, (KeyRun, Option<String>)>>,
     aborts: Mutex<Vec<AbortHandle>>,
     permits: Arc<Semaphore>,
     /// No record starts after this instant.
@@ -300,7 +301,6 @@ impl Engine {
         let deadline = Instant::now() + remaining;
         let state = BatchState {
             reports: Mutex::new(vec![None; records.len()]),
-            runs: Mutex::new(HashMap::new()),
             aborts: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
             cutoff: deadline.checked_sub(self.inner.options.deadline_margin).unwrap_or(deadline),
@@ -309,7 +309,9 @@ impl Engine {
             request_id: invocation.request_id.as_str().into(),
         };
         let groups = message_groups(&records);
-        let work = join_all(groups.into_iter().map(|group| self.run_group(&records, group, &state)));
+        // Declared after `state` and `records`, which the runs borrow.
+        let runs: Runs<'_> = Mutex::new(HashMap::new());
+        let work = join_all(groups.into_iter().map(|group| self.run_group(&records, group, &state, &runs)));
         if timeout_at(state.cutoff, work).await.is_err() {
             tracing::warn!("deadline margin reached: answering now, unfinished records fail");
         }
@@ -348,13 +350,13 @@ impl Engine {
 
     /// Runs one message group in order; a standard queue's record is a group
     /// of its own. After a failure in a FIFO group the rest is skipped.
-    async fn run_group(&self, records: &[EventRecord], group: Group, state: &BatchState) {
+    async fn run_group<'a>(&self, records: &'a [EventRecord], group: Group, state: &'a BatchState, runs: &Runs<'a>) {
         let mut failed: Option<&str> = None;
         for index in group.indices {
             let record = &records[index];
             let (key, run) = match failed {
                 Some(message_id) => (None, RunResult::failed(Failure::GroupSkipped(message_id.to_owned()))),
-                None => self.run_record(record, state).await,
+                None => self.run_record(record, state, runs).await,
             };
             if group.fifo && failed.is_none() && run.outcome.is_failure() {
                 failed = Some(record.message_id());
@@ -370,7 +372,12 @@ impl Engine {
         }
     }
 
-    async fn run_record(&self, record: &EventRecord, state: &BatchState) -> (Option<String>, RunResult) {
+    async fn run_record<'a>(
+        &self,
+        record: &'a EventRecord,
+        state: &'a BatchState,
+        runs: &Runs<'a>,
+    ) -> (Option<String>, RunResult) {
         let message = match record {
             EventRecord::Message(message) => message,
             EventRecord::Malformed { reason, .. } => {
@@ -383,7 +390,7 @@ impl Engine {
         };
         let body_hash = self.inner.claims.policy().validate_payload.then(|| payload_hash(body(message)));
         let (run, leader) = {
-            let mut runs = lock(&state.runs);
+            let mut runs = lock(runs);
             match runs.get(&key) {
                 Some((_, first_hash)) if *first_hash != body_hash => {
                     return (Some(key), RunResult::failed(Failure::PayloadMismatch));
@@ -403,27 +410,31 @@ impl Engine {
         (Some(key), result)
     }
 
-    /// Spawns the run of a key, so that records run in parallel on the runtime.
-    fn start(&self, message: &SqsMessage, key: String, state: &BatchState) -> KeyRun {
+    /// The run of a key: once a concurrency permit is free, it is spawned, so
+    /// that records run in parallel on the runtime. Waiting for the permit
+    /// first keeps at most `concurrency` records' copies and tasks alive.
+    fn start<'a>(&self, message: &'a SqsMessage, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
-        let record = Record::new(message, key, state.deadline);
-        let permits = Arc::clone(&state.permits);
-        let (cutoff, deadline_ms, holder) = (state.cutoff, state.deadline_ms, Arc::clone(&state.request_id));
-        let task = tokio::spawn(async move {
-            let Ok(_permit) = permits.acquire_owned().await else {
+        async move {
+            let Ok(permit) = Arc::clone(&state.permits).acquire_owned().await else {
                 return RunResult::failed(Failure::Deadline);
             };
-            if Instant::now() >= cutoff {
+            if Instant::now() >= state.cutoff {
                 return RunResult::failed(Failure::Deadline);
             }
-            let started = Instant::now();
-            let (outcome, claim_latency) = engine.run_key(&record, deadline_ms, &holder).await;
-            RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
-        });
-        lock(&state.aborts).push(task.abort_handle());
-        task.map(|joined| joined.unwrap_or_else(|error| RunResult::failed(Failure::Panicked(error.to_string()))))
-            .boxed()
-            .shared()
+            let record = Record::new(message, key, state.deadline);
+            let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
+            let task = tokio::spawn(async move {
+                let _permit = permit;
+                let started = Instant::now();
+                let (outcome, claim_latency) = engine.run_key(&record, deadline_ms, &holder).await;
+                RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
+            });
+            lock(&state.aborts).push(task.abort_handle());
+            task.await.unwrap_or_else(|error| RunResult::failed(Failure::Panicked(error.to_string())))
+        }
+        .boxed()
+        .shared()
     }
 
     /// Claims the record's key and, if the claim is won, runs the handler and
