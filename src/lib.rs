@@ -28,6 +28,7 @@ mod handler;
 pub mod key;
 pub mod lambda;
 pub mod metrics;
+pub mod operator;
 mod record;
 pub mod startup;
 pub mod store;

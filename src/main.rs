@@ -1,21 +1,26 @@
-//! The `sqs-once` binary: the Lambda function, and the offline `invoke` command.
+//! The `sqs-once` binary: the Lambda function, the offline `invoke` command, and
+//! the operator's `create-table` and `claims` commands.
 
 use std::{
     io::{IsTerminal, Read},
     path::PathBuf,
     process::ExitCode,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use sqs_once::{
+    claim::{ClaimRecord, ClaimStatus},
     clock::{Clock, SystemClock},
     config::{Config, StoreChoice},
     engine::Invocation,
     event::parse_event,
     metrics::emf_line,
+    operator::{Action, Operator, timestamp},
     startup,
+    store::ClaimQuery,
 };
 
 /// Effectively-once processing of SQS batches.
@@ -45,39 +50,104 @@ enum Command {
         #[arg(long)]
         table: Option<String>,
     },
+    /// Find stuck and failed work, and act on it (exit 0 found/done, 1 not found, 2 refused, 3 error).
+    #[command(subcommand)]
+    Claims(ClaimsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClaimsCommand {
+    /// List claims: by default the open ones (in progress and failed).
+    List {
+        /// Only claims in this state.
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
+        /// Only in-progress claims whose lease has ended: work that crashed.
+        #[arg(long)]
+        stale: bool,
+        /// At most this many claims.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// JSON for scripts instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one claim.
+    Show {
+        #[command(flatten)]
+        target: Target,
+        /// JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a failed or stale claim so that the next delivery runs again.
+    Release {
+        #[command(flatten)]
+        target: Target,
+        /// Also release a live lease or a completed claim.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Mark a key done by hand, so that its deliveries are duplicates.
+    Complete {
+        #[command(flatten)]
+        target: Target,
+        /// Also complete a claim whose lease is live.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Which claim: the key as the user knows it, or the stored id.
+#[derive(Debug, clap::Args)]
+struct Target {
+    /// The key as in the message (e.g. the messageId or body field value); one value per part of a
+    /// composite SQS_ONCE_KEY. Prefix and hashing are applied as configured.
+    #[arg(required_unless_present = "id", conflicts_with = "id")]
+    key: Vec<String>,
+    /// The stored id itself, as `claims list` prints it.
+    #[arg(long)]
+    id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum StatusArg {
+    InProgress,
+    Failed,
+    Completed,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let lambda = cli.command.is_none() && std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    // `claims` keeps 1 and 2 for "not found" and "refused".
+    let error_code = if matches!(cli.command, Some(Command::Claims(_))) { 3 } else { 1 };
     init_logging(lambda);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => return fail(anyhow::Error::new(error).context("cannot start the async runtime")),
-    };
-    match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => fail(error),
-    }
+    let outcome = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|runtime| runtime.block_on(run(cli)));
+    outcome.unwrap_or_else(|error| {
+        eprintln!("sqs-once: {error:#}");
+        ExitCode::from(error_code)
+    })
 }
 
-fn fail(error: anyhow::Error) -> ExitCode {
-    eprintln!("sqs-once: {error:#}");
-    ExitCode::FAILURE
-}
-
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Some(Command::Invoke { file, timeout, metrics }) => invoke(file, timeout, metrics).await,
         Some(Command::CreateTable { table }) => create_table(table).await,
+        Some(Command::Claims(command)) => claims(command).await,
         None if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() => lambda().await,
         None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
     }
+    .map(|code| code.unwrap_or(ExitCode::SUCCESS))
 }
 
 /// The Lambda function. Configuration and clients are built once, before the
 /// loop; an error there fails the init phase with one clear line.
-async fn lambda() -> anyhow::Result<()> {
+async fn lambda() -> anyhow::Result<Option<ExitCode>> {
     let started = async {
         let config = Config::from_env()?;
         let consumer = startup::consumer(&config).await?;
@@ -90,16 +160,19 @@ async fn lambda() -> anyhow::Result<()> {
             return Err(error);
         }
     };
-    sqs_once::lambda::run(consumer, config.metrics).await.map_err(|error| anyhow::anyhow!(error))
+    sqs_once::lambda::run(consumer, config.metrics).await.map_err(|error| anyhow::anyhow!(error))?;
+    Ok(None)
 }
 
-async fn invoke(file: Option<PathBuf>, timeout: f64, metrics: bool) -> anyhow::Result<()> {
+async fn invoke(file: Option<PathBuf>, timeout: f64, metrics: bool) -> anyhow::Result<Option<ExitCode>> {
     let timeout = Duration::try_from_secs_f64(timeout)
         .ok()
         .filter(|timeout| !timeout.is_zero())
         .context("--timeout must be a positive number of seconds")?;
     let (name, text) = read_event(file)?;
     let event = serde_json::from_str(&text).with_context(|| format!("{name} is not valid JSON"))?;
+    // The text is not needed once parsed; a 10,000-record event is megabytes.
+    drop(text);
     let records = parse_event(event).with_context(|| format!("{name} cannot be processed"))?;
     let config = Config::from_env()?;
     let consumer = startup::consumer(&config).await?;
@@ -112,10 +185,10 @@ async fn invoke(file: Option<PathBuf>, timeout: f64, metrics: bool) -> anyhow::R
     if metrics {
         eprintln!("{}", emf_line(&config.metrics, &report, consumer.extra(), SystemClock.now_ms()));
     }
-    Ok(())
+    Ok(None)
 }
 
-async fn create_table(table: Option<String>) -> anyhow::Result<()> {
+async fn create_table(table: Option<String>) -> anyhow::Result<Option<ExitCode>> {
     let config = Config::from_lookup(|name| match (name, &table) {
         ("SQS_ONCE_TABLE", Some(table)) => Some(table.clone()),
         _ => std::env::var(name).ok(),
@@ -128,7 +201,100 @@ async fn create_table(table: Option<String>) -> anyhow::Result<()> {
     let created = store.create_table().await.with_context(|| format!("cannot create table {}", layout.table))?;
     let state = if created { "created" } else { "already exists" };
     println!("table {} {state}; TTL on `{}`", layout.table, layout.attributes.expiry);
-    Ok(())
+    Ok(None)
+}
+
+async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
+    let config = Config::from_env()?;
+    let (store, _) = startup::store(&config).await?;
+    let operator = Operator::new(store, Arc::new(SystemClock), config.claims.expires_after);
+    let id = |target: Target| target.id.unwrap_or_else(|| config.key_deriver().stored_id(&target.key));
+    let action = match command {
+        ClaimsCommand::List { status, stale, limit, json } => {
+            let status = status.map(|status| match status {
+                StatusArg::InProgress => ClaimStatus::InProgress,
+                StatusArg::Failed => ClaimStatus::Failed,
+                StatusArg::Completed => ClaimStatus::Completed,
+            });
+            let query = ClaimQuery { status, stale_at_ms: stale.then(|| operator.now_ms()), limit };
+            let listing = operator.list(&query).await?;
+            print_claims(&listing.records, operator.now_ms(), json);
+            return Ok(None);
+        }
+        ClaimsCommand::Show { target, json } => {
+            return Ok(match operator.show(&id(target)).await? {
+                Some(claim) => {
+                    print_claims(std::slice::from_ref(&claim), operator.now_ms(), json);
+                    None
+                }
+                None => {
+                    eprintln!("no claim found");
+                    Some(ExitCode::from(1))
+                }
+            });
+        }
+        ClaimsCommand::Release { target, force } => operator.release(&id(target), force).await?,
+        ClaimsCommand::Complete { target, force } => operator.complete(&id(target), force).await?,
+    };
+    Ok(match action {
+        Action::Done(what) => {
+            println!("{what}");
+            None
+        }
+        Action::NotFound => {
+            eprintln!("no claim found");
+            Some(ExitCode::from(1))
+        }
+        Action::Refused(why) => {
+            eprintln!("refused: {why}");
+            Some(ExitCode::from(2))
+        }
+    })
+}
+
+/// Claims as an aligned table, or as JSON.
+fn print_claims(claims: &[ClaimRecord], now_ms: u64, json: bool) {
+    if json {
+        let rows: Vec<serde_json::Value> = claims
+            .iter()
+            .map(|claim| {
+                serde_json::json!({
+                    "id": claim.id,
+                    "status": claim.status.as_str(),
+                    "stale": claim.is_stale(now_ms),
+                    "holder": claim.holder,
+                    "attempt": claim.attempt,
+                    "claimed_at_ms": claim.claimed_at_ms,
+                    "lease_until_ms": claim.lease_until_ms,
+                    "expires_at_s": claim.expires_at_s,
+                    "error": claim.error,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::from(rows));
+        return;
+    }
+    let time = |ms: Option<u64>| ms.map(timestamp).unwrap_or_else(|| "-".into());
+    let mut rows =
+        vec![["KEY", "STATUS", "HOLDER", "ATTEMPT", "CLAIMED", "LEASE ENDS", "EXPIRES", "ERROR"].map(String::from)];
+    rows.extend(claims.iter().map(|claim| {
+        let status = if claim.is_stale(now_ms) { "INPROGRESS (stale)" } else { claim.status.as_str() };
+        [
+            claim.id.clone(),
+            status.to_owned(),
+            claim.holder.clone().unwrap_or_else(|| "-".into()),
+            claim.attempt.map_or_else(|| "-".into(), |attempt| attempt.to_string()),
+            time(claim.claimed_at_ms),
+            time(claim.lease_until_ms),
+            timestamp(claim.expires_at_s * 1000),
+            claim.error.clone().unwrap_or_else(|| "-".into()),
+        ]
+    }));
+    let widths: Vec<usize> = (0..8).map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0)).collect();
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:width$}")).collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
 }
 
 /// The event's text, and a name for it in error messages.

@@ -46,7 +46,7 @@ impl Consumer {
 }
 
 /// The store `config` chooses, and its request counter if it is DynamoDB.
-async fn store(config: &Config) -> Result<(Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>), StartupError> {
+pub async fn store(config: &Config) -> Result<(Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>), StartupError> {
     Ok(match &config.store {
         StoreChoice::Memory => (Arc::new(MemoryStore::default()), None),
         StoreChoice::File(path) => (Arc::new(SqliteStore::open(path)?), None),

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use serde_yaml::{Value, value::TaggedValue};
-use sqs_once::store::dynamodb::Attributes;
+use sqs_once::store::dynamodb::{self, Attributes};
 
 fn template() -> Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/template.yaml")).unwrap();
@@ -81,6 +81,10 @@ fn the_table_matches_the_store_layout() {
     assert_eq!(table["TimeToLiveSpecification"]["AttributeName"], attributes.expiry.as_str());
     assert_eq!(table["TimeToLiveSpecification"]["Enabled"], true);
     assert_eq!(table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"], true);
+    let index = &table["GlobalSecondaryIndexes"][0];
+    assert_eq!(index["IndexName"], dynamodb::OPEN_INDEX);
+    assert_eq!(index["KeySchema"][0]["AttributeName"], dynamodb::OPEN_STATUS);
+    assert_eq!(index["KeySchema"][1]["AttributeName"], attributes.id.as_str());
 }
 
 #[test]

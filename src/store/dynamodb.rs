@@ -35,12 +35,12 @@ use aws_sdk_dynamodb::{
         update_item::UpdateItemError,
     },
     types::{
-        AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-        ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+        AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+        ProjectionType, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
     },
 };
 
-use super::{ClaimStore, Fenced, Finish, PutOutcome, StoreError};
+use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError};
 use crate::claim::{ClaimRecord, ClaimStatus};
 
 type Item = HashMap<String, AttributeValue>;
@@ -90,6 +90,13 @@ impl Default for Attributes {
         }
     }
 }
+
+/// The sparse attribute that exists only while a claim is in progress or
+/// failed (holding its status), and the index on it: listing open claims
+/// reads only them, never the whole table.
+pub const OPEN_STATUS: &str = "open_status";
+/// The global secondary index on [`OPEN_STATUS`].
+pub const OPEN_INDEX: &str = "open-claims";
 
 /// Attributes this project adds to the Powertools layout.
 const TOKEN: &str = "token";
@@ -148,6 +155,8 @@ pub struct RequestCounter {
     get: AtomicU64,
     update: AtomicU64,
     delete: AtomicU64,
+    query: AtomicU64,
+    scan: AtomicU64,
     other: AtomicU64,
 }
 
@@ -162,6 +171,10 @@ pub struct RequestCounts {
     pub update: u64,
     /// `DeleteItem` requests (releases).
     pub delete: u64,
+    /// `Query` requests (listing open claims through the index).
+    pub query: u64,
+    /// `Scan` requests (listing without an index).
+    pub scan: u64,
     /// Any other request.
     pub other: u64,
 }
@@ -169,7 +182,7 @@ pub struct RequestCounts {
 impl RequestCounts {
     /// All requests.
     pub fn total(&self) -> u64 {
-        self.put + self.get + self.update + self.delete + self.other
+        self.put + self.get + self.update + self.delete + self.query + self.scan + self.other
     }
 }
 
@@ -181,6 +194,8 @@ impl RequestCounter {
             get: self.get.load(Ordering::Relaxed),
             update: self.update.load(Ordering::Relaxed),
             delete: self.delete.load(Ordering::Relaxed),
+            query: self.query.load(Ordering::Relaxed),
+            scan: self.scan.load(Ordering::Relaxed),
             other: self.other.load(Ordering::Relaxed),
         }
     }
@@ -207,6 +222,8 @@ impl Intercept for CountRequests {
             Some("GetItem") => &self.0.get,
             Some("UpdateItem") => &self.0.update,
             Some("DeleteItem") => &self.0.delete,
+            Some("Query") => &self.0.query,
+            Some("Scan") => &self.0.scan,
             _ => &self.0.other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -281,27 +298,31 @@ impl DynamoDbStore {
     /// Returns `false` when it already existed; TTL is enabled either way.
     pub async fn create_table(&self) -> Result<bool, StoreError> {
         let layout = &self.layout;
-        let mut keys = vec![(layout.attributes.id.as_str(), KeyType::Hash)];
+        let id = layout.attributes.id.as_str();
+        let mut keys = vec![(id, KeyType::Hash)];
         if let TableKey::Sorted { partition_attribute, .. } = &layout.key {
-            keys = vec![(partition_attribute.as_str(), KeyType::Hash), (layout.attributes.id.as_str(), KeyType::Range)];
+            keys = vec![(partition_attribute.as_str(), KeyType::Hash), (id, KeyType::Range)];
         }
-        let mut request = self.client.create_table().table_name(&layout.table).billing_mode(BillingMode::PayPerRequest);
+        let open_claims = GlobalSecondaryIndex::builder()
+            .index_name(OPEN_INDEX)
+            .key_schema(key_element(OPEN_STATUS, KeyType::Hash)?)
+            .key_schema(key_element(id, KeyType::Range)?)
+            .projection(Projection::builder().projection_type(ProjectionType::All).build())
+            .build()
+            .map_err(StoreError::unavailable)?;
+        let mut request = self
+            .client
+            .create_table()
+            .table_name(&layout.table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .global_secondary_indexes(open_claims);
+        for name in keys.iter().map(|(name, _)| *name).chain([OPEN_STATUS]) {
+            let definition =
+                AttributeDefinition::builder().attribute_name(name).attribute_type(ScalarAttributeType::S).build();
+            request = request.attribute_definitions(definition.map_err(StoreError::unavailable)?);
+        }
         for (name, key_type) in keys {
-            request = request
-                .attribute_definitions(
-                    AttributeDefinition::builder()
-                        .attribute_name(name)
-                        .attribute_type(ScalarAttributeType::S)
-                        .build()
-                        .map_err(StoreError::unavailable)?,
-                )
-                .key_schema(
-                    KeySchemaElement::builder()
-                        .attribute_name(name)
-                        .key_type(key_type)
-                        .build()
-                        .map_err(StoreError::unavailable)?,
-                );
+            request = request.key_schema(key_element(name, key_type)?);
         }
         let created = match request.send().await {
             Ok(_) => true,
@@ -340,6 +361,7 @@ impl DynamoDbStore {
             (names.validation.as_str(), record.payload_hash.as_deref().map(s)),
             (names.data.as_str(), record.result.as_deref().map(s)),
             (ERROR, record.error.as_deref().map(s)),
+            (OPEN_STATUS, (record.status != ClaimStatus::Completed).then(|| s(record.status.as_str()))),
         ];
         item.extend(optional.into_iter().filter_map(|(name, value)| Some((name.to_owned(), value?))));
         item
@@ -455,6 +477,7 @@ impl ClaimStore for DynamoDbStore {
             .expression_attribute_names("#updated", UPDATED_AT)
             .expression_attribute_names("#lease", &names.lease)
             .expression_attribute_names("#token", TOKEN)
+            .expression_attribute_names("#open", OPEN_STATUS)
             .expression_attribute_values(":status", s(finish.status.as_str()))
             .expression_attribute_values(":expiry", n(finish.expires_at_s))
             .expression_attribute_values(":updated", n(finish.finished_at_ms))
@@ -472,7 +495,14 @@ impl ClaimStore for DynamoDbStore {
             request =
                 request.expression_attribute_names("#error", ERROR).expression_attribute_values(":error", s(error));
         }
-        let result = request.update_expression(format!("SET {} REMOVE #lease", set.join(", "))).send().await;
+        // A failed claim stays in the open-claims index; a completed one leaves it.
+        let remove = if finish.status == ClaimStatus::Failed {
+            set.push("#open = :status");
+            "#lease"
+        } else {
+            "#lease, #open"
+        };
+        let result = request.update_expression(format!("SET {} REMOVE {remove}", set.join(", "))).send().await;
         match result {
             Ok(_) => Ok(Fenced::Applied),
             Err(error) => match error.into_service_error() {
@@ -505,6 +535,136 @@ impl ClaimStore for DynamoDbStore {
             },
         }
     }
+
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        if query.status == Some(ClaimStatus::Completed) {
+            tracing::warn!("completed claims are not in the {OPEN_INDEX} index: reading the whole table");
+            return self.scan(query).await;
+        }
+        let mut records = Vec::new();
+        for status in query.statuses() {
+            let mut items = self
+                .client
+                .query()
+                .table_name(&self.layout.table)
+                .index_name(OPEN_INDEX)
+                .key_condition_expression("#open = :status")
+                .expression_attribute_names("#open", OPEN_STATUS)
+                .expression_attribute_values(":status", s(status.as_str()))
+                .into_paginator()
+                .items()
+                .send();
+            while records.len() < query.limit {
+                match items.next().await {
+                    None => break,
+                    Some(Ok(item)) => {
+                        let record = self.read_item(&item)?;
+                        if query.matches(&record) {
+                            records.push(record);
+                        }
+                    }
+                    Some(Err(error)) if error.message().is_some_and(|message| message.contains("index")) => {
+                        tracing::warn!(
+                            table = %self.layout.table,
+                            "the table has no {OPEN_INDEX} index (see create-table or template.yaml): \
+                             reading the whole table instead"
+                        );
+                        return self.scan(query).await;
+                    }
+                    Some(Err(error)) => return Err(unavailable(error)),
+                }
+            }
+        }
+        records.sort_by_key(|record| record.claimed_at_ms);
+        records.truncate(query.limit);
+        Ok(Listing { records, full_scan: false })
+    }
+
+    async fn replace_seen(
+        &self,
+        seen: Option<&ClaimRecord>,
+        record: Option<&ClaimRecord>,
+    ) -> Result<Fenced, StoreError> {
+        let Some(id) = seen.or(record).map(|record| record.id.as_str()) else { return Ok(Fenced::Refused) };
+        let names = &self.layout.attributes;
+        let (condition, attribute_names, values) = match seen {
+            None => ("attribute_not_exists(#id)", vec![("#id", names.id.as_str())], vec![]),
+            Some(seen) => {
+                let mut values = vec![(":seen_status", s(seen.status.as_str()))];
+                let condition = match &seen.token {
+                    Some(token) => {
+                        values.push((":seen_token", s(token)));
+                        "#status = :seen_status AND #token = :seen_token"
+                    }
+                    None => "#status = :seen_status AND attribute_not_exists(#token)",
+                };
+                (condition, vec![("#status", names.status.as_str()), ("#token", TOKEN)], values)
+            }
+        };
+        let attribute_names: HashMap<String, String> =
+            attribute_names.into_iter().map(|(alias, name)| (alias.to_owned(), name.to_owned())).collect();
+        let values: HashMap<String, AttributeValue> =
+            values.into_iter().map(|(alias, value)| (alias.to_owned(), value)).collect();
+        let values = (!values.is_empty()).then_some(values);
+        let refused = match record {
+            Some(record) => {
+                let put = self
+                    .client
+                    .put_item()
+                    .table_name(&self.layout.table)
+                    .set_item(Some(self.write_item(record)))
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(Some(attribute_names))
+                    .set_expression_attribute_values(values);
+                match put.send().await {
+                    Ok(_) => false,
+                    Err(error) => match error.into_service_error() {
+                        PutItemError::ConditionalCheckFailedException(_) => true,
+                        other => return Err(unavailable(other)),
+                    },
+                }
+            }
+            None => {
+                let delete = self
+                    .client
+                    .delete_item()
+                    .table_name(&self.layout.table)
+                    .set_key(Some(self.layout.key(id)))
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(Some(attribute_names))
+                    .set_expression_attribute_values(values);
+                match delete.send().await {
+                    Ok(_) => false,
+                    Err(error) => match error.into_service_error() {
+                        DeleteItemError::ConditionalCheckFailedException(_) => true,
+                        other => return Err(unavailable(other)),
+                    },
+                }
+            }
+        };
+        Ok(if refused { Fenced::Refused } else { Fenced::Applied })
+    }
+}
+
+impl DynamoDbStore {
+    /// Lists by reading the whole table: the fallback when no index serves the query.
+    async fn scan(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        let mut items = self.client.scan().table_name(&self.layout.table).into_paginator().items().send();
+        let mut records = Vec::new();
+        while let Some(item) = items.next().await {
+            let record = self.read_item(&item.map_err(unavailable)?)?;
+            if query.matches(&record) {
+                records.push(record);
+            }
+        }
+        records.sort_by_key(|record| record.claimed_at_ms);
+        records.truncate(query.limit);
+        Ok(Listing { records, full_scan: true })
+    }
+}
+
+fn key_element(name: &str, key_type: KeyType) -> Result<KeySchemaElement, StoreError> {
+    KeySchemaElement::builder().attribute_name(name).key_type(key_type).build().map_err(StoreError::unavailable)
 }
 
 fn s(value: impl Into<String>) -> AttributeValue {

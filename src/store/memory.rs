@@ -7,7 +7,7 @@ use std::{
 
 use async_trait::async_trait;
 
-use super::{ClaimStore, Fenced, Finish, PutOutcome, StoreError};
+use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, unchanged};
 use crate::claim::{ClaimRecord, ClaimStatus};
 
 /// Claims in a hash map; nothing survives the process.
@@ -72,5 +72,29 @@ impl ClaimStore for MemoryStore {
         Ok(self.fenced(id, token, |records| {
             records.remove(id);
         }))
+    }
+
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        let mut records: Vec<ClaimRecord> = self.records().values().filter(|r| query.matches(r)).cloned().collect();
+        records.sort_by_key(|record| record.claimed_at_ms);
+        records.truncate(query.limit);
+        Ok(Listing { records, full_scan: false })
+    }
+
+    async fn replace_seen(
+        &self,
+        seen: Option<&ClaimRecord>,
+        record: Option<&ClaimRecord>,
+    ) -> Result<Fenced, StoreError> {
+        let Some(id) = seen.or(record).map(|record| record.id.clone()) else { return Ok(Fenced::Refused) };
+        let mut records = self.records();
+        if !unchanged(seen, records.get(&id)) {
+            return Ok(Fenced::Refused);
+        }
+        match record {
+            Some(record) => records.insert(id, record.clone()),
+            None => records.remove(&id),
+        };
+        Ok(Fenced::Applied)
     }
 }

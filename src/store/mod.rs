@@ -52,6 +52,46 @@ pub struct Finish {
     pub error: Option<String>,
 }
 
+/// Which claims an operator lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimQuery {
+    /// Only claims in this state; `None` lists the open ones (in progress and failed).
+    pub status: Option<ClaimStatus>,
+    /// Only in-progress claims whose lease had ended at this time (work that crashed).
+    pub stale_at_ms: Option<u64>,
+    /// At most this many claims.
+    pub limit: usize,
+}
+
+impl ClaimQuery {
+    /// Whether `record` belongs in the listing; every store filters with this.
+    pub fn matches(&self, record: &ClaimRecord) -> bool {
+        let status = match self.status {
+            Some(status) => record.status == status,
+            None => record.status != ClaimStatus::Completed,
+        };
+        status && self.stale_at_ms.is_none_or(|now_ms| record.is_stale(now_ms))
+    }
+
+    /// The states whose claims can match.
+    pub fn statuses(&self) -> Vec<ClaimStatus> {
+        match (self.status, self.stale_at_ms) {
+            (_, Some(_)) => vec![ClaimStatus::InProgress],
+            (Some(status), None) => vec![status],
+            (None, None) => vec![ClaimStatus::InProgress, ClaimStatus::Failed],
+        }
+    }
+}
+
+/// Claims found by [`ClaimStore::list`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Listing {
+    /// The claims, at most the query's limit.
+    pub records: Vec<ClaimRecord>,
+    /// The store had to read every claim to answer (no index for the query).
+    pub full_scan: bool,
+}
+
 /// A failure to reach or understand the store. Records that meet one are
 /// reported failed and never marked done.
 #[derive(Debug, thiserror::Error)]
@@ -100,4 +140,25 @@ pub trait ClaimStore: Send + Sync {
 
     /// Deletes an in-progress claim that still carries `token`.
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError>;
+
+    /// Claims matching `query`, for operators.
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError>;
+
+    /// Replaces the record `seen` was read from with `record` (or deletes it,
+    /// for `None`), if it is still in the state seen (same status and token).
+    /// `seen` of `None` means the key had no record, and still must not.
+    async fn replace_seen(
+        &self,
+        seen: Option<&ClaimRecord>,
+        record: Option<&ClaimRecord>,
+    ) -> Result<Fenced, StoreError>;
+}
+
+/// Whether `current` is still the record an operator saw as `seen`.
+pub fn unchanged(seen: Option<&ClaimRecord>, current: Option<&ClaimRecord>) -> bool {
+    match (seen, current) {
+        (None, None) => true,
+        (Some(seen), Some(current)) => seen.status == current.status && seen.token == current.token,
+        _ => false,
+    }
 }

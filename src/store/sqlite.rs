@@ -17,7 +17,7 @@ use std::{
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{ClaimStore, Fenced, Finish, PutOutcome, StoreError};
+use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, unchanged};
 use crate::claim::{ClaimRecord, ClaimStatus};
 
 const SCHEMA: &str = "
@@ -159,6 +159,54 @@ impl ClaimStore for SqliteStore {
             })
             .await?;
         Ok(fenced(changed))
+    }
+
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        let query = query.clone();
+        let statuses: Vec<&'static str> = query.statuses().into_iter().map(ClaimStatus::as_str).collect();
+        let rows = self
+            .with_connection(move |connection| {
+                let placeholders = vec!["?"; statuses.len()].join(", ");
+                let mut statement = connection.prepare(&format!(
+                    "SELECT {COLUMNS} FROM claims WHERE status IN ({placeholders}) ORDER BY claimed_at"
+                ))?;
+                let rows = statement.query_map(rusqlite::params_from_iter(statuses), read_row)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .await?;
+        let mut records = Vec::new();
+        for row in rows {
+            let record = row?;
+            if query.matches(&record) && records.len() < query.limit {
+                records.push(record);
+            }
+        }
+        Ok(Listing { records, full_scan: false })
+    }
+
+    async fn replace_seen(
+        &self,
+        seen: Option<&ClaimRecord>,
+        record: Option<&ClaimRecord>,
+    ) -> Result<Fenced, StoreError> {
+        let Some(id) = seen.or(record).map(|record| record.id.clone()) else { return Ok(Fenced::Refused) };
+        let (seen, record) = (seen.cloned(), record.cloned());
+        let applied = self
+            .with_connection(move |connection| {
+                let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let current = select(&transaction, &id)?.and_then(Result::ok);
+                if !unchanged(seen.as_ref(), current.as_ref()) {
+                    return Ok(false);
+                }
+                match &record {
+                    Some(record) => upsert(&transaction, record)?,
+                    None => transaction.execute("DELETE FROM claims WHERE id = ?1", [&id])?,
+                };
+                transaction.commit()?;
+                Ok(true)
+            })
+            .await?;
+        Ok(if applied { Fenced::Applied } else { Fenced::Refused })
     }
 }
 

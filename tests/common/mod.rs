@@ -13,7 +13,7 @@ use std::sync::{
 use async_trait::async_trait;
 use sqs_once::{
     claim::ClaimRecord,
-    store::{ClaimStore, Fenced, Finish, PutOutcome, StoreError},
+    store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError},
 };
 
 /// Wraps a store and counts the requests made to it.
@@ -54,6 +54,14 @@ impl ClaimStore for Counting {
         self.count();
         self.inner.release(id, token).await
     }
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.count();
+        self.inner.list(query).await
+    }
+    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+        self.count();
+        self.inner.replace_seen(seen, new).await
+    }
 }
 
 /// Wraps a store so that a taken key comes back without the old record, as
@@ -77,6 +85,12 @@ impl ClaimStore for WithoutOldItem {
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         self.0.release(id, token).await
     }
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.0.list(query).await
+    }
+    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+        self.0.replace_seen(seen, new).await
+    }
 }
 
 /// A store that is down: every request fails.
@@ -94,6 +108,12 @@ impl ClaimStore for Down {
         Err(StoreError::unavailable("connection refused"))
     }
     async fn release(&self, _: &str, _: &str) -> Result<Fenced, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn list(&self, _: &ClaimQuery) -> Result<Listing, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn replace_seen(&self, _: Option<&ClaimRecord>, _: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
 }

@@ -1,0 +1,157 @@
+//! What an on-call engineer does with claims: find stuck and failed work, and
+//! let one message be processed again or mark it done by hand.
+//!
+//! Every change is conditioned on the state the operator saw, so acting on a
+//! claim that moved on in the meantime is refused, never applied blindly.
+
+use std::{sync::Arc, time::Duration};
+
+use crate::{
+    claim::{ClaimRecord, ClaimStatus},
+    clock::Clock,
+    store::{ClaimQuery, ClaimStore, Fenced, Listing, StoreError},
+};
+
+/// The outcome of an operator's action on one claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Done; the text says what was done.
+    Done(String),
+    /// No claim has that key.
+    NotFound,
+    /// Not done; the text says why.
+    Refused(String),
+}
+
+/// Claims, as an operator sees them.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use sqs_once::{clock::SystemClock, operator::{Action, Operator}, store::MemoryStore};
+///
+/// let operator = Operator::new(Arc::new(MemoryStore::default()), Arc::new(SystemClock), std::time::Duration::from_secs(3600));
+/// assert_eq!(operator.release("orders#o-1", false).await.unwrap(), Action::NotFound);
+/// assert!(matches!(operator.complete("orders#o-1", false).await.unwrap(), Action::Done(_)));
+/// # });
+/// ```
+pub struct Operator {
+    store: Arc<dyn ClaimStore>,
+    clock: Arc<dyn Clock>,
+    expires_after: Duration,
+}
+
+impl Operator {
+    /// Operations on `store`; claims completed by hand are remembered for `expires_after`.
+    pub fn new(store: Arc<dyn ClaimStore>, clock: Arc<dyn Clock>, expires_after: Duration) -> Self {
+        Self { store, clock, expires_after }
+    }
+
+    /// The current time, for `--stale` listings.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Claims matching `query`.
+    pub async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.store.list(query).await
+    }
+
+    /// The claim stored as `id`.
+    pub async fn show(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        self.store.get(id).await
+    }
+
+    /// Deletes a failed or stale claim so that a redelivery runs again. A live
+    /// lease (someone is running it) and a completed claim (it would run twice)
+    /// are refused unless `force`.
+    pub async fn release(&self, id: &str, force: bool) -> Result<Action, StoreError> {
+        let Some(seen) = self.store.get(id).await? else { return Ok(Action::NotFound) };
+        if let Some(reason) = self.busy(&seen).filter(|_| !force) {
+            return Ok(Action::Refused(format!("{reason}; pass --force to release it anyway")));
+        }
+        let done = format!("released {id} (was {}); its next delivery runs the handler", describe(&seen));
+        Ok(self.applied(self.store.replace_seen(Some(&seen), None).await?, done))
+    }
+
+    /// Marks a key completed by hand (the work was done elsewhere), so that
+    /// deliveries until it expires are duplicates. A live lease is refused
+    /// unless `force`; a key with no claim gets a completed one.
+    pub async fn complete(&self, id: &str, force: bool) -> Result<Action, StoreError> {
+        let seen = self.store.get(id).await?;
+        if let Some(seen) = &seen {
+            if seen.status == ClaimStatus::Completed {
+                return Ok(Action::Done(format!("{id} was already completed")));
+            }
+            if let Some(reason) = self.busy(seen).filter(|_| !force) {
+                return Ok(Action::Refused(format!("{reason}; pass --force to complete it anyway")));
+            }
+        }
+        let now_ms = self.clock.now_ms();
+        let completed = ClaimRecord {
+            id: id.to_owned(),
+            status: ClaimStatus::Completed,
+            expires_at_s: now_ms / 1000 + self.expires_after.as_secs(),
+            lease_until_ms: None,
+            token: Some(format!("operator-{now_ms}")),
+            holder: Some("operator".into()),
+            attempt: seen.as_ref().and_then(|seen| seen.attempt),
+            claimed_at_ms: Some(seen.as_ref().and_then(|seen| seen.claimed_at_ms).unwrap_or(now_ms)),
+            updated_at_ms: Some(now_ms),
+            payload_hash: seen.as_ref().and_then(|seen| seen.payload_hash.clone()),
+            result: None,
+            error: None,
+        };
+        let was = seen.as_ref().map_or("no claim".to_owned(), describe);
+        let done = format!("completed {id} by hand (was {was}); deliveries are duplicates until it expires");
+        Ok(self.applied(self.store.replace_seen(seen.as_ref(), Some(&completed)).await?, done))
+    }
+
+    /// Why changing `claim` by hand could do harm, if it could.
+    fn busy(&self, claim: &ClaimRecord) -> Option<String> {
+        match claim.status {
+            ClaimStatus::InProgress if !claim.is_stale(self.clock.now_ms()) => Some(format!(
+                "{} holds a live lease on it until {}",
+                claim.holder.as_deref().unwrap_or("another invocation"),
+                claim.lease_until_ms.map(timestamp).unwrap_or_else(|| "its expiry".into())
+            )),
+            ClaimStatus::Completed => Some("it completed; releasing it lets the handler run again".into()),
+            _ => None,
+        }
+    }
+
+    fn applied(&self, fenced: Fenced, done: String) -> Action {
+        match fenced {
+            Fenced::Applied => Action::Done(done),
+            Fenced::Refused => Action::Refused("the claim changed since it was read; look again".into()),
+        }
+    }
+}
+
+fn describe(claim: &ClaimRecord) -> String {
+    match (claim.status, &claim.error) {
+        (ClaimStatus::Failed, Some(error)) => format!("FAILED: {error}"),
+        (status, _) => status.as_str().to_owned(),
+    }
+}
+
+/// Epoch milliseconds as an ISO 8601 UTC time, to the second.
+///
+/// ```
+/// assert_eq!(sqs_once::operator::timestamp(1_700_000_000_000), "2023-11-14T22:13:20Z");
+/// ```
+pub fn timestamp(epoch_ms: u64) -> String {
+    let seconds = epoch_ms / 1000;
+    let (days, time) = (seconds / 86_400, seconds % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", time / 3600, time % 3600 / 60, time % 60)
+}

@@ -1,0 +1,209 @@
+//! `sqs-once claims`, as an on-call engineer runs it, on the file store and on
+//! DynamoDB Local: stale work from a killed process is found and released, a
+//! live lease is not, a key completed by hand is a duplicate afterwards, and
+//! DynamoDB listings use the open-claims index when the table has it.
+
+mod common;
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output, Stdio},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use sqs_once::store::{ClaimQuery, ClaimStore, dynamodb::TableKey};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
+
+/// One consumer's world: a store, a demo log, an event folder.
+struct Setup {
+    dir: tempfile::TempDir,
+    store: (&'static str, String),
+}
+
+impl Setup {
+    fn file() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("claims.db").display().to_string();
+        Self { dir, store: ("SQS_ONCE_STORE_PATH", path) }
+    }
+
+    async fn dynamodb() -> Self {
+        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        Self { dir: tempfile::tempdir().unwrap(), store: ("SQS_ONCE_TABLE", store.layout().table.clone()) }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .current_dir(self.dir.path())
+            .env_remove("AWS_LAMBDA_RUNTIME_API")
+            .env_remove("SQS_ONCE_STORE")
+            .env_remove("SQS_ONCE_TABLE")
+            .env(self.store.0, &self.store.1)
+            .env("SQS_ONCE_DEMO_LOG", self.dir.path().join("demo.log"))
+            .env("SQS_ONCE_LEASE_MARGIN_MS", "0")
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    fn event(&self, name: &str, records: &[(&str, Value)]) -> PathBuf {
+        let records: Vec<Value> = records
+            .iter()
+            .map(|(id, body)| json!({"messageId": id, "body": body.to_string(), "eventSource": "aws:sqs"}))
+            .collect();
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
+        path
+    }
+
+    fn runs_of(&self, message_id: &str) -> usize {
+        let log = std::fs::read_to_string(self.dir.path().join("demo.log")).unwrap_or_default();
+        log.lines().filter(|line| line.ends_with(&format!("\t{message_id}"))).count()
+    }
+
+    fn list(&self, args: &[&str]) -> Vec<Value> {
+        let output = self.run(&[&["claims", "list", "--json"], args].concat());
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice::<Value>(&output.stdout).unwrap().as_array().unwrap().clone()
+    }
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+async fn a_crashed_claim_is_found_released_and_run_again(setup: Setup) {
+    let event = setup.event("slow.json", &[("m-crash", json!({"sleep_ms": 60_000}))]);
+    let mut crashed = setup
+        .command(&["invoke", "--timeout", "2"])
+        .arg(&event)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    while setup.runs_of("m-crash") == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    crashed.kill().unwrap();
+    crashed.wait().unwrap();
+
+    // The lease (deadline + 0 ms margin) is still live: listed, not stale, not released.
+    let open = setup.list(&[]);
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!((open[0]["status"].as_str(), open[0]["stale"].as_bool()), (Some("INPROGRESS"), Some(false)));
+    let refused = setup.run(&["claims", "release", "m-crash"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("live lease"), "{}", text(&refused));
+
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let stale = setup.list(&["--stale"]);
+    assert_eq!(stale.len(), 1);
+    assert_eq!(stale[0]["stale"], true);
+    let table = setup.run(&["claims", "list", "--stale"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("INPROGRESS (stale)"), "{}", text(&table));
+
+    let released = setup.run(&["claims", "release", "m-crash"]);
+    assert_eq!(released.status.code(), Some(0), "{}", text(&released));
+    assert!(setup.list(&[]).is_empty());
+    let missing = setup.run(&["claims", "show", "m-crash"]);
+    assert_eq!(missing.status.code(), Some(1));
+
+    let redelivery = setup.event("again.json", &[("m-crash", json!({}))]);
+    let output = setup.run(&["invoke", redelivery.to_str().unwrap()]);
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), r#"{"batchItemFailures":[]}"#);
+    assert_eq!(setup.runs_of("m-crash"), 2, "the released key ran again");
+}
+
+async fn a_key_completed_by_hand_is_a_duplicate(setup: Setup) {
+    let done = setup.run(&["claims", "complete", "m-manual"]);
+    assert_eq!(done.status.code(), Some(0), "{}", text(&done));
+    let shown = setup.run(&["claims", "show", "m-manual", "--json"]);
+    assert_eq!(serde_json::from_slice::<Value>(&shown.stdout).unwrap()[0]["status"], "COMPLETED");
+    let event = setup.event("manual.json", &[("m-manual", json!({})), ("m-other", json!({}))]);
+    let output = setup.run(&["invoke", event.to_str().unwrap()]);
+    assert!(text(&output).contains("outcome=\"duplicate\""), "{}", text(&output));
+    assert_eq!((setup.runs_of("m-manual"), setup.runs_of("m-other")), (0, 1));
+    assert_eq!(setup.run(&["claims", "complete", "m-manual"]).status.code(), Some(0), "completing twice is fine");
+    assert_eq!(setup.run(&["claims", "release", "m-manual"]).status.code(), Some(2), "completed claims are kept");
+
+    let failing = setup.event("failing.json", &[("m-fail", json!({"fail": "permanent"}))]);
+    setup.run(&["invoke", failing.to_str().unwrap()]);
+    let failed = setup.list(&["--status", "failed"]);
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["error"], "demo: asked to fail (permanent)");
+    assert_eq!(setup.list(&["--status", "completed"]).len(), 2);
+    assert_eq!(setup.run(&["claims", "release", "m-fail"]).status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_store_a_crashed_claim_is_found_released_and_run_again() {
+    a_crashed_claim_is_found_released_and_run_again(Setup::file()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_store_a_key_completed_by_hand_is_a_duplicate() {
+    a_key_completed_by_hand_is_a_duplicate(Setup::file()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_a_crashed_claim_is_found_released_and_run_again() {
+    a_crashed_claim_is_found_released_and_run_again(Setup::dynamodb().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_a_key_completed_by_hand_is_a_duplicate() {
+    a_key_completed_by_hand_is_a_duplicate(Setup::dynamodb().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_listings_query_the_index_and_scan_with_a_warning_without_it() {
+    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let setup = Setup { dir: tempfile::tempdir().unwrap(), store: ("SQS_ONCE_TABLE", store.layout().table.clone()) };
+    let event = setup.event("mixed.json", &[("a", json!({})), ("b", json!({"fail": "permanent"}))]);
+    setup.run(&["invoke", event.to_str().unwrap()]);
+    let before = requests.snapshot();
+    let listing = store.list(&ClaimQuery { limit: 10, ..ClaimQuery::default() }).await.unwrap();
+    let after = requests.snapshot();
+    assert_eq!(listing.records.len(), 1, "only the failed claim is open");
+    assert!(!listing.full_scan);
+    assert_eq!((after.query - before.query, after.scan - before.scan), (2, 0), "one query per open state, no scan");
+
+    // A table created without the index (by hand, or by an older version).
+    let bare = format!("bare-{}", uuid::Uuid::new_v4().simple());
+    let (client, _) = sqs_once::store::dynamodb::client().await;
+    client
+        .create_table()
+        .table_name(&bare)
+        .billing_mode(aws_sdk_dynamodb::types::BillingMode::PayPerRequest)
+        .attribute_definitions(
+            aws_sdk_dynamodb::types::AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(aws_sdk_dynamodb::types::ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            aws_sdk_dynamodb::types::KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(aws_sdk_dynamodb::types::KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let bare_setup = Setup { dir: tempfile::tempdir().unwrap(), store: ("SQS_ONCE_TABLE", bare) };
+    let event = bare_setup.event("mixed.json", &[("a", json!({})), ("b", json!({"fail": "permanent"}))]);
+    bare_setup.run(&["invoke", event.to_str().unwrap()]);
+    let output = bare_setup.run(&["claims", "list"]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("reading the whole table instead"), "{}", text(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 2, "header and the failed claim");
+}
