@@ -20,6 +20,7 @@ BINARY = ROOT / "target" / "release" / "sqs-once"
 PYTHON = sys.executable
 PEER = ROOT / "bench" / "peer_powertools.py"
 CONCURRENCY = 64
+NOTES = "## Profile and changes"
 
 
 def measured(command, env=None, stderr_to=None):
@@ -289,7 +290,11 @@ def write_report(args, results, ceiling_stat, single):
     lines += [f"| {name} | {value} | {'yes' if met else '**no**'} |" for name, value, met in targets]
     lines += ["", f"1-record event, process start to answer: sqs-once {fmt(single['cli'])} ms, "
                   f"Powertools (`python` importing it and handling one event) {fmt(single['pt'])} ms.", ""]
-    Path(args.output).write_text("\n".join(lines))
+    # The hand-written analysis below the generated tables survives a rerun.
+    output = Path(args.output)
+    previous = output.read_text() if output.exists() else ""
+    notes = previous[previous.find(NOTES):] if NOTES in previous else ""
+    output.write_text("\n".join(lines) + ("\n" + notes if notes else ""))
     print("\n".join(lines))
 
 
