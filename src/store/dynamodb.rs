@@ -40,7 +40,7 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError};
+use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id};
 use crate::claim::{ClaimRecord, ClaimStatus};
 
 type Item = HashMap<String, AttributeValue>;
@@ -575,9 +575,7 @@ impl ClaimStore for DynamoDbStore {
                 }
             }
         }
-        records.sort_by_key(|record| record.claimed_at_ms);
-        records.truncate(query.limit);
-        Ok(Listing { records, full_scan: false })
+        Ok(query.select(records, false))
     }
 
     async fn replace_seen(
@@ -585,7 +583,7 @@ impl ClaimStore for DynamoDbStore {
         seen: Option<&ClaimRecord>,
         record: Option<&ClaimRecord>,
     ) -> Result<Fenced, StoreError> {
-        let Some(id) = seen.or(record).map(|record| record.id.as_str()) else { return Ok(Fenced::Refused) };
+        let Some(id) = replaced_id(seen, record) else { return Ok(Fenced::Refused) };
         let names = &self.layout.attributes;
         let (condition, attribute_names, values) = match seen {
             None => ("attribute_not_exists(#id)", vec![("#id", names.id.as_str())], vec![]),
@@ -652,14 +650,9 @@ impl DynamoDbStore {
         let mut items = self.client.scan().table_name(&self.layout.table).into_paginator().items().send();
         let mut records = Vec::new();
         while let Some(item) = items.next().await {
-            let record = self.read_item(&item.map_err(unavailable)?)?;
-            if query.matches(&record) {
-                records.push(record);
-            }
+            records.push(self.read_item(&item.map_err(unavailable)?)?);
         }
-        records.sort_by_key(|record| record.claimed_at_ms);
-        records.truncate(query.limit);
-        Ok(Listing { records, full_scan: true })
+        Ok(query.select(records, true))
     }
 }
 

@@ -7,7 +7,7 @@ use std::{
 
 use async_trait::async_trait;
 
-use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, unchanged};
+use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
 use crate::claim::{ClaimRecord, ClaimStatus};
 
 /// Claims in a hash map; nothing survives the process.
@@ -75,10 +75,7 @@ impl ClaimStore for MemoryStore {
     }
 
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        let mut records: Vec<ClaimRecord> = self.records().values().filter(|r| query.matches(r)).cloned().collect();
-        records.sort_by_key(|record| record.claimed_at_ms);
-        records.truncate(query.limit);
-        Ok(Listing { records, full_scan: false })
+        Ok(query.select(self.records().values().cloned(), false))
     }
 
     async fn replace_seen(
@@ -86,7 +83,7 @@ impl ClaimStore for MemoryStore {
         seen: Option<&ClaimRecord>,
         record: Option<&ClaimRecord>,
     ) -> Result<Fenced, StoreError> {
-        let Some(id) = seen.or(record).map(|record| record.id.clone()) else { return Ok(Fenced::Refused) };
+        let Some(id) = replaced_id(seen, record).map(str::to_owned) else { return Ok(Fenced::Refused) };
         let mut records = self.records();
         if !unchanged(seen, records.get(&id)) {
             return Ok(Fenced::Refused);

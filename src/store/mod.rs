@@ -73,6 +73,15 @@ impl ClaimQuery {
         status && self.stale_at_ms.is_none_or(|now_ms| record.is_stale(now_ms))
     }
 
+    /// The listing of those of `records` that match, oldest claim first,
+    /// at most `limit` of them.
+    pub fn select(&self, records: impl IntoIterator<Item = ClaimRecord>, full_scan: bool) -> Listing {
+        let mut records: Vec<ClaimRecord> = records.into_iter().filter(|record| self.matches(record)).collect();
+        records.sort_by_key(|record| record.claimed_at_ms);
+        records.truncate(self.limit);
+        Listing { records, full_scan }
+    }
+
     /// The states whose claims can match.
     pub fn statuses(&self) -> Vec<ClaimStatus> {
         match (self.status, self.stale_at_ms) {
@@ -152,6 +161,11 @@ pub trait ClaimStore: Send + Sync {
         seen: Option<&ClaimRecord>,
         record: Option<&ClaimRecord>,
     ) -> Result<Fenced, StoreError>;
+}
+
+/// The id a [`ClaimStore::replace_seen`] call is about.
+pub fn replaced_id<'r>(seen: Option<&'r ClaimRecord>, record: Option<&'r ClaimRecord>) -> Option<&'r str> {
+    seen.or(record).map(|record| record.id.as_str())
 }
 
 /// Whether `current` is still the record an operator saw as `seen`.

@@ -17,7 +17,7 @@ use std::{
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, unchanged};
+use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
 use crate::claim::{ClaimRecord, ClaimStatus};
 
 const SCHEMA: &str = "
@@ -167,21 +167,13 @@ impl ClaimStore for SqliteStore {
         let rows = self
             .with_connection(move |connection| {
                 let placeholders = vec!["?"; statuses.len()].join(", ");
-                let mut statement = connection.prepare(&format!(
-                    "SELECT {COLUMNS} FROM claims WHERE status IN ({placeholders}) ORDER BY claimed_at"
-                ))?;
+                let mut statement =
+                    connection.prepare(&format!("SELECT {COLUMNS} FROM claims WHERE status IN ({placeholders})"))?;
                 let rows = statement.query_map(rusqlite::params_from_iter(statuses), read_row)?;
                 rows.collect::<rusqlite::Result<Vec<_>>>()
             })
             .await?;
-        let mut records = Vec::new();
-        for row in rows {
-            let record = row?;
-            if query.matches(&record) && records.len() < query.limit {
-                records.push(record);
-            }
-        }
-        Ok(Listing { records, full_scan: false })
+        Ok(query.select(rows.into_iter().collect::<Result<Vec<_>, _>>()?, false))
     }
 
     async fn replace_seen(
@@ -189,7 +181,7 @@ impl ClaimStore for SqliteStore {
         seen: Option<&ClaimRecord>,
         record: Option<&ClaimRecord>,
     ) -> Result<Fenced, StoreError> {
-        let Some(id) = seen.or(record).map(|record| record.id.clone()) else { return Ok(Fenced::Refused) };
+        let Some(id) = replaced_id(seen, record).map(str::to_owned) else { return Ok(Fenced::Refused) };
         let (seen, record) = (seen.cloned(), record.cloned());
         let applied = self
             .with_connection(move |connection| {
