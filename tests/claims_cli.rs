@@ -88,7 +88,10 @@ async fn a_crashed_claim_is_found_released_and_run_again(setup: Setup) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let started = tokio::time::Instant::now();
     while setup.runs_of("m-crash") == 0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the handler never started");
+        assert!(crashed.try_wait().unwrap().is_none(), "invoke exited before its handler started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     crashed.kill().unwrap();
