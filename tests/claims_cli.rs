@@ -105,7 +105,7 @@ async fn a_crashed_claim_is_found_released_and_run_again(setup: Setup) {
     assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
     assert!(text(&refused).contains("live lease"), "{}", text(&refused));
 
-    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    tokio::time::sleep(Duration::from_millis(4_200)).await;
     let stale = setup.list(&["--stale"]);
     assert_eq!(stale.len(), 1);
     assert_eq!(stale[0]["stale"], true);
