@@ -82,7 +82,7 @@ fn text(output: &Output) -> String {
 async fn a_crashed_claim_is_found_released_and_run_again(setup: Setup) {
     let event = setup.event("slow.json", &[("m-crash", json!({"sleep_ms": 60_000}))]);
     let mut crashed = setup
-        .command(&["invoke", "--timeout", "2"])
+        .command(&["invoke", "--timeout", "4"])
         .arg(&event)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
