@@ -50,22 +50,36 @@ impl Function {
         answer
     }
 
-    /// The EMF metrics lines printed so far.
-    fn metrics(&self) -> Vec<Value> {
-        let lines = self.stdout.lock().unwrap().clone();
-        lines
-            .iter()
-            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .filter(|v| v.get("_aws").is_some())
-            .collect()
+    /// The EMF metrics lines, once `count` of them have been read from the
+    /// process's output, which trails the answers it posts.
+    async fn metrics(&self, count: usize) -> Vec<Value> {
+        let metrics = |lines: &[String]| -> Vec<Value> {
+            lines
+                .iter()
+                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+                .filter(|value| value.get("_aws").is_some())
+                .collect()
+        };
+        wait_for(&self.stdout, |lines| metrics(lines).len() >= count).await;
+        metrics(&self.stdout.lock().unwrap())
     }
 
-    fn logs(&self) -> Vec<Value> {
+    /// The JSON log lines, once `count` of them have been read.
+    async fn logs(&self, count: usize) -> Vec<Value> {
+        wait_for(&self.stderr, |lines| lines.len() >= count).await;
         let lines = self.stderr.lock().unwrap().clone();
         lines
             .iter()
             .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not a JSON log line: {line}")))
             .collect()
+    }
+}
+
+/// Waits, up to 10 s, until the lines read so far satisfy `done`.
+async fn wait_for(lines: &Mutex<Vec<String>>, done: impl Fn(&[String]) -> bool) {
+    let started = tokio::time::Instant::now();
+    while !done(&lines.lock().unwrap()) && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -117,7 +131,7 @@ async fn the_sample_batches_report_exactly_their_failures_and_the_process_keeps_
     // Mixed directives, in-batch duplicates, a panic and a non-JSON body under a body key.
     let answer = function.invoke(&sample("batch.json"), SECONDS_30).await;
     assert_eq!(failures(&answer), ids(&[5, 6, 7, 8], "b0000000-0000-4000-8000-"));
-    let logs = function.logs();
+    let logs = function.logs(10).await;
     let outcome = |id: &str| {
         logs.iter().find(|line| line["message_id"] == id).map(|line| line["outcome"].as_str().unwrap().to_owned())
     };
@@ -151,7 +165,7 @@ async fn a_warm_process_answers_redeliveries_as_duplicates_without_dynamodb_requ
     let event = batch(&(0..10).map(|n| json!({"n": n})).collect::<Vec<_>>());
     assert!(failures(&function.invoke(&event, SECONDS_30).await).is_empty());
     assert!(failures(&function.invoke(&event, SECONDS_30).await).is_empty());
-    let metrics = function.metrics();
+    let metrics = function.metrics(2).await;
     assert_eq!(metrics.len(), 2, "one metrics line per invocation");
     assert_eq!((metrics[0]["Processed"].as_u64(), metrics[0]["DynamoDbRequests"].as_u64()), (Some(10), Some(20)));
     assert_eq!((metrics[1]["Duplicates"].as_u64(), metrics[1]["DynamoDbRequests"].as_u64()), (Some(10), Some(0)));
