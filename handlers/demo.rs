@@ -31,18 +31,13 @@ struct Directives {
 }
 
 impl Demo {
-    /// A demo handler logging to `SQS_ONCE_DEMO_LOG`, if set.
-    ///
-    /// # Panics
-    ///
-    /// When the log file cannot be opened: a demo that cannot log would make
-    /// every count taken from it wrong.
-    pub fn from_env() -> Self {
+    /// A demo handler logging to `SQS_ONCE_DEMO_LOG`, if set. A log that
+    /// cannot be opened stops the start: every count taken from it would be wrong.
+    pub fn from_env() -> Result<Self, String> {
         match std::env::var_os("SQS_ONCE_DEMO_LOG") {
-            Some(path) => Self::with_log(&path).unwrap_or_else(|error| {
-                panic!("cannot open SQS_ONCE_DEMO_LOG {}: {error}", Path::new(&path).display())
-            }),
-            None => Self::default(),
+            Some(path) => Self::with_log(&path)
+                .map_err(|error| format!("cannot open SQS_ONCE_DEMO_LOG {}: {error}", Path::new(&path).display())),
+            None => Ok(Self::default()),
         }
     }
 

@@ -11,17 +11,29 @@ use crate::BoxHandler;
 pub mod demo;
 pub mod orders;
 
-/// Builds a handler at start.
-pub type Constructor = fn() -> BoxHandler;
+/// Builds a handler at start; a handler that needs a resource it cannot get
+/// (a file, a client) says why, and the process does not start.
+pub type Constructor = fn() -> Result<BoxHandler, String>;
 
 /// Every handler by name, with the function that builds it at start.
 pub const REGISTRY: &[(&str, Constructor)] =
-    &[("demo", || Arc::new(demo::Demo::from_env())), ("orders", || Arc::new(orders::Orders))];
+    &[("demo", || Ok(Arc::new(demo::Demo::from_env()?))), ("orders", || Ok(Arc::new(orders::Orders)))];
 
-/// A handler name that is not in the registry.
+/// Why the configured handler could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown handler `{0}` (SQS_ONCE_HANDLER): registered handlers are {names}", names = names().join(", "))]
-pub struct UnknownHandler(pub String);
+pub enum HandlerSetupError {
+    /// The name is not in the registry.
+    #[error("unknown handler `{0}` (SQS_ONCE_HANDLER): registered handlers are {names}", names = names().join(", "))]
+    Unknown(String),
+    /// The handler's constructor failed.
+    #[error("handler `{handler}` cannot start: {reason}")]
+    Failed {
+        /// The handler's name.
+        handler: String,
+        /// What its constructor said.
+        reason: String,
+    },
+}
 
 /// The registered names.
 pub fn names() -> Vec<&'static str> {
@@ -35,10 +47,10 @@ pub fn names() -> Vec<&'static str> {
 /// let error = sqs_once::handlers::build("nope").err().unwrap();
 /// assert!(error.to_string().contains("demo, orders"));
 /// ```
-pub fn build(name: &str) -> Result<BoxHandler, UnknownHandler> {
-    REGISTRY
+pub fn build(name: &str) -> Result<BoxHandler, HandlerSetupError> {
+    let (_, constructor) = REGISTRY
         .iter()
         .find(|(registered, _)| *registered == name)
-        .map(|(_, build)| build())
-        .ok_or_else(|| UnknownHandler(name.to_owned()))
+        .ok_or_else(|| HandlerSetupError::Unknown(name.to_owned()))?;
+    constructor().map_err(|reason| HandlerSetupError::Failed { handler: name.to_owned(), reason })
 }

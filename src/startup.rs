@@ -7,7 +7,7 @@ use crate::{
     clock::SystemClock,
     config::{Config, StoreChoice},
     engine::Engine,
-    handlers::{self, UnknownHandler},
+    handlers::{self, HandlerSetupError},
     metrics::Extra,
     store::{
         ClaimStore, DynamoDbStore, MemoryStore, SqliteStore, StoreError,
@@ -18,9 +18,9 @@ use crate::{
 /// Why the engine could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
-    /// `SQS_ONCE_HANDLER` names no registered handler.
+    /// `SQS_ONCE_HANDLER` names no registered handler, or it cannot start.
     #[error(transparent)]
-    UnknownHandler(#[from] UnknownHandler),
+    Handler(#[from] HandlerSetupError),
     /// The store could not be opened.
     #[error("cannot open the claim store")]
     Store(#[from] StoreError),

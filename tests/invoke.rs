@@ -164,6 +164,7 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
         ("SQS_ONCE_STORE", "redis", "expected dynamodb, file or memory"),
         ("SQS_ONCE_CONCURRENCY", "0", "SQS_ONCE_CONCURRENCY"),
         ("SQS_ONCE_KEY", "header.x", "invalid key source `header.x`"),
+        ("SQS_ONCE_DEMO_LOG", "/nonexistent/demo.log", "handler `demo` cannot start: cannot open SQS_ONCE_DEMO_LOG"),
     ];
     for (name, value, expected) in config_errors {
         let output = ws.invoke_with(&["invoke", event.to_str().unwrap()], &[(name, value)]);
