@@ -33,7 +33,7 @@ use crate::{
     claim::{Claim, ClaimRequest, Claims, Lease},
     clock::epoch_ms,
     event::EventRecord,
-    key::{KeyDeriver, payload_hash},
+    key::KeyDeriver,
     store::{Fenced, StoreError},
 };
 
@@ -266,9 +266,9 @@ impl RunResult {
 /// A key's run, awaited by every record of the batch that shares the key.
 type KeyRun<'a> = Shared<BoxFuture<'a, RunResult>>;
 
-/// The run of each key in a batch, with the body hash it ran with when
-/// payload validation is on.
-type Runs<'a> = Mutex<HashMap<String, (KeyRun<'a>, Option<String>)>>;
+/// The run of each key in a batch, with the body it ran with (compared when
+/// payload validation is on).
+type Runs<'a> = Mutex<HashMap<String, (KeyRun<'a>, &'a str)>>;
 
 /// What the records of one batch share while it runs.
 struct BatchState {
@@ -388,17 +388,17 @@ impl Engine {
             Ok(key) => key,
             Err(missing) => return (None, RunResult::failed(Failure::MissingKey(missing.to_string()))),
         };
-        let body_hash = self.inner.claims.policy().validate_payload.then(|| payload_hash(body(message)));
+        let validate = self.inner.claims.policy().validate_payload;
         let (run, leader) = {
             let mut runs = lock(runs);
             match runs.get(&key) {
-                Some((_, first_hash)) if *first_hash != body_hash => {
+                Some((_, first_body)) if validate && *first_body != body(message) => {
                     return (Some(key), RunResult::failed(Failure::PayloadMismatch));
                 }
                 Some((run, _)) => (run.clone(), false),
                 None => {
                     let run = self.start(message, key.clone(), state);
-                    runs.insert(key.clone(), (run.clone(), body_hash));
+                    runs.insert(key.clone(), (run.clone(), body(message)));
                     (run, true)
                 }
             }

@@ -296,3 +296,19 @@ async fn records_run_in_parallel_within_the_concurrency_bound() {
     assert_eq!(gauge.now.lock().unwrap().1, 2, "at most the bound, and more than one at once");
     assert!(gauge.threads.lock().unwrap().len() >= 2, "records ran on several worker threads");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_payload_validation_an_in_batch_duplicate_with_another_body_fails() {
+    let (handler, dir) = demo();
+    let policy = ClaimPolicy { validate_payload: true, ..ClaimPolicy::default() };
+    let engine = Setup { key: "body.order", policy, ..Setup::default() }.engine(handler);
+    let records = vec![
+        message("first", json!({"order": "A", "amount": 1})),
+        message("same", json!({"order": "A", "amount": 1})),
+        message("changed", json!({"order": "A", "amount": 2})),
+    ];
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["changed"]);
+    assert_eq!(outcome(&report, "changed"), &Outcome::Failed(Failure::PayloadMismatch));
+    assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 1);
+}
