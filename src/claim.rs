@@ -106,6 +106,26 @@ impl ClaimRecord {
     /// overall expiry; any other record (and an in-progress one without a
     /// lease, as other tools write them) once its expiry has passed. The
     /// DynamoDB store evaluates the same predicate as a condition expression.
+    ///
+    /// ```
+    /// use sqs_once::claim::{ClaimRecord, ClaimStatus};
+    ///
+    /// let claim = ClaimRecord {
+    ///     id: "orders#o-1".into(),
+    ///     status: ClaimStatus::InProgress,
+    ///     expires_at_s: 1_000,           // the record's expiry has passed at 2,000 s...
+    ///     lease_until_ms: Some(3_000_000), // ...but its lease runs until 3,000 s
+    ///     token: Some("t".into()),
+    ///     holder: None, attempt: None, claimed_at_ms: None, updated_at_ms: None,
+    ///     payload_hash: None, result: None, error: None,
+    /// };
+    /// assert!(!claim.is_free(2_000_000), "a live lease is never taken over");
+    /// assert!(claim.is_free(3_000_001), "an ended lease is");
+    ///
+    /// let completed = ClaimRecord { status: ClaimStatus::Completed, lease_until_ms: None, ..claim };
+    /// assert!(!completed.is_free(1_000_999), "remembered through its last second");
+    /// assert!(completed.is_free(1_001_000));
+    /// ```
     pub fn is_free(&self, now_ms: u64) -> bool {
         match (self.status, self.lease_until_ms) {
             (ClaimStatus::InProgress, Some(lease_until_ms)) => lease_until_ms < now_ms,

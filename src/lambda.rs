@@ -49,7 +49,19 @@ struct Function {
 /// Serves invocations from the Lambda Runtime API until the process ends.
 ///
 /// `consumer` is built once, before the loop, so clients and configuration
-/// are shared by every invocation of the warm process.
+/// are shared by every invocation of the warm process. A binary of your own
+/// needs no more than this:
+///
+/// ```no_run
+/// use sqs_once::{config::Config, lambda, startup};
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), lambda_runtime::Error> {
+///     let config = Config::from_env()?;
+///     let consumer = startup::consumer(&config).await?;
+///     lambda::run(consumer, config.metrics).await
+/// }
+/// ```
 pub async fn run(consumer: Consumer, metrics: MetricsConfig) -> Result<(), lambda_runtime::Error> {
     if let Some(missing) = RUNTIME_VARIABLES.iter().find(|name| std::env::var_os(name).is_none()) {
         return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());

@@ -134,6 +134,14 @@ pub struct TableLayout {
 
 impl TableLayout {
     /// A table keyed by `id` alone, with the default attribute names.
+    ///
+    /// ```
+    /// use sqs_once::store::dynamodb::{TableKey, TableLayout};
+    ///
+    /// let layout = TableLayout::new("idempotency");
+    /// assert_eq!((layout.attributes.id.as_str(), layout.attributes.expiry.as_str()), ("id", "expiration"));
+    /// assert_eq!(layout.key, TableKey::Partition);
+    /// ```
     pub fn new(table: impl Into<String>) -> Self {
         Self { table: table.into(), attributes: Attributes::default(), key: TableKey::default() }
     }

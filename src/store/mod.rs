@@ -75,6 +75,24 @@ impl ClaimQuery {
 
     /// The listing of those of `records` that match, oldest claim first,
     /// at most `limit` of them.
+    ///
+    /// ```
+    /// use sqs_once::{claim::{ClaimRecord, ClaimStatus}, store::ClaimQuery};
+    ///
+    /// let claim = |id: &str, status, claimed_at_ms| ClaimRecord {
+    ///     id: id.into(), status, expires_at_s: u64::MAX / 1000, lease_until_ms: None, token: None, holder: None,
+    ///     attempt: None, claimed_at_ms: Some(claimed_at_ms), updated_at_ms: None, payload_hash: None,
+    ///     result: None, error: None,
+    /// };
+    /// let records = vec![
+    ///     claim("late", ClaimStatus::Failed, 20),
+    ///     claim("done", ClaimStatus::Completed, 5),
+    ///     claim("early", ClaimStatus::Failed, 10),
+    /// ];
+    /// let open = ClaimQuery { limit: 10, ..ClaimQuery::default() }.select(records, false);
+    /// let ids: Vec<&str> = open.records.iter().map(|record| record.id.as_str()).collect();
+    /// assert_eq!(ids, ["early", "late"]); // open claims only, oldest first
+    /// ```
     pub fn select(&self, records: impl IntoIterator<Item = ClaimRecord>, full_scan: bool) -> Listing {
         let mut records: Vec<ClaimRecord> = records.into_iter().filter(|record| self.matches(record)).collect();
         records.sort_by_key(|record| record.claimed_at_ms);
