@@ -323,7 +323,12 @@ fn init_logging(lambda: bool) {
         .iter()
         .find_map(|name| tracing_subscriber::EnvFilter::try_from_env(name).ok())
         .unwrap_or_else(|| {
-            let level = lambda_level.map(|level| level.to_ascii_lowercase()).unwrap_or_else(|| "info".into());
+            // Lambda's levels are TRACE to FATAL; tracing's stop at ERROR.
+            let level = match lambda_level.map(|level| level.to_ascii_lowercase()).as_deref() {
+                Some(level @ ("trace" | "debug" | "info" | "warn" | "error")) => level.to_owned(),
+                Some("fatal") => "error".to_owned(),
+                _ => "info".to_owned(),
+            };
             tracing_subscriber::EnvFilter::new(format!("{level},aws_config=error"))
         });
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
