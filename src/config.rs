@@ -239,3 +239,61 @@ impl Env<'_> {
         ConfigError { name, value: self.text(name).unwrap_or_default(), expected: expected.to_string() }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| pairs.iter().find(|(key, _)| *key == name).map(|(_, value)| value.to_string()))
+    }
+
+    #[test]
+    fn the_table_selects_dynamodb_with_powertools_names_and_an_optional_sort_key() {
+        let plain = config(&[("SQS_ONCE_TABLE", "claims")]).unwrap();
+        assert_eq!(plain.store, StoreChoice::DynamoDb(TableLayout::new("claims")));
+        let sorted = config(&[
+            ("SQS_ONCE_TABLE", "shared"),
+            ("AWS_LAMBDA_FUNCTION_NAME", "payments"),
+            ("SQS_ONCE_TABLE_SORT_KEY", "sk"),
+            ("SQS_ONCE_ATTR_EXPIRY", "ttl"),
+        ])
+        .unwrap();
+        let StoreChoice::DynamoDb(layout) = sorted.store else { panic!("not DynamoDB") };
+        assert_eq!((layout.attributes.id.as_str(), layout.attributes.expiry.as_str()), ("sk", "ttl"));
+        let partition =
+            TableKey::Sorted { partition_attribute: "id".into(), partition_value: "idempotency#payments".into() };
+        assert_eq!(layout.key, partition);
+        assert_eq!(sorted.key_prefix, "payments");
+    }
+
+    #[test]
+    fn inside_lambda_only_dynamodb_will_do() {
+        let error = config(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")]).unwrap_err();
+        assert_eq!(error.name, "SQS_ONCE_TABLE");
+        assert!(config(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"), ("SQS_ONCE_TABLE", "t")]).is_ok());
+        let memory = config(&[("AWS_LAMBDA_RUNTIME_API", "x"), ("SQS_ONCE_TABLE", "t"), ("SQS_ONCE_STORE", "memory")]);
+        assert!(memory.is_err(), "an explicit non-DynamoDB store is refused in Lambda too");
+    }
+
+    #[test]
+    fn metrics_dimensions_default_to_the_function_and_parse_pairs() {
+        let default = config(&[("AWS_LAMBDA_FUNCTION_NAME", "orders")]).unwrap();
+        assert_eq!(default.metrics.dimensions, [("FunctionName".to_owned(), "orders".to_owned())]);
+        let custom = config(&[("SQS_ONCE_METRICS_DIMENSIONS", "Service=payments, Stage=prod")]).unwrap();
+        let expected = [("Service".to_owned(), "payments".to_owned()), ("Stage".to_owned(), "prod".to_owned())];
+        assert_eq!(custom.metrics.dimensions, expected);
+        assert!(config(&[("SQS_ONCE_METRICS_DIMENSIONS", "nope")]).is_err());
+        assert!(!config(&[("SQS_ONCE_METRICS", "off")]).unwrap().metrics.enabled);
+    }
+
+    #[test]
+    fn flags_and_numbers_name_the_variable_when_invalid() {
+        let error = config(&[("SQS_ONCE_VALIDATE_PAYLOAD", "maybe")]).unwrap_err();
+        assert_eq!(error.to_string(), r#"invalid SQS_ONCE_VALIDATE_PAYLOAD="maybe": expected true or false"#);
+        let error = config(&[("SQS_ONCE_EXPIRES_AFTER_SECS", "-1")]).unwrap_err();
+        assert_eq!(error.name, "SQS_ONCE_EXPIRES_AFTER_SECS");
+        let empty = config(&[("SQS_ONCE_CONCURRENCY", "  ")]).unwrap();
+        assert_eq!(empty.engine.concurrency, 64, "an empty value counts as unset");
+    }
+}
