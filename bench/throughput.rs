@@ -103,7 +103,7 @@ async fn run(engine: &Engine, event: Value) -> Value {
     let count = records.len();
     let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(900), request_id: "bench".into() };
     let started = Instant::now();
-    let report = engine.process(records, &invocation).await;
+    let report = engine.process(&records, &invocation).await;
     let elapsed = started.elapsed();
     json!({
         "records": count,

@@ -10,6 +10,8 @@ use crate::{
     engine::EngineOptions,
     key::{KeyDeriver, KeySpec, OnMissingKey},
     metrics::MetricsConfig,
+    redelivery::{RedeliveryPolicy, RetryBackoff},
+    sqs::MAX_VISIBILITY,
     store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
@@ -57,6 +59,8 @@ pub struct Config {
     pub store: StoreChoice,
     /// The metrics published per Lambda invocation.
     pub metrics: MetricsConfig,
+    /// What SQS does with failed records besides redelivering them.
+    pub redelivery: RedeliveryPolicy,
 }
 
 impl Config {
@@ -143,6 +147,7 @@ impl Config {
             engine,
             store,
             metrics: env.metrics()?,
+            redelivery: env.redelivery()?,
         })
     }
 
@@ -226,6 +231,27 @@ impl Env<'_> {
         })
     }
 
+    /// `SQS_ONCE_CONFLICT_BACKOFF`, `SQS_ONCE_RETRY_BASE_SECS` (0 turns the
+    /// retry back-off off), `SQS_ONCE_RETRY_MAX_SECS` and `SQS_ONCE_DLQ_URL`.
+    fn redelivery(&self) -> Result<RedeliveryPolicy, ConfigError> {
+        const SECONDS: &str = "a number of seconds, at most 43200 (12 hours, the longest SQS visibility timeout)";
+        let seconds = |name, default| {
+            let seconds: u64 = self.parse(name, default, SECONDS)?;
+            let duration = Duration::from_secs(seconds);
+            if duration > MAX_VISIBILITY { Err(self.invalid(name, SECONDS)) } else { Ok(duration) }
+        };
+        let base = seconds("SQS_ONCE_RETRY_BASE_SECS", 5)?;
+        let max = seconds("SQS_ONCE_RETRY_MAX_SECS", 900)?;
+        if max < base {
+            return Err(self.invalid("SQS_ONCE_RETRY_MAX_SECS", "at least SQS_ONCE_RETRY_BASE_SECS"));
+        }
+        Ok(RedeliveryPolicy {
+            conflict_backoff: self.flag("SQS_ONCE_CONFLICT_BACKOFF", true)?,
+            retry_backoff: (!base.is_zero()).then_some(RetryBackoff { base, max }),
+            dead_letter_queue: self.text("SQS_ONCE_DLQ_URL"),
+        })
+    }
+
     fn flag(&self, name: &'static str, default: bool) -> Result<bool, ConfigError> {
         match self.text(name).map(|value| value.trim().to_ascii_lowercase()).as_deref() {
             None => Ok(default),
@@ -265,6 +291,30 @@ mod tests {
             TableKey::Sorted { partition_attribute: "id".into(), partition_value: "idempotency#payments".into() };
         assert_eq!(layout.key, partition);
         assert_eq!(sorted.key_prefix, "payments");
+    }
+
+    #[test]
+    fn redelivery_backs_off_by_default_and_dead_letters_when_asked() {
+        let default = config(&[]).unwrap().redelivery;
+        assert!(default.conflict_backoff);
+        assert_eq!(
+            default.retry_backoff,
+            Some(RetryBackoff { base: Duration::from_secs(5), max: Duration::from_secs(900) })
+        );
+        assert_eq!(default.dead_letter_queue, None);
+        let custom = config(&[
+            ("SQS_ONCE_CONFLICT_BACKOFF", "off"),
+            ("SQS_ONCE_RETRY_BASE_SECS", "0"),
+            ("SQS_ONCE_DLQ_URL", "https://sqs.eu-west-1.amazonaws.com/1/dlq"),
+        ])
+        .unwrap()
+        .redelivery;
+        assert!(!custom.conflict_backoff && custom.retry_backoff.is_none());
+        assert_eq!(custom.dead_letter_queue.as_deref(), Some("https://sqs.eu-west-1.amazonaws.com/1/dlq"));
+        let inverted = config(&[("SQS_ONCE_RETRY_BASE_SECS", "60"), ("SQS_ONCE_RETRY_MAX_SECS", "30")]).unwrap_err();
+        assert_eq!(inverted.name, "SQS_ONCE_RETRY_MAX_SECS");
+        let too_long = config(&[("SQS_ONCE_RETRY_MAX_SECS", "50000")]).unwrap_err();
+        assert!(too_long.to_string().contains("43200"), "{too_long}");
     }
 
     #[test]

@@ -233,7 +233,7 @@ impl BatchReport {
 /// let engine = Engine::new(Arc::new(Echo), claims, keys, EngineOptions::default());
 /// let event = serde_json::json!({"Records": [{"messageId": "m-1", "body": "hi"}]});
 /// let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(5), request_id: "r-1".into() };
-/// let report = engine.process(parse_event(event).unwrap(), &invocation).await;
+/// let report = engine.process(&parse_event(event).unwrap(), &invocation).await;
 /// assert!(report.response().batch_item_failures.is_empty());
 /// # });
 /// ```
@@ -295,7 +295,7 @@ impl Engine {
     }
 
     /// Processes one batch and reports every record's fate, in event order.
-    pub async fn process(&self, records: Vec<EventRecord>, invocation: &Invocation) -> BatchReport {
+    pub async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> BatchReport {
         let remaining = invocation.deadline.duration_since(SystemTime::now()).unwrap_or_default();
         tracing::debug!(records = records.len(), remaining_ms = remaining.as_millis(), "batch received");
         let deadline = Instant::now() + remaining;
@@ -308,10 +308,10 @@ impl Engine {
             deadline_ms: epoch_ms(invocation.deadline),
             request_id: invocation.request_id.as_str().into(),
         };
-        let groups = message_groups(&records);
-        // Declared after `state` and `records`, which the runs borrow.
+        let groups = message_groups(records);
+        // Declared after `state`, which the runs borrow.
         let runs: Runs<'_> = Mutex::new(HashMap::new());
-        let work = join_all(groups.into_iter().map(|group| self.run_group(&records, group, &state, &runs)));
+        let work = join_all(groups.into_iter().map(|group| self.run_group(records, group, &state, &runs)));
         if timeout_at(state.cutoff, work).await.is_err() {
             tracing::warn!("deadline margin reached: answering now, unfinished records fail");
         }
@@ -544,7 +544,7 @@ fn message_groups(records: &[EventRecord]) -> Vec<Group> {
     let mut groups: Vec<Group> = Vec::new();
     let mut by_group_id: HashMap<&str, usize> = HashMap::new();
     for (index, record) in records.iter().enumerate() {
-        match fifo_group(record) {
+        match record.fifo_group() {
             Some(group_id) => {
                 let slot = *by_group_id.entry(group_id).or_insert_with(|| {
                     groups.push(Group { indices: Vec::new(), fifo: true });
@@ -556,18 +556,6 @@ fn message_groups(records: &[EventRecord]) -> Vec<Group> {
         }
     }
     groups
-}
-
-/// The record's FIFO message group: its `MessageGroupId`, or one shared group
-/// for a record of a `.fifo` queue that lacks it.
-fn fifo_group(record: &EventRecord) -> Option<&str> {
-    let message = match record {
-        EventRecord::Message(message) => message,
-        EventRecord::Malformed { fifo_group, .. } => return fifo_group.as_deref(),
-    };
-    let group_id = message.attributes.get("MessageGroupId").map(String::as_str);
-    let fifo_queue = message.event_source_arn.as_deref().is_some_and(|arn| arn.ends_with(".fifo"));
-    group_id.or(fifo_queue.then_some(""))
 }
 
 fn body(message: &SqsMessage) -> &str {
@@ -582,6 +570,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// A poisoned lock still guards plain data: a panic elsewhere never cascades.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -32,6 +32,19 @@ impl EventRecord {
             Self::Malformed { message_id, .. } => message_id,
         }
     }
+
+    /// The record's FIFO message group: its `MessageGroupId`, or one shared
+    /// group for a record of a `.fifo` queue that lacks it; `None` for a
+    /// standard queue's record.
+    pub fn fifo_group(&self) -> Option<&str> {
+        let message = match self {
+            Self::Message(message) => message,
+            Self::Malformed { fifo_group, .. } => return fifo_group.as_deref(),
+        };
+        let group_id = message.attributes.get("MessageGroupId").map(String::as_str);
+        let fifo_queue = message.event_source_arn.as_deref().is_some_and(|arn| arn.ends_with(".fifo"));
+        group_id.or(fifo_queue.then_some(""))
+    }
 }
 
 /// An event that cannot be processed at all.

@@ -80,11 +80,12 @@ impl Function {
         let (payload, context) = event.into_parts();
         let records = parse_event(payload).inspect_err(|error| tracing::error!(%error, "invocation failed"))?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
-        let report = self.consumer.engine.process(records, &invocation).await;
+        let handled = self.consumer.handle(&records, &invocation).await;
         if self.metrics.enabled {
-            println!("{}", emf_line(&self.metrics, &report, self.delta(), SystemClock.now_ms()));
+            let extra = Extra { redelivery: handled.redelivery, ..self.delta() };
+            println!("{}", emf_line(&self.metrics, &handled.report, extra, SystemClock.now_ms()));
         }
-        Ok(report.response())
+        Ok(handled.response)
     }
 
     /// Counters gathered since the previous invocation.
@@ -94,6 +95,7 @@ impl Function {
         let delta = Extra {
             lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
             dynamodb_requests: now.dynamodb_requests.map(|total| total - seen.dynamodb_requests.unwrap_or(0)),
+            redelivery: None,
         };
         *seen = now;
         delta

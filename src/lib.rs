@@ -15,10 +15,15 @@
 //! - [`key`]: which part of a message identifies it;
 //! - [`engine`]: fans a batch out, keeps FIFO order and the deadline;
 //! - [`event`]: reads an SQS event one record at a time;
+//! - [`redelivery`]: when failed records come back, or leave for the
+//!   dead-letter queue, through [`sqs`];
+//! - [`lambda`] and [`poll`]: the Lambda function, and the same consumer
+//!   polling a queue itself;
 //! - [`config`]: the `SQS_ONCE_` settings.
 
 #![warn(missing_docs)]
 
+pub mod aws;
 pub mod claim;
 pub mod clock;
 pub mod config;
@@ -29,7 +34,10 @@ pub mod key;
 pub mod lambda;
 pub mod metrics;
 pub mod operator;
+pub mod poll;
 mod record;
+pub mod redelivery;
+pub mod sqs;
 pub mod startup;
 pub mod store;
 

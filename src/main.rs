@@ -1,5 +1,5 @@
-//! The `sqs-once` binary: the Lambda function, the offline `invoke` command, and
-//! the operator's `create-table` and `claims` commands.
+//! The `sqs-once` binary: the Lambda function, the offline `invoke` command,
+//! the `poll` consumer, and the operator's `create-table` and `claims` commands.
 
 use std::{
     io::{IsTerminal, Read},
@@ -17,8 +17,11 @@ use sqs_once::{
     config::{Config, StoreChoice},
     engine::Invocation,
     event::parse_event,
-    metrics::emf_line,
+    metrics::{Extra, emf_line},
     operator::{Action, Operator, timestamp},
+    poll::{PollOptions, Poller},
+    redelivery::RedeliveryPolicy,
+    sqs::Sqs,
     startup,
     store::ClaimQuery,
 };
@@ -43,6 +46,28 @@ enum Command {
         /// Also print, on standard error, the metrics line the Lambda function would publish.
         #[arg(long)]
         metrics: bool,
+        /// Also act on failed records through SQS as the Lambda function does (visibility back-off,
+        /// dead-letter queue); the event's receipt handles and queue ARN must be real.
+        #[arg(long)]
+        sqs: bool,
+    },
+    /// Consume a queue directly, outside Lambda: long polling, deleting what succeeded, until SIGINT or SIGTERM.
+    Poll {
+        /// The queue URL.
+        #[arg(long, env = "SQS_ONCE_QUEUE_URL")]
+        queue_url: String,
+        /// ReceiveMessage calls in flight at once.
+        #[arg(long, default_value_t = 2)]
+        receivers: usize,
+        /// Messages received and not yet settled, at most.
+        #[arg(long, default_value_t = 100)]
+        max_in_flight: usize,
+        /// Seconds a ReceiveMessage waits for messages (long polling, 0 to 20).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=20))]
+        wait_secs: u64,
+        /// Seconds each record may take from its receipt; defaults to the queue's visibility timeout.
+        #[arg(long)]
+        timeout: Option<f64>,
     },
     /// Create the DynamoDB claim table (on-demand, TTL on the expiry attribute).
     CreateTable {
@@ -136,7 +161,12 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Some(Command::Invoke { file, timeout, metrics }) => invoke(file, timeout, metrics).await,
+        Some(Command::Invoke { file, timeout, metrics, sqs }) => invoke(file, timeout, metrics, sqs).await,
+        Some(Command::Poll { queue_url, receivers, max_in_flight, wait_secs, timeout }) => {
+            let timeout = timeout.map(seconds).transpose()?;
+            let options = PollOptions { receivers, max_in_flight, wait: Duration::from_secs(wait_secs), timeout };
+            poll(queue_url, options).await
+        }
         Some(Command::CreateTable { table }) => create_table(table).await,
         Some(Command::Claims(command)) => claims(command).await,
         None if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() => lambda().await,
@@ -164,27 +194,49 @@ async fn lambda() -> anyhow::Result<Option<ExitCode>> {
     Ok(None)
 }
 
-async fn invoke(file: Option<PathBuf>, timeout: f64, metrics: bool) -> anyhow::Result<Option<ExitCode>> {
-    let timeout = Duration::try_from_secs_f64(timeout)
+/// A positive `--timeout`.
+fn seconds(timeout: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(timeout)
         .ok()
         .filter(|timeout| !timeout.is_zero())
-        .context("--timeout must be a positive number of seconds")?;
+        .context("--timeout must be a positive number of seconds")
+}
+
+async fn invoke(file: Option<PathBuf>, timeout: f64, metrics: bool, sqs: bool) -> anyhow::Result<Option<ExitCode>> {
+    let timeout = seconds(timeout)?;
     let (name, text) = read_event(file)?;
     let event = serde_json::from_str(&text).with_context(|| format!("{name} is not valid JSON"))?;
     // The text is not needed once parsed; a 10,000-record event is megabytes.
     drop(text);
     let records = parse_event(event).with_context(|| format!("{name} cannot be processed"))?;
-    let config = Config::from_env()?;
+    let mut config = Config::from_env()?;
+    if !sqs {
+        // Offline events carry made-up receipt handles: leave SQS alone.
+        config.redelivery = RedeliveryPolicy::default();
+    }
     let consumer = startup::consumer(&config).await?;
     let invocation = Invocation {
         deadline: SystemTime::now() + timeout,
         request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
     };
-    let report = consumer.engine.process(records, &invocation).await;
-    println!("{}", serde_json::to_string(&report.response())?);
+    let handled = consumer.handle(&records, &invocation).await;
+    println!("{}", serde_json::to_string(&handled.response)?);
     if metrics {
-        eprintln!("{}", emf_line(&config.metrics, &report, consumer.extra(), SystemClock.now_ms()));
+        let extra = Extra { redelivery: handled.redelivery, ..consumer.extra() };
+        eprintln!("{}", emf_line(&config.metrics, &handled.report, extra, SystemClock.now_ms()));
     }
+    Ok(None)
+}
+
+/// `poll`: runs until SIGINT or SIGTERM, then prints what it did as JSON.
+async fn poll(queue_url: String, options: PollOptions) -> anyhow::Result<Option<ExitCode>> {
+    let config = Config::from_env()?;
+    let consumer = startup::consumer(&config).await?;
+    let sqs = Sqs::new(&sqs_once::aws::sdk_config().await);
+    let poller =
+        Poller::new(consumer, sqs, &queue_url, options).await.with_context(|| format!("cannot poll {queue_url}"))?;
+    let summary = poller.run(sqs_once::poll::interrupted()).await;
+    println!("{}", serde_json::to_string(&summary)?);
     Ok(None)
 }
 

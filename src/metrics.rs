@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::engine::BatchReport;
+use crate::{engine::BatchReport, redelivery::RedeliveryCounts};
 
 /// What to publish (`SQS_ONCE_METRICS*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +29,8 @@ pub struct Extra {
     pub lease_takeovers_refused: u64,
     /// DynamoDB requests made during the invocation, when the store is DynamoDB.
     pub dynamodb_requests: Option<u64>,
+    /// What the SQS step did, when there is one.
+    pub redelivery: Option<RedeliveryCounts>,
 }
 
 /// CloudWatch keeps at most 100 values of one metric per EMF line.
@@ -75,6 +77,12 @@ pub fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extra, time
     put("LeaseTakeoversRefused", "Count", extra.lease_takeovers_refused.into());
     if let Some(requests) = extra.dynamodb_requests {
         put("DynamoDbRequests", "Count", requests.into());
+    }
+    if let Some(sqs) = extra.redelivery {
+        put("VisibilityChanged", "Count", sqs.visibility_changed.into());
+        put("VisibilityChangeFailed", "Count", sqs.visibility_failed.into());
+        put("DeadLettered", "Count", sqs.dead_lettered.into());
+        put("DeadLetterFailed", "Count", sqs.dead_letter_failed.into());
     }
     let mut latencies: Vec<f64> = report
         .records
@@ -143,7 +151,9 @@ mod tests {
         ];
         records.extend((0..300).map(|n| record(Outcome::Failed(Failure::Store("down".into())), Some(n))));
         let report = BatchReport { records };
-        let extra = Extra { lease_takeovers_refused: 2, dynamodb_requests: Some(9) };
+        let redelivery =
+            RedeliveryCounts { visibility_changed: 4, visibility_failed: 1, dead_lettered: 2, dead_letter_failed: 3 };
+        let extra = Extra { lease_takeovers_refused: 2, dynamodb_requests: Some(9), redelivery: Some(redelivery) };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 1)).unwrap();
         let expected = [
             ("Records", 307),
@@ -157,6 +167,10 @@ mod tests {
             ("FailedDeadline", 1),
             ("LeaseTakeoversRefused", 2),
             ("DynamoDbRequests", 9),
+            ("VisibilityChanged", 4),
+            ("VisibilityChangeFailed", 1),
+            ("DeadLettered", 2),
+            ("DeadLetterFailed", 3),
         ];
         for (name, value) in expected {
             assert_eq!(line[name], value, "{name}");

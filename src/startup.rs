@@ -1,14 +1,24 @@
 //! From settings to a running engine: what every entry point does at start.
 
-use std::sync::{Arc, atomic::Ordering};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, SystemTime},
+};
+
+use aws_config::SdkConfig;
+use aws_lambda_events::sqs::SqsBatchResponse;
+use tokio::time::Instant;
 
 use crate::{
     claim::Claims,
     clock::SystemClock,
     config::{Config, StoreChoice},
-    engine::Engine,
+    engine::{BatchReport, Engine, Invocation},
+    event::EventRecord,
     handlers::{self, HandlerSetupError},
     metrics::Extra,
+    redelivery::{Redelivery, RedeliveryCounts},
+    sqs::Sqs,
     store::{
         ClaimStore, DynamoDbStore, MemoryStore, SqliteStore, StoreError,
         dynamodb::{self, RequestCounter, TableLayout},
@@ -26,6 +36,9 @@ pub enum StartupError {
     Store(#[from] StoreError),
 }
 
+/// The SQS step must leave this much of the invocation to post the answer.
+const ANSWER_TIME: Duration = Duration::from_millis(100);
+
 /// A consumer, assembled from the settings.
 #[derive(Clone)]
 pub struct Consumer {
@@ -33,27 +46,82 @@ pub struct Consumer {
     pub engine: Engine,
     /// DynamoDB requests made so far, when the store is DynamoDB.
     pub dynamodb_requests: Option<Arc<RequestCounter>>,
+    /// What SQS does with failed records, unless the policy asks nothing.
+    pub redelivery: Option<Redelivery>,
+}
+
+/// One batch, handled.
+#[derive(Debug, Clone)]
+pub struct Handled {
+    /// Every record's fate, as the engine saw it.
+    pub report: BatchReport,
+    /// The partial-batch response: the engine's failures less the records
+    /// moved to the dead-letter queue.
+    pub response: SqsBatchResponse,
+    /// What the SQS step did, when there is one.
+    pub redelivery: Option<RedeliveryCounts>,
 }
 
 impl Consumer {
+    /// Processes a batch, then carries out the redelivery policy on its
+    /// failures.
+    pub async fn handle(&self, records: &[EventRecord], invocation: &Invocation) -> Handled {
+        let report = self.engine.process(records, invocation).await;
+        self.settle(records, report, invocation.deadline).await
+    }
+
+    /// The redelivery step of [`handle`](Self::handle), for callers that run
+    /// the engine themselves. It is best effort and ends by `deadline`: when
+    /// SQS is slow or down, the engine's own answer stands, which is correct
+    /// on its own (failed records come back after the queue's timeout).
+    pub async fn settle(&self, records: &[EventRecord], report: BatchReport, deadline: SystemTime) -> Handled {
+        let Some(redelivery) = &self.redelivery else {
+            return Handled { response: report.response(), report, redelivery: None };
+        };
+        if report.records.iter().all(|record| !record.outcome.is_failure()) {
+            return Handled { response: report.response(), report, redelivery: Some(RedeliveryCounts::default()) };
+        }
+        let remaining = deadline.duration_since(SystemTime::now()).unwrap_or_default().saturating_sub(ANSWER_TIME);
+        match tokio::time::timeout_at(Instant::now() + remaining, redelivery.apply(records, &report)).await {
+            Ok((response, counts)) => Handled { response, report, redelivery: Some(counts) },
+            Err(_) => {
+                tracing::warn!("SQS did not answer before the deadline; failed records keep the queue's timeout");
+                Handled { response: report.response(), report, redelivery: Some(RedeliveryCounts::default()) }
+            }
+        }
+    }
+
     /// The counts metrics take from outside the batch report, since start.
     pub fn extra(&self) -> Extra {
         Extra {
             lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
             dynamodb_requests: self.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
+            redelivery: None,
         }
     }
 }
 
+/// A claim store, and the counter of its requests when it is DynamoDB.
+pub type CountedStore = (Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>);
+
 /// The store `config` chooses, and its request counter if it is DynamoDB.
-pub async fn store(config: &Config) -> Result<(Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>), StartupError> {
-    Ok(match &config.store {
-        StoreChoice::Memory => (Arc::new(MemoryStore::default()), None),
-        StoreChoice::File(path) => (Arc::new(SqliteStore::open(path)?), None),
-        StoreChoice::DynamoDb(layout) => {
-            let (store, requests) = dynamodb_store(layout.clone()).await;
-            (Arc::new(store), Some(requests))
+pub async fn store(config: &Config) -> Result<CountedStore, StartupError> {
+    let aws = match config.store {
+        StoreChoice::DynamoDb(_) => Some(crate::aws::sdk_config().await),
+        _ => None,
+    };
+    store_with(config, aws.as_ref())
+}
+
+/// [`store`], with the AWS configuration already loaded when the store is DynamoDB.
+fn store_with(config: &Config, aws: Option<&SdkConfig>) -> Result<CountedStore, StartupError> {
+    Ok(match (&config.store, aws) {
+        (StoreChoice::DynamoDb(layout), Some(aws)) => {
+            let (client, requests) = dynamodb::client_from(aws);
+            (Arc::new(DynamoDbStore::new(client, layout.clone())), Some(requests))
         }
+        (StoreChoice::File(path), _) => (Arc::new(SqliteStore::open(path)?), None),
+        _ => (Arc::new(MemoryStore::default()), None),
     })
 }
 
@@ -77,8 +145,14 @@ pub async fn dynamodb_store(layout: TableLayout) -> (DynamoDbStore, Arc<RequestC
 /// ```
 pub async fn consumer(config: &Config) -> Result<Consumer, StartupError> {
     let handler = handlers::build(&config.handler)?;
-    let (store, dynamodb_requests) = store(config).await?;
+    let needs_aws = matches!(config.store, StoreChoice::DynamoDb(_)) || config.redelivery.is_active();
+    // Loaded once: credentials and region are resolved once for both clients.
+    let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
+    let (store, dynamodb_requests) = store_with(config, aws.as_ref())?;
     let claims = Claims::with_policy(store, config.claims.clone(), Arc::new(SystemClock));
     let engine = Engine::new(handler, Arc::new(claims), config.key_deriver(), config.engine.clone());
-    Ok(Consumer { engine, dynamodb_requests })
+    let redelivery = aws
+        .filter(|_| config.redelivery.is_active())
+        .map(|aws| Redelivery::new(config.redelivery.clone(), Sqs::new(&aws)));
+    Ok(Consumer { engine, dynamodb_requests, redelivery })
 }

@@ -40,7 +40,7 @@ fn batch(bodies: impl IntoIterator<Item = Value>) -> Vec<Value> {
 
 async fn run(engine: &Engine, records: &[Value]) -> BatchReport {
     let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(60), request_id: "r".into() };
-    engine.process(parse_event(json!({ "Records": records })).unwrap(), &invocation).await
+    engine.process(&parse_event(json!({ "Records": records })).unwrap(), &invocation).await
 }
 
 fn failed(report: &BatchReport) -> usize {

@@ -25,10 +25,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::{
     Client,
     client::Waiters,
-    config::{
-        ConfigBag, Intercept, RuntimeComponents, interceptors::BeforeTransmitInterceptorContextRef, retry::RetryConfig,
-        timeout::TimeoutConfig,
-    },
+    config::{ConfigBag, Intercept, RuntimeComponents, interceptors::BeforeTransmitInterceptorContextRef},
     error::{BoxError, ProvideErrorMetadata},
     operation::{
         create_table::CreateTableError, delete_item::DeleteItemError, put_item::PutItemError,
@@ -44,21 +41,6 @@ use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreEr
 use crate::claim::{ClaimRecord, ClaimStatus};
 
 type Item = HashMap<String, AttributeValue>;
-
-/// Attempts per request, the first included. Throttling and 5xx answers are
-/// retried with jittered exponential back-off between these bounds.
-pub const MAX_ATTEMPTS: u32 = 3;
-/// First retry back-off.
-pub const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
-/// Longest retry back-off.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// Time to open a connection.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Time for one attempt of a request.
-pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Time for a request, retries included: a record whose store does not answer
-/// in this time fails, long before a Lambda timeout.
-pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Names of the attributes a claim is stored in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,25 +224,16 @@ impl Intercept for CountRequests {
 /// A DynamoDB client as this store uses it: built once per process from the
 /// SDK's default chain (so `AWS_REGION`, credentials and
 /// `AWS_ENDPOINT_URL_DYNAMODB` work as the SDK defines them), with this
-/// module's retry and timeout settings, counting its requests.
+/// [`crate::aws`] retry and timeout settings, counting its requests.
 pub async fn client() -> (Client, Arc<RequestCounter>) {
-    let retries = RetryConfig::standard()
-        .with_max_attempts(MAX_ATTEMPTS)
-        .with_initial_backoff(INITIAL_BACKOFF)
-        .with_max_backoff(MAX_BACKOFF);
-    let timeouts = TimeoutConfig::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .operation_attempt_timeout(ATTEMPT_TIMEOUT)
-        .operation_timeout(OPERATION_TIMEOUT)
-        .build();
-    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .retry_config(retries)
-        .timeout_config(timeouts)
-        .load()
-        .await;
+    client_from(&crate::aws::sdk_config().await)
+}
+
+/// A client as [`client`] builds it, from an already loaded configuration.
+pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounter>) {
     let counter = Arc::new(RequestCounter::default());
     let config =
-        aws_sdk_dynamodb::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(&counter))).build();
+        aws_sdk_dynamodb::config::Builder::from(shared).interceptor(CountRequests(Arc::clone(&counter))).build();
     (Client::from_conf(config), counter)
 }
 

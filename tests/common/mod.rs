@@ -4,6 +4,7 @@
 
 pub mod claim_suite;
 pub mod runtime_api;
+pub mod sqs;
 
 use std::sync::{
     Arc,

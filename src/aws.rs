@@ -1,0 +1,52 @@
+//! The AWS SDK configuration every client of the consumer shares.
+//!
+//! Loaded once per process from the SDK's default chain, so `AWS_REGION`,
+//! credentials and per-service endpoints (`AWS_ENDPOINT_URL_DYNAMODB`,
+//! `AWS_ENDPOINT_URL_SQS`) work as the SDK defines them. Retries and timeouts
+//! are short on purpose: a call that does not answer in seconds fails its
+//! record long before a Lambda timeout would fail the whole batch.
+
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, SdkConfig, retry::RetryConfig, timeout::TimeoutConfig};
+
+/// Attempts per request, the first included. Throttling and 5xx answers are
+/// retried with jittered exponential back-off between these bounds.
+pub const MAX_ATTEMPTS: u32 = 3;
+/// First retry back-off.
+pub const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
+/// Longest retry back-off.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Time to open a connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Time for one attempt of a request.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time for a request, retries included.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The shared configuration, with this module's retry and timeout settings.
+///
+/// ```no_run
+/// # async fn example() {
+/// let config = sqs_once::aws::sdk_config().await;
+/// let sqs = aws_sdk_sqs::Client::new(&config);
+/// # }
+/// ```
+pub async fn sdk_config() -> SdkConfig {
+    let retries = RetryConfig::standard()
+        .with_max_attempts(MAX_ATTEMPTS)
+        .with_initial_backoff(INITIAL_BACKOFF)
+        .with_max_backoff(MAX_BACKOFF);
+    aws_config::defaults(BehaviorVersion::latest()).retry_config(retries).timeout_config(timeouts(None)).load().await
+}
+
+/// This module's timeouts; `long_poll` widens the attempt and operation
+/// limits for a call that waits that long on purpose (SQS long polling).
+pub fn timeouts(long_poll: Option<Duration>) -> TimeoutConfig {
+    let wait = long_poll.unwrap_or_default();
+    TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .operation_attempt_timeout(ATTEMPT_TIMEOUT + wait)
+        .operation_timeout(OPERATION_TIMEOUT + wait)
+        .build()
+}

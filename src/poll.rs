@@ -1,0 +1,307 @@
+//! `sqs-once poll`: the same engine and handlers as a long-running consumer,
+//! for ECS, EC2 or a laptop.
+//!
+//! Several receivers long-poll the queue, up to ten messages a call, while
+//! the messages received and not yet settled stay under a bound. Each
+//! received batch goes through the engine exactly as a Lambda batch would,
+//! with a deadline one visibility timeout away (or `--timeout`); while it
+//! runs, its messages' visibility is extended every half visibility timeout,
+//! so a batch still settling is not delivered to someone else. Then the
+//! successes are deleted with `DeleteMessageBatch` and the failures get the
+//! redelivery policy's back-off, exactly as in Lambda.
+//!
+//! Shutdown stops receiving, lets the batches in flight finish, settle and
+//! delete, and returns; nothing is dropped half-way. A receive call cut short
+//! by the shutdown may have taken messages that it never returns: SQS makes
+//! them visible again after their visibility timeout.
+
+use std::{
+    collections::HashSet,
+    convert::Infallible,
+    future::Future,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
+
+use aws_sdk_sqs::types::Message;
+use serde::Serialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use crate::{
+    engine::{Invocation, Outcome, lock},
+    event::EventRecord,
+    sqs::{QueueInfo, Sqs, SqsError, event_message},
+    startup::{Consumer, Handled},
+};
+
+/// Messages per `ReceiveMessage`, as SQS allows.
+const RECEIVE_LIMIT: usize = 10;
+/// Pause after a failed `ReceiveMessage`, so a queue that is down is not hammered.
+const RECEIVE_RETRY: Duration = Duration::from_secs(1);
+
+/// Tuning of the poller; `sqs-once poll --help` shows the matching flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollOptions {
+    /// `ReceiveMessage` calls in flight at once.
+    pub receivers: usize,
+    /// Messages received and not yet settled, at most.
+    pub max_in_flight: usize,
+    /// How long a `ReceiveMessage` waits for messages (long polling, at most 20 s).
+    pub wait: Duration,
+    /// Each record's deadline, counted from its receipt; the queue's
+    /// visibility timeout when `None`.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for PollOptions {
+    fn default() -> Self {
+        Self { receivers: 2, max_in_flight: 100, wait: Duration::from_secs(20), timeout: None }
+    }
+}
+
+/// What a run of the poller did, printed when it stops.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PollSummary {
+    /// Messages received.
+    pub received: u64,
+    /// Records whose handler ran and succeeded.
+    pub processed: u64,
+    /// Records whose key had completed before.
+    pub duplicates: u64,
+    /// Records left on the queue for another delivery.
+    pub failed: u64,
+    /// Records moved to the dead-letter queue.
+    pub dead_lettered: u64,
+    /// Messages deleted from the queue.
+    pub deleted: u64,
+    /// Deletions SQS refused or that could not be sent (those messages come
+    /// back, and are then duplicates).
+    pub delete_failed: u64,
+    /// `ReceiveMessage` calls that failed.
+    pub receive_errors: u64,
+}
+
+/// Why the poller cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    /// The queue's attributes could not be read.
+    #[error("cannot read the queue's attributes")]
+    Queue(#[from] SqsError),
+    /// No time is left for a record.
+    #[error("the queue's visibility timeout is 0 s: pass a timeout (--timeout SECONDS) to give each record time")]
+    NoTimeout,
+}
+
+/// A long-running consumer of one queue.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use sqs_once::{config::Config, poll::{self, PollOptions, Poller}, sqs::Sqs, startup};
+///
+/// let config = Config::from_env()?;
+/// let consumer = startup::consumer(&config).await?;
+/// let sqs = Sqs::new(&sqs_once::aws::sdk_config().await);
+/// let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
+/// let poller = Poller::new(consumer, sqs, url, PollOptions::default()).await?;
+/// let summary = poller.run(poll::interrupted()).await;
+/// println!("{}", serde_json::to_string(&summary)?);
+/// # Ok(()) }
+/// ```
+pub struct Poller {
+    consumer: Consumer,
+    sqs: Sqs,
+    queue: QueueInfo,
+    options: PollOptions,
+    timeout: Duration,
+    /// This process, in the claims' holder names.
+    id: String,
+    batches: AtomicU64,
+    summary: Mutex<PollSummary>,
+}
+
+impl Poller {
+    /// A poller of `queue_url`, after reading the queue's attributes.
+    pub async fn new(consumer: Consumer, sqs: Sqs, queue_url: &str, options: PollOptions) -> Result<Self, PollError> {
+        let queue = sqs.queue_info(queue_url).await?;
+        let timeout = options.timeout.unwrap_or(queue.visibility_timeout);
+        if timeout.is_zero() {
+            return Err(PollError::NoTimeout);
+        }
+        tracing::info!(
+            queue = %queue.arn, fifo = queue.fifo, visibility_timeout_s = queue.visibility_timeout.as_secs(),
+            timeout_ms = timeout.as_millis(), "polling"
+        );
+        let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+        Ok(Self {
+            consumer,
+            sqs,
+            queue,
+            options,
+            timeout,
+            id,
+            batches: AtomicU64::new(0),
+            summary: Mutex::new(PollSummary::default()),
+        })
+    }
+
+    /// Polls until `shutdown` completes, then finishes the messages in flight
+    /// and returns what it did.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> PollSummary {
+        let poller = Arc::new(self);
+        let bound = poller.options.max_in_flight.max(1);
+        let in_flight = Arc::new(Semaphore::new(bound));
+        let (stop, stopped) = watch::channel(false);
+        let receivers: Vec<_> = (0..poller.options.receivers.max(1))
+            .map(|_| tokio::spawn(Arc::clone(&poller).receive(Arc::clone(&in_flight), stopped.clone())))
+            .collect();
+        shutdown.await;
+        tracing::info!("stopping: no more receiving; finishing the messages in flight");
+        let _ = stop.send(true);
+        futures::future::join_all(receivers).await;
+        // Every batch holds its permits until it has settled.
+        let _all_settled = in_flight.acquire_many(u32::try_from(bound).unwrap_or(u32::MAX)).await;
+        let summary = *lock(&poller.summary);
+        tracing::info!(?summary, "stopped");
+        summary
+    }
+
+    /// One receiver: waits for room, receives, hands the batch off, again.
+    async fn receive(self: Arc<Self>, in_flight: Arc<Semaphore>, mut stopped: watch::Receiver<bool>) {
+        loop {
+            let mut permits = tokio::select! {
+                permit = Arc::clone(&in_flight).acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+                _ = stopped.wait_for(|stopped| *stopped) => return,
+            };
+            while permits.num_permits() < RECEIVE_LIMIT {
+                match Arc::clone(&in_flight).try_acquire_owned() {
+                    Ok(more) => permits.merge(more),
+                    Err(_) => break,
+                }
+            }
+            let received = tokio::select! {
+                received = self.sqs.receive(&self.queue.url, permits.num_permits(), self.options.wait) => received,
+                _ = stopped.wait_for(|stopped| *stopped) => return,
+            };
+            match received {
+                Err(error) => {
+                    lock(&self.summary).receive_errors += 1;
+                    tracing::warn!(%error, "cannot receive; trying again");
+                    tokio::select! {
+                        () = tokio::time::sleep(RECEIVE_RETRY) => {}
+                        _ = stopped.wait_for(|stopped| *stopped) => return,
+                    }
+                }
+                Ok(messages) if messages.is_empty() => {}
+                Ok(messages) => {
+                    // Room not taken by this batch goes back at once.
+                    drop(permits.split(permits.num_permits().saturating_sub(messages.len())));
+                    tokio::spawn(Arc::clone(&self).handle(messages, permits));
+                }
+            }
+        }
+    }
+
+    /// Runs one received batch through the engine, keeping its messages
+    /// invisible meanwhile, then settles it with SQS.
+    async fn handle(self: Arc<Self>, messages: Vec<Message>, _permits: OwnedSemaphorePermit) {
+        let deadline = SystemTime::now() + self.timeout;
+        let records: Vec<EventRecord> = messages
+            .into_iter()
+            .map(|message| EventRecord::Message(Box::new(event_message(message, &self.queue))))
+            .collect();
+        let batch = self.batches.fetch_add(1, Ordering::Relaxed);
+        let invocation = Invocation { deadline, request_id: format!("poll-{}-{batch}", self.id) };
+        let report = tokio::select! {
+            report = self.consumer.engine.process(&records, &invocation) => report,
+            never = self.keep_invisible(&records) => match never {},
+        };
+        let handled = self.consumer.settle(&records, report, deadline).await;
+        let (deleted, delete_failed) = self.delete_settled(&records, &handled).await;
+        let mut summary = lock(&self.summary);
+        summary.received += records.len() as u64;
+        for record in &handled.report.records {
+            match record.outcome {
+                Outcome::Processed { .. } => summary.processed += 1,
+                Outcome::Duplicate => summary.duplicates += 1,
+                Outcome::Failed(_) => {}
+            }
+        }
+        summary.failed += handled.response.batch_item_failures.len() as u64;
+        summary.dead_lettered += handled.redelivery.map_or(0, |counts| counts.dead_lettered);
+        summary.deleted += deleted;
+        summary.delete_failed += delete_failed;
+    }
+
+    /// Extends the visibility of `records` by the queue's visibility timeout
+    /// every half of it; never returns, and is dropped when the batch is done.
+    async fn keep_invisible(&self, records: &[EventRecord]) -> Infallible {
+        let visibility = self.queue.visibility_timeout;
+        let changes: Vec<(&str, Duration)> =
+            records.iter().filter_map(receipt_handle).map(|receipt_handle| (receipt_handle, visibility)).collect();
+        loop {
+            tokio::time::sleep((visibility / 2).max(Duration::from_secs(1))).await;
+            if visibility.is_zero() {
+                continue;
+            }
+            for error in self.sqs.change_visibility(&self.queue.url, &changes).await.into_iter().filter_map(Result::err)
+            {
+                tracing::warn!(%error, "visibility not extended; the message may be delivered again meanwhile");
+            }
+        }
+    }
+
+    /// Deletes every record that is not in the response's failures; returns
+    /// how many were deleted and how many were not.
+    async fn delete_settled(&self, records: &[EventRecord], handled: &Handled) -> (u64, u64) {
+        let failed: HashSet<&str> =
+            handled.response.batch_item_failures.iter().map(|failure| failure.item_identifier.as_str()).collect();
+        let settled: Vec<&str> =
+            records.iter().filter(|record| !failed.contains(record.message_id())).filter_map(receipt_handle).collect();
+        let results = self.sqs.delete(&self.queue.url, &settled).await;
+        let mut deleted = 0;
+        for result in &results {
+            match result {
+                Ok(()) => deleted += 1,
+                Err(error) => tracing::warn!(%error, "not deleted; it will come back as a duplicate"),
+            }
+        }
+        (deleted, results.len() as u64 - deleted)
+    }
+}
+
+fn receipt_handle(record: &EventRecord) -> Option<&str> {
+    match record {
+        EventRecord::Message(message) => message.receipt_handle.as_deref(),
+        EventRecord::Malformed { .. } => None,
+    }
+}
+
+/// Completes at the first SIGINT or SIGTERM. A second one ends the process
+/// at once (exit status 130): claims in flight then end with their leases,
+/// and their messages come back after their visibility timeout.
+pub async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        tracing::warn!("cannot listen for SIGINT and SIGTERM; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM"),
+        _ = interrupt.recv() => tracing::info!("SIGINT"),
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        tracing::warn!("second signal: leaving now; unfinished messages come back after their visibility timeout");
+        std::process::exit(130);
+    });
+}

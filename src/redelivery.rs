@@ -1,0 +1,432 @@
+//! When a failed record comes back, or whether it leaves for the dead-letter queue.
+//!
+//! Listing a record in `batchItemFailures` makes SQS deliver it again after
+//! the queue's visibility timeout, every time, until `maxReceiveCount` moves
+//! it to the dead-letter queue. That timing suits no failure: a conflict can
+//! be retried as soon as the other holder's lease can end, a retryable error
+//! wants exponential back-off, and a permanent failure should not come back
+//! at all. So, on top of the partial-batch response (which stays correct
+//! whatever SQS answers):
+//!
+//! - a **conflict** becomes visible again when the lease can have ended;
+//! - a **retryable** failure (handler error, panic, store error, deadline)
+//!   becomes visible after `min(max, base × 2^(receiveCount − 1))`;
+//! - a **permanent** failure is sent to the dead-letter queue, with attributes
+//!   saying why, and then reported successful so it leaves the source queue;
+//!   if the send fails, it stays failed and nothing is lost.
+//!
+//! Both delays get up to a fifth (plus one second) of random jitter, so
+//! records failed together do not return together. Records of FIFO queues
+//! keep the queue's visibility timeout: SQS holds back a message group while
+//! any of its messages is in flight, so the rest of the group (failed behind
+//! the first failure) would keep the group blocked anyway, and shortening
+//! some of a group's timeouts but not others buys nothing for the risk of
+//! reordering on a partial failure.
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
+
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsMessage};
+use aws_sdk_sqs::types::MessageAttributeValue;
+use futures::{FutureExt, StreamExt, stream};
+
+use crate::{
+    engine::{BatchReport, Failure, Outcome},
+    event::EventRecord,
+    record::receive_count,
+    sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
+};
+
+/// SQS keeps at most ten message attributes per message.
+const MAX_ATTRIBUTES: usize = 10;
+/// Dead-letter sends in flight at once.
+const DEAD_LETTER_CONCURRENCY: usize = 16;
+
+/// Exponential back-off of retryable failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryBackoff {
+    /// Delay after the first delivery (`SQS_ONCE_RETRY_BASE_SECS`).
+    pub base: Duration,
+    /// Longest delay (`SQS_ONCE_RETRY_MAX_SECS`).
+    pub max: Duration,
+}
+
+impl RetryBackoff {
+    /// `min(max, base × 2^(receive_count − 1))`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sqs_once::redelivery::RetryBackoff;
+    ///
+    /// let backoff = RetryBackoff { base: Duration::from_secs(5), max: Duration::from_secs(60) };
+    /// assert_eq!(backoff.delay(1), Duration::from_secs(5));
+    /// assert_eq!(backoff.delay(3), Duration::from_secs(20));
+    /// assert_eq!(backoff.delay(40), Duration::from_secs(60));
+    /// ```
+    pub fn delay(&self, receive_count: u32) -> Duration {
+        let doublings = receive_count.saturating_sub(1).min(31);
+        self.base.saturating_mul(1 << doublings).min(self.max)
+    }
+}
+
+/// What to do with failed records besides reporting them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedeliveryPolicy {
+    /// Make a conflicting record visible when the lease can have ended
+    /// (`SQS_ONCE_CONFLICT_BACKOFF`).
+    pub conflict_backoff: bool,
+    /// Back off retryable failures; `None` leaves them to the queue.
+    pub retry_backoff: Option<RetryBackoff>,
+    /// The queue that takes permanent failures (`SQS_ONCE_DLQ_URL`).
+    pub dead_letter_queue: Option<String>,
+}
+
+/// What becomes of one failed record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextDelivery {
+    /// The queue's own visibility timeout applies.
+    AsQueued,
+    /// It becomes visible again after at least this long.
+    After(Duration),
+    /// It moves to the dead-letter queue.
+    DeadLetter,
+}
+
+impl RedeliveryPolicy {
+    /// Whether the policy asks anything of SQS.
+    pub fn is_active(&self) -> bool {
+        self.conflict_backoff || self.retry_backoff.is_some() || self.dead_letter_queue.is_some()
+    }
+
+    /// The next delivery of a record that failed with `failure`, before jitter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sqs_once::{engine::Failure, redelivery::{NextDelivery, RedeliveryPolicy}};
+    ///
+    /// let policy = RedeliveryPolicy { conflict_backoff: true, ..Default::default() };
+    /// let conflict = Failure::Conflict { retry_after: Duration::from_secs(4) };
+    /// assert_eq!(policy.next_delivery(&conflict, 1, false), NextDelivery::After(Duration::from_secs(4)));
+    /// // FIFO records keep the queue's timing.
+    /// assert_eq!(policy.next_delivery(&conflict, 1, true), NextDelivery::AsQueued);
+    /// ```
+    pub fn next_delivery(&self, failure: &Failure, receive_count: u32, fifo: bool) -> NextDelivery {
+        match failure {
+            Failure::Permanent(_)
+            | Failure::FailedBefore(_)
+            | Failure::PayloadMismatch
+            | Failure::InvalidRecord(_)
+            | Failure::MissingKey(_)
+                if self.dead_letter_queue.is_some() =>
+            {
+                NextDelivery::DeadLetter
+            }
+            _ if fifo => NextDelivery::AsQueued,
+            Failure::Conflict { retry_after } if self.conflict_backoff => NextDelivery::After(*retry_after),
+            Failure::Retryable(_) | Failure::Panicked(_) | Failure::Store(_) | Failure::Deadline => self
+                .retry_backoff
+                .map_or(NextDelivery::AsQueued, |backoff| NextDelivery::After(backoff.delay(receive_count))),
+            _ => NextDelivery::AsQueued,
+        }
+    }
+}
+
+/// `delay` plus up to a fifth of it, and up to one second more, at random.
+pub fn with_jitter(delay: Duration) -> Duration {
+    let spread = delay / 5 + Duration::from_secs(1);
+    delay + spread.mul_f64(fastrand::f64())
+}
+
+/// What the SQS side of one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedeliveryCounts {
+    /// Visibility timeouts changed.
+    pub visibility_changed: u64,
+    /// Visibility changes that SQS refused or that could not be sent.
+    pub visibility_failed: u64,
+    /// Records sent to the dead-letter queue (and so reported successful).
+    pub dead_lettered: u64,
+    /// Dead-letter sends that failed (those records stay failed).
+    pub dead_letter_failed: u64,
+}
+
+/// A [`RedeliveryPolicy`] carried out through SQS.
+///
+/// ```no_run
+/// # async fn example(records: Vec<sqs_once::event::EventRecord>, report: sqs_once::engine::BatchReport) {
+/// use std::time::Duration;
+/// use sqs_once::{redelivery::{Redelivery, RedeliveryPolicy, RetryBackoff}, sqs::Sqs};
+///
+/// let policy = RedeliveryPolicy {
+///     conflict_backoff: true,
+///     retry_backoff: Some(RetryBackoff { base: Duration::from_secs(5), max: Duration::from_secs(900) }),
+///     dead_letter_queue: Some("https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq".into()),
+/// };
+/// let redelivery = Redelivery::new(policy, Sqs::new(&sqs_once::aws::sdk_config().await));
+/// let (response, counts) = redelivery.apply(&records, &report).await;
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Redelivery {
+    policy: RedeliveryPolicy,
+    sqs: Sqs,
+}
+
+/// A failed record that SQS can act on.
+struct Failed<'a> {
+    message: &'a SqsMessage,
+    failure: &'a Failure,
+    key: Option<&'a str>,
+    fifo: bool,
+    receipt_handle: &'a str,
+    queue_arn: &'a str,
+}
+
+impl Redelivery {
+    /// Carries out `policy` with `sqs`.
+    pub fn new(policy: RedeliveryPolicy, sqs: Sqs) -> Self {
+        Self { policy, sqs }
+    }
+
+    /// The policy carried out.
+    pub fn policy(&self) -> &RedeliveryPolicy {
+        &self.policy
+    }
+
+    /// Acts on the failed records of `report` (the engine's report on
+    /// `records`) and returns the partial-batch response: the engine's,
+    /// less the records now in the dead-letter queue. Records without a
+    /// receipt handle or queue ARN are left as they are.
+    pub async fn apply(&self, records: &[EventRecord], report: &BatchReport) -> (SqsBatchResponse, RedeliveryCounts) {
+        let mut counts = RedeliveryCounts::default();
+        let mut visibility: HashMap<&str, Vec<(&str, Duration)>> = HashMap::new();
+        let mut dead_letters: HashMap<&str, Failed<'_>> = HashMap::new();
+        for failed in failed_messages(records, report) {
+            match self.policy.next_delivery(failed.failure, receive_count(failed.message), failed.fifo) {
+                NextDelivery::AsQueued => {}
+                NextDelivery::After(delay) => {
+                    visibility.entry(failed.queue_arn).or_default().push((failed.receipt_handle, with_jitter(delay)))
+                }
+                NextDelivery::DeadLetter => {
+                    // The same message twice in a batch is sent once.
+                    dead_letters.entry(failed.message.message_id.as_deref().unwrap_or_default()).or_insert(failed);
+                }
+            }
+        }
+        for (queue_arn, changes) in &visibility {
+            for result in self.change_visibility(queue_arn, changes).await {
+                match result {
+                    Ok(()) => counts.visibility_changed += 1,
+                    Err(error) => {
+                        counts.visibility_failed += 1;
+                        tracing::warn!(%error, queue = queue_arn, "visibility not changed; the queue's timeout applies");
+                    }
+                }
+            }
+        }
+        let moved = self.dead_letter_all(dead_letters, &mut counts).await;
+        let mut response = report.response();
+        response.batch_item_failures.retain(|failure| !moved.contains(failure.item_identifier.as_str()));
+        (response, counts)
+    }
+
+    async fn change_visibility(&self, queue_arn: &str, changes: &[(&str, Duration)]) -> Vec<Result<(), SqsError>> {
+        match Sqs::queue_url(queue_arn) {
+            Some(url) => self.sqs.change_visibility(&url, changes).await,
+            None => {
+                let error =
+                    SqsError { operation: "ChangeMessageVisibilityBatch", reason: "not an SQS queue ARN".into() };
+                vec![Err(error); changes.len()]
+            }
+        }
+    }
+
+    /// Sends each record to the dead-letter queue; returns the message ids sent.
+    async fn dead_letter_all<'a>(
+        &self,
+        dead_letters: HashMap<&'a str, Failed<'a>>,
+        counts: &mut RedeliveryCounts,
+    ) -> HashSet<&'a str> {
+        let Some(queue_url) = self.policy.dead_letter_queue.as_deref() else { return HashSet::new() };
+        let mut sends = Vec::with_capacity(dead_letters.len());
+        for (message_id, failed) in dead_letters {
+            let message = dead_letter(&failed, queue_url.ends_with(".fifo"));
+            sends.push(self.sqs.send(queue_url, message).map(move |sent| (message_id, sent)).boxed());
+        }
+        let mut results = stream::iter(sends).buffer_unordered(DEAD_LETTER_CONCURRENCY);
+        let mut moved = HashSet::new();
+        while let Some((message_id, sent)) = results.next().await {
+            match sent {
+                Ok(()) => {
+                    counts.dead_lettered += 1;
+                    tracing::info!(message_id, "moved to the dead-letter queue");
+                    moved.insert(message_id);
+                }
+                Err(error) => {
+                    counts.dead_letter_failed += 1;
+                    tracing::warn!(message_id, %error, "not moved to the dead-letter queue; it stays failed");
+                }
+            }
+        }
+        moved
+    }
+}
+
+/// The failed records that SQS can act on, in event order.
+fn failed_messages<'a>(records: &'a [EventRecord], report: &'a BatchReport) -> impl Iterator<Item = Failed<'a>> {
+    records.iter().zip(&report.records).filter_map(|(record, report)| {
+        let (EventRecord::Message(message), Outcome::Failed(failure)) = (record, &report.outcome) else {
+            return None;
+        };
+        Some(Failed {
+            message,
+            failure,
+            key: report.key.as_deref(),
+            fifo: record.fifo_group().is_some(),
+            receipt_handle: message.receipt_handle.as_deref()?,
+            queue_arn: message.event_source_arn.as_deref()?,
+        })
+    })
+}
+
+/// The dead-letter copy of a failed message: its body and message
+/// attributes, and as many of the `SqsOnce.*` attributes saying why as SQS's
+/// limit of ten leaves room for (the message's own attributes come first).
+fn dead_letter(failed: &Failed<'_>, fifo_queue: bool) -> OutgoingMessage {
+    let message = failed.message;
+    let mut attributes: HashMap<String, MessageAttributeValue> = message
+        .message_attributes
+        .iter()
+        .filter_map(|(name, attribute)| Some((name.clone(), outgoing_attribute(attribute)?)))
+        .collect();
+    let message_id = message.message_id.clone().unwrap_or_default();
+    let explanation = [
+        ("SqsOnce.Error", "String", failed.failure.to_string()),
+        ("SqsOnce.MessageId", "String", message_id.clone()),
+        ("SqsOnce.Key", "String", failed.key.unwrap_or("-").to_owned()),
+        ("SqsOnce.ReceiveCount", "Number", receive_count(message).to_string()),
+        ("SqsOnce.SourceQueue", "String", failed.queue_arn.to_owned()),
+    ];
+    for (name, data_type, value) in explanation {
+        if attributes.len() >= MAX_ATTRIBUTES {
+            tracing::warn!(message_id, attribute = name, "no room left for this dead-letter attribute");
+            continue;
+        }
+        if let Ok(value) = MessageAttributeValue::builder().data_type(data_type).string_value(value).build() {
+            attributes.insert(name.to_owned(), value);
+        }
+    }
+    OutgoingMessage {
+        body: message.body.clone().unwrap_or_default(),
+        attributes,
+        group_id: fifo_queue
+            .then(|| message.attributes.get("MessageGroupId").cloned().unwrap_or_else(|| "sqs-once".into())),
+        deduplication_id: fifo_queue.then_some(message_id),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> RedeliveryPolicy {
+        RedeliveryPolicy {
+            conflict_backoff: true,
+            retry_backoff: Some(RetryBackoff { base: Duration::from_secs(2), max: Duration::from_secs(30) }),
+            dead_letter_queue: Some("https://sqs.us-east-1.amazonaws.com/1/dlq".into()),
+        }
+    }
+
+    #[test]
+    fn each_failure_has_its_next_delivery() {
+        let policy = policy();
+        let after = |secs| NextDelivery::After(Duration::from_secs(secs));
+        let conflict = Failure::Conflict { retry_after: Duration::from_secs(7) };
+        assert_eq!(policy.next_delivery(&conflict, 3, false), after(7));
+        for retryable in [
+            Failure::Retryable("x".into()),
+            Failure::Panicked("x".into()),
+            Failure::Store("x".into()),
+            Failure::Deadline,
+        ] {
+            assert_eq!(policy.next_delivery(&retryable, 1, false), after(2), "{retryable:?}");
+            assert_eq!(policy.next_delivery(&retryable, 4, false), after(16), "{retryable:?}");
+            assert_eq!(policy.next_delivery(&retryable, 5, false), after(30), "{retryable:?}");
+            assert_eq!(policy.next_delivery(&retryable, 2, true), NextDelivery::AsQueued, "{retryable:?}");
+        }
+        for permanent in [
+            Failure::Permanent("x".into()),
+            Failure::FailedBefore(None),
+            Failure::PayloadMismatch,
+            Failure::InvalidRecord("x".into()),
+            Failure::MissingKey("x".into()),
+        ] {
+            assert_eq!(policy.next_delivery(&permanent, 1, false), NextDelivery::DeadLetter, "{permanent:?}");
+            assert_eq!(policy.next_delivery(&permanent, 1, true), NextDelivery::DeadLetter, "{permanent:?}");
+        }
+        let skipped = Failure::GroupSkipped("m-1".into());
+        assert_eq!(policy.next_delivery(&skipped, 1, true), NextDelivery::AsQueued);
+    }
+
+    #[test]
+    fn switched_off_parts_leave_records_to_the_queue() {
+        let policy = RedeliveryPolicy::default();
+        assert!(!policy.is_active());
+        let conflict = Failure::Conflict { retry_after: Duration::from_secs(7) };
+        assert_eq!(policy.next_delivery(&conflict, 1, false), NextDelivery::AsQueued);
+        assert_eq!(policy.next_delivery(&Failure::Retryable("x".into()), 1, false), NextDelivery::AsQueued);
+        assert_eq!(policy.next_delivery(&Failure::Permanent("x".into()), 1, false), NextDelivery::AsQueued);
+    }
+
+    #[test]
+    fn back_off_saturates_instead_of_overflowing() {
+        let backoff = RetryBackoff { base: Duration::from_secs(3600), max: Duration::from_secs(43_200) };
+        assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(43_200));
+        assert_eq!(backoff.delay(0), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn jitter_stays_within_a_fifth_and_a_second() {
+        for _ in 0..1000 {
+            let jittered = with_jitter(Duration::from_secs(10));
+            assert!(jittered >= Duration::from_secs(10) && jittered <= Duration::from_secs(13), "{jittered:?}");
+        }
+    }
+
+    #[test]
+    fn dead_letters_keep_the_message_and_say_why() {
+        let mut message = SqsMessage::default();
+        message.message_id = Some("m-1".into());
+        message.body = Some("{\"id\":1}".into());
+        message.attributes.insert("ApproximateReceiveCount".into(), "3".into());
+        message.attributes.insert("MessageGroupId".into(), "g".into());
+        for index in 0..8 {
+            let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
+            attribute.data_type = Some("String".into());
+            attribute.string_value = Some(format!("v{index}"));
+            message.message_attributes.insert(format!("a{index}"), attribute);
+        }
+        let failure = Failure::Permanent("bad order".into());
+        let failed = Failed {
+            message: &message,
+            failure: &failure,
+            key: Some("orders#1"),
+            fifo: true,
+            receipt_handle: "r",
+            queue_arn: "arn:q.fifo",
+        };
+        let outgoing = dead_letter(&failed, true);
+        assert_eq!(outgoing.body, "{\"id\":1}");
+        assert_eq!(outgoing.group_id.as_deref(), Some("g"));
+        assert_eq!(outgoing.deduplication_id.as_deref(), Some("m-1"));
+        // Eight of the message's own, then the first two explanations fit.
+        assert_eq!(outgoing.attributes.len(), 10);
+        assert_eq!(outgoing.attributes["a7"].string_value(), Some("v7"));
+        assert_eq!(outgoing.attributes["SqsOnce.Error"].string_value(), Some("handler failed (permanent): bad order"));
+        assert_eq!(outgoing.attributes["SqsOnce.MessageId"].string_value(), Some("m-1"));
+        assert!(!outgoing.attributes.contains_key("SqsOnce.ReceiveCount"));
+        assert!(dead_letter(&failed, false).group_id.is_none());
+    }
+}

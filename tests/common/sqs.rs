@@ -1,0 +1,153 @@
+//! The SQS server `scripts/test` starts (moto), queues on it, and its view of
+//! each message's visibility.
+
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    net::TcpStream,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use aws_sdk_sqs::{
+    Client,
+    types::{Message, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry},
+};
+use serde_json::{Value, json};
+use sqs_once::sqs::{QueueInfo, Sqs, event_message};
+
+/// The endpoint `scripts/test` exported; these tests need the real server.
+pub fn endpoint() -> String {
+    std::env::var("AWS_ENDPOINT_URL_SQS")
+        .expect("AWS_ENDPOINT_URL_SQS is not set: run the tests with scripts/test, which starts an SQS server")
+}
+
+pub async fn client() -> Client {
+    endpoint();
+    Client::new(&sqs_once::aws::sdk_config().await)
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A fresh queue with a unique name.
+pub struct Queue {
+    pub client: Client,
+    pub info: QueueInfo,
+}
+
+impl Queue {
+    pub async fn create(fifo: bool, visibility_secs: u32) -> Self {
+        let client = client().await;
+        let suffix = if fifo { ".fifo" } else { "" };
+        let name = format!("q-{}{suffix}", uuid::Uuid::new_v4().simple());
+        let mut request = client
+            .create_queue()
+            .queue_name(&name)
+            .attributes(QueueAttributeName::VisibilityTimeout, visibility_secs.to_string());
+        if fifo {
+            request = request
+                .attributes(QueueAttributeName::FifoQueue, "true")
+                .attributes(QueueAttributeName::ContentBasedDeduplication, "true");
+        }
+        let url = request.send().await.expect("create queue").queue_url.unwrap();
+        let info = Sqs::new(&sqs_once::aws::sdk_config().await).queue_info(&url).await.expect("queue attributes");
+        Self { client, info }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.info.url
+    }
+
+    /// Sends each body (with a FIFO group for FIFO queues), ten at a time.
+    pub async fn send(&self, bodies: &[Value]) {
+        for (chunk_index, chunk) in bodies.chunks(10).enumerate() {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(index, body)| {
+                    let entry = SendMessageBatchRequestEntry::builder()
+                        .id(format!("{chunk_index}-{index}"))
+                        .message_body(body.to_string());
+                    let entry = if self.info.fifo { entry.message_group_id("g") } else { entry };
+                    entry.build().unwrap()
+                })
+                .collect();
+            let output =
+                self.client.send_message_batch().queue_url(self.url()).set_entries(Some(entries)).send().await.unwrap();
+            assert!(output.failed.is_empty(), "send failed: {:?}", output.failed);
+        }
+    }
+
+    /// Receives `count` messages, in order of arrival.
+    pub async fn receive(&self, count: usize) -> Vec<Message> {
+        let mut messages = Vec::new();
+        for _ in 0..50 {
+            if messages.len() >= count {
+                break;
+            }
+            let output = self
+                .client
+                .receive_message()
+                .queue_url(self.url())
+                .max_number_of_messages((count - messages.len()).min(10) as i32)
+                .wait_time_seconds(1)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .unwrap();
+            messages.extend(output.messages.unwrap_or_default());
+        }
+        assert_eq!(messages.len(), count, "not every message arrived");
+        messages
+    }
+
+    /// The Lambda event Lambda would build from `messages`.
+    pub fn event(&self, messages: &[Message]) -> Value {
+        let records: Vec<Value> = messages
+            .iter()
+            .map(|message| serde_json::to_value(event_message(message.clone(), &self.info)).unwrap())
+            .collect();
+        json!({ "Records": records })
+    }
+
+    /// Messages waiting, and messages in flight.
+    pub async fn depth(&self) -> (u64, u64) {
+        let output = self
+            .client
+            .get_queue_attributes()
+            .queue_url(self.url())
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .unwrap();
+        let attributes = output.attributes.unwrap();
+        let count = |name| attributes[&name].parse().unwrap();
+        (
+            count(QueueAttributeName::ApproximateNumberOfMessages),
+            count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        )
+    }
+}
+
+/// When each message becomes visible again (epoch milliseconds), by message
+/// id, as the server itself holds it (moto's state dump).
+pub fn visible_at() -> HashMap<String, u64> {
+    let address = endpoint().trim_start_matches("http://").to_owned();
+    let mut stream = TcpStream::connect(&address).unwrap();
+    write!(stream, "GET /moto-api/data.json HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let body = &answer[answer.find("\r\n\r\n").expect("an HTTP answer") + 4..];
+    let state: Value = serde_json::from_str(body).expect("moto's state is JSON");
+    // The dump lists a received message twice: the queue's live copy first,
+    // then a snapshot taken when it was received, which later changes miss.
+    let mut visible_at = HashMap::new();
+    for message in state["sqs"]["Message"].as_array().into_iter().flatten() {
+        let id = message["id"].as_str().unwrap().to_owned();
+        visible_at.entry(id).or_insert(message["visible_at"].as_f64().unwrap() as u64);
+    }
+    visible_at
+}

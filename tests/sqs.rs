@@ -1,0 +1,261 @@
+//! Failed records and SQS, against a real SQS server (moto, started by
+//! scripts/test): `invoke --sqs` acts as the Lambda function does after a
+//! batch, and the server's own state tells when each message comes back.
+
+mod common;
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    process::{Command, Output, Stdio},
+    time::Duration,
+};
+
+use aws_sdk_sqs::types::Message;
+use common::sqs::{Queue, now_ms, visible_at};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
+
+/// One consumer's world: a claims file, a demo log, events; keys are `body.id`.
+struct World {
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> Self {
+        Self { dir: tempfile::tempdir().unwrap() }
+    }
+
+    fn command(&self, args: &[&str], envs: &[(&str, &str)]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .current_dir(self.dir.path())
+            .env_remove("AWS_LAMBDA_RUNTIME_API")
+            .env_remove("SQS_ONCE_TABLE")
+            .env("SQS_ONCE_STORE", "file")
+            .env("SQS_ONCE_STORE_PATH", self.dir.path().join("claims.db"))
+            .env("SQS_ONCE_DEMO_LOG", self.dir.path().join("demo.log"))
+            .env("SQS_ONCE_KEY", "body.id")
+            .env("SQS_ONCE_HASH_KEYS", "false")
+            .env("SQS_ONCE_RETRY_BASE_SECS", "2")
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn event_file(&self, event: &Value) -> PathBuf {
+        let path = self.dir.path().join(format!("event-{}.json", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&path, event.to_string()).unwrap();
+        path
+    }
+
+    /// `invoke --sqs --metrics` on `event`.
+    fn invoke(&self, event: &Value, envs: &[(&str, &str)]) -> Output {
+        let path = self.event_file(event);
+        self.command(&["invoke", "--sqs", "--metrics", "--timeout", "20"], envs).arg(path).output().unwrap()
+    }
+
+    /// How many times the handler ran on `id`.
+    fn runs(&self, id: &str) -> usize {
+        let log = std::fs::read_to_string(self.dir.path().join("demo.log")).unwrap_or_default();
+        log.lines().filter(|line| line.starts_with(&format!("demo#{id}\t"))).count()
+    }
+
+    fn claim(&self, id: &str) -> Value {
+        let output = self.command(&["claims", "show", id, "--json"], &[]).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()[0].clone()
+    }
+}
+
+/// The ids in the answer's `batchItemFailures`, and its metrics line.
+fn answer(output: &Output) -> (HashSet<String>, Value) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "invoke failed: {stderr}");
+    let response: Value = serde_json::from_slice(&output.stdout).expect("stdout is one JSON object");
+    let failures = response["batchItemFailures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
+        .collect();
+    let metrics = stderr.lines().rev().find_map(|line| serde_json::from_str::<Value>(line).ok()).expect("metrics line");
+    (failures, metrics)
+}
+
+/// The received messages by their body's `id`.
+fn by_id(messages: &[Message]) -> HashMap<String, Message> {
+    messages
+        .iter()
+        .map(|message| {
+            let body: Value = serde_json::from_str(message.body.as_deref().unwrap()).unwrap();
+            (body["id"].as_str().unwrap().to_owned(), message.clone())
+        })
+        .collect()
+}
+
+fn ids<'a>(messages: impl IntoIterator<Item = &'a Message>) -> HashSet<String> {
+    messages.into_iter().map(|message| message.message_id.clone().unwrap()).collect()
+}
+
+fn visible_at_of(message: &Message) -> u64 {
+    let id = message.message_id.as_deref().unwrap();
+    *visible_at().get(id).unwrap_or_else(|| panic!("the server has no message {id}"))
+}
+
+#[tokio::test]
+async fn conflicts_return_when_the_lease_can_end_and_retries_back_off_exponentially() {
+    let queue = Queue::create(false, 60).await;
+    let world = World::new();
+    // Another consumer holds key `c`: its handler sleeps, its lease ends 4 s + the 2 s margin after it starts.
+    let hold = json!({"Records": [{"messageId": "hold", "body": json!({"id": "c", "sleep_ms": 60_000}).to_string()}]});
+    let mut holder = world
+        .command(&["invoke", "--timeout", "4"], &[])
+        .arg(world.event_file(&hold))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    while world.runs("c") == 0 {
+        assert!(holder.try_wait().unwrap().is_none(), "the holder exited before its handler started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bodies = [
+        json!({"id": "c"}),
+        json!({"id": "r", "fail": "retryable"}),
+        json!({"id": "p", "fail": "permanent"}),
+        json!({"id": "k"}),
+    ];
+    queue.send(&bodies).await;
+    let messages = by_id(&queue.receive(4).await);
+
+    let before = now_ms();
+    let output = world.invoke(&queue.event(&messages.values().cloned().collect::<Vec<_>>()), &[]);
+    let (failures, metrics) = answer(&output);
+    let after = now_ms();
+    assert_eq!(failures, ids([&messages["c"], &messages["r"], &messages["p"]]));
+    assert_eq!((metrics["VisibilityChanged"].as_u64(), metrics["VisibilityChangeFailed"].as_u64()), (Some(2), Some(0)));
+    assert_eq!((world.runs("c"), world.runs("r"), world.runs("k")), (1, 1, 1), "the conflicting record did not run");
+
+    // The conflict comes back once the holder's lease can have ended: not before, and
+    // no later than the jitter (a fifth of the wait and a second, in whole seconds) allows.
+    let lease_until = world.claim("c")["lease_until_ms"].as_u64().unwrap();
+    let conflict_at = visible_at_of(&messages["c"]);
+    let wait = lease_until - before;
+    assert!(conflict_at >= lease_until, "visible {} ms before the lease ends", lease_until - conflict_at);
+    assert!(conflict_at <= lease_until + wait / 5 + 2_000 + (after - before), "{} ms late", conflict_at - lease_until);
+    // The retryable record: base 2 s for its first delivery, plus jitter.
+    let retry_at = visible_at_of(&messages["r"]);
+    assert!(
+        retry_at >= before + 2_000 && retry_at <= after + 2_000 + 400 + 2_000,
+        "{}",
+        retry_at as i64 - before as i64
+    );
+    // The permanent failure (no dead-letter queue set) keeps the queue's 60 s.
+    assert!(visible_at_of(&messages["p"]) >= before + 50_000);
+
+    // Its second delivery waits twice as long.
+    while now_ms() < retry_at + 100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let again = by_id(&queue.receive(1).await);
+    let retried = &again["r"];
+    assert_eq!(
+        retried.attributes.as_ref().unwrap()[&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount],
+        "2"
+    );
+    let before = now_ms();
+    let (failures, _) = answer(&world.invoke(&queue.event(std::slice::from_ref(retried)), &[]));
+    let after = now_ms();
+    assert_eq!(failures, ids([retried]));
+    let retry_at = visible_at_of(retried);
+    assert!(
+        retry_at >= before + 4_000 && retry_at <= after + 4_000 + 800 + 2_000,
+        "{}",
+        retry_at as i64 - before as i64
+    );
+    assert_eq!(world.runs("r"), 2);
+    holder.wait().unwrap();
+}
+
+#[tokio::test]
+async fn fifo_records_keep_the_queue_timeout_so_their_group_stays_in_order() {
+    let queue = Queue::create(true, 60).await;
+    let world = World::new();
+    queue.send(&[json!({"id": "f1", "fail": "retryable"}), json!({"id": "f2"})]).await;
+    let messages = queue.receive(2).await;
+    let before = now_ms();
+    let (failures, metrics) = answer(&world.invoke(&queue.event(&messages), &[]));
+    assert_eq!(failures, ids(&messages), "the second record is skipped behind the first");
+    assert_eq!(metrics["VisibilityChanged"], 0);
+    for message in &messages {
+        assert!(visible_at_of(message) >= before + 50_000, "a FIFO record's visibility changed");
+    }
+}
+
+#[tokio::test]
+async fn permanent_failures_move_to_the_dead_letter_queue_with_their_reasons() {
+    let (queue, dead_letters) = (Queue::create(false, 60).await, Queue::create(false, 60).await);
+    let world = World::new();
+    queue.send(&[json!({"id": "p", "fail": "permanent"}), json!({"id": "r", "fail": "retryable"})]).await;
+    let messages = by_id(&queue.receive(2).await);
+    let dlq = [("SQS_ONCE_DLQ_URL", dead_letters.url())];
+    let (failures, metrics) =
+        answer(&world.invoke(&queue.event(&messages.values().cloned().collect::<Vec<_>>()), &dlq));
+    assert_eq!(failures, ids([&messages["r"]]), "the dead-lettered record is reported done");
+    assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(1), Some(0)));
+
+    let moved = &dead_letters.receive(1).await[0];
+    assert_eq!(moved.body, messages["p"].body);
+    let attributes = moved.message_attributes.as_ref().unwrap();
+    let attribute = |name: &str| attributes[name].string_value.clone().unwrap();
+    assert_eq!(attribute("SqsOnce.Error"), "handler failed (permanent): demo: asked to fail (permanent)");
+    assert_eq!(attribute("SqsOnce.Key"), "demo#p");
+    assert_eq!(attribute("SqsOnce.MessageId"), messages["p"].message_id.clone().unwrap());
+    assert_eq!(attribute("SqsOnce.ReceiveCount"), "1");
+    assert_eq!(attribute("SqsOnce.SourceQueue"), queue.info.arn);
+    // The claim still says it failed: nothing was marked done that did not complete.
+    assert_eq!(world.claim("p")["status"], "FAILED");
+}
+
+#[tokio::test]
+async fn a_failed_dead_letter_send_leaves_the_record_failed() {
+    let queue = Queue::create(false, 60).await;
+    let world = World::new();
+    queue.send(&[json!({"id": "p", "fail": "permanent"})]).await;
+    let messages = queue.receive(1).await;
+    let missing = format!("{}-missing", queue.url());
+    let output = world.invoke(&queue.event(&messages), &[("SQS_ONCE_DLQ_URL", &missing)]);
+    let (failures, metrics) = answer(&output);
+    assert_eq!(failures, ids(&messages));
+    assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(0), Some(1)));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not moved to the dead-letter queue"));
+}
+
+#[tokio::test]
+async fn an_unreachable_sqs_leaves_the_answer_correct() {
+    let world = World::new();
+    let record = |id: &str, body: Value| {
+        json!({"messageId": id, "receiptHandle": format!("rh-{id}"), "body": body.to_string(), "eventSource": "aws:sqs",
+               "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:work", "attributes": {"ApproximateReceiveCount": "1"}})
+    };
+    let event = json!({"Records": [
+        record("m-ok", json!({"id": "ok"})),
+        record("m-retry", json!({"id": "retry", "fail": "retryable"})),
+        record("m-perm", json!({"id": "perm", "fail": "permanent"})),
+    ]});
+    let down = [
+        ("AWS_ENDPOINT_URL_SQS", "http://127.0.0.1:9"),
+        ("SQS_ONCE_DLQ_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/dlq"),
+    ];
+    let output = world.invoke(&event, &down);
+    let (failures, metrics) = answer(&output);
+    assert_eq!(failures, HashSet::from(["m-retry".to_owned(), "m-perm".to_owned()]));
+    assert_eq!((metrics["VisibilityChanged"].as_u64(), metrics["VisibilityChangeFailed"].as_u64()), (Some(0), Some(1)));
+    assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(0), Some(1)));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("visibility not changed"), "{stderr}");
+    assert_eq!((world.runs("ok"), world.runs("retry"), world.runs("perm")), (1, 1, 1));
+}
