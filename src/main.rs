@@ -230,12 +230,13 @@ async fn invoke(file: Option<PathBuf>, timeout: f64, metrics: bool, sqs: bool) -
 
 /// `poll`: runs until SIGINT or SIGTERM, then prints what it did as JSON.
 async fn poll(queue_url: String, options: PollOptions) -> anyhow::Result<Option<ExitCode>> {
+    let shutdown = sqs_once::poll::interrupted();
     let config = Config::from_env()?;
     let consumer = startup::consumer(&config).await?;
     let sqs = Sqs::new(&sqs_once::aws::sdk_config().await);
     let poller =
         Poller::new(consumer, sqs, &queue_url, options).await.with_context(|| format!("cannot poll {queue_url}"))?;
-    let summary = poller.run(sqs_once::poll::interrupted()).await;
+    let summary = poller.run(shutdown).await;
     println!("{}", serde_json::to_string(&summary)?);
     Ok(None)
 }

@@ -285,23 +285,29 @@ fn receipt_handle(record: &EventRecord) -> Option<&str> {
 /// Completes at the first SIGINT or SIGTERM. A second one ends the process
 /// at once (exit status 130): claims in flight then end with their leases,
 /// and their messages come back after their visibility timeout.
-pub async fn interrupted() {
+///
+/// The handlers are installed when this is called, not when the future is
+/// first polled, so a signal that comes while the poller starts is not lost.
+pub fn interrupted() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut terminate), Ok(mut interrupt)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        tracing::warn!("cannot listen for SIGINT and SIGTERM; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM"),
-        _ = interrupt.recv() => tracing::info!("SIGINT"),
-    }
-    tokio::spawn(async move {
+    let signals =
+        signal(SignalKind::terminate()).and_then(|terminate| Ok((terminate, signal(SignalKind::interrupt())?)));
+    async move {
+        let Ok((mut terminate, mut interrupt)) = signals else {
+            tracing::warn!("cannot listen for SIGINT and SIGTERM; stop with SIGKILL");
+            return std::future::pending().await;
+        };
         tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
+            _ = terminate.recv() => tracing::info!("SIGTERM"),
+            _ = interrupt.recv() => tracing::info!("SIGINT"),
         }
-        tracing::warn!("second signal: leaving now; unfinished messages come back after their visibility timeout");
-        std::process::exit(130);
-    });
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            tracing::warn!("second signal: leaving now; unfinished messages come back after their visibility timeout");
+            std::process::exit(130);
+        });
+    }
 }

@@ -21,9 +21,15 @@ pub fn endpoint() -> String {
         .expect("AWS_ENDPOINT_URL_SQS is not set: run the tests with scripts/test, which starts an SQS server")
 }
 
+/// A client for the tests' own calls, patient with a server busy serving pollers.
 pub async fn client() -> Client {
     endpoint();
-    Client::new(&sqs_once::aws::sdk_config().await)
+    let patient = aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+        .operation_attempt_timeout(std::time::Duration::from_secs(30))
+        .operation_timeout(std::time::Duration::from_secs(60))
+        .build();
+    let config = aws_sdk_sqs::config::Builder::from(&sqs_once::aws::sdk_config().await).timeout_config(patient);
+    Client::from_conf(config.build())
 }
 
 pub fn now_ms() -> u64 {

@@ -1,0 +1,192 @@
+//! `sqs-once poll` as a long-running consumer, against a real SQS server
+//! (moto) and DynamoDB Local, both started by scripts/test.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use common::sqs::Queue;
+use serde_json::{Value, json};
+use sqs_once::store::dynamodb::TableKey;
+use tokio::time::{Instant, sleep};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
+
+/// Pollers sharing a claim table and a demo log; keys are `body.id`.
+struct Consumers {
+    dir: tempfile::TempDir,
+    table: String,
+}
+
+impl Consumers {
+    async fn new() -> Self {
+        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        Self { dir: tempfile::tempdir().unwrap(), table: store.layout().table.clone() }
+    }
+
+    fn poll(&self, queue: &Queue, args: &[&str], envs: &[(&str, &str)]) -> Poller {
+        let name = uuid::Uuid::new_v4().simple().to_string();
+        let child = Command::new(BIN)
+            .args(["poll", "--queue-url", queue.url(), "--wait-secs", "1"])
+            .args(args)
+            .current_dir(self.dir.path())
+            .env_remove("AWS_LAMBDA_RUNTIME_API")
+            .env_remove("SQS_ONCE_STORE")
+            .env("SQS_ONCE_TABLE", &self.table)
+            .env("SQS_ONCE_DEMO_LOG", self.dir.path().join("demo.log"))
+            .env("SQS_ONCE_KEY", "body.id")
+            .env("SQS_ONCE_HASH_KEYS", "false")
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null())
+            // Files, not pipes: a poller logs a line per record, more than a pipe holds.
+            .stdout(File::create(self.dir.path().join(format!("poll-{name}.out"))).unwrap())
+            .stderr(File::create(self.dir.path().join(format!("poll-{name}.err"))).unwrap())
+            .spawn()
+            .unwrap();
+        Poller { child, dir: self.dir.path().to_owned(), name }
+    }
+
+    /// How many times the handler ran, by body id.
+    fn runs(&self) -> HashMap<String, usize> {
+        let log = std::fs::read_to_string(self.dir.path().join("demo.log")).unwrap_or_default();
+        let mut runs = HashMap::new();
+        for line in log.lines() {
+            let id = line.split('\t').next().unwrap().trim_start_matches("demo#").to_owned();
+            *runs.entry(id).or_default() += 1;
+        }
+        runs
+    }
+}
+
+/// A running `sqs-once poll`, its output going to files.
+struct Poller {
+    child: Child,
+    dir: PathBuf,
+    name: String,
+}
+
+/// SIGTERM, then the summary the poller prints as it exits cleanly.
+async fn stop(poller: Poller) -> Value {
+    let Poller { mut child, dir, name } = poller;
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+    let stderr = std::fs::read_to_string(dir.join(format!("poll-{name}.err"))).unwrap();
+    assert!(status.success(), "poll did not exit cleanly: {status:?}\n{stderr}");
+    assert!(stderr.contains("SIGTERM") && stderr.contains("stopped"), "{stderr}");
+    let stdout = std::fs::read_to_string(dir.join(format!("poll-{name}.out"))).unwrap();
+    serde_json::from_str(&stdout).expect("the summary is one JSON object")
+}
+
+async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < within, "timed out waiting until {what}");
+        sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn total(summaries: &[Value], field: &str) -> u64 {
+    summaries.iter().map(|summary| summary[field].as_u64().unwrap()).sum()
+}
+
+#[tokio::test]
+async fn poll_drains_a_queue_with_duplicates_running_each_key_once_and_stops_cleanly() {
+    let queue = Queue::create(false, 10).await;
+    let consumers = Consumers::new().await;
+    // 1,600 keys; 400 of them sent twice, the copy some 1,000 messages later.
+    let mut bodies = Vec::new();
+    for id in 0..1_600 {
+        bodies.push(json!({ "id": id.to_string() }));
+        if (800..1_200).contains(&id) {
+            bodies.push(json!({ "id": (id - 800).to_string() }));
+        }
+    }
+    assert_eq!(bodies.len(), 2_000);
+    queue.send(&bodies).await;
+
+    let pollers = [consumers.poll(&queue, &[], &[]), consumers.poll(&queue, &["--receivers", "3"], &[])];
+    until("the queue is drained", Duration::from_secs(240), async || queue.depth().await == (0, 0)).await;
+    let runs = consumers.runs();
+    assert_eq!(runs.len(), 1_600);
+    assert!(runs.values().all(|&count| count == 1), "a key ran twice: {:?}", runs.iter().find(|(_, c)| **c > 1));
+
+    // Slow messages, then SIGTERM while some are running: those finish and are deleted,
+    // the rest stay in the queue.
+    let slow: Vec<Value> = (0..20).map(|n| json!({ "id": format!("slow-{n}"), "sleep_ms": 1_500 })).collect();
+    queue.send(&slow).await;
+    until("a slow message runs", Duration::from_secs(30), async || {
+        consumers.runs().keys().any(|id| id.starts_with("slow-"))
+    })
+    .await;
+    let mut summaries = Vec::new();
+    for poller in pollers {
+        summaries.push(stop(poller).await);
+    }
+    let finished = consumers.runs().keys().filter(|id| id.starts_with("slow-")).count() as u64;
+    let (waiting, in_flight) = queue.depth().await;
+    assert_eq!(waiting + in_flight, 20 - finished, "every slow message is either done or still queued");
+    // SQS delivers at least once: a message may come twice (a conflict, or the server handing
+    // one message to two receivers). Then it is a duplicate or fails, and is deleted or comes back.
+    let (received, deleted) = (total(&summaries, "received"), total(&summaries, "deleted"));
+    assert_eq!(total(&summaries, "processed"), 1_600 + finished, "{summaries:?}");
+    assert!(total(&summaries, "duplicates") >= 400, "{summaries:?}");
+    assert_eq!(deleted + total(&summaries, "failed"), received, "{summaries:?}");
+    assert!(deleted >= 2_000 + finished, "{summaries:?}");
+    assert_eq!(total(&summaries, "delete_failed"), 0);
+
+    // A new poller takes the rest (messages a stopped receive took come back after 10 s).
+    let poller = consumers.poll(&queue, &[], &[]);
+    until("the slow messages are drained", Duration::from_secs(60), async || queue.depth().await == (0, 0)).await;
+    stop(poller).await;
+    let runs = consumers.runs();
+    assert_eq!(runs.len(), 1_620);
+    assert!(runs.values().all(|&count| count == 1));
+}
+
+#[tokio::test]
+async fn poll_moves_permanent_failures_to_the_dead_letter_queue_and_out_of_the_source() {
+    let (queue, dead_letters) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
+    let consumers = Consumers::new().await;
+    queue.send(&[json!({"id": "p", "fail": "permanent"}), json!({"id": "k"})]).await;
+    let poller = consumers.poll(&queue, &[], &[("SQS_ONCE_DLQ_URL", dead_letters.url())]);
+    until("the queue is drained", Duration::from_secs(30), async || queue.depth().await == (0, 0)).await;
+    let summary = stop(poller).await;
+    assert_eq!((summary["dead_lettered"].as_u64(), summary["deleted"].as_u64()), (Some(1), Some(2)));
+    let moved = &dead_letters.receive(1).await[0];
+    assert_eq!(moved.body.as_deref(), Some(r#"{"fail":"permanent","id":"p"}"#));
+    assert_eq!(dead_letters.depth().await, (0, 1));
+}
+
+#[tokio::test]
+async fn poll_leaves_a_record_it_could_not_dead_letter_in_the_source_queue() {
+    let queue = Queue::create(false, 30).await;
+    let consumers = Consumers::new().await;
+    queue.send(&[json!({"id": "p", "fail": "permanent"})]).await;
+    let missing = format!("{}-missing", queue.url());
+    let poller = consumers.poll(&queue, &[], &[("SQS_ONCE_DLQ_URL", &missing)]);
+    until("the record ran", Duration::from_secs(30), async || consumers.runs().contains_key("p")).await;
+    let summary = stop(poller).await;
+    assert_eq!((summary["failed"].as_u64(), summary["dead_lettered"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(summary["deleted"], 0);
+    assert_eq!(queue.depth().await, (0, 1), "still in the source queue, in flight until its timeout");
+}
+
+#[tokio::test]
+async fn poll_keeps_a_long_record_invisible_past_the_queue_timeout() {
+    // A 2 s visibility timeout, a record that takes 4 s: without the extension it
+    // would be delivered again mid-run, and the second delivery would conflict.
+    let queue = Queue::create(false, 2).await;
+    let consumers = Consumers::new().await;
+    queue.send(&[json!({"id": "long", "sleep_ms": 4_000})]).await;
+    let poller = consumers.poll(&queue, &["--timeout", "8", "--receivers", "2"], &[]);
+    until("the queue is drained", Duration::from_secs(30), async || queue.depth().await == (0, 0)).await;
+    let summary = stop(poller).await;
+    assert_eq!((summary["received"].as_u64(), summary["processed"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(consumers.runs()["long"], 1);
+}
