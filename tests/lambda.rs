@@ -206,3 +206,33 @@ async fn a_deadline_sent_as_a_timeout_is_counted_from_now() {
     let (answer, _, _) = function.api.invoke_with_deadline_header(&event, SECONDS_30, 30_000).await.expect("no answer");
     assert!(failures(&answer).is_empty(), "{answer:?}");
 }
+
+#[tokio::test]
+async fn failed_records_back_off_and_permanent_ones_leave_for_the_dead_letter_queue() {
+    let (queue, dead_letters) =
+        (common::sqs::Queue::create(false, 60).await, common::sqs::Queue::create(false, 60).await);
+    let bodies = [json!({"fail": "retryable"}), json!({"fail": "permanent"}), json!({"ok": true})];
+    queue.send(&bodies).await;
+    let messages = queue.receive(3).await;
+    let id_of = |directive: &str| {
+        let message = messages.iter().find(|message| message.body.as_deref().unwrap().contains(directive)).unwrap();
+        message.message_id.clone().unwrap()
+    };
+    let function = Function::start(&[
+        ("AWS_ENDPOINT_URL_SQS", &common::sqs::endpoint()),
+        ("SQS_ONCE_DLQ_URL", dead_letters.url()),
+        ("SQS_ONCE_RETRY_BASE_SECS", "3"),
+    ])
+    .await;
+    let before = common::sqs::now_ms();
+    let answer = function.invoke(&queue.event(&messages), Duration::from_secs(10)).await;
+    let after = common::sqs::now_ms();
+    assert_eq!(failures(&answer), [id_of("retryable")], "the dead-lettered record is reported done");
+
+    let metrics = &function.metrics(1).await[0];
+    assert_eq!((metrics["VisibilityChanged"].as_u64(), metrics["DeadLettered"].as_u64()), (Some(1), Some(1)));
+    let moved = &dead_letters.receive(1).await[0];
+    assert_eq!(moved.body.as_deref(), Some(r#"{"fail":"permanent"}"#));
+    let retry_at = common::sqs::visible_at()[&id_of("retryable")];
+    assert!(retry_at >= before + 3_000 && retry_at <= after + 3_000 + 600 + 2_000, "{}", retry_at - before);
+}

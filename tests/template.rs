@@ -1,6 +1,7 @@
 //! `template.yaml` deploys what the README promises: partial batch responses,
 //! a dead-letter queue, a visibility timeout that outlasts retries, a claim
-//! table the store can use, and a role that can do nothing but claim.
+//! table the store can use, and a role that can do nothing but claim and act
+//! on failed records.
 
 use std::collections::BTreeSet;
 
@@ -88,25 +89,40 @@ fn the_table_matches_the_store_layout() {
 }
 
 #[test]
-fn the_role_may_only_read_and_write_claims_on_its_table() {
+fn the_role_may_only_claim_on_its_table_and_act_on_failed_records_of_its_queues() {
     let template = template();
     let policies = resource(&template, "ConsumerFunction")["Properties"]["Policies"].as_sequence().unwrap();
     assert_eq!(policies.len(), 1, "no policy templates such as DynamoDBCrudPolicy");
     let statements = policies[0]["Statement"].as_sequence().unwrap();
-    let dynamodb: Vec<&Value> = statements
+    let grants: BTreeSet<(Vec<&str>, String)> = statements
         .iter()
-        .filter(|s| s["Action"].as_sequence().unwrap().iter().any(|a| a.as_str().unwrap().starts_with("dynamodb:")))
+        .map(|statement| {
+            assert_eq!(statement["Effect"], "Allow");
+            let mut actions: Vec<&str> =
+                statement["Action"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+            actions.sort();
+            (actions, serde_yaml::to_string(&statement["Resource"]).unwrap())
+        })
         .collect();
-    assert_eq!(dynamodb.len(), 1);
-    let claims = dynamodb[0];
-    assert_eq!(claims["Effect"], "Allow");
-    let actions: BTreeSet<&str> = claims["Action"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-    let expected =
-        BTreeSet::from(["dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]);
-    assert_eq!(actions, expected);
-    assert_eq!(claims["Resource"], get_att("IdempotencyTable.Arn"));
+    let on = |target: &str| serde_yaml::to_string(&get_att(target)).unwrap();
+    let expected = BTreeSet::from([
+        (
+            vec!["dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+            on("IdempotencyTable.Arn"),
+        ),
+        (vec!["sqs:ChangeMessageVisibility"], on("WorkQueue.Arn")),
+        (vec!["sqs:SendMessage"], on("DeadLetterQueue.Arn")),
+    ]);
+    assert_eq!(grants, expected);
     let text = serde_yaml::to_string(policies).unwrap();
     assert!(!text.contains('*'), "no wildcards in the role: {text}");
+    // The dead-letter queue the role may send to is the one the function sends to.
+    let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
+    let reference = Value::Tagged(Box::new(TaggedValue {
+        tag: serde_yaml::value::Tag::new("Ref"),
+        value: "DeadLetterQueue".into(),
+    }));
+    assert_eq!(variables["SQS_ONCE_DLQ_URL"], reference);
 }
 
 #[test]
