@@ -15,7 +15,7 @@ use aws_lambda_events::{
 };
 use aws_sdk_sqs::{
     Client,
-    error::DisplayErrorContext,
+    error::{BuildError, DisplayErrorContext},
     primitives::Blob,
     types::{
         BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
@@ -162,28 +162,16 @@ impl Sqs {
     /// One result per change, in order.
     pub async fn change_visibility(&self, queue_url: &str, changes: &[(&str, Duration)]) -> Vec<Result<(), SqsError>> {
         const OPERATION: &str = "ChangeMessageVisibilityBatch";
-        in_batches(changes, |chunk| async move {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(index, (receipt_handle, visibility))| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(index.to_string())
-                        .receipt_handle(*receipt_handle)
-                        .visibility_timeout(visibility_seconds(*visibility))
-                        .build()
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|error| SqsError::new(OPERATION, error))?;
-            let output = self
-                .client
-                .change_message_visibility_batch()
-                .queue_url(queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|error| SqsError::new(OPERATION, error))?;
-            Ok(refused_entries(OPERATION, output.failed()))
+        let entry = |id, (receipt_handle, visibility): &(&str, Duration)| {
+            ChangeMessageVisibilityBatchRequestEntry::builder()
+                .id(id)
+                .receipt_handle(*receipt_handle)
+                .visibility_timeout(visibility_seconds(*visibility))
+                .build()
+        };
+        in_batches(OPERATION, changes, entry, |entries| async move {
+            let call = self.client.change_message_visibility_batch().queue_url(queue_url).set_entries(Some(entries));
+            call.send().await.map(|output| output.failed).map_err(|error| SqsError::new(OPERATION, error))
         })
         .await
     }
@@ -191,27 +179,12 @@ impl Sqs {
     /// Deletes messages by receipt handle. One result per message, in order.
     pub async fn delete(&self, queue_url: &str, receipt_handles: &[&str]) -> Vec<Result<(), SqsError>> {
         const OPERATION: &str = "DeleteMessageBatch";
-        in_batches(receipt_handles, |chunk| async move {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(index, receipt_handle)| {
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(index.to_string())
-                        .receipt_handle(*receipt_handle)
-                        .build()
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|error| SqsError::new(OPERATION, error))?;
-            let output = self
-                .client
-                .delete_message_batch()
-                .queue_url(queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|error| SqsError::new(OPERATION, error))?;
-            Ok(refused_entries(OPERATION, output.failed()))
+        let entry = |id, receipt_handle: &&str| {
+            DeleteMessageBatchRequestEntry::builder().id(id).receipt_handle(*receipt_handle).build()
+        };
+        in_batches(OPERATION, receipt_handles, entry, |entries| async move {
+            let call = self.client.delete_message_batch().queue_url(queue_url).set_entries(Some(entries));
+            call.send().await.map(|output| output.failed).map_err(|error| SqsError::new(OPERATION, error))
         })
         .await
     }
@@ -253,30 +226,43 @@ impl Sqs {
     }
 }
 
-/// Runs `call` on chunks of at most [`BATCH_LIMIT`] items, concurrently, and
-/// spreads its answer over the items: a failed call fails its whole chunk,
-/// otherwise the entries it names (by index within the chunk) failed.
-async fn in_batches<'a, T, F, Fut>(items: &'a [T], call: F) -> Vec<Result<(), SqsError>>
+/// Sends `items` as batch entries (built by `entry`, with the index within
+/// its call as id) through `call`, at most [`BATCH_LIMIT`] a call, the calls
+/// concurrent, and spreads the answers over the items: a failed call fails
+/// its whole chunk, otherwise the entries SQS names as failed did.
+async fn in_batches<'a, T, E, Fut>(
+    operation: &'static str,
+    items: &'a [T],
+    entry: impl Fn(String, &'a T) -> Result<E, BuildError>,
+    call: impl Fn(Vec<E>) -> Fut,
+) -> Vec<Result<(), SqsError>>
 where
-    F: Fn(&'a [T]) -> Fut,
-    Fut: Future<Output = Result<HashMap<usize, SqsError>, SqsError>>,
+    Fut: Future<Output = Result<Vec<BatchResultErrorEntry>, SqsError>>,
 {
-    let answers = join_all(items.chunks(BATCH_LIMIT).map(&call)).await;
+    let calls = items.chunks(BATCH_LIMIT).map(|chunk| {
+        let entries: Result<Vec<E>, _> =
+            chunk.iter().enumerate().map(|(index, item)| entry(index.to_string(), item)).collect();
+        let sent = entries.map(&call).map_err(|error| SqsError::new(operation, error));
+        async move { sent?.await }
+    });
+    let answers = join_all(calls).await;
     items
         .chunks(BATCH_LIMIT)
         .zip(answers)
         .flat_map(|(chunk, answer)| {
+            let refused: HashMap<usize, SqsError> = match &answer {
+                Ok(failed) => failed
+                    .iter()
+                    .filter_map(|entry| Some((entry.id().parse().ok()?, SqsError::entry(operation, entry))))
+                    .collect(),
+                Err(_) => HashMap::new(),
+            };
             (0..chunk.len()).map(move |index| match &answer {
                 Err(error) => Err(error.clone()),
-                Ok(refused) => refused.get(&index).cloned().map_or(Ok(()), Err),
+                Ok(_) => refused.get(&index).cloned().map_or(Ok(()), Err),
             })
         })
         .collect()
-}
-
-/// The refused entries of a batched call, by their index within the chunk.
-fn refused_entries(operation: &'static str, failed: &[BatchResultErrorEntry]) -> HashMap<usize, SqsError> {
-    failed.iter().filter_map(|entry| Some((entry.id().parse().ok()?, SqsError::entry(operation, entry)))).collect()
 }
 
 fn visibility_seconds(visibility: Duration) -> i32 {
@@ -354,17 +340,24 @@ mod tests {
     #[tokio::test]
     async fn batches_spread_answers_over_their_entries() {
         let items: Vec<usize> = (0..23).collect();
-        let results = in_batches(&items, |chunk| async move {
-            match chunk[0] {
-                // The second chunk fails as a whole; the first refuses its entry 3.
-                10 => Err(SqsError { operation: "Op", reason: "down".into() }),
-                _ => Ok(HashMap::from([(3, SqsError { operation: "Op", reason: "refused".into() })])),
-            }
-        })
+        let refused = |id: &str| BatchResultErrorEntry::builder().id(id).code("Refused").sender_fault(true).build();
+        let results = in_batches(
+            "Op",
+            &items,
+            |id, item| Ok((id, *item)),
+            |entries| async move {
+                match entries[0].1 {
+                    // The second call fails as a whole; the first refuses its entry 3.
+                    10 => Err(SqsError { operation: "Op", reason: "down".into() }),
+                    // The third has entries 0 to 2 only: its "refused 3" names none of them.
+                    _ => Ok(vec![refused("3").unwrap()]),
+                }
+            },
+        )
         .await;
         assert_eq!(results.len(), 23);
         let failed: Vec<usize> = (0..23).filter(|index| results[*index].is_err()).collect();
-        // The third chunk has entries 0 to 2 only: its "refused 3" names none of them.
         assert_eq!(failed, [3].into_iter().chain(10..20).collect::<Vec<_>>());
+        assert_eq!(results[3].as_ref().unwrap_err().reason, "Refused: no message");
     }
 }
