@@ -43,6 +43,14 @@ const RECEIVE_LIMIT: usize = 10;
 const RECEIVE_RETRY: Duration = Duration::from_secs(1);
 
 /// Tuning of the poller; `sqs-once poll --help` shows the matching flags.
+///
+/// ```
+/// use std::time::Duration;
+/// use sqs_once::poll::PollOptions;
+///
+/// let options = PollOptions { receivers: 4, timeout: Some(Duration::from_secs(120)), ..Default::default() };
+/// assert_eq!(options.max_in_flight, 100);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PollOptions {
     /// `ReceiveMessage` calls in flight at once.

@@ -134,6 +134,14 @@ impl RedeliveryPolicy {
 }
 
 /// `delay` plus up to a fifth of it, and up to one second more, at random.
+///
+/// ```
+/// use std::time::Duration;
+/// use sqs_once::redelivery::with_jitter;
+///
+/// let jittered = with_jitter(Duration::from_secs(10));
+/// assert!(jittered >= Duration::from_secs(10) && jittered <= Duration::from_secs(13));
+/// ```
 pub fn with_jitter(delay: Duration) -> Duration {
     let spread = delay / 5 + Duration::from_secs(1);
     delay + spread.mul_f64(fastrand::f64())

@@ -273,6 +273,29 @@ fn visibility_seconds(visibility: Duration) -> i32 {
 
 /// A received message as a Lambda event record of `queue`, so that `poll`
 /// feeds the engine exactly what Lambda would.
+///
+/// ```
+/// use std::time::Duration;
+/// use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+/// use sqs_once::sqs::{QueueInfo, event_message};
+///
+/// let queue = QueueInfo {
+///     url: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders".into(),
+///     arn: "arn:aws:sqs:eu-west-1:123456789012:orders".into(),
+///     visibility_timeout: Duration::from_secs(30),
+///     fifo: false,
+/// };
+/// let message = Message::builder()
+///     .message_id("m-1")
+///     .receipt_handle("rh-1")
+///     .body("{}")
+///     .attributes(MessageSystemAttributeName::ApproximateReceiveCount, "2")
+///     .build();
+/// let record = event_message(message, &queue);
+/// assert_eq!(record.attributes["ApproximateReceiveCount"], "2");
+/// assert_eq!(record.event_source_arn.as_deref(), Some("arn:aws:sqs:eu-west-1:123456789012:orders"));
+/// assert_eq!(record.aws_region.as_deref(), Some("eu-west-1"));
+/// ```
 pub fn event_message(message: Message, queue: &QueueInfo) -> SqsMessage {
     let mut record = SqsMessage::default();
     record.attributes = message
@@ -316,6 +339,17 @@ fn base64_data(blob: Blob) -> Base64Data {
 
 /// A message attribute of an event record, as SQS takes it in `SendMessage`;
 /// `None` if it has no data type, which SQS requires.
+///
+/// ```
+/// use aws_lambda_events::sqs::SqsMessageAttribute;
+/// use sqs_once::sqs::outgoing_attribute;
+///
+/// let mut attribute = SqsMessageAttribute::default();
+/// attribute.data_type = Some("Number".into());
+/// attribute.string_value = Some("42".into());
+/// assert_eq!(outgoing_attribute(&attribute).unwrap().string_value(), Some("42"));
+/// assert!(outgoing_attribute(&SqsMessageAttribute::default()).is_none());
+/// ```
 pub fn outgoing_attribute(attribute: &SqsMessageAttribute) -> Option<MessageAttributeValue> {
     MessageAttributeValue::builder()
         .set_data_type(attribute.data_type.clone())
