@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig, retry::RetryConfig, timeout::TimeoutConfig};
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 
 /// Attempts per request, the first included. Throttling and 5xx answers are
 /// retried with jittered exponential back-off between these bounds.
@@ -49,4 +50,30 @@ pub fn timeouts(long_poll: Option<Duration>) -> TimeoutConfig {
         .operation_attempt_timeout(ATTEMPT_TIMEOUT + wait)
         .operation_timeout(OPERATION_TIMEOUT + wait)
         .build()
+}
+
+/// An SDK failure in one line: the error code and message when the service
+/// answered, else the whole cause chain, since the SDK's own `Display` says
+/// only "service error" or "dispatch failure".
+///
+/// ```
+/// use aws_sdk_sqs::{error::ErrorMetadata, operation::get_queue_url::GetQueueUrlError};
+///
+/// let refused = GetQueueUrlError::generic(ErrorMetadata::builder().code("AccessDenied").message("no").build());
+/// assert_eq!(sqs_once::aws::describe(&refused), "AccessDenied: no");
+/// ```
+pub fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
+    if let (Some(code), Some(message)) = (error.code(), error.message()) {
+        return format!("{code}: {message}");
+    }
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
 }

@@ -15,7 +15,7 @@ use aws_lambda_events::{
 };
 use aws_sdk_sqs::{
     Client,
-    error::{BuildError, DisplayErrorContext},
+    error::{BuildError, ProvideErrorMetadata},
     primitives::Blob,
     types::{
         BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
@@ -41,8 +41,12 @@ pub struct SqsError {
 }
 
 impl SqsError {
-    fn new(operation: &'static str, error: impl std::error::Error) -> Self {
-        Self { operation, reason: DisplayErrorContext(error).to_string() }
+    fn new(operation: &'static str, error: impl std::error::Error + ProvideErrorMetadata) -> Self {
+        Self { operation, reason: crate::aws::describe(&error) }
+    }
+
+    fn unbuilt(operation: &'static str, error: BuildError) -> Self {
+        Self { operation, reason: format!("invalid request: {error}") }
     }
 
     fn entry(operation: &'static str, entry: &BatchResultErrorEntry) -> Self {
@@ -242,7 +246,7 @@ where
     let calls = items.chunks(BATCH_LIMIT).map(|chunk| {
         let entries: Result<Vec<E>, _> =
             chunk.iter().enumerate().map(|(index, item)| entry(index.to_string(), item)).collect();
-        let sent = entries.map(&call).map_err(|error| SqsError::new(operation, error));
+        let sent = entries.map(&call).map_err(|error| SqsError::unbuilt(operation, error));
         async move { sent?.await }
     });
     let answers = join_all(calls).await;

@@ -74,9 +74,15 @@ struct Poller {
 /// SIGTERM, then the summary the poller prints as it exits cleanly.
 async fn stop(poller: Poller) -> Value {
     let Poller { mut child, dir, name } = poller;
+    let log = dir.join(format!("poll-{name}.err"));
+    // A signal before the process has set up its handlers would kill it outright.
+    until("the poller has started", Duration::from_secs(30), async || {
+        std::fs::read_to_string(&log).unwrap_or_default().contains("polling")
+    })
+    .await;
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
-    let stderr = std::fs::read_to_string(dir.join(format!("poll-{name}.err"))).unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "poll did not exit cleanly: {status:?}\n{stderr}");
     assert!(stderr.contains("SIGTERM") && stderr.contains("stopped"), "{stderr}");
     let stdout = std::fs::read_to_string(dir.join(format!("poll-{name}.out"))).unwrap();

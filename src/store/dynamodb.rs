@@ -656,21 +656,7 @@ fn text(item: &Item, name: &str) -> Option<String> {
     }
 }
 
-/// An SDK failure in one line: DynamoDB's error code and message when it
-/// answered, else the whole cause chain, since the SDK's own `Display` says
-/// only "service error" or "dispatch failure".
-fn unavailable(error: impl std::error::Error + ProvideErrorMetadata + Send + Sync + 'static) -> StoreError {
-    if let (Some(code), Some(message)) = (error.code(), error.message()) {
-        return StoreError::unavailable(format!("DynamoDB {code}: {message}"));
-    }
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.ends_with(&text) {
-            message = format!("{message}: {text}");
-        }
-        source = cause.source();
-    }
-    StoreError::unavailable(message)
+/// An SDK failure as a store error, in one line ([`crate::aws::describe`]).
+fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
+    StoreError::unavailable(format!("DynamoDB: {}", crate::aws::describe(&error)))
 }
