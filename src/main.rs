@@ -233,7 +233,10 @@ async fn poll(queue_url: String, options: PollOptions) -> anyhow::Result<Option<
     let shutdown = sqs_once::poll::interrupted();
     let config = Config::from_env()?;
     let consumer = startup::consumer(&config).await?;
-    let sqs = Sqs::new(&sqs_once::aws::sdk_config().await);
+    let sqs = match &consumer.redelivery {
+        Some(redelivery) => redelivery.sqs().clone(),
+        None => Sqs::new(&sqs_once::aws::sdk_config().await),
+    };
     let poller =
         Poller::new(consumer, sqs, &queue_url, options).await.with_context(|| format!("cannot poll {queue_url}"))?;
     let summary = poller.run(shutdown).await;

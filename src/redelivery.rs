@@ -25,15 +25,17 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    sync::Mutex,
     time::Duration,
 };
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsMessage};
 use aws_sdk_sqs::types::MessageAttributeValue;
 use futures::{FutureExt, StreamExt, stream};
+use tokio::time::Instant;
 
 use crate::{
-    engine::{BatchReport, Failure, Outcome},
+    engine::{BatchReport, Failure, Outcome, lock},
     event::EventRecord,
     record::receive_count,
     sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
@@ -173,7 +175,8 @@ pub struct RedeliveryCounts {
 ///     dead_letter_queue: Some("https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq".into()),
 /// };
 /// let redelivery = Redelivery::new(policy, Sqs::new(&sqs_once::aws::sdk_config().await));
-/// let (response, counts) = redelivery.apply(&records, &report).await;
+/// let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+/// let (response, counts) = redelivery.apply(&records, &report, deadline).await;
 /// # }
 /// ```
 #[derive(Debug, Clone)]
@@ -183,6 +186,7 @@ pub struct Redelivery {
 }
 
 /// A failed record that SQS can act on.
+#[derive(Clone, Copy)]
 struct Failed<'a> {
     message: &'a SqsMessage,
     failure: &'a Failure,
@@ -203,41 +207,79 @@ impl Redelivery {
         &self.policy
     }
 
+    /// The SQS client it calls through.
+    pub fn sqs(&self) -> &Sqs {
+        &self.sqs
+    }
+
     /// Acts on the failed records of `report` (the engine's report on
     /// `records`) and returns the partial-batch response: the engine's,
     /// less the records now in the dead-letter queue. Records without a
     /// receipt handle or queue ARN are left as they are.
-    pub async fn apply(&self, records: &[EventRecord], report: &BatchReport) -> (SqsBatchResponse, RedeliveryCounts) {
-        let mut counts = RedeliveryCounts::default();
-        let mut visibility: HashMap<&str, Vec<(&str, Duration)>> = HashMap::new();
-        let mut dead_letters: HashMap<&str, Failed<'_>> = HashMap::new();
+    ///
+    /// Gives up at `deadline`: calls not answered by then count as failed,
+    /// and their records keep the queue's timing and stay in the response.
+    pub async fn apply(
+        &self,
+        records: &[EventRecord],
+        report: &BatchReport,
+        deadline: Instant,
+    ) -> (SqsBatchResponse, RedeliveryCounts) {
+        let plan = self.plan(records, report);
+        let planned_changes = plan.visibility.values().map(Vec::len).sum::<usize>() as u64;
+        let planned_moves = plan.dead_letters.len() as u64;
+        let progress = Mutex::new(Progress::default());
+        let work = futures::future::join(
+            self.change_all(&plan.visibility, &progress),
+            self.dead_letter_all(plan.dead_letters, &progress),
+        );
+        let finished = tokio::time::timeout_at(deadline, work).await.is_ok();
+        let Progress { mut counts, moved } = progress.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !finished {
+            tracing::warn!(
+                "SQS did not answer before the deadline; records it did not confirm keep the queue's timing"
+            );
+            counts.visibility_failed = planned_changes - counts.visibility_changed;
+            counts.dead_letter_failed = planned_moves - counts.dead_lettered;
+        }
+        let mut response = report.response();
+        response.batch_item_failures.retain(|failure| !moved.contains(failure.item_identifier.as_str()));
+        (response, counts)
+    }
+
+    /// What to ask of SQS for the failed records.
+    fn plan<'a>(&self, records: &'a [EventRecord], report: &'a BatchReport) -> Plan<'a> {
+        let mut plan = Plan::default();
         for failed in failed_messages(records, report) {
             match self.policy.next_delivery(failed.failure, receive_count(failed.message), failed.fifo) {
                 NextDelivery::AsQueued => {}
-                NextDelivery::After(delay) => {
-                    visibility.entry(failed.queue_arn).or_default().push((failed.receipt_handle, with_jitter(delay)))
-                }
+                NextDelivery::After(delay) => plan
+                    .visibility
+                    .entry(failed.queue_arn)
+                    .or_default()
+                    .push((failed.receipt_handle, with_jitter(delay))),
                 NextDelivery::DeadLetter => {
                     // The same message twice in a batch is sent once.
-                    dead_letters.entry(failed.message.message_id.as_deref().unwrap_or_default()).or_insert(failed);
+                    plan.dead_letters.entry(failed.message.message_id.as_deref().unwrap_or_default()).or_insert(failed);
                 }
             }
         }
-        for (queue_arn, changes) in &visibility {
+        plan
+    }
+
+    async fn change_all(&self, visibility: &HashMap<&str, Vec<(&str, Duration)>>, progress: &Mutex<Progress<'_>>) {
+        for (queue_arn, changes) in visibility {
             for result in self.change_visibility(queue_arn, changes).await {
+                let mut progress = lock(progress);
                 match result {
-                    Ok(()) => counts.visibility_changed += 1,
+                    Ok(()) => progress.counts.visibility_changed += 1,
                     Err(error) => {
-                        counts.visibility_failed += 1;
+                        progress.counts.visibility_failed += 1;
                         tracing::warn!(%error, queue = queue_arn, "visibility not changed; the queue's timeout applies");
                     }
                 }
             }
         }
-        let moved = self.dead_letter_all(dead_letters, &mut counts).await;
-        let mut response = report.response();
-        response.batch_item_failures.retain(|failure| !moved.contains(failure.item_identifier.as_str()));
-        (response, counts)
     }
 
     async fn change_visibility(&self, queue_arn: &str, changes: &[(&str, Duration)]) -> Vec<Result<(), SqsError>> {
@@ -251,35 +293,47 @@ impl Redelivery {
         }
     }
 
-    /// Sends each record to the dead-letter queue; returns the message ids sent.
-    async fn dead_letter_all<'a>(
-        &self,
-        dead_letters: HashMap<&'a str, Failed<'a>>,
-        counts: &mut RedeliveryCounts,
-    ) -> HashSet<&'a str> {
-        let Some(queue_url) = self.policy.dead_letter_queue.as_deref() else { return HashSet::new() };
+    /// Sends each record to the dead-letter queue, noting the message ids sent.
+    async fn dead_letter_all<'a>(&self, dead_letters: HashMap<&'a str, Failed<'a>>, progress: &Mutex<Progress<'a>>) {
+        let Some(queue_url) = self.policy.dead_letter_queue.as_deref() else { return };
         let mut sends = Vec::with_capacity(dead_letters.len());
         for (message_id, failed) in dead_letters {
             let message = dead_letter(&failed, queue_url.ends_with(".fifo"));
             sends.push(self.sqs.send(queue_url, message).map(move |sent| (message_id, sent)).boxed());
         }
         let mut results = stream::iter(sends).buffer_unordered(DEAD_LETTER_CONCURRENCY);
-        let mut moved = HashSet::new();
         while let Some((message_id, sent)) = results.next().await {
+            let mut progress = lock(progress);
             match sent {
                 Ok(()) => {
-                    counts.dead_lettered += 1;
+                    progress.counts.dead_lettered += 1;
+                    progress.moved.insert(message_id);
                     tracing::info!(message_id, "moved to the dead-letter queue");
-                    moved.insert(message_id);
                 }
                 Err(error) => {
-                    counts.dead_letter_failed += 1;
+                    progress.counts.dead_letter_failed += 1;
                     tracing::warn!(message_id, %error, "not moved to the dead-letter queue; it stays failed");
                 }
             }
         }
-        moved
     }
+}
+
+/// The SQS calls one batch needs.
+#[derive(Default)]
+struct Plan<'a> {
+    /// New visibility timeouts by receipt handle, per queue ARN.
+    visibility: HashMap<&'a str, Vec<(&'a str, Duration)>>,
+    /// Records to move, by message id.
+    dead_letters: HashMap<&'a str, Failed<'a>>,
+}
+
+/// What SQS has confirmed so far, kept when the deadline cuts the calls short.
+#[derive(Default)]
+struct Progress<'a> {
+    counts: RedeliveryCounts,
+    /// Message ids now in the dead-letter queue.
+    moved: HashSet<&'a str>,
 }
 
 /// The failed records that SQS can act on, in event order.

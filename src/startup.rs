@@ -71,9 +71,10 @@ impl Consumer {
     }
 
     /// The redelivery step of [`handle`](Self::handle), for callers that run
-    /// the engine themselves. It is best effort and ends by `deadline`: when
-    /// SQS is slow or down, the engine's own answer stands, which is correct
-    /// on its own (failed records come back after the queue's timeout).
+    /// the engine themselves. It is best effort and ends by `deadline` (less
+    /// the time to post the answer): when SQS is slow or down, the engine's
+    /// own answer stands, which is correct on its own (failed records come
+    /// back after the queue's timeout).
     pub async fn settle(&self, records: &[EventRecord], report: BatchReport, deadline: SystemTime) -> Handled {
         let Some(redelivery) = &self.redelivery else {
             return Handled { response: report.response(), report, redelivery: None };
@@ -82,13 +83,8 @@ impl Consumer {
             return Handled { response: report.response(), report, redelivery: Some(RedeliveryCounts::default()) };
         }
         let remaining = deadline.duration_since(SystemTime::now()).unwrap_or_default().saturating_sub(ANSWER_TIME);
-        match tokio::time::timeout_at(Instant::now() + remaining, redelivery.apply(records, &report)).await {
-            Ok((response, counts)) => Handled { response, report, redelivery: Some(counts) },
-            Err(_) => {
-                tracing::warn!("SQS did not answer before the deadline; failed records keep the queue's timeout");
-                Handled { response: report.response(), report, redelivery: Some(RedeliveryCounts::default()) }
-            }
-        }
+        let (response, counts) = redelivery.apply(records, &report, Instant::now() + remaining).await;
+        Handled { response, report, redelivery: Some(counts) }
     }
 
     /// The counts metrics take from outside the batch report, since start.

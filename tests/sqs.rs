@@ -263,3 +263,36 @@ async fn an_unreachable_sqs_leaves_the_answer_correct() {
     assert!(stderr.contains("visibility not changed"), "{stderr}");
     assert_eq!((world.runs("ok"), world.runs("retry"), world.runs("perm")), (1, 1, 1));
 }
+
+#[tokio::test]
+async fn an_sqs_that_never_answers_is_cut_off_at_the_deadline_and_the_answer_stands() {
+    // Accepts connections and never answers them.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().take(16).collect();
+        std::thread::sleep(Duration::from_secs(60));
+        drop(held);
+    });
+    let world = World::new();
+    let record = |id: &str, body: Value| {
+        json!({"messageId": id, "receiptHandle": format!("rh-{id}"), "body": body.to_string(), "eventSource": "aws:sqs",
+               "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:work"})
+    };
+    let event = json!({"Records": [
+        record("m-retry", json!({"id": "retry", "fail": "retryable"})),
+        record("m-perm", json!({"id": "perm", "fail": "permanent"})),
+    ]});
+    let path = world.event_file(&event);
+    let hanging = [
+        ("AWS_ENDPOINT_URL_SQS", endpoint.as_str()),
+        ("SQS_ONCE_DLQ_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/dlq"),
+    ];
+    let output =
+        world.command(&["invoke", "--sqs", "--metrics", "--timeout", "1.5"], &hanging).arg(path).output().unwrap();
+    let (failures, metrics) = answer(&output);
+    assert_eq!(failures, HashSet::from(["m-retry".to_owned(), "m-perm".to_owned()]));
+    assert_eq!((metrics["VisibilityChanged"].as_u64(), metrics["VisibilityChangeFailed"].as_u64()), (Some(0), Some(1)));
+    assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(0), Some(1)));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("SQS did not answer before the deadline"));
+}
