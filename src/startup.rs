@@ -79,9 +79,6 @@ impl Consumer {
         let Some(redelivery) = &self.redelivery else {
             return Handled { response: report.response(), report, redelivery: None };
         };
-        if report.records.iter().all(|record| !record.outcome.is_failure()) {
-            return Handled { response: report.response(), report, redelivery: Some(RedeliveryCounts::default()) };
-        }
         let remaining = deadline.duration_since(SystemTime::now()).unwrap_or_default().saturating_sub(ANSWER_TIME);
         let (response, counts) = redelivery.apply(records, &report, Instant::now() + remaining).await;
         Handled { response, report, redelivery: Some(counts) }
