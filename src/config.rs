@@ -57,6 +57,10 @@ pub struct Config {
     pub engine: EngineOptions,
     /// Where claims are kept.
     pub store: StoreChoice,
+    /// Whether the DynamoDB store sends the writes of concurrent records
+    /// together (`SQS_ONCE_DYNAMODB_BATCHING`, default on; see
+    /// [`crate::store::DynamoDbStore::batching`]).
+    pub dynamodb_batching: bool,
     /// The metrics published per Lambda invocation.
     pub metrics: MetricsConfig,
     /// What SQS does with failed records besides redelivering them.
@@ -146,6 +150,7 @@ impl Config {
             claims,
             engine,
             store,
+            dynamodb_batching: env.flag("SQS_ONCE_DYNAMODB_BATCHING", true)?,
             metrics: env.metrics()?,
             redelivery: env.redelivery()?,
         })
@@ -278,6 +283,9 @@ mod tests {
     fn the_table_selects_dynamodb_with_powertools_names_and_an_optional_sort_key() {
         let plain = config(&[("SQS_ONCE_TABLE", "claims")]).unwrap();
         assert_eq!(plain.store, StoreChoice::DynamoDb(TableLayout::new("claims")));
+        assert!(plain.dynamodb_batching, "writes are batched by default");
+        let single = config(&[("SQS_ONCE_TABLE", "claims"), ("SQS_ONCE_DYNAMODB_BATCHING", "false")]).unwrap();
+        assert!(!single.dynamodb_batching);
         let sorted = config(&[
             ("SQS_ONCE_TABLE", "shared"),
             ("AWS_LAMBDA_FUNCTION_NAME", "payments"),

@@ -111,7 +111,8 @@ fn store_with(config: &Config, aws: Option<&SdkConfig>) -> Result<CountedStore, 
     Ok(match (&config.store, aws) {
         (StoreChoice::DynamoDb(layout), Some(aws)) => {
             let (client, requests) = dynamodb::client_from(aws);
-            (Arc::new(DynamoDbStore::new(client, layout.clone())), Some(requests))
+            let store = DynamoDbStore::new(client, layout.clone()).batching(config.dynamodb_batching);
+            (Arc::new(store), Some(requests))
         }
         (StoreChoice::File(path), _) => (Arc::new(SqliteStore::open(path)?), None),
         _ => (Arc::new(MemoryStore::default()), None),

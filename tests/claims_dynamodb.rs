@@ -1,5 +1,6 @@
 //! The claim state machine on the DynamoDB store, against DynamoDB Local:
-//! the same suite as every other store, on both table layouts.
+//! the same suite as every other store, on both table layouts, with writes
+//! batched (the default) and single.
 
 mod common;
 
@@ -24,6 +25,17 @@ mod sort_key_table {
 
     async fn store() -> Arc<dyn ClaimStore> {
         Arc::new(common::dynamodb::fresh_table(common::dynamodb::sorted()).await.0)
+    }
+
+    claim_suite!(store().await);
+}
+
+/// The suite again with every write in a request of its own.
+mod single_requests {
+    use super::*;
+
+    async fn store() -> Arc<dyn ClaimStore> {
+        Arc::new(common::dynamodb::fresh_table(TableKey::Partition).await.0.batching(false))
     }
 
     claim_suite!(store().await);

@@ -1,6 +1,7 @@
 //! The DynamoDB store under the engine and the binary, against DynamoDB Local:
-//! races between whole engines, the request floor per record path, the read
-//! after a claim that returned no item, large results, and a server that is down.
+//! races between whole engines, batched writes and their fallback when
+//! DynamoDB denies them, the request floor per record path, the read after a
+//! claim that returned no item, large results, and a server that is down.
 
 mod common;
 
@@ -21,7 +22,10 @@ use sqs_once::{
     event::parse_event,
     handlers::demo::Demo,
     key::KeyDeriver,
-    store::{ClaimStore, DynamoDbStore, dynamodb::TableKey},
+    store::{
+        ClaimStore, DynamoDbStore,
+        dynamodb::{self, RequestCounts, TableKey},
+    },
 };
 
 fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> Engine {
@@ -61,8 +65,12 @@ async fn four_engines_on_one_batch_run_each_key_once() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("demo.log");
     let records = batch((0..500).map(|n| json!({"key": n, "sleep_ms": n % 4})));
-    let engines: Vec<Engine> =
-        (0..4).map(|_| engine(store.clone(), Demo::with_log(&log).unwrap(), ClaimPolicy::default())).collect();
+    // Four processes: each with a client and batches of its own.
+    let mut engines = Vec::new();
+    for _ in 0..4 {
+        let own = DynamoDbStore::new(dynamodb::client().await.0, store.layout().clone());
+        engines.push(engine(own, Demo::with_log(&log).unwrap(), ClaimPolicy::default()));
+    }
     let reports = futures::future::join_all(engines.iter().map(|engine| run(engine, &records))).await;
     let counts = log_counts(&log);
     assert_eq!(counts.len(), 500, "every key ran");
@@ -78,8 +86,92 @@ async fn four_engines_on_one_batch_run_each_key_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_per_record_meet_the_floor() {
+async fn batched_writes_share_requests_and_keep_every_outcome() {
     let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("demo.log");
+    let cold = || engine(store.clone(), Demo::with_log(&log).unwrap(), ClaimPolicy::default());
+    let bodies = (0..300).map(|n| match n % 10 {
+        0 => json!({"key": n, "fail": "retryable"}),
+        1 => json!({"key": n, "fail": "permanent"}),
+        _ => json!({"key": n}),
+    });
+    let records = batch(bodies);
+    let requests_of = |counts: RequestCounts| (counts.put, counts.get, counts.update, counts.delete);
+
+    let report = run(&cold(), &records).await;
+    let labels: Vec<&str> = report.records.iter().map(|record| record.outcome.label()).collect();
+    for (index, label) in labels.iter().enumerate() {
+        let expected = ["retryable", "permanent"].get(index % 10).copied().unwrap_or("processed");
+        assert_eq!(*label, expected, "record {index}");
+    }
+    assert_eq!(failed(&report), 60);
+    let first = requests.snapshot();
+    assert_eq!(requests_of(first), (0, 0, 0, 0), "every write went in a batch");
+    // 600 writes (a claim, then a completion, failure record or release each).
+    assert!(first.batch_statement <= 600 / 8, "{first:?}: fewer than 8 writes per request");
+    let stored = |index: usize| report.records[index].key.clone().unwrap();
+    for index in 0..300 {
+        let record = store.get(&stored(index)).await.unwrap();
+        let status = record.map(|record| record.status);
+        let expected =
+            [None, Some(ClaimStatus::Failed)].get(index % 10).copied().unwrap_or(Some(ClaimStatus::Completed));
+        assert_eq!(status, expected, "record {index}");
+    }
+
+    // Another process: completions and failures are found, released keys run again.
+    let first = requests.snapshot();
+    let again = run(&cold(), &records).await;
+    for (index, record) in again.records.iter().enumerate() {
+        let expected = ["retryable", "failed_before"].get(index % 10).copied().unwrap_or("duplicate");
+        assert_eq!(record.outcome.label(), expected, "record {index}");
+    }
+    let second = requests.snapshot();
+    assert_eq!(requests_of(second), (0, 0, 0, 0));
+    assert!(second.batch_get - first.batch_get <= 270 / 8, "{second:?}: refused claims read in batches");
+    let runs = log_counts(&log);
+    assert_eq!(runs.len(), 300, "every key ran");
+    assert!(runs.iter().all(|(_, &count)| count == 1 || count == 2), "{runs:?}");
+    assert_eq!(runs.values().filter(|&&count| count == 2).count(), 30, "only released keys ran again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_batches_fall_back_to_single_requests() {
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let denying = common::dynamodb::denying_batches().await;
+    let dir = tempfile::tempdir().unwrap();
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, json!({ "Records": batch((0..50).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+    for pass in ["new", "duplicates"] {
+        let output = tokio::process::Command::from(sqs_once(dir.path()))
+            .args(["invoke", "--metrics"])
+            .arg(&event)
+            .env("SQS_ONCE_TABLE", &store.layout().table)
+            .env("SQS_ONCE_LOCAL_CACHE", "0")
+            .env("AWS_ENDPOINT_URL_DYNAMODB", &denying)
+            .output()
+            .await
+            .unwrap();
+        let logs = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{logs}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), r#"{"batchItemFailures":[]}"#, "{pass}: {logs}");
+        let warning = "making single requests from now on";
+        assert_eq!(logs.matches(warning).count(), 1, "{pass}: said once: {logs}");
+        let metrics = logs.lines().find(|line| line.contains("\"DynamoDbRequests\"")).expect("metrics line");
+        let metrics: Value = serde_json::from_str(metrics).unwrap();
+        // Single writes (50 claims, plus 50 completions the first time), and
+        // the batched requests already on their way when the first denial came back.
+        let requests = metrics["DynamoDbRequests"].as_u64().unwrap();
+        let singles = if pass == "new" { 100 } else { 50 };
+        assert!((singles + 1..=singles + 4).contains(&requests), "{pass}: {requests} requests");
+    }
+    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 50, "each key ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_requests_per_record_meet_the_floor() {
+    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let store = store.batching(false);
     let cached = ClaimPolicy { local_cache_entries: 1000, ..ClaimPolicy::default() };
     let warm = engine(store.clone(), Demo::default(), cached);
     let cold =
@@ -115,7 +207,7 @@ async fn requests_per_record_meet_the_floor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_without_the_old_item_reads_it_once_consistently() {
     let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
-    let store = store.returning_old_item(false);
+    let store = store.batching(false).returning_old_item(false);
     let claims = Claims::with_policy(
         Arc::new(store.clone()),
         ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() },

@@ -167,7 +167,10 @@ async fn a_warm_process_answers_redeliveries_as_duplicates_without_dynamodb_requ
     assert!(failures(&function.invoke(&event, SECONDS_30).await).is_empty());
     let metrics = function.metrics(2).await;
     assert_eq!(metrics.len(), 2, "one metrics line per invocation");
-    assert_eq!((metrics[0]["Processed"].as_u64(), metrics[0]["DynamoDbRequests"].as_u64()), (Some(10), Some(20)));
+    assert_eq!(metrics[0]["Processed"].as_u64(), Some(10));
+    // Claims share requests, and so do completions (20 writes as single requests).
+    let requests = metrics[0]["DynamoDbRequests"].as_u64().unwrap();
+    assert!((2..=10).contains(&requests), "{requests} requests for 10 new records");
     assert_eq!((metrics[1]["Duplicates"].as_u64(), metrics[1]["DynamoDbRequests"].as_u64()), (Some(10), Some(0)));
     assert_eq!(metrics[1]["FunctionName"], "sqs-once-test");
     assert_eq!(metrics[1]["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([["FunctionName"]]));

@@ -107,7 +107,16 @@ fn the_role_may_only_claim_on_its_table_and_act_on_failed_records_of_its_queues(
     let on = |target: &str| serde_yaml::to_string(&get_att(target)).unwrap();
     let expected = BTreeSet::from([
         (
-            vec!["dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+            vec![
+                "dynamodb:BatchGetItem",
+                "dynamodb:DeleteItem",
+                "dynamodb:GetItem",
+                "dynamodb:PartiQLDelete",
+                "dynamodb:PartiQLInsert",
+                "dynamodb:PartiQLUpdate",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+            ],
             on("IdempotencyTable.Arn"),
         ),
         (vec!["sqs:ChangeMessageVisibility"], on("WorkQueue.Arn")),

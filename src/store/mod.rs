@@ -9,6 +9,7 @@ use async_trait::async_trait;
 
 use crate::claim::{ClaimRecord, ClaimStatus};
 
+pub mod batched;
 pub mod dynamodb;
 pub mod memory;
 pub mod sqlite;

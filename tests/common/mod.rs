@@ -123,6 +123,11 @@ impl ClaimStore for Down {
 pub mod dynamodb {
     use std::sync::Arc;
 
+    use tokio::{
+        io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+        net::{TcpListener, TcpStream},
+    };
+
     use sqs_once::store::{
         DynamoDbStore,
         dynamodb::{self, RequestCounter, TableKey, TableLayout},
@@ -143,6 +148,76 @@ pub mod dynamodb {
         let store = DynamoDbStore::new(client, TableLayout { key, ..TableLayout::new(name) });
         assert!(store.create_table().await.expect("create table"), "table name collided");
         (store, requests)
+    }
+
+    /// The URL of an endpoint that denies every batched request
+    /// (`BatchExecuteStatement`, `BatchGetItem`) as IAM does without the
+    /// permissions, and passes every other request on to DynamoDB Local.
+    pub async fn denying_batches() -> String {
+        let upstream = endpoint().trim_start_matches("http://").to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(relay(client, upstream.clone()));
+            }
+        });
+        format!("http://{address}")
+    }
+
+    const DENIED: &str = r#"{"__type":"com.amazon.coral.service#AccessDeniedException","Message":"User: test is not authorized to perform: dynamodb:PartiQLInsert"}"#;
+
+    /// Serves one client connection: denied requests answered here, the
+    /// others relayed one at a time over a connection of their own.
+    async fn relay(client: TcpStream, upstream: String) {
+        let mut client = BufReader::new(client);
+        let mut server = None;
+        while let Some((message, target)) = read_message(&mut client).await {
+            let answer = if target.contains("BatchExecuteStatement") || target.contains("BatchGetItem") {
+                let head = format!(
+                    "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: {}\r\n\r\n",
+                    DENIED.len()
+                );
+                [head.as_bytes(), DENIED.as_bytes()].concat()
+            } else {
+                if server.is_none() {
+                    server = Some(BufReader::new(TcpStream::connect(&upstream).await.unwrap()));
+                }
+                let Some(server) = server.as_mut() else { return };
+                server.get_mut().write_all(&message).await.unwrap();
+                let Some((answer, _)) = read_message(server).await else { return };
+                answer
+            };
+            if client.get_mut().write_all(&answer).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// One HTTP/1.1 message with a `Content-Length` body, as sent, and its
+    /// `X-Amz-Target` header.
+    async fn read_message(stream: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, String)> {
+        let mut message = Vec::new();
+        let (mut length, mut target) = (0, String::new());
+        loop {
+            let mut line = String::new();
+            stream.read_line(&mut line).await.ok().filter(|read| *read > 0)?;
+            message.extend_from_slice(line.as_bytes());
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                match name.trim().to_ascii_lowercase().as_str() {
+                    "content-length" => length = value.trim().parse().ok()?,
+                    "x-amz-target" => target = value.trim().to_owned(),
+                    _ => {}
+                }
+            }
+        }
+        let start = message.len();
+        message.resize(start + length, 0);
+        stream.read_exact(&mut message[start..]).await.ok()?;
+        Some((message, target))
     }
 
     /// A table keyed by a static partition value and a sort key, as Powertools lays it out.

@@ -1,0 +1,266 @@
+//! Concurrent store calls gathered into batch requests.
+//!
+//! The engine runs many records at once, and each makes its own claim and
+//! completion call. A [`Batcher`] lets every such call wait for its own
+//! answer while the requests themselves go out together, as a database
+//! groups commits: at most [`BatchCall::IN_FLIGHT`] requests are on the wire
+//! at once, and the calls that arrive meanwhile gather for the next one, up
+//! to [`BatchCall::LIMIT`] per request.
+//!
+//! Nothing waits on a timer. A lone call on a quiet batcher is sent at once;
+//! batches grow exactly as far as the load makes them.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::{Arc, Mutex},
+};
+
+use async_trait::async_trait;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+use super::StoreError;
+use crate::engine::lock;
+
+/// One kind of batch request.
+#[async_trait]
+pub trait BatchCall: Send + Sync + 'static {
+    /// What one caller asks for.
+    type Input: Send + 'static;
+    /// What one caller gets back.
+    type Output: Send + 'static;
+    /// Most inputs in one request.
+    const LIMIT: usize;
+    /// Most requests on the wire at once.
+    const IN_FLIGHT: usize;
+
+    /// The item an input is about: a request never holds two inputs about
+    /// the same item (DynamoDB refuses such a batch as a whole).
+    fn item(input: &Self::Input) -> &str;
+
+    /// Sends one request for `inputs` and answers each, in order. An error of
+    /// the request as a whole is every input's answer.
+    async fn call(&self, inputs: Vec<Self::Input>) -> Vec<Result<Self::Output, StoreError>>;
+}
+
+type Answer<C> = oneshot::Sender<Result<<C as BatchCall>::Output, StoreError>>;
+type Waiting<C> = (<C as BatchCall>::Input, Answer<C>);
+
+/// Calls waiting for a request, and whether a task is sending them.
+struct Queue<C: BatchCall> {
+    waiting: VecDeque<Waiting<C>>,
+    flushing: bool,
+}
+
+impl<C: BatchCall> Queue<C> {
+    /// The next request: up to `C::LIMIT` waiting calls about distinct
+    /// items, oldest first; the others keep their place.
+    fn next_request(&mut self) -> Vec<Waiting<C>> {
+        let mut items = HashSet::new();
+        let mut request = Vec::new();
+        let mut skipped = VecDeque::new();
+        while request.len() < C::LIMIT {
+            let Some(entry) = self.waiting.pop_front() else { break };
+            if items.insert(C::item(&entry.0).to_owned()) {
+                request.push(entry);
+            } else {
+                skipped.push_back(entry);
+            }
+        }
+        skipped.append(&mut self.waiting);
+        self.waiting = skipped;
+        request
+    }
+}
+
+/// Gathers concurrent calls into requests of a [`BatchCall`].
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::sync::{Arc, Mutex};
+/// use sqs_once::store::{StoreError, batched::{BatchCall, Batcher}};
+///
+/// /// Doubles numbers, remembering how many were sent in each request.
+/// #[derive(Default)]
+/// struct Double(Mutex<Vec<usize>>);
+///
+/// #[async_trait::async_trait]
+/// impl BatchCall for Double {
+///     type Input = String;
+///     type Output = u64;
+///     const LIMIT: usize = 25;
+///     const IN_FLIGHT: usize = 4;
+///     fn item(input: &String) -> &str { input }
+///     async fn call(&self, inputs: Vec<String>) -> Vec<Result<u64, StoreError>> {
+///         self.0.lock().unwrap().push(inputs.len());
+///         inputs.iter().map(|input| Ok(input.parse::<u64>().unwrap() * 2)).collect()
+///     }
+/// }
+///
+/// let double = Arc::new(Double::default());
+/// let batcher = Batcher::new(Arc::clone(&double));
+/// let answers = futures::future::join_all((0..30).map(|n| batcher.submit(n.to_string()))).await;
+/// assert_eq!(answers[29].as_ref().unwrap(), &58);
+/// assert_eq!(*double.0.lock().unwrap(), [25, 5]); // 30 calls, 2 requests
+/// # });
+/// ```
+pub struct Batcher<C: BatchCall> {
+    call: Arc<C>,
+    queue: Arc<Mutex<Queue<C>>>,
+    slots: Arc<Semaphore>,
+}
+
+impl<C: BatchCall> Batcher<C> {
+    /// A batcher sending its requests through `call`.
+    pub fn new(call: Arc<C>) -> Self {
+        let queue = Queue { waiting: VecDeque::new(), flushing: false };
+        Self { call, queue: Arc::new(Mutex::new(queue)), slots: Arc::new(Semaphore::new(C::IN_FLIGHT)) }
+    }
+
+    /// Sends `input` with whatever else is waiting, and waits for its answer.
+    ///
+    /// Requests run in tasks of their own, so a caller that stops waiting
+    /// never takes the other inputs of its request down with it.
+    pub async fn submit(&self, input: C::Input) -> Result<C::Output, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        let start_flushing = {
+            let mut queue = lock(&self.queue);
+            queue.waiting.push_back((input, answer));
+            !std::mem::replace(&mut queue.flushing, true)
+        };
+        if start_flushing {
+            let (call, queue, slots) = (Arc::clone(&self.call), Arc::clone(&self.queue), Arc::clone(&self.slots));
+            tokio::spawn(flush(call, queue, slots));
+        }
+        answered.await.unwrap_or_else(|_| Err(StoreError::unavailable("a batch request ended without an answer")))
+    }
+}
+
+impl<C: BatchCall> std::fmt::Debug for Batcher<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher").field("waiting", &lock(&self.queue).waiting.len()).finish()
+    }
+}
+
+/// Sends requests while calls are waiting, each once a slot is free.
+async fn flush<C: BatchCall>(call: Arc<C>, queue: Arc<Mutex<Queue<C>>>, slots: Arc<Semaphore>) {
+    loop {
+        // The semaphore is never closed, so this waits for a slot and gets it.
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        // Callers that are ready to run join this request instead of the next.
+        tokio::task::yield_now().await;
+        let (request, more) = {
+            let mut queue = lock(&queue);
+            let request = queue.next_request();
+            queue.flushing = !queue.waiting.is_empty();
+            (request, queue.flushing)
+        };
+        tokio::spawn(send(Arc::clone(&call), request, slot));
+        if !more {
+            return;
+        }
+    }
+}
+
+async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, _slot: OwnedSemaphorePermit) {
+    let (inputs, answers): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();
+    let count = inputs.len();
+    let mut results = call.call(inputs).await.into_iter();
+    for answer in answers {
+        let result = results.next().unwrap_or_else(|| {
+            Err(StoreError::unavailable(format!("a batch request of {count} answered fewer inputs")))
+        });
+        // A caller that stopped waiting no longer needs its answer.
+        let _ = answer.send(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Echoes its inputs, recording each request's inputs.
+    #[derive(Default)]
+    struct Echo(Mutex<Vec<Vec<String>>>);
+
+    #[async_trait]
+    impl BatchCall for Echo {
+        type Input = String;
+        type Output = String;
+        const LIMIT: usize = 3;
+        const IN_FLIGHT: usize = 2;
+
+        fn item(input: &String) -> &str {
+            input.split('#').next().unwrap_or(input)
+        }
+
+        async fn call(&self, inputs: Vec<String>) -> Vec<Result<String, StoreError>> {
+            lock(&self.0).push(inputs.clone());
+            tokio::task::yield_now().await;
+            inputs
+                .into_iter()
+                .map(|input| if input.ends_with('!') { Err(StoreError::unavailable(input)) } else { Ok(input) })
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn each_caller_gets_its_own_answer_and_requests_stay_within_the_limit() {
+        let echo = Arc::new(Echo::default());
+        let batcher = Batcher::new(Arc::clone(&echo));
+        let inputs = ["a", "b", "c!", "d", "e", "f", "g"];
+        let answers = futures::future::join_all(inputs.iter().map(|input| batcher.submit((*input).to_owned()))).await;
+        for (input, answer) in inputs.iter().zip(answers) {
+            match answer {
+                Ok(echoed) => assert_eq!(&echoed, input),
+                Err(error) => assert!(input.ends_with('!') && error.to_string().contains(input)),
+            }
+        }
+        let requests = lock(&echo.0).clone();
+        assert_eq!(requests.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 1]);
+    }
+
+    #[tokio::test]
+    async fn inputs_about_one_item_go_in_separate_requests() {
+        let echo = Arc::new(Echo::default());
+        let batcher = Batcher::new(Arc::clone(&echo));
+        let inputs = ["k#1", "k#2", "j#1", "k#3"];
+        let answers = futures::future::join_all(inputs.iter().map(|input| batcher.submit((*input).to_owned()))).await;
+        assert!(answers.iter().all(Result::is_ok));
+        for request in lock(&echo.0).iter() {
+            let items: HashSet<&str> = request.iter().map(Echo::item).collect();
+            assert_eq!(items.len(), request.len(), "{request:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_stops_waiting_leaves_the_others_answered() {
+        let echo = Arc::new(Echo::default());
+        let batcher = Batcher::new(Arc::clone(&echo));
+        let abandoned = batcher.submit("gone".to_owned());
+        let kept = batcher.submit("kept".to_owned());
+        // Polling the first call once queues it; dropping it must not cancel the flush.
+        let mut abandoned = Box::pin(abandoned);
+        assert!(futures::poll!(abandoned.as_mut()).is_pending());
+        drop(abandoned);
+        assert_eq!(kept.await.unwrap(), "kept");
+        assert_eq!(*lock(&echo.0), [vec!["gone".to_owned(), "kept".to_owned()]]);
+    }
+
+    #[tokio::test]
+    async fn calls_arriving_during_a_request_gather_for_the_next() {
+        let echo = Arc::new(Echo::default());
+        let batcher = Arc::new(Batcher::new(Arc::clone(&echo)));
+        let first = tokio::spawn({
+            let batcher = Arc::clone(&batcher);
+            async move { batcher.submit("x".to_owned()).await }
+        });
+        // Let the first request go out alone before the others arrive.
+        while lock(&echo.0).is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let later = futures::future::join_all(["y", "z"].map(|input| batcher.submit(input.to_owned()))).await;
+        assert_eq!(first.await.unwrap().unwrap(), "x");
+        assert!(later.iter().all(Result::is_ok));
+        assert_eq!(lock(&echo.0).iter().map(Vec::len).collect::<Vec<_>>(), [1, 2]);
+    }
+}

@@ -1,0 +1,348 @@
+//! The batched requests of the DynamoDB store: claims, completions, failure
+//! records and releases as PartiQL statements, up to 25 in one
+//! `BatchExecuteStatement`, and the reads that follow a refused claim, up to
+//! 100 in one strongly consistent `BatchGetItem`.
+//!
+//! Each statement keeps the condition of the single request it stands for,
+//! and DynamoDB applies or refuses each on its own: a batch is a way to send
+//! writes, never a transaction, and costs the same write units as the
+//! single requests. What a statement cannot express is left to them: an
+//! `INSERT` only claims a key no record holds, so a refused one whose record
+//! turns out to be free is claimed again with the conditional `PutItem`.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::{
+    Client,
+    error::ProvideErrorMetadata,
+    types::{
+        AttributeValue, BatchStatementErrorCodeEnum, BatchStatementRequest, KeysAndAttributes,
+        ReturnValuesOnConditionCheckFailure,
+    },
+};
+
+use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, n, s, text, unavailable};
+use crate::{
+    claim::ClaimStatus,
+    store::{
+        Finish, StoreError,
+        batched::{BatchCall, Batcher},
+    },
+};
+
+/// Requests of each kind on the wire at once. Two keep the records of a
+/// batch moving while the next request fills; on the benchmark's 1,000
+/// records (64 running at once) requests then carry 23 writes on average,
+/// where four carried 7 to 10 at about the same throughput.
+const IN_FLIGHT: usize = 2;
+
+/// Rounds of `BatchGetItem` for keys DynamoDB left unprocessed (it does so
+/// under throttling), with a doubling pause from [`UNPROCESSED_PAUSE`].
+const UNPROCESSED_ROUNDS: u32 = 4;
+const UNPROCESSED_PAUSE: Duration = Duration::from_millis(20);
+
+/// A write statement about one item.
+pub(super) struct Statement {
+    item: String,
+    request: BatchStatementRequest,
+}
+
+/// What DynamoDB did with a [`Statement`].
+#[derive(Debug)]
+pub(super) enum Written {
+    /// The write took effect.
+    Applied,
+    /// Its condition did not hold (or, for an insert, the item exists); the
+    /// item as it stood, when DynamoDB returned it.
+    Refused(Option<Item>),
+}
+
+/// The batched requests of one store, and whether DynamoDB lets it use them.
+#[derive(Debug)]
+pub(super) struct Batches {
+    pub(super) writes: Batcher<Statements>,
+    pub(super) reads: Batcher<Reads>,
+    denied: Arc<AtomicBool>,
+}
+
+impl Batches {
+    pub(super) fn new(client: &Client, layout: &Arc<TableLayout>) -> Self {
+        let denied = Arc::new(AtomicBool::new(false));
+        let writes = Statements { client: client.clone(), denied: Arc::clone(&denied) };
+        let reads = Reads { client: client.clone(), layout: Arc::clone(layout), denied: Arc::clone(&denied) };
+        Self { writes: Batcher::new(Arc::new(writes)), reads: Batcher::new(Arc::new(reads)), denied }
+    }
+
+    /// Whether DynamoDB refused a batched request for want of permission: the
+    /// store then makes single requests for the rest of the process.
+    pub(super) fn denied(&self) -> bool {
+        self.denied.load(Ordering::Relaxed)
+    }
+}
+
+/// `BatchExecuteStatement`, 25 write statements per request.
+pub(super) struct Statements {
+    client: Client,
+    denied: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl BatchCall for Statements {
+    type Input = Statement;
+    type Output = Written;
+    const LIMIT: usize = 25;
+    const IN_FLIGHT: usize = IN_FLIGHT;
+
+    fn item(input: &Statement) -> &str {
+        &input.item
+    }
+
+    async fn call(&self, inputs: Vec<Statement>) -> Vec<Result<Written, StoreError>> {
+        let count = inputs.len();
+        let statements = inputs.into_iter().map(|statement| statement.request).collect();
+        let output = match self.client.batch_execute_statement().set_statements(Some(statements)).send().await {
+            Ok(output) => output,
+            Err(error) => {
+                let error = error.into_service_error();
+                note_denial(&self.denied, error.code(), "BatchExecuteStatement");
+                return each(count, &unavailable(error).to_string());
+            }
+        };
+        let mut responses = output.responses.unwrap_or_default().into_iter();
+        (0..count)
+            .map(|_| {
+                let Some(response) = responses.next() else {
+                    return Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent"));
+                };
+                let Some(error) = response.error else { return Ok(Written::Applied) };
+                match error.code {
+                    Some(
+                        BatchStatementErrorCodeEnum::ConditionalCheckFailed
+                        | BatchStatementErrorCodeEnum::DuplicateItem,
+                    ) => Ok(Written::Refused(error.item.filter(|item| !item.is_empty()))),
+                    code => {
+                        let code = code.as_ref().map_or("unknown error", BatchStatementErrorCodeEnum::as_str);
+                        if code == BatchStatementErrorCodeEnum::AccessDenied.as_str() {
+                            note_denial(&self.denied, Some("AccessDeniedException"), "PartiQL statements");
+                        }
+                        Err(StoreError::unavailable(format!(
+                            "DynamoDB: {code}: {}",
+                            error.message.as_deref().unwrap_or("no message")
+                        )))
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Strongly consistent `BatchGetItem`, 100 keys per request.
+pub(super) struct Reads {
+    client: Client,
+    layout: Arc<TableLayout>,
+    denied: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl BatchCall for Reads {
+    type Input = String;
+    type Output = Option<Item>;
+    const LIMIT: usize = 100;
+    const IN_FLIGHT: usize = IN_FLIGHT;
+
+    fn item(input: &String) -> &str {
+        input
+    }
+
+    async fn call(&self, ids: Vec<String>) -> Vec<Result<Option<Item>, StoreError>> {
+        let layout = &self.layout;
+        let keys = ids.iter().map(|id| layout.key(id)).collect();
+        let mut unprocessed = Some(KeysAndAttributes::builder().set_keys(Some(keys)).consistent_read(true).build());
+        let mut found = HashMap::new();
+        let mut pause = UNPROCESSED_PAUSE;
+        for round in 0..UNPROCESSED_ROUNDS {
+            let Some(Ok(request)) = unprocessed.take() else { break };
+            if round > 0 {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            let mut output = match self.client.batch_get_item().request_items(&layout.table, request).send().await {
+                Ok(output) => output,
+                Err(error) => {
+                    let error = error.into_service_error();
+                    note_denial(&self.denied, error.code(), "BatchGetItem");
+                    return each(ids.len(), &unavailable(error).to_string());
+                }
+            };
+            let items = output.responses.as_mut().and_then(|tables| tables.remove(&layout.table));
+            for item in items.unwrap_or_default() {
+                if let Some(id) = text(&item, &layout.attributes.id) {
+                    found.insert(id, item);
+                }
+            }
+            unprocessed = output
+                .unprocessed_keys
+                .and_then(|mut tables| tables.remove(&layout.table))
+                .filter(|left| !left.keys.is_empty())
+                .map(Ok);
+        }
+        let left_over = unprocessed.is_some();
+        ids.iter()
+            .map(|id| match found.remove(id) {
+                Some(item) => Ok(Some(item)),
+                None if left_over => Err(StoreError::unavailable("DynamoDB left the read of the claim unprocessed")),
+                None => Ok(None),
+            })
+            .collect()
+    }
+}
+
+/// The same failure, for each of `count` inputs.
+fn each<T>(count: usize, reason: &str) -> Vec<Result<T, StoreError>> {
+    (0..count).map(|_| Err(StoreError::unavailable(reason.to_owned()))).collect()
+}
+
+/// Remembers (and says once) that DynamoDB denied a batched request.
+fn note_denial(denied: &AtomicBool, code: Option<&str>, request: &str) {
+    if code == Some("AccessDeniedException") && !denied.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "DynamoDB denied {request}: making single requests from now on; grant dynamodb:PartiQLInsert, \
+             PartiQLUpdate, PartiQLDelete and BatchGetItem on the table (template.yaml does) to send claims in \
+             batches, or set SQS_ONCE_DYNAMODB_BATCHING=false"
+        );
+    }
+}
+
+impl TableLayout {
+    /// Claims a key no record holds: `INSERT` fails on an existing item.
+    pub(super) fn insert(&self, item: Item, id: &str) -> Result<Statement, StoreError> {
+        let (names, values): (Vec<String>, Vec<AttributeValue>) = item.into_iter().unzip();
+        let fields: Vec<String> = names.iter().map(|name| format!("{}: ?", literal(name))).collect();
+        let text = format!("INSERT INTO {} VALUE {{{}}}", identifier(&self.table), fields.join(", "));
+        self.statement(id, text, values)
+    }
+
+    /// [`super::DynamoDbStore`]'s finishing `UpdateItem`, as a statement.
+    pub(super) fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Statement, StoreError> {
+        let names = &self.attributes;
+        let mut set = vec![
+            (names.status.as_str(), s(finish.status.as_str())),
+            (names.expiry.as_str(), n(finish.expires_at_s)),
+            (UPDATED_AT, n(finish.finished_at_ms)),
+        ];
+        set.extend(finish.result.as_deref().map(|result| (names.data.as_str(), s(result))));
+        set.extend(finish.error.as_deref().map(|error| (ERROR, s(error))));
+        // A failed claim stays in the open-claims index; a completed one leaves it.
+        let mut remove = vec![names.lease.as_str()];
+        match finish.status {
+            ClaimStatus::Failed => set.push((OPEN_STATUS, s(finish.status.as_str()))),
+            _ => remove.push(OPEN_STATUS),
+        }
+        let (set_names, mut values): (Vec<&str>, Vec<AttributeValue>) = set.into_iter().unzip();
+        let mut text = format!("UPDATE {}", identifier(&self.table));
+        for name in set_names {
+            text += &format!(" SET {} = ?", identifier(name));
+        }
+        for name in remove {
+            text += &format!(" REMOVE {}", identifier(name));
+        }
+        text += &self.held_by(id, token, &mut values);
+        self.statement(id, text, values)
+    }
+
+    /// [`super::DynamoDbStore`]'s releasing `DeleteItem`, as a statement.
+    pub(super) fn release(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
+        let mut values = Vec::new();
+        let text = format!("DELETE FROM {}{}", identifier(&self.table), self.held_by(id, token, &mut values));
+        self.statement(id, text, values)
+    }
+
+    /// The `WHERE` clause of a finishing write: the item, still in progress
+    /// under `token`.
+    fn held_by(&self, id: &str, token: &str, values: &mut Vec<AttributeValue>) -> String {
+        let mut clause = " WHERE".to_owned();
+        for (name, value) in self.key(id) {
+            clause += &format!(" {} = ? AND", identifier(&name));
+            values.push(value);
+        }
+        clause += &format!(" {} = ? AND {} = ?", identifier(&self.attributes.status), identifier(TOKEN));
+        values.extend([s(ClaimStatus::InProgress.as_str()), s(token)]);
+        clause
+    }
+
+    fn statement(&self, id: &str, text: String, values: Vec<AttributeValue>) -> Result<Statement, StoreError> {
+        let request = BatchStatementRequest::builder()
+            .statement(text)
+            .set_parameters(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(StoreError::unavailable)?;
+        Ok(Statement { item: id.to_owned(), request })
+    }
+}
+
+/// A PartiQL identifier (table or attribute name), quoted.
+fn identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A PartiQL string literal (an attribute name in a `VALUE` tuple), quoted.
+fn literal(name: &str) -> String {
+    format!("'{}'", name.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::dynamodb::TableKey;
+
+    #[test]
+    fn statements_keep_the_conditions_of_the_single_requests() {
+        let layout = TableLayout::new("claims \"x\"");
+        let finish = Finish {
+            status: ClaimStatus::Completed,
+            expires_at_s: 9,
+            finished_at_ms: 8,
+            result: Some("{}".into()),
+            error: None,
+        };
+        let statement = layout.finish("k", "t", &finish).unwrap();
+        assert_eq!(
+            statement.request.statement(),
+            "UPDATE \"claims \"\"x\"\"\" SET \"status\" = ? SET \"expiration\" = ? SET \"updated_at\" = ? \
+             SET \"data\" = ? REMOVE \"in_progress_expiration\" REMOVE \"open_status\" \
+             WHERE \"id\" = ? AND \"status\" = ? AND \"token\" = ?"
+        );
+        assert_eq!(statement.request.parameters().len(), 7);
+        assert_eq!(statement.request.parameters()[6], s("t"));
+
+        let sorted = TableLayout {
+            key: TableKey::Sorted { partition_attribute: "pk".into(), partition_value: "p".into() },
+            ..TableLayout::new("claims")
+        };
+        let release = sorted.release("k", "t").unwrap();
+        let text = release.request.statement();
+        assert!(text.starts_with("DELETE FROM \"claims\" WHERE"), "{text}");
+        assert!(text.contains("\"pk\" = ?") && text.contains("\"id\" = ?"), "{text}");
+        assert!(text.ends_with("\"status\" = ? AND \"token\" = ?"), "{text}");
+        assert_eq!(release.request.parameters().len(), 4);
+    }
+
+    #[test]
+    fn an_insert_names_every_attribute_of_the_item() {
+        let item = Item::from([("id".to_owned(), s("k")), ("it's".to_owned(), n(1))]);
+        let statement = TableLayout::new("claims").insert(item, "k").unwrap();
+        let text = statement.request.statement();
+        assert!(text.starts_with("INSERT INTO \"claims\" VALUE {"), "{text}");
+        assert!(text.contains("'id': ?") && text.contains("'it''s': ?"), "{text}");
+        assert_eq!(statement.item, "k");
+    }
+}
