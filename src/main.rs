@@ -261,7 +261,9 @@ async fn create_table(table: Option<String>) -> anyhow::Result<Option<ExitCode>>
 }
 
 async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
-    let config = Config::from_env()?;
+    let mut config = Config::from_env()?;
+    // One request at a time: nothing to batch, and no batch permissions needed.
+    config.dynamodb_batching = false;
     let (store, _) = startup::store(&config).await?;
     let operator = Operator::new(store, Arc::new(SystemClock), config.claims.expires_after);
     let id = |target: Target| target.id.unwrap_or_else(|| config.key_deriver().stored_id(&target.key));

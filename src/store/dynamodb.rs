@@ -427,61 +427,41 @@ impl DynamoDbStore {
 #[async_trait]
 impl ClaimStore for DynamoDbStore {
     async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        if let Some(batches) = self.batched() {
-            let insert = self.layout.insert(self.write_item(record), &record.id)?;
-            match batches.writes.submit(insert).await {
-                Ok(Written::Applied) => return Ok(PutOutcome::Claimed),
-                Ok(Written::Refused(old)) => match self.old_record(batches, &record.id, old).await {
-                    Ok(Some(old)) if !old.is_free(now_ms) => return Ok(PutOutcome::Taken(Some(Box::new(old)))),
-                    // Free, or gone since: the conditional write settles it.
-                    Ok(_) => {}
-                    Err(error) if !batches.denied() => return Err(error),
-                    Err(_) => {}
-                },
-                Err(error) if !batches.denied() => return Err(error),
-                Err(_) => {}
-            }
+        if let Some(batches) = self.batched()
+            && let Some(outcome) = batches.or_single(self.put_batched(batches, record, now_ms).await)
+            && let Some(outcome) = outcome?
+        {
+            return Ok(outcome);
         }
         self.put_one(record, now_ms).await
     }
 
     async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
-        if let Some(batches) = self.batched() {
-            match batches.reads.submit(id.to_owned()).await {
-                Ok(item) => return item.map(|item| self.read_item(&item)).transpose(),
-                Err(error) if !batches.denied() => return Err(error),
-                Err(_) => {}
-            }
+        if let Some(batches) = self.batched()
+            && let Some(item) = batches.or_single(batches.reads.submit(id.to_owned()).await)
+        {
+            return item?.map(|item| self.read_item(&item)).transpose();
         }
         self.get_one(id).await
     }
 
     async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
-        if let Some(batches) = self.batched() {
-            let statement = self.layout.finish(id, token, finish)?;
-            let written = match batches.writes.submit(statement).await {
-                Ok(Written::Refused(None)) => batches.reads.submit(id.to_owned()).await.map(Written::Refused),
-                written => written,
-            };
-            match written {
-                Ok(Written::Applied) => return Ok(Fenced::Applied),
-                Ok(Written::Refused(old)) => {
-                    return Ok(self.already_finished(old.as_ref(), token, Some(finish.status)));
-                }
-                Err(error) if !batches.denied() => return Err(error),
-                Err(_) => {}
-            }
+        if let Some(batches) = self.batched()
+            && let Some(fenced) = batches.or_single(self.finish_batched(batches, id, token, finish).await)
+        {
+            return fenced;
         }
         self.finish_one(id, token, finish).await
     }
 
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         if let Some(batches) = self.batched() {
-            match batches.writes.submit(self.layout.release(id, token)?).await {
-                Ok(Written::Applied) => return Ok(Fenced::Applied),
-                Ok(Written::Refused(_)) => return Ok(Fenced::Refused),
-                Err(error) if !batches.denied() => return Err(error),
-                Err(_) => {}
+            let released = batches.writes.submit(self.layout.release(id, token)?).await;
+            if let Some(written) = batches.or_single(released) {
+                return Ok(match written? {
+                    Written::Applied => Fenced::Applied,
+                    Written::Refused(_) => Fenced::Refused,
+                });
             }
         }
         self.release_one(id, token).await
@@ -601,18 +581,39 @@ impl DynamoDbStore {
         self.batches.as_deref().filter(|batches| !batches.denied())
     }
 
-    /// The record a refused statement met: as DynamoDB returned it, or read.
-    async fn old_record(
+    /// A claim as an `INSERT`; `None` when the key's record is free, which
+    /// only the conditional `PutItem` can take over.
+    async fn put_batched(
+        &self,
+        batches: &Batches,
+        record: &ClaimRecord,
+        now_ms: u64,
+    ) -> Result<Option<PutOutcome>, StoreError> {
+        let insert = self.layout.insert(self.write_item(record), &record.id)?;
+        let returned = match batches.writes.submit(insert).await? {
+            Written::Applied => return Ok(Some(PutOutcome::Claimed)),
+            Written::Refused(returned) => returned,
+        };
+        let old = batches.refused_item(&record.id, returned).await?.map(|item| self.read_item(&item)).transpose()?;
+        // Free, or gone since the insert: the conditional write settles it.
+        Ok(old.filter(|old| !old.is_free(now_ms)).map(|old| PutOutcome::Taken(Some(Box::new(old)))))
+    }
+
+    /// The finishing write as an `UPDATE` statement.
+    async fn finish_batched(
         &self,
         batches: &Batches,
         id: &str,
-        returned: Option<Item>,
-    ) -> Result<Option<ClaimRecord>, StoreError> {
-        let item = match returned {
-            Some(item) => Some(item),
-            None => batches.reads.submit(id.to_owned()).await?,
-        };
-        item.map(|item| self.read_item(&item)).transpose()
+        token: &str,
+        finish: &Finish,
+    ) -> Result<Fenced, StoreError> {
+        Ok(match batches.writes.submit(self.layout.finish(id, token, finish)?).await? {
+            Written::Applied => Fenced::Applied,
+            Written::Refused(returned) => {
+                let old = batches.refused_item(id, returned).await?;
+                self.already_finished(old.as_ref(), token, Some(finish.status))
+            }
+        })
     }
 
     /// One conditional `PutItem`.

@@ -12,6 +12,7 @@
 
 use std::{
     collections::HashMap,
+    future::Future,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -24,7 +25,7 @@ use aws_sdk_dynamodb::{
     Client,
     error::ProvideErrorMetadata,
     types::{
-        AttributeValue, BatchStatementErrorCodeEnum, BatchStatementRequest, KeysAndAttributes,
+        AttributeValue, BatchStatementErrorCodeEnum, BatchStatementRequest, BatchStatementResponse, KeysAndAttributes,
         ReturnValuesOnConditionCheckFailure,
     },
 };
@@ -86,6 +87,23 @@ impl Batches {
     pub(super) fn denied(&self) -> bool {
         self.denied.load(Ordering::Relaxed)
     }
+
+    /// The item a refused statement met: as DynamoDB returned it, or read now.
+    pub(super) async fn refused_item(&self, id: &str, returned: Option<Item>) -> Result<Option<Item>, StoreError> {
+        match returned {
+            Some(item) => Ok(Some(item)),
+            None => self.reads.submit(id.to_owned()).await,
+        }
+    }
+
+    /// A batched call's result, or `None` when it failed because batching was
+    /// denied and the single request must be made instead.
+    pub(super) fn or_single<T>(&self, result: Result<T, StoreError>) -> Option<Result<T, StoreError>> {
+        match result {
+            Err(_) if self.denied() => None,
+            result => Some(result),
+        }
+    }
 }
 
 /// `BatchExecuteStatement`, 25 write statements per request.
@@ -106,41 +124,105 @@ impl BatchCall for Statements {
     }
 
     async fn call(&self, inputs: Vec<Statement>) -> Vec<Result<Written, StoreError>> {
-        let count = inputs.len();
         let statements = inputs.into_iter().map(|statement| statement.request).collect();
-        let output = match self.client.batch_execute_statement().set_statements(Some(statements)).send().await {
-            Ok(output) => output,
-            Err(error) => {
-                let error = error.into_service_error();
-                note_denial(&self.denied, error.code(), "BatchExecuteStatement");
-                return each(count, &unavailable(error).to_string());
+        execute(statements, &self.denied, |statements| async move {
+            match self.client.batch_execute_statement().set_statements(Some(statements)).send().await {
+                Ok(output) => Ok(output.responses.unwrap_or_default()),
+                Err(error) => {
+                    let error = error.into_service_error();
+                    note_denial(&self.denied, error.code(), "BatchExecuteStatement");
+                    Err(unavailable(error).to_string())
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// What DynamoDB's answer to one statement means.
+enum Answer {
+    Done(Result<Written, StoreError>),
+    /// Throttled, or failed inside DynamoDB: the statement was not applied,
+    /// and sending it again may succeed.
+    Again(String),
+}
+
+/// Sends `statements` through `send`, and sends again those DynamoDB
+/// throttled or failed internally, as the SDK retries a single request: up
+/// to [`crate::aws::MAX_ATTEMPTS`] attempts with jittered, doubling pauses.
+/// (The SDK itself retries a request that failed as a whole.)
+async fn execute<Sent>(
+    statements: Vec<BatchStatementRequest>,
+    denied: &AtomicBool,
+    send: impl Fn(Vec<BatchStatementRequest>) -> Sent,
+) -> Vec<Result<Written, StoreError>>
+where
+    Sent: Future<Output = Result<Vec<BatchStatementResponse>, String>>,
+{
+    let mut results: Vec<Option<Result<Written, StoreError>>> = statements.iter().map(|_| None).collect();
+    let mut waiting: Vec<usize> = (0..statements.len()).collect();
+    let mut pause = crate::aws::INITIAL_BACKOFF;
+    for attempt in 1..=crate::aws::MAX_ATTEMPTS {
+        if attempt > 1 {
+            tokio::time::sleep(pause.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
+            pause = (pause * 2).min(crate::aws::MAX_BACKOFF);
+        }
+        let sent = waiting.iter().map(|&index| statements[index].clone()).collect();
+        let responses = match send(sent).await {
+            Ok(responses) => responses,
+            Err(reason) => {
+                for &index in &waiting {
+                    results[index] = Some(Err(StoreError::unavailable(reason.clone())));
+                }
+                break;
             }
         };
-        let mut responses = output.responses.unwrap_or_default().into_iter();
-        (0..count)
-            .map(|_| {
-                let Some(response) = responses.next() else {
-                    return Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent"));
-                };
-                let Some(error) = response.error else { return Ok(Written::Applied) };
-                match error.code {
-                    Some(
-                        BatchStatementErrorCodeEnum::ConditionalCheckFailed
-                        | BatchStatementErrorCodeEnum::DuplicateItem,
-                    ) => Ok(Written::Refused(error.item.filter(|item| !item.is_empty()))),
-                    code => {
-                        let code = code.as_ref().map_or("unknown error", BatchStatementErrorCodeEnum::as_str);
-                        if code == BatchStatementErrorCodeEnum::AccessDenied.as_str() {
-                            note_denial(&self.denied, Some("AccessDeniedException"), "PartiQL statements");
-                        }
-                        Err(StoreError::unavailable(format!(
-                            "DynamoDB: {code}: {}",
-                            error.message.as_deref().unwrap_or("no message")
-                        )))
-                    }
+        let mut responses = responses.into_iter();
+        let mut again = Vec::new();
+        for index in waiting {
+            match answer(responses.next(), denied) {
+                Answer::Done(result) => results[index] = Some(result),
+                Answer::Again(reason) => {
+                    again.push(index);
+                    results[index] = Some(Err(StoreError::unavailable(reason)));
                 }
-            })
-            .collect()
+            }
+        }
+        waiting = again;
+        if waiting.is_empty() {
+            break;
+        }
+    }
+    results
+        .into_iter()
+        .map(|result| result.unwrap_or_else(|| Err(StoreError::unavailable("statement not sent"))))
+        .collect()
+}
+
+fn answer(response: Option<BatchStatementResponse>, denied: &AtomicBool) -> Answer {
+    use BatchStatementErrorCodeEnum as Code;
+    let Some(response) = response else {
+        return Answer::Done(Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent")));
+    };
+    let Some(error) = response.error else { return Answer::Done(Ok(Written::Applied)) };
+    let code = error.code.as_ref().map_or("unknown error", Code::as_str);
+    let reason = format!("DynamoDB: {code}: {}", error.message.as_deref().unwrap_or("no message"));
+    match error.code {
+        Some(Code::ConditionalCheckFailed | Code::DuplicateItem) => {
+            Answer::Done(Ok(Written::Refused(error.item.filter(|item| !item.is_empty()))))
+        }
+        Some(
+            Code::ThrottlingError
+            | Code::ProvisionedThroughputExceeded
+            | Code::RequestLimitExceeded
+            | Code::InternalServerError
+            | Code::TransactionConflict,
+        ) => Answer::Again(reason),
+        Some(Code::AccessDenied) => {
+            note_denial(denied, Some("AccessDeniedException"), "PartiQL statements");
+            Answer::Done(Err(StoreError::unavailable(reason)))
+        }
+        _ => Answer::Done(Err(StoreError::unavailable(reason))),
     }
 }
 
@@ -301,6 +383,8 @@ fn literal(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use aws_sdk_dynamodb::types::BatchStatementError;
+
     use super::*;
     use crate::store::dynamodb::TableKey;
 
@@ -334,6 +418,71 @@ mod tests {
         assert!(text.contains("\"pk\" = ?") && text.contains("\"id\" = ?"), "{text}");
         assert!(text.ends_with("\"status\" = ? AND \"token\" = ?"), "{text}");
         assert_eq!(release.request.parameters().len(), 4);
+    }
+
+    fn refused_with(code: BatchStatementErrorCodeEnum) -> BatchStatementResponse {
+        let error = BatchStatementError::builder().code(code).message("no").build();
+        BatchStatementResponse::builder().error(error).build()
+    }
+
+    #[tokio::test]
+    async fn throttled_statements_are_sent_again_and_only_they() {
+        let layout = TableLayout::new("claims");
+        let statements: Vec<BatchStatementRequest> =
+            ["a", "b", "c"].iter().map(|id| layout.release(id, "t").unwrap().request).collect();
+        let sent = std::sync::Mutex::new(Vec::new());
+        let results = execute(statements, &AtomicBool::new(false), |batch: Vec<BatchStatementRequest>| {
+            let attempt = {
+                let mut sent = sent.lock().unwrap();
+                sent.push(batch.len());
+                sent.len()
+            };
+            async move {
+                Ok(match attempt {
+                    1 => vec![
+                        BatchStatementResponse::builder().build(),
+                        refused_with(BatchStatementErrorCodeEnum::ThrottlingError),
+                        refused_with(BatchStatementErrorCodeEnum::ConditionalCheckFailed),
+                    ],
+                    _ => vec![BatchStatementResponse::builder().build()],
+                })
+            }
+        })
+        .await;
+        assert_eq!(*sent.lock().unwrap(), [3, 1]);
+        let results: Vec<String> = results.into_iter().map(|result| format!("{:?}", result.unwrap())).collect();
+        assert_eq!(results, ["Applied", "Applied", "Refused(None)"]);
+    }
+
+    #[tokio::test]
+    async fn a_statement_throttled_on_every_attempt_fails_with_the_reason() {
+        let layout = TableLayout::new("claims");
+        let statements = vec![layout.release("a", "t").unwrap().request];
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let results = execute(statements, &AtomicBool::new(false), |_| {
+            attempts.fetch_add(1, Ordering::Relaxed);
+            async { Ok(vec![refused_with(BatchStatementErrorCodeEnum::ProvisionedThroughputExceeded)]) }
+        })
+        .await;
+        assert_eq!(attempts.load(Ordering::Relaxed), crate::aws::MAX_ATTEMPTS);
+        let error = results.into_iter().next().unwrap().unwrap_err().to_string();
+        assert!(error.contains("ProvisionedThroughputExceeded: no"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_request_that_fails_as_a_whole_fails_every_statement_once() {
+        let layout = TableLayout::new("claims");
+        let statements = vec![layout.release("a", "t").unwrap().request, layout.release("b", "t").unwrap().request];
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let results = execute(statements, &AtomicBool::new(false), |_| {
+            attempts.fetch_add(1, Ordering::Relaxed);
+            async { Err("DynamoDB: dispatch failure".to_owned()) }
+        })
+        .await;
+        assert_eq!(attempts.load(Ordering::Relaxed), 1, "the SDK already retried it");
+        assert!(
+            results.iter().all(|result| result.as_ref().is_err_and(|error| error.to_string().contains("dispatch")))
+        );
     }
 
     #[test]
