@@ -293,7 +293,8 @@ impl DynamoDbStore {
     /// `PartiQLDelete` and `BatchGetItem` on the table; denied them, the
     /// store says so once and makes single requests.
     pub fn batching(mut self, batching: bool) -> Self {
-        self.batches = batching.then(|| Arc::new(Batches::new(&self.client, &self.layout)));
+        let batches = self.batches.take().unwrap_or_else(|| Arc::new(Batches::new(&self.client, &self.layout)));
+        self.batches = batching.then_some(batches);
         self
     }
 
@@ -456,7 +457,7 @@ impl ClaimStore for DynamoDbStore {
 
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         if let Some(batches) = self.batched() {
-            let released = batches.writes.submit(self.layout.release(id, token)?).await;
+            let released = batches.write(|| self.layout.release(id, token)).await;
             if let Some(written) = batches.or_single(released) {
                 return Ok(match written? {
                     Written::Applied => Fenced::Applied,
@@ -589,8 +590,8 @@ impl DynamoDbStore {
         record: &ClaimRecord,
         now_ms: u64,
     ) -> Result<Option<PutOutcome>, StoreError> {
-        let insert = self.layout.insert(self.write_item(record), &record.id)?;
-        let returned = match batches.writes.submit(insert).await? {
+        let insert = || self.layout.insert(self.write_item(record), &record.id);
+        let returned = match batches.write(insert).await? {
             Written::Applied => return Ok(Some(PutOutcome::Claimed)),
             Written::Refused(returned) => returned,
         };
@@ -607,7 +608,7 @@ impl DynamoDbStore {
         token: &str,
         finish: &Finish,
     ) -> Result<Fenced, StoreError> {
-        Ok(match batches.writes.submit(self.layout.finish(id, token, finish)?).await? {
+        Ok(match batches.write(|| self.layout.finish(id, token, finish)).await? {
             Written::Applied => Fenced::Applied,
             Written::Refused(returned) => {
                 let old = batches.refused_item(id, returned).await?;

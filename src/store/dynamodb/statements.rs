@@ -45,11 +45,6 @@ use crate::{
 /// where four carried 7 to 10 at about the same throughput.
 const IN_FLIGHT: usize = 2;
 
-/// Rounds of `BatchGetItem` for keys DynamoDB left unprocessed (it does so
-/// under throttling), with a doubling pause from [`UNPROCESSED_PAUSE`].
-const UNPROCESSED_ROUNDS: u32 = 4;
-const UNPROCESSED_PAUSE: Duration = Duration::from_millis(20);
-
 /// A write statement about one item.
 pub(super) struct Statement {
     item: String,
@@ -69,7 +64,7 @@ pub(super) enum Written {
 /// The batched requests of one store, and whether DynamoDB lets it use them.
 #[derive(Debug)]
 pub(super) struct Batches {
-    pub(super) writes: Batcher<Statements>,
+    writes: Batcher<Statements>,
     pub(super) reads: Batcher<Reads>,
     denied: Arc<AtomicBool>,
 }
@@ -86,6 +81,13 @@ impl Batches {
     /// store then makes single requests for the rest of the process.
     pub(super) fn denied(&self) -> bool {
         self.denied.load(Ordering::Relaxed)
+    }
+
+    /// Sends the statement `build` makes together with the other writes
+    /// waiting, and sends it again while DynamoDB throttles it (see
+    /// [`retrying`]); each attempt joins the next request.
+    pub(super) async fn write(&self, build: impl Fn() -> Result<Statement, StoreError>) -> Result<Written, StoreError> {
+        retrying(|| async { self.writes.submit(build()?).await }).await
     }
 
     /// The item a refused statement met: as DynamoDB returned it, or read now.
@@ -115,7 +117,7 @@ pub(super) struct Statements {
 #[async_trait]
 impl BatchCall for Statements {
     type Input = Statement;
-    type Output = Written;
+    type Output = Attempt;
     const LIMIT: usize = 25;
     const IN_FLIGHT: usize = IN_FLIGHT;
 
@@ -123,93 +125,44 @@ impl BatchCall for Statements {
         &input.item
     }
 
-    async fn call(&self, inputs: Vec<Statement>) -> Vec<Result<Written, StoreError>> {
+    async fn call(&self, inputs: Vec<Statement>) -> Vec<Result<Attempt, StoreError>> {
+        let count = inputs.len();
         let statements = inputs.into_iter().map(|statement| statement.request).collect();
-        execute(statements, &self.denied, |statements| async move {
-            match self.client.batch_execute_statement().set_statements(Some(statements)).send().await {
-                Ok(output) => Ok(output.responses.unwrap_or_default()),
-                Err(error) => {
-                    let error = error.into_service_error();
-                    note_denial(&self.denied, error.code(), "BatchExecuteStatement");
-                    Err(unavailable(error).to_string())
-                }
+        match self.client.batch_execute_statement().set_statements(Some(statements)).send().await {
+            Ok(output) => {
+                let mut responses = output.responses.unwrap_or_default().into_iter();
+                (0..count).map(|_| answer(responses.next(), &self.denied)).collect()
             }
-        })
-        .await
+            Err(error) => {
+                let error = error.into_service_error();
+                note_denial(&self.denied, error.code(), "BatchExecuteStatement");
+                each(count, &unavailable(error).to_string())
+            }
+        }
     }
 }
 
 /// What DynamoDB's answer to one statement means.
-enum Answer {
-    Done(Result<Written, StoreError>),
+#[derive(Debug)]
+pub(super) enum Attempt {
+    /// Applied or refused: the statement's outcome.
+    Done(Written),
     /// Throttled, or failed inside DynamoDB: the statement was not applied,
     /// and sending it again may succeed.
     Again(String),
 }
 
-/// Sends `statements` through `send`, and sends again those DynamoDB
-/// throttled or failed internally, as the SDK retries a single request: up
-/// to [`crate::aws::MAX_ATTEMPTS`] attempts with jittered, doubling pauses.
-/// (The SDK itself retries a request that failed as a whole.)
-async fn execute<Sent>(
-    statements: Vec<BatchStatementRequest>,
-    denied: &AtomicBool,
-    send: impl Fn(Vec<BatchStatementRequest>) -> Sent,
-) -> Vec<Result<Written, StoreError>>
-where
-    Sent: Future<Output = Result<Vec<BatchStatementResponse>, String>>,
-{
-    let mut results: Vec<Option<Result<Written, StoreError>>> = statements.iter().map(|_| None).collect();
-    let mut waiting: Vec<usize> = (0..statements.len()).collect();
-    let mut pause = crate::aws::INITIAL_BACKOFF;
-    for attempt in 1..=crate::aws::MAX_ATTEMPTS {
-        if attempt > 1 {
-            tokio::time::sleep(pause.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
-            pause = (pause * 2).min(crate::aws::MAX_BACKOFF);
-        }
-        let sent = waiting.iter().map(|&index| statements[index].clone()).collect();
-        let responses = match send(sent).await {
-            Ok(responses) => responses,
-            Err(reason) => {
-                for &index in &waiting {
-                    results[index] = Some(Err(StoreError::unavailable(reason.clone())));
-                }
-                break;
-            }
-        };
-        let mut responses = responses.into_iter();
-        let mut again = Vec::new();
-        for index in waiting {
-            match answer(responses.next(), denied) {
-                Answer::Done(result) => results[index] = Some(result),
-                Answer::Again(reason) => {
-                    again.push(index);
-                    results[index] = Some(Err(StoreError::unavailable(reason)));
-                }
-            }
-        }
-        waiting = again;
-        if waiting.is_empty() {
-            break;
-        }
-    }
-    results
-        .into_iter()
-        .map(|result| result.unwrap_or_else(|| Err(StoreError::unavailable("statement not sent"))))
-        .collect()
-}
-
-fn answer(response: Option<BatchStatementResponse>, denied: &AtomicBool) -> Answer {
+fn answer(response: Option<BatchStatementResponse>, denied: &AtomicBool) -> Result<Attempt, StoreError> {
     use BatchStatementErrorCodeEnum as Code;
     let Some(response) = response else {
-        return Answer::Done(Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent")));
+        return Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent"));
     };
-    let Some(error) = response.error else { return Answer::Done(Ok(Written::Applied)) };
+    let Some(error) = response.error else { return Ok(Attempt::Done(Written::Applied)) };
     let code = error.code.as_ref().map_or("unknown error", Code::as_str);
     let reason = format!("DynamoDB: {code}: {}", error.message.as_deref().unwrap_or("no message"));
     match error.code {
         Some(Code::ConditionalCheckFailed | Code::DuplicateItem) => {
-            Answer::Done(Ok(Written::Refused(error.item.filter(|item| !item.is_empty()))))
+            Ok(Attempt::Done(Written::Refused(error.item.filter(|item| !item.is_empty()))))
         }
         Some(
             Code::ThrottlingError
@@ -217,12 +170,53 @@ fn answer(response: Option<BatchStatementResponse>, denied: &AtomicBool) -> Answ
             | Code::RequestLimitExceeded
             | Code::InternalServerError
             | Code::TransactionConflict,
-        ) => Answer::Again(reason),
+        ) => Ok(Attempt::Again(reason)),
         Some(Code::AccessDenied) => {
             note_denial(denied, Some("AccessDeniedException"), "PartiQL statements");
-            Answer::Done(Err(StoreError::unavailable(reason)))
+            Err(StoreError::unavailable(reason))
         }
-        _ => Answer::Done(Err(StoreError::unavailable(reason))),
+        _ => Err(StoreError::unavailable(reason)),
+    }
+}
+
+/// Runs `attempt` until its statement is done, as the SDK retries a single
+/// request: up to [`crate::aws::MAX_ATTEMPTS`] attempts, with a [`Backoff`]
+/// between them. (The SDK itself retries a request that failed as a whole.)
+async fn retrying<Sent>(attempt: impl Fn() -> Sent) -> Result<Written, StoreError>
+where
+    Sent: Future<Output = Result<Attempt, StoreError>>,
+{
+    let mut backoff = Backoff::default();
+    let mut attempts = 1;
+    loop {
+        match attempt().await? {
+            Attempt::Done(written) => return Ok(written),
+            Attempt::Again(reason) if attempts >= crate::aws::MAX_ATTEMPTS => {
+                return Err(StoreError::unavailable(reason));
+            }
+            Attempt::Again(_) => {
+                backoff.wait().await;
+                attempts += 1;
+            }
+        }
+    }
+}
+
+/// Pauses between attempts, spaced as the SDK spaces its retries: doubling
+/// from [`crate::aws::INITIAL_BACKOFF`] to [`crate::aws::MAX_BACKOFF`], each
+/// between half and all of its step.
+struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self(crate::aws::INITIAL_BACKOFF)
+    }
+}
+
+impl Backoff {
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.0.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
+        self.0 = (self.0 * 2).min(crate::aws::MAX_BACKOFF);
     }
 }
 
@@ -247,14 +241,19 @@ impl BatchCall for Reads {
     async fn call(&self, ids: Vec<String>) -> Vec<Result<Option<Item>, StoreError>> {
         let layout = &self.layout;
         let keys = ids.iter().map(|id| layout.key(id)).collect();
-        let mut unprocessed = Some(KeysAndAttributes::builder().set_keys(Some(keys)).consistent_read(true).build());
+        let request = KeysAndAttributes::builder().set_keys(Some(keys)).consistent_read(true).build();
+        let mut unprocessed = match request {
+            Ok(request) => Some(request),
+            Err(error) => return each(ids.len(), &error.to_string()),
+        };
         let mut found = HashMap::new();
-        let mut pause = UNPROCESSED_PAUSE;
-        for round in 0..UNPROCESSED_ROUNDS {
-            let Some(Ok(request)) = unprocessed.take() else { break };
-            if round > 0 {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+        let mut backoff = Backoff::default();
+        // Keys DynamoDB leaves unprocessed (it does so under throttling) are
+        // asked for again, as often and as spaced as a throttled statement.
+        for round in 1..=crate::aws::MAX_ATTEMPTS {
+            let Some(request) = unprocessed.take() else { break };
+            if round > 1 {
+                backoff.wait().await;
             }
             let mut output = match self.client.batch_get_item().request_items(&layout.table, request).send().await {
                 Ok(output) => output,
@@ -273,8 +272,7 @@ impl BatchCall for Reads {
             unprocessed = output
                 .unprocessed_keys
                 .and_then(|mut tables| tables.remove(&layout.table))
-                .filter(|left| !left.keys.is_empty())
-                .map(Ok);
+                .filter(|left| !left.keys.is_empty());
         }
         let left_over = unprocessed.is_some();
         ids.iter()
@@ -425,64 +423,60 @@ mod tests {
         BatchStatementResponse::builder().error(error).build()
     }
 
+    #[test]
+    fn throttled_statements_are_to_be_sent_again_and_only_they() {
+        use BatchStatementErrorCodeEnum as Code;
+        let denied = AtomicBool::new(false);
+        let outcome = |response| format!("{:?}", answer(Some(response), &denied));
+        assert_eq!(outcome(BatchStatementResponse::builder().build()), "Ok(Done(Applied))");
+        assert_eq!(outcome(refused_with(Code::ConditionalCheckFailed)), "Ok(Done(Refused(None)))");
+        assert_eq!(outcome(refused_with(Code::DuplicateItem)), "Ok(Done(Refused(None)))");
+        for code in [Code::ThrottlingError, Code::ProvisionedThroughputExceeded, Code::InternalServerError] {
+            assert!(outcome(refused_with(code.clone())).starts_with("Ok(Again("), "{code:?}");
+        }
+        assert!(outcome(refused_with(Code::ValidationError)).starts_with("Err("));
+        assert!(!denied.load(Ordering::Relaxed));
+        assert!(outcome(refused_with(Code::AccessDenied)).starts_with("Err("));
+        assert!(denied.load(Ordering::Relaxed), "a denied statement turns batching off");
+    }
+
     #[tokio::test]
-    async fn throttled_statements_are_sent_again_and_only_they() {
-        let layout = TableLayout::new("claims");
-        let statements: Vec<BatchStatementRequest> =
-            ["a", "b", "c"].iter().map(|id| layout.release(id, "t").unwrap().request).collect();
-        let sent = std::sync::Mutex::new(Vec::new());
-        let results = execute(statements, &AtomicBool::new(false), |batch: Vec<BatchStatementRequest>| {
-            let attempt = {
-                let mut sent = sent.lock().unwrap();
-                sent.push(batch.len());
-                sent.len()
-            };
-            async move {
-                Ok(match attempt {
-                    1 => vec![
-                        BatchStatementResponse::builder().build(),
-                        refused_with(BatchStatementErrorCodeEnum::ThrottlingError),
-                        refused_with(BatchStatementErrorCodeEnum::ConditionalCheckFailed),
-                    ],
-                    _ => vec![BatchStatementResponse::builder().build()],
-                })
+    async fn a_throttled_statement_is_sent_again_until_it_is_done() {
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let written = retrying(|| async {
+            match attempts.fetch_add(1, Ordering::Relaxed) {
+                0 => Ok(Attempt::Again("DynamoDB: ThrottlingError: no".into())),
+                _ => Ok(Attempt::Done(Written::Applied)),
             }
         })
         .await;
-        assert_eq!(*sent.lock().unwrap(), [3, 1]);
-        let results: Vec<String> = results.into_iter().map(|result| format!("{:?}", result.unwrap())).collect();
-        assert_eq!(results, ["Applied", "Applied", "Refused(None)"]);
+        assert!(matches!(written, Ok(Written::Applied)), "{written:?}");
+        assert_eq!(attempts.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]
     async fn a_statement_throttled_on_every_attempt_fails_with_the_reason() {
-        let layout = TableLayout::new("claims");
-        let statements = vec![layout.release("a", "t").unwrap().request];
         let attempts = std::sync::atomic::AtomicU32::new(0);
-        let results = execute(statements, &AtomicBool::new(false), |_| {
+        let written = retrying(|| async {
             attempts.fetch_add(1, Ordering::Relaxed);
-            async { Ok(vec![refused_with(BatchStatementErrorCodeEnum::ProvisionedThroughputExceeded)]) }
+            Ok(Attempt::Again("DynamoDB: ProvisionedThroughputExceeded: no".into()))
         })
         .await;
         assert_eq!(attempts.load(Ordering::Relaxed), crate::aws::MAX_ATTEMPTS);
-        let error = results.into_iter().next().unwrap().unwrap_err().to_string();
+        let error = written.unwrap_err().to_string();
         assert!(error.contains("ProvisionedThroughputExceeded: no"), "{error}");
     }
 
     #[tokio::test]
-    async fn a_request_that_fails_as_a_whole_fails_every_statement_once() {
-        let layout = TableLayout::new("claims");
-        let statements = vec![layout.release("a", "t").unwrap().request, layout.release("b", "t").unwrap().request];
+    async fn a_request_that_fails_as_a_whole_is_not_sent_again() {
         let attempts = std::sync::atomic::AtomicU32::new(0);
-        let results = execute(statements, &AtomicBool::new(false), |_| {
+        let written = retrying(|| async {
             attempts.fetch_add(1, Ordering::Relaxed);
-            async { Err("DynamoDB: dispatch failure".to_owned()) }
+            Err(StoreError::unavailable("DynamoDB: dispatch failure"))
         })
         .await;
         assert_eq!(attempts.load(Ordering::Relaxed), 1, "the SDK already retried it");
-        assert!(
-            results.iter().all(|result| result.as_ref().is_err_and(|error| error.to_string().contains("dispatch")))
-        );
+        assert!(written.unwrap_err().to_string().contains("dispatch"));
     }
 
     #[test]
