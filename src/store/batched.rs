@@ -75,7 +75,8 @@ impl<C: BatchCall> Queue<C> {
 /// Gathers concurrent calls into requests of a [`BatchCall`].
 ///
 /// ```
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// # // One thread, so that all 30 calls are waiting before the first request goes.
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use std::sync::{Arc, Mutex};
 /// use sqs_once::store::{StoreError, batched::{BatchCall, Batcher}};
 ///
