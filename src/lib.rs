@@ -23,6 +23,17 @@
 
 #![warn(missing_docs)]
 
+// The engine isolates a handler's panic in its record by catching the unwind;
+// with `panic = "abort"` one panicking record would kill the process and fail
+// every record of the batch. cargo-lambda builds with abort unless the release
+// profile sets `panic` itself.
+#[cfg(panic = "abort")]
+compile_error!(
+    "sqs-once needs panic = \"unwind\" so that a panicking handler fails its record, not the whole batch: \
+     add `panic = \"unwind\"` to [profile.release] in your Cargo.toml (cargo-lambda builds with \
+     panic = \"abort\" unless the profile says otherwise)"
+);
+
 pub mod aws;
 pub mod claim;
 pub mod clock;

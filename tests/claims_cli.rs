@@ -14,8 +14,6 @@ use std::{
 use serde_json::{Value, json};
 use sqs_once::store::{ClaimQuery, ClaimStore, dynamodb::TableKey};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
-
 /// One consumer's world: a store, a demo log, an event folder.
 struct Setup {
     dir: tempfile::TempDir,
@@ -35,7 +33,7 @@ impl Setup {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
+        let mut command = common::sqs_once_command();
         command
             .args(args)
             .current_dir(self.dir.path())

@@ -248,7 +248,7 @@ async fn results_are_stored_and_oversized_ones_are_dropped_without_failing_the_r
 }
 
 fn sqs_once(dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sqs-once"));
+    let mut command = common::sqs_once_command();
     command
         .current_dir(dir)
         .env_remove("AWS_LAMBDA_RUNTIME_API")

@@ -1,5 +1,7 @@
 //! The `sqs-once invoke` command, run as a user runs it.
 
+mod common;
+
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -7,8 +9,6 @@ use std::{
 };
 
 use serde_json::{Value, json};
-
-const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
 
 /// A folder with an event file, a claims database and a demo log.
 struct Workspace {
@@ -39,7 +39,7 @@ impl Workspace {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
+        let mut command = common::sqs_once_command();
         command
             .args(args)
             .current_dir(self.dir.path())

@@ -18,8 +18,6 @@ use tokio::{
     process::Child,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
-
 /// A running function process and what it printed.
 struct Function {
     api: RuntimeApi,
@@ -38,7 +36,7 @@ impl Function {
         ];
         settings.extend(envs.iter().map(|(name, value)| (*name, value.to_string())));
         let api = RuntimeApi::start().await;
-        let mut process = api.spawn(BIN, &settings);
+        let mut process = api.spawn(common::sqs_once_command(), &settings);
         let stdout = collect(process.stdout.take().unwrap());
         let stderr = collect(process.stderr.take().unwrap());
         Self { api, process, stdout, stderr }

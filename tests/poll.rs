@@ -16,8 +16,6 @@ use serde_json::{Value, json};
 use sqs_once::store::dynamodb::TableKey;
 use tokio::time::{Instant, sleep};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
-
 /// Pollers sharing a claim table and a demo log; keys are `body.id`.
 struct Consumers {
     dir: tempfile::TempDir,
@@ -32,7 +30,7 @@ impl Consumers {
 
     fn poll(&self, queue: &Queue, args: &[&str], envs: &[(&str, &str)]) -> Poller {
         let name = uuid::Uuid::new_v4().simple().to_string();
-        let child = Command::new(BIN)
+        let child = common::sqs_once_command()
             .args(["poll", "--queue-url", queue.url(), "--wait-secs", "1"])
             .args(args)
             .current_dir(self.dir.path())

@@ -15,8 +15,6 @@ use aws_sdk_sqs::types::Message;
 use common::sqs::{Queue, now_ms, visible_at};
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sqs-once");
-
 /// One consumer's world: a claims file, a demo log, events; keys are `body.id`.
 struct World {
     dir: tempfile::TempDir,
@@ -28,7 +26,7 @@ impl World {
     }
 
     fn command(&self, args: &[&str], envs: &[(&str, &str)]) -> Command {
-        let mut command = Command::new(BIN);
+        let mut command = common::sqs_once_command();
         command
             .args(args)
             .current_dir(self.dir.path())

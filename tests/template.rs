@@ -1,12 +1,17 @@
 //! `template.yaml` deploys what the README promises: partial batch responses,
 //! a dead-letter queue, a visibility timeout that outlasts retries, a claim
-//! table the store can use, and a role that can do nothing but claim and act
-//! on failed records.
+//! table the store can use, a role that can do nothing but claim and act on
+//! failed records, and alarms and a dashboard on the metrics it publishes.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, time::Duration};
 
 use serde_yaml::{Value, value::TaggedValue};
-use sqs_once::store::dynamodb::{self, Attributes};
+use sqs_once::{
+    engine::{BatchReport, Outcome, RecordReport},
+    metrics::{Extra, MetricsConfig, emf_line},
+    redelivery::RedeliveryCounts,
+    store::dynamodb::{self, Attributes},
+};
 
 fn template() -> Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/template.yaml")).unwrap();
@@ -127,11 +132,7 @@ fn the_role_may_only_claim_on_its_table_and_act_on_failed_records_of_its_queues(
     assert!(!text.contains('*'), "no wildcards in the role: {text}");
     // The dead-letter queue the role may send to is the one the function sends to.
     let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
-    let reference = Value::Tagged(Box::new(TaggedValue {
-        tag: serde_yaml::value::Tag::new("Ref"),
-        value: "DeadLetterQueue".into(),
-    }));
-    assert_eq!(variables["SQS_ONCE_DLQ_URL"], reference);
+    assert_eq!(variables["SQS_ONCE_DLQ_URL"], reference("DeadLetterQueue"));
 }
 
 #[test]
@@ -151,4 +152,166 @@ fn the_outputs_name_what_a_user_needs() {
     for output in ["QueueUrl", "DeadLetterQueueUrl", "TableName", "FunctionName"] {
         assert!(template["Outputs"].get(output).is_some(), "{output} missing");
     }
+}
+
+/// `!Ref Name`, as written in the template.
+fn reference(target: &str) -> Value {
+    Value::Tagged(Box::new(TaggedValue { tag: serde_yaml::value::Tag::new("Ref"), value: target.into() }))
+}
+
+/// Every metric name the function's EMF line declares, with every optional
+/// count present.
+fn published_metrics() -> BTreeSet<String> {
+    let report = BatchReport {
+        records: vec![RecordReport {
+            message_id: "m".into(),
+            key: None,
+            outcome: Outcome::Duplicate,
+            duration: Duration::ZERO,
+            claim_latency: Some(Duration::from_millis(1)),
+        }],
+    };
+    let extra = Extra { dynamodb_requests: Some(1), redelivery: Some(RedeliveryCounts::default()), ..Extra::default() };
+    let line: serde_json::Value =
+        serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 0)).unwrap();
+    line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|metric| metric["Name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn alarms(template: &Value) -> Vec<(&str, &Value)> {
+    template["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, resource)| resource["Type"] == "AWS::CloudWatch::Alarm")
+        .map(|(name, resource)| (name.as_str().unwrap(), &resource["Properties"]))
+        .collect()
+}
+
+#[test]
+fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
+    let template = template();
+    let alarms = alarms(&template);
+    let watched: BTreeSet<(String, String, String)> = alarms
+        .iter()
+        .map(|(name, alarm)| {
+            let dimensions = alarm["Dimensions"].as_sequence().unwrap();
+            assert_eq!(dimensions.len(), 1, "{name}: one dimension");
+            let target = serde_yaml::to_string(&dimensions[0]).unwrap();
+            (alarm["Namespace"].as_str().unwrap().to_owned(), alarm["MetricName"].as_str().unwrap().to_owned(), target)
+        })
+        .collect();
+    let dimension = |name: &str, value: Value| {
+        let mut mapping = serde_yaml::Mapping::new();
+        mapping.insert("Name".into(), name.into());
+        mapping.insert("Value".into(), value);
+        serde_yaml::to_string(&Value::Mapping(mapping)).unwrap()
+    };
+    let function = || dimension("FunctionName", reference("ConsumerFunction"));
+    let namespace = MetricsConfig::default().namespace;
+    let expected = BTreeSet::from([
+        (
+            "AWS/SQS".to_owned(),
+            "ApproximateNumberOfMessagesVisible".to_owned(),
+            dimension("QueueName", get_att("DeadLetterQueue.QueueName")),
+        ),
+        (
+            "AWS/SQS".to_owned(),
+            "ApproximateAgeOfOldestMessage".to_owned(),
+            dimension("QueueName", get_att("WorkQueue.QueueName")),
+        ),
+        (namespace.clone(), "FailedPermanent".to_owned(), function()),
+        (namespace.clone(), "FailedStoreError".to_owned(), function()),
+        ("AWS/Lambda".to_owned(), "Errors".to_owned(), function()),
+    ]);
+    assert_eq!(watched, expected);
+
+    let published = published_metrics();
+    for (name, alarm) in &alarms {
+        if alarm["Namespace"] == namespace.as_str() {
+            assert!(published.contains(alarm["MetricName"].as_str().unwrap()), "{name}: not a published metric");
+        }
+        assert_eq!(alarm["ComparisonOperator"], "GreaterThanThreshold", "{name}");
+        assert_eq!(alarm["TreatMissingData"], "notBreaching", "{name}: no data is no failure");
+        let actions = serde_yaml::to_string(&alarm["AlarmActions"]).unwrap();
+        assert!(actions.contains("AlarmTopicArn") && actions.contains("AlarmTopic"), "{name}: {actions}");
+        assert_eq!(alarm["OKActions"], alarm["AlarmActions"], "{name}");
+        let age = alarm["MetricName"] == "ApproximateAgeOfOldestMessage";
+        let threshold = if age { reference("OldestMessageAlarmSeconds") } else { Value::from(0) };
+        assert_eq!(alarm["Threshold"], threshold, "{name}: any failure alarms");
+    }
+}
+
+#[test]
+fn alarms_notify_a_topic_given_or_one_of_the_stack_with_an_optional_email() {
+    let template = template();
+    for parameter in ["AlarmEmail", "AlarmTopicArn", "OldestMessageAlarmSeconds"] {
+        assert!(template["Parameters"].get(parameter).is_some(), "{parameter} is not a parameter");
+    }
+    assert_eq!(template["Parameters"]["AlarmEmail"]["Default"], "");
+    assert_eq!(template["Parameters"]["AlarmTopicArn"]["Default"], "");
+    assert_eq!(resource(&template, "AlarmTopic")["Condition"], "CreateAlarmTopic");
+    let subscription = resource(&template, "AlarmEmailSubscription");
+    assert_eq!(subscription["Condition"], "HasAlarmEmail");
+    assert_eq!(subscription["Properties"]["Protocol"], "email");
+    assert_eq!(subscription["Properties"]["Endpoint"], reference("AlarmEmail"));
+    assert!(template["Outputs"].get("AlarmTopicArn").is_some());
+}
+
+#[test]
+fn the_dashboard_graphs_published_metrics_and_shows_every_alarm() {
+    let template = template();
+    let Value::Tagged(body) = &resource(&template, "Dashboard")["Properties"]["DashboardBody"] else {
+        panic!("the dashboard body is not a !Sub")
+    };
+    assert_eq!(body.tag, "Sub");
+    // `${...}` references become plain strings, which leaves JSON.
+    let text = body.value.as_str().unwrap();
+    let mut json = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        let end = start + rest[start..].find('}').unwrap();
+        json.push_str(&rest[..start]);
+        json.push_str(&rest[start + 2..end].replace('.', "_"));
+        rest = &rest[end + 1..];
+    }
+    json.push_str(rest);
+    let body: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|error| panic!("{error}: {json}"));
+    let widgets = body["widgets"].as_array().unwrap();
+
+    let namespace = MetricsConfig::default().namespace;
+    let published = published_metrics();
+    let mut graphed = BTreeSet::new();
+    for widget in widgets.iter().filter(|widget| widget["type"] == "metric") {
+        let mut current = String::new();
+        for metric in widget["properties"]["metrics"].as_array().unwrap() {
+            let metric = metric.as_array().unwrap();
+            match metric[0].as_str() {
+                Some(".") => {}
+                Some("...") => continue,
+                Some(namespace) => current = namespace.to_owned(),
+                None => panic!("a metric row without a namespace: {metric:?}"),
+            }
+            if current == namespace {
+                let name = metric[1].as_str().unwrap().to_owned();
+                assert!(published.contains(&name), "{name} is graphed but never published");
+                graphed.insert(name);
+            }
+        }
+    }
+    for name in ["Processed", "Duplicates", "Conflicts", "Failed", "FailedPermanent", "FailedStoreError"] {
+        assert!(graphed.contains(name), "{name} is not on the dashboard");
+    }
+    let shown: BTreeSet<&str> = widgets
+        .iter()
+        .filter(|widget| widget["type"] == "alarm")
+        .flat_map(|widget| widget["properties"]["alarms"].as_array().unwrap())
+        .map(|alarm| alarm.as_str().unwrap())
+        .collect();
+    let alarms: BTreeSet<String> = alarms(&template).iter().map(|(name, _)| format!("{name}_Arn")).collect();
+    assert_eq!(shown, alarms.iter().map(String::as_str).collect());
 }

@@ -17,6 +17,22 @@ use sqs_once::{
     store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError},
 };
 
+/// The `sqs-once` binary under test, as a command to add arguments to: the one
+/// cargo built for the tests, or the artifact named by `SQS_ONCE_TEST_BINARY`
+/// (what `sam build` deploys), started through `SQS_ONCE_TEST_RUNNER` when it
+/// is set (`qemu-aarch64` for the arm64 build on another machine).
+pub fn sqs_once_command() -> std::process::Command {
+    let binary = std::env::var("SQS_ONCE_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sqs-once").to_owned());
+    match std::env::var("SQS_ONCE_TEST_RUNNER") {
+        Ok(runner) if !runner.is_empty() => {
+            let mut command = std::process::Command::new(runner);
+            command.arg(binary);
+            command
+        }
+        _ => std::process::Command::new(binary),
+    }
+}
+
 /// Wraps a store and counts the requests made to it.
 pub struct Counting {
     pub inner: Arc<dyn ClaimStore>,

@@ -6,7 +6,10 @@ use std::{
     collections::HashMap,
     net::SocketAddr,
     process::Stdio,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -38,6 +41,8 @@ struct Pending {
 struct State {
     answers: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
     init_errors: Mutex<Vec<Value>>,
+    /// The function has asked for its first event: its init phase is over.
+    polling: AtomicBool,
 }
 
 /// The server, listening on a free loopback port.
@@ -65,7 +70,12 @@ impl RuntimeApi {
 
     /// Sends `event` with a deadline `timeout` from now; returns the answer
     /// and when it arrived, or `None` if none came within `timeout` + 5 s.
+    ///
+    /// The deadline counts from the moment the function waits for events, as
+    /// Lambda's does: a cold start (slow under an emulator such as
+    /// `qemu-aarch64`) is not taken out of the invocation's time.
     pub async fn invoke(&self, event: &Value, timeout: Duration) -> Option<(Answer, Instant, Instant)> {
+        self.initialized().await;
         let deadline_ms =
             u64::try_from((SystemTime::now() + timeout).duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap();
         self.invoke_with_deadline_header(event, timeout, deadline_ms).await
@@ -89,14 +99,22 @@ impl RuntimeApi {
         Some((answer, Instant::now(), deadline))
     }
 
+    /// Waits, up to 60 s, until the function has asked for its first event.
+    pub async fn initialized(&self) {
+        let started = Instant::now();
+        while !self.state.polling.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(60) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Init errors the function reported.
     pub fn init_errors(&self) -> Vec<Value> {
         self.state.init_errors.lock().unwrap().clone()
     }
 
-    /// Starts `binary` as Lambda starts a function, pointed at this server.
-    pub fn spawn(&self, binary: &str, envs: &[(&str, String)]) -> Child {
-        Command::new(binary)
+    /// Starts `command` as Lambda starts a function, pointed at this server.
+    pub fn spawn(&self, command: std::process::Command, envs: &[(&str, String)]) -> Child {
+        Command::from(command)
             .env("AWS_LAMBDA_RUNTIME_API", self.address.to_string())
             .env("AWS_LAMBDA_FUNCTION_NAME", "sqs-once-test")
             .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
@@ -118,6 +136,7 @@ async fn serve(stream: TcpStream, queue: Arc<tokio::sync::Mutex<mpsc::UnboundedR
         let segments: Vec<&str> = path.trim_start_matches("/2018-06-01/runtime/").split('/').collect();
         let reply = match (method.as_str(), segments.as_slice()) {
             ("GET", ["invocation", "next"]) => {
+                state.polling.store(true, Ordering::SeqCst);
                 let Some(pending) = queue.lock().await.recv().await else { return };
                 let headers = format!(
                     "Lambda-Runtime-Aws-Request-Id: {}\r\nLambda-Runtime-Deadline-Ms: {}\r\n\
