@@ -68,10 +68,11 @@ pub struct Invocation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The handler ran and succeeded. `recorded` is false when the completed
-    /// state could not be written (the store failed, or the lease had been
-    /// taken over); the record still succeeded and SQS may delete it.
+    /// state was not confirmed written (the store failed, the lease had been
+    /// taken over, or the answer was due before the store answered); the
+    /// record still succeeded and SQS may delete it.
     Processed {
-        /// Whether the claim was marked completed.
+        /// Whether the claim was confirmed completed.
         recorded: bool,
     },
     /// The key had completed before: the handler did not run.
@@ -84,6 +85,12 @@ impl Outcome {
     /// Whether the record goes into `batchItemFailures`.
     pub fn is_failure(&self) -> bool {
         matches!(self, Self::Failed(_))
+    }
+
+    /// Whether the handler succeeded but its completion is not confirmed
+    /// in the store (see [`Outcome::Processed`]).
+    pub fn is_unconfirmed(&self) -> bool {
+        matches!(self, Self::Processed { recorded: false })
     }
 
     /// A short label for logs and metrics.
@@ -270,11 +277,31 @@ type KeyRun<'a> = Shared<BoxFuture<'a, RunResult>>;
 /// payload validation is on).
 type Runs<'a> = Mutex<HashMap<String, (KeyRun<'a>, &'a str)>>;
 
+/// How far a key's run has got, as the answer at the deadline sees it.
+#[derive(Debug, Default)]
+enum Progress {
+    /// Claiming, or running the handler.
+    #[default]
+    Running,
+    /// The handler returned: this is the key's outcome, whether or not the
+    /// write that records it is confirmed before the answer is due.
+    Returned(Outcome),
+    /// The answer went out first: the run is cancelled.
+    CutOff,
+}
+
+/// A key's run in its task, as the answer at the deadline finds it.
+struct Started {
+    key: String,
+    progress: Arc<Mutex<Progress>>,
+    task: AbortHandle,
+}
+
 /// What the records of one batch share while it runs.
 struct BatchState {
     /// Outcome of each record, by event index; `None` until it is known.
     reports: Mutex<Vec<Option<RecordReport>>>,
-    aborts: Mutex<Vec<AbortHandle>>,
+    started: Mutex<Vec<Started>>,
     permits: Arc<Semaphore>,
     /// No record starts after this instant.
     cutoff: Instant,
@@ -301,7 +328,7 @@ impl Engine {
         let deadline = Instant::now() + remaining;
         let state = BatchState {
             reports: Mutex::new(vec![None; records.len()]),
-            aborts: Mutex::new(Vec::new()),
+            started: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
             cutoff: deadline.checked_sub(self.inner.options.deadline_margin).unwrap_or(deadline),
             deadline,
@@ -313,25 +340,15 @@ impl Engine {
         let runs: Runs<'_> = Mutex::new(HashMap::new());
         let work = join_all(groups.into_iter().map(|group| self.run_group(records, group, &state, &runs)));
         if timeout_at(state.cutoff, work).await.is_err() {
-            tracing::warn!("deadline margin reached: answering now, unfinished records fail");
+            tracing::warn!("deadline margin reached: answering now; records whose handler has not returned fail");
         }
-        for run in lock(&state.aborts).drain(..) {
-            run.abort();
-        }
+        let returned = cut_off_runs(&state);
         let reports = std::mem::take(&mut *lock(&state.reports));
         let report = BatchReport {
             records: records
                 .iter()
                 .zip(reports)
-                .map(|(record, report)| {
-                    report.unwrap_or_else(|| RecordReport {
-                        message_id: record.message_id().to_owned(),
-                        key: self.key_of(record),
-                        outcome: Outcome::Failed(Failure::Deadline),
-                        duration: Duration::ZERO,
-                        claim_latency: None,
-                    })
-                })
+                .map(|(record, report)| report.unwrap_or_else(|| self.unanswered(record, &returned)))
                 .collect(),
         };
         for (record, report) in records.iter().zip(&report.records) {
@@ -340,11 +357,30 @@ impl Engine {
         report
     }
 
-    /// The record's key, for the log line of a record the deadline cut short.
-    fn key_of(&self, record: &EventRecord) -> Option<String> {
-        match record {
+    /// The report of a record whose run had not reported when the answer
+    /// was due: its handler's outcome if the handler had returned (its
+    /// settling write not confirmed), otherwise a `deadline` failure.
+    fn unanswered(&self, record: &EventRecord, returned: &HashMap<String, Outcome>) -> RecordReport {
+        let key = match record {
             EventRecord::Message(message) => self.inner.keys.derive(message).ok(),
             EventRecord::Malformed { .. } => None,
+        };
+        let outcome = key.as_ref().and_then(|key| returned.get(key)).cloned();
+        if let (Some(outcome), Some(key)) = (&outcome, &key)
+            && outcome.is_unconfirmed()
+        {
+            tracing::warn!(
+                message_id = record.message_id(), key = %key,
+                "handler succeeded but its completion was not confirmed before the answer was due: \
+                 reported successful; until the write lands the claim stays in progress until its lease ends"
+            );
+        }
+        RecordReport {
+            message_id: record.message_id().to_owned(),
+            key,
+            outcome: outcome.unwrap_or(Outcome::Failed(Failure::Deadline)),
+            duration: Duration::ZERO,
+            claim_latency: None,
         }
     }
 
@@ -422,15 +458,17 @@ impl Engine {
             if Instant::now() >= state.cutoff {
                 return RunResult::failed(Failure::Deadline);
             }
-            let record = Record::new(message, key, state.deadline);
+            let record = Record::new(message, key.clone(), state.deadline);
             let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
+            let progress = Arc::new(Mutex::new(Progress::Running));
+            let run_progress = Arc::clone(&progress);
             let task = tokio::spawn(async move {
                 let _permit = permit;
                 let started = Instant::now();
-                let (outcome, claim_latency) = engine.run_key(&record, deadline_ms, &holder).await;
+                let (outcome, claim_latency) = engine.run_key(&record, deadline_ms, &holder, &run_progress).await;
                 RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
             });
-            lock(&state.aborts).push(task.abort_handle());
+            lock(&state.started).push(Started { key, progress, task: task.abort_handle() });
             task.await.unwrap_or_else(|error| RunResult::failed(Failure::Panicked(error.to_string())))
         }
         .boxed()
@@ -439,16 +477,27 @@ impl Engine {
 
     /// Claims the record's key and, if the claim is won, runs the handler and
     /// records how it ended. Also returns how long the claim took.
-    async fn run_key(&self, record: &Record, deadline_ms: u64, holder: &str) -> (Outcome, Duration) {
+    async fn run_key(
+        &self,
+        record: &Record,
+        deadline_ms: u64,
+        holder: &str,
+        progress: &Mutex<Progress>,
+    ) -> (Outcome, Duration) {
         let request =
             ClaimRequest { id: &record.key, body: &record.body, deadline_ms, holder, attempt: record.receive_count };
         let started = Instant::now();
         let claim = self.inner.claims.claim(&request).await;
         let claim_latency = started.elapsed();
-        (self.after_claim(record, claim).await, claim_latency)
+        (self.after_claim(record, claim, progress).await, claim_latency)
     }
 
-    async fn after_claim(&self, record: &Record, claim: Result<Claim, StoreError>) -> Outcome {
+    async fn after_claim(
+        &self,
+        record: &Record,
+        claim: Result<Claim, StoreError>,
+        progress: &Mutex<Progress>,
+    ) -> Outcome {
         let lease = match claim {
             Ok(Claim::Won(lease)) => lease,
             Ok(Claim::Duplicate { .. }) => return Outcome::Duplicate,
@@ -457,7 +506,15 @@ impl Engine {
             Ok(Claim::PayloadMismatch) => return Outcome::Failed(Failure::PayloadMismatch),
             Err(error) => return Outcome::Failed(error.into()),
         };
-        let result = AssertUnwindSafe(self.inner.handler.handle_boxed(record)).catch_unwind().await;
+        // Called inside the caught future, so that a handler that panics while
+        // it builds its future (before its first await) is caught as well.
+        let result = AssertUnwindSafe(async { self.inner.handler.handle_boxed(record).await }).catch_unwind().await;
+        {
+            let mut progress = lock(progress);
+            if matches!(*progress, Progress::Running) {
+                *progress = Progress::Returned(unsettled_outcome(&result));
+            }
+        }
         self.settle(record, &lease, result).await
     }
 
@@ -498,6 +555,38 @@ impl Engine {
             }
         }
     }
+}
+
+/// What a handler's result means for its record before the write that
+/// records it is confirmed: the answer due at the deadline reports this.
+fn unsettled_outcome(result: &std::thread::Result<crate::HandlerResult>) -> Outcome {
+    match result {
+        Ok(Ok(_)) => Outcome::Processed { recorded: false },
+        Ok(Err(error)) if error.kind() == ErrorKind::Permanent => {
+            Outcome::Failed(Failure::Permanent(error.to_string()))
+        }
+        Ok(Err(error)) => Outcome::Failed(Failure::Retryable(error.to_string())),
+        Err(panic) => Outcome::Failed(Failure::Panicked(panic_message(panic.as_ref()))),
+    }
+}
+
+/// At the answer: runs whose handler has not returned are cancelled (their
+/// claims keep their leases, and their records fail `deadline`); runs whose
+/// handler returned go on with the write that records it, in the
+/// background, and their outcome is returned by key.
+fn cut_off_runs(state: &BatchState) -> HashMap<String, Outcome> {
+    let mut returned = HashMap::new();
+    for run in lock(&state.started).drain(..) {
+        let mut progress = lock(&run.progress);
+        match std::mem::replace(&mut *progress, Progress::CutOff) {
+            Progress::Returned(outcome) => {
+                returned.insert(run.key, outcome.clone());
+                *progress = Progress::Returned(outcome);
+            }
+            Progress::Running | Progress::CutOff => run.task.abort(),
+        }
+    }
+    returned
 }
 
 fn log_unsettled(record: &Record, settled: Result<Fenced, StoreError>) {

@@ -71,6 +71,8 @@ pub fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extra, time
     };
     put("Records", "Count", report.records.len().into());
     put("Failed", "Count", report.records.iter().filter(|record| record.outcome.is_failure()).count().into());
+    let unconfirmed = report.records.iter().filter(|record| record.outcome.is_unconfirmed()).count();
+    put("CompletionUnconfirmed", "Count", unconfirmed.into());
     for (name, labels) in COUNTS {
         put(name, "Count", labels.iter().map(|label| counts.get(label).copied().unwrap_or(0)).sum::<usize>().into());
     }
@@ -142,6 +144,7 @@ mod tests {
     fn every_outcome_is_counted_under_its_metric() {
         let mut records = vec![
             record(Outcome::Processed { recorded: true }, Some(4)),
+            record(Outcome::Processed { recorded: false }, None),
             record(Outcome::Duplicate, Some(2)),
             record(Outcome::Duplicate, None),
             record(Outcome::Failed(Failure::Conflict { retry_after: Duration::ZERO }), Some(3)),
@@ -156,9 +159,10 @@ mod tests {
         let extra = Extra { lease_takeovers_refused: 2, dynamodb_requests: Some(9), redelivery: Some(redelivery) };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 1)).unwrap();
         let expected = [
-            ("Records", 307),
+            ("Records", 308),
             ("Failed", 304),
-            ("Processed", 1),
+            ("CompletionUnconfirmed", 1),
+            ("Processed", 2),
             ("Duplicates", 2),
             ("Conflicts", 1),
             ("FailedRetryable", 1),

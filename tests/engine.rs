@@ -13,13 +13,13 @@ use std::{
 use serde_json::{Value, json};
 use sqs_once::{
     Handler, HandlerResult, Record,
-    claim::{ClaimPolicy, Claims},
+    claim::{ClaimPolicy, ClaimRecord, ClaimStatus, Claims},
     clock::SystemClock,
     engine::{BatchReport, Engine, EngineOptions, Failure, Invocation, Outcome},
     event::parse_event,
     handlers::demo::Demo,
     key::{KeyDeriver, KeySpec, OnMissingKey},
-    store::{ClaimStore, MemoryStore},
+    store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, MemoryStore, PutOutcome, StoreError},
 };
 
 fn message(id: &str, body: Value) -> Value {
@@ -311,4 +311,90 @@ async fn with_payload_validation_an_in_batch_duplicate_with_another_body_fails()
     assert_eq!(failures(&report), ["changed"]);
     assert_eq!(outcome(&report, "changed"), &Outcome::Failed(Failure::PayloadMismatch));
     assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 1);
+}
+
+/// The in-memory store, with every finishing write answered `delay` late.
+struct SlowFinish {
+    inner: MemoryStore,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl ClaimStore for SlowFinish {
+    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_free(record, now_ms).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.finish(id, token, finish).await
+    }
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.release(id, token).await
+    }
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.inner.list(query).await
+    }
+    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+        self.inner.replace_seen(seen, new).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_late() {
+    let (handler, dir) = demo();
+    let store = Arc::new(SlowFinish { inner: MemoryStore::default(), delay: Duration::from_millis(2500) });
+    let options = EngineOptions { deadline_margin: Duration::from_millis(300), ..Default::default() };
+    let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
+    let records = vec![
+        message("done", json!({})),
+        message("permanent", json!({"fail": "permanent"})),
+        message("slow", json!({"sleep_ms": 60_000})),
+    ];
+    let report = run(&engine, records, Duration::from_millis(1200)).await;
+    // The handler succeeded: its completion is not confirmed yet, and it is a success all the same.
+    assert_eq!(outcome(&report, "done"), &Outcome::Processed { recorded: false });
+    assert!(matches!(outcome(&report, "permanent"), Outcome::Failed(Failure::Permanent(_))));
+    assert_eq!(outcome(&report, "slow"), &Outcome::Failed(Failure::Deadline));
+    assert_eq!(failures(&report), ["permanent", "slow"]);
+    let runs = log_lines(&dir.path().join("demo.log"));
+    assert_eq!(runs.len(), 3, "every handler started once: {runs:?}");
+
+    // The writes of the handlers that returned go on after the answer; the cut-off run's claim keeps its lease.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let status = |id: &'static str| {
+        let store = store.clone();
+        async move { store.inner.get(id).await.unwrap().map(|claim| claim.status) }
+    };
+    assert_eq!(status("test#done").await, Some(ClaimStatus::Completed));
+    assert_eq!(status("test#permanent").await, Some(ClaimStatus::Failed));
+    assert_eq!(status("test#slow").await, Some(ClaimStatus::InProgress));
+}
+
+/// Panics before it hands out its future, for one message.
+struct PanicsWhileBuilding;
+
+impl Handler for PanicsWhileBuilding {
+    #[allow(clippy::manual_async_fn)]
+    fn handle(&self, record: &Record) -> impl Future<Output = HandlerResult> + Send {
+        assert_ne!(record.message_id, "bad", "no future for this one");
+        async { Ok(None) }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_building_its_future_fails_its_record_and_releases_its_claim() {
+    let store: Arc<dyn ClaimStore> = Arc::new(MemoryStore::default());
+    let engine = Setup { store: store.clone(), ..Setup::default() }.engine(PanicsWhileBuilding);
+    let report =
+        run(&engine, vec![message("good", json!({})), message("bad", json!({}))], Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["bad"]);
+    assert!(
+        matches!(outcome(&report, "bad"), Outcome::Failed(Failure::Panicked(reason)) if reason.contains("no future"))
+    );
+    assert_eq!(store.get("test#bad").await.unwrap(), None, "claim released, so a redelivery runs");
+    assert_eq!(store.get("test#good").await.unwrap().map(|claim| claim.status), Some(ClaimStatus::Completed));
 }
