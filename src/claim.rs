@@ -388,11 +388,15 @@ impl Claims {
     }
 
     fn new_claim(&self, request: &ClaimRequest<'_>, now_ms: u64, payload_hash: Option<String>) -> ClaimRecord {
+        let lease_until_ms = request.deadline_ms.saturating_add(duration_ms(self.policy.lease_margin));
         ClaimRecord {
             id: request.id.to_owned(),
             status: ClaimStatus::InProgress,
-            expires_at_s: self.expiry_from(now_ms),
-            lease_until_ms: Some(request.deadline_ms.saturating_add(duration_ms(self.policy.lease_margin))),
+            // The expiry is the table's TTL attribute: DynamoDB may delete the
+            // record once it has passed, and a deleted claim is free to anyone.
+            // It must not pass before the lease ends, however long the lease.
+            expires_at_s: self.expiry_from(now_ms).max(lease_until_ms.div_ceil(1000) + 1),
+            lease_until_ms: Some(lease_until_ms),
             token: Some(claim_token()),
             holder: Some(request.holder.to_owned()),
             attempt: Some(request.attempt),

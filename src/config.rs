@@ -15,6 +15,10 @@ use crate::{
     store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
+/// What `SQS_ONCE_EXPIRES_AFTER_SECS` takes: a key remembered for no time
+/// would not be deduplicated at all.
+const EXPIRES_AFTER: &str = "a positive number of seconds";
+
 /// Where claims are kept (`SQS_ONCE_STORE`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -97,7 +101,7 @@ impl Config {
             expires_after: Duration::from_secs(env.parse(
                 "SQS_ONCE_EXPIRES_AFTER_SECS",
                 defaults.expires_after.as_secs(),
-                "a number of seconds",
+                EXPIRES_AFTER,
             )?),
             lease_margin: Duration::from_millis(env.parse(
                 "SQS_ONCE_LEASE_MARGIN_MS",
@@ -122,6 +126,9 @@ impl Config {
             )?),
             log_bodies: env.flag("SQS_ONCE_LOG_BODIES", false)?,
         };
+        if claims.expires_after.is_zero() {
+            return Err(env.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));
+        }
         if engine.concurrency == 0 {
             return Err(env.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
         }
@@ -351,6 +358,11 @@ mod tests {
         assert_eq!(error.to_string(), r#"invalid SQS_ONCE_VALIDATE_PAYLOAD="maybe": expected true or false"#);
         let error = config(&[("SQS_ONCE_EXPIRES_AFTER_SECS", "-1")]).unwrap_err();
         assert_eq!(error.name, "SQS_ONCE_EXPIRES_AFTER_SECS");
+        let error = config(&[("SQS_ONCE_EXPIRES_AFTER_SECS", "0")]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"invalid SQS_ONCE_EXPIRES_AFTER_SECS="0": expected a positive number of seconds"#
+        );
         let empty = config(&[("SQS_ONCE_CONCURRENCY", "  ")]).unwrap();
         assert_eq!(empty.engine.concurrency, 64, "an empty value counts as unset");
     }

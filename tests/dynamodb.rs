@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::dynamodb::Reply;
 use std::{
     collections::HashMap,
     path::Path,
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 use sqs_once::{
     Handler, HandlerResult, Record,
     claim::{Claim, ClaimPolicy, ClaimRequest, ClaimStatus, Claims},
-    clock::SystemClock,
+    clock::{Clock, SystemClock},
     engine::{BatchReport, Engine, EngineOptions, Invocation},
     event::parse_event,
     handlers::demo::Demo,
@@ -135,37 +136,49 @@ async fn batched_writes_share_requests_and_keep_every_outcome() {
     assert_eq!(runs.values().filter(|&&count| count == 2).count(), 30, "only released keys ran again");
 }
 
+/// Request-level rejections of a batched request that single requests would not meet: IAM without the PartiQL
+/// grants, and an endpoint that does not accept the batched form (a parameter it refuses, or no PartiQL at all).
+const REFUSALS: [(&str, &str); 3] = [
+    ("AccessDeniedException", "User: test is not authorized to perform: dynamodb:PartiQLInsert"),
+    ("ValidationException", "ReturnValuesOnConditionCheckFailure is not supported for this statement"),
+    ("UnknownOperationException", "BatchExecuteStatement"),
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn denied_batches_fall_back_to_single_requests() {
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
-    let denying = common::dynamodb::denying_batches().await;
-    let dir = tempfile::tempdir().unwrap();
-    let event = dir.path().join("event.json");
-    std::fs::write(&event, json!({ "Records": batch((0..50).map(|n| json!({"n": n}))) }).to_string()).unwrap();
-    for pass in ["new", "duplicates"] {
-        let output = tokio::process::Command::from(sqs_once(dir.path()))
-            .args(["invoke", "--metrics"])
-            .arg(&event)
-            .env("SQS_ONCE_TABLE", &store.layout().table)
-            .env("SQS_ONCE_LOCAL_CACHE", "0")
-            .env("AWS_ENDPOINT_URL_DYNAMODB", &denying)
-            .output()
-            .await
-            .unwrap();
-        let logs = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{logs}");
-        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), r#"{"batchItemFailures":[]}"#, "{pass}: {logs}");
-        let warning = "making single requests from now on";
-        assert_eq!(logs.matches(warning).count(), 1, "{pass}: said once: {logs}");
-        let metrics = logs.lines().find(|line| line.contains("\"DynamoDbRequests\"")).expect("metrics line");
-        let metrics: Value = serde_json::from_str(metrics).unwrap();
-        // Single writes (50 claims, plus 50 completions the first time), and
-        // the batched requests already on their way when the first denial came back.
-        let requests = metrics["DynamoDbRequests"].as_u64().unwrap();
-        let singles = if pass == "new" { 100 } else { 50 };
-        assert!((singles + 1..=singles + 4).contains(&requests), "{pass}: {requests} requests");
+async fn refused_batches_fall_back_to_single_requests() {
+    for (code, message) in REFUSALS {
+        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let refusing = common::dynamodb::refusing_batches(code, message).await;
+        let dir = tempfile::tempdir().unwrap();
+        let event = dir.path().join("event.json");
+        std::fs::write(&event, json!({ "Records": batch((0..50).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+        for pass in ["new", "duplicates"] {
+            let output = tokio::process::Command::from(sqs_once(dir.path()))
+                .args(["invoke", "--metrics"])
+                .arg(&event)
+                .env("SQS_ONCE_TABLE", &store.layout().table)
+                .env("SQS_ONCE_LOCAL_CACHE", "0")
+                .env("AWS_ENDPOINT_URL_DYNAMODB", &refusing)
+                .output()
+                .await
+                .unwrap();
+            let logs = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "{logs}");
+            let answer = String::from_utf8_lossy(&output.stdout);
+            assert_eq!(answer.trim(), r#"{"batchItemFailures":[]}"#, "{code}, {pass}: {logs}");
+            let warning = "making single requests from now on";
+            assert_eq!(logs.matches(warning).count(), 1, "{code}, {pass}: said once: {logs}");
+            assert!(logs.contains(message), "{code}, {pass}: with DynamoDB's reason: {logs}");
+            let metrics = logs.lines().find(|line| line.contains("\"DynamoDbRequests\"")).expect("metrics line");
+            let metrics: Value = serde_json::from_str(metrics).unwrap();
+            // Single writes (50 claims, plus 50 completions the first time), and
+            // the batched requests already on their way when the first refusal came back.
+            let requests = metrics["DynamoDbRequests"].as_u64().unwrap();
+            let singles = if pass == "new" { 100 } else { 50 };
+            assert!((singles + 1..=singles + 4).contains(&requests), "{code}, {pass}: {requests} requests");
+        }
+        assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 50, "{code}: each key ran once");
     }
-    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 50, "each key ran once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,4 +313,80 @@ fn an_unreachable_dynamodb_fails_every_record_and_answers_before_the_deadline() 
     assert_eq!(logs.matches("outcome=\"store_error\"").count(), 5, "{logs}");
     assert!(logs.contains("claim store unavailable"), "{logs}");
     assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran");
+}
+
+/// The item an `INSERT ... VALUE {'name': ?, ...}` statement writes.
+fn inserted_item(statement: &Value) -> serde_json::Map<String, Value> {
+    let text = statement["Statement"].as_str().unwrap();
+    let tuple = &text[text.find('{').unwrap() + 1..text.rfind('}').unwrap()];
+    let names = tuple.split(", ").map(|field| field.trim_end_matches(": ?").trim_matches('\'').to_owned());
+    names.zip(statement["Parameters"].as_array().unwrap().iter().cloned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
+    let (table, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let table = table.layout().table.clone();
+    let now_ms = SystemClock.now_ms();
+    // Real DynamoDB, asked for ALL_OLD, returns the item a statement's condition failed on with the error
+    // (DynamoDB Local never does). Every claim statement is refused so, with the holder's item made to
+    // measure from the key: completed, held under a live lease, or held under a lease that has ended.
+    let answering = table.clone();
+    let operations = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = operations.clone();
+    let proxy = common::dynamodb::proxy(move |operation, request| {
+        seen.lock().unwrap().push(operation.to_owned());
+        let statements = request["Statements"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let inserts = statements.iter().all(|s| s["Statement"].as_str().unwrap_or_default().starts_with("INSERT"));
+        if operation != "BatchExecuteStatement" || !inserts {
+            return Reply::Forward;
+        }
+        let responses: Vec<Value> = statements
+            .iter()
+            .map(|statement| {
+                let mut item = inserted_item(statement);
+                let id = item["id"]["S"].as_str().unwrap().to_owned();
+                item.insert("token".into(), json!({"S": "another-holder"}));
+                if id.contains("done") {
+                    item.insert("status".into(), json!({"S": "COMPLETED"}));
+                    item.remove("in_progress_expiration");
+                } else {
+                    let lease_ms = if id.contains("held") { now_ms + 60_000 } else { now_ms - 1_000 };
+                    item.insert("in_progress_expiration".into(), json!({"N": lease_ms.to_string()}));
+                }
+                let error =
+                    json!({"Code": "DuplicateItem", "Message": "Duplicate primary key exists in table", "Item": item});
+                json!({"Error": error, "TableName": answering})
+            })
+            .collect();
+        Reply::Answer(200, json!({ "Responses": responses }).to_string())
+    })
+    .await;
+    let config = aws_sdk_dynamodb::config::Builder::from(&sqs_once::aws::sdk_config().await).endpoint_url(proxy);
+    let client = aws_sdk_dynamodb::Client::from_conf(config.build());
+    let store = DynamoDbStore::new(client, dynamodb::TableLayout::new(table));
+    let claims = Claims::with_policy(Arc::new(store), ClaimPolicy::default(), Arc::new(SystemClock));
+    let keys = KeyDeriver::new("body.key".parse().unwrap(), "test", false, Default::default());
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Demo::with_log(dir.path().join("demo.log")).unwrap();
+    let engine = Engine::new(Arc::new(handler), Arc::new(claims), keys, EngineOptions::default());
+
+    let bodies = (0..30).map(|n| json!({"key": format!("{}-{n}", ["done", "held", "free"][n % 3])}));
+    let report = run(&engine, &batch(bodies)).await;
+    for record in &report.records {
+        let key = record.key.as_deref().unwrap();
+        let expected = match &key[..9] {
+            "test#done" => "duplicate",
+            "test#held" => "conflict",
+            _ => "processed",
+        };
+        assert_eq!(record.outcome.label(), expected, "{key}");
+    }
+    let operations = operations.lock().unwrap().clone();
+    let count = |name: &str| operations.iter().filter(|operation| *operation == name).count();
+    assert_eq!(count("BatchGetItem") + count("GetItem"), 0, "the returned items were judged, not read: {operations:?}");
+    assert_eq!(count("PutItem"), 10, "a key whose lease ended is claimed with the conditional PutItem");
+    let runs = log_counts(&dir.path().join("demo.log"));
+    assert_eq!(runs.len(), 10, "only the free keys ran: {runs:?}");
+    assert!(runs.keys().all(|key| key.starts_with("test#free")) && runs.values().all(|&runs| runs == 1));
 }

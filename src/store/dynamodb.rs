@@ -290,7 +290,8 @@ impl DynamoDbStore {
     /// Whether the writes of concurrent records go out together in
     /// `BatchExecuteStatement` requests (on by default), or each in a request
     /// of its own. Batching needs `dynamodb:PartiQLInsert`, `PartiQLUpdate`,
-    /// `PartiQLDelete` and `BatchGetItem` on the table; denied them, the
+    /// `PartiQLDelete` and `BatchGetItem` on the table; denied them (or
+    /// refused them in any way single requests would not be refused), the
     /// store says so once and makes single requests.
     pub fn batching(mut self, batching: bool) -> Self {
         let batches = self.batches.take().unwrap_or_else(|| Arc::new(Batches::new(&self.client, &self.layout)));
@@ -456,14 +457,10 @@ impl ClaimStore for DynamoDbStore {
     }
 
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        if let Some(batches) = self.batched() {
-            let released = batches.write(|| self.layout.release(id, token)).await;
-            if let Some(written) = batches.or_single(released) {
-                return Ok(match written? {
-                    Written::Applied => Fenced::Applied,
-                    Written::Refused(_) => Fenced::Refused,
-                });
-            }
+        if let Some(batches) = self.batched()
+            && let Some(fenced) = batches.or_single(self.release_batched(batches, id, token).await)
+        {
+            return fenced;
         }
         self.release_one(id, token).await
     }
@@ -577,9 +574,9 @@ impl ClaimStore for DynamoDbStore {
 }
 
 impl DynamoDbStore {
-    /// The batched requests, unless they are off or DynamoDB denied them.
+    /// The batched requests, unless they are off or DynamoDB refused them.
     fn batched(&self) -> Option<&Batches> {
-        self.batches.as_deref().filter(|batches| !batches.denied())
+        self.batches.as_deref().filter(|batches| !batches.refused())
     }
 
     /// A claim as an `INSERT`; `None` when the key's record is free, which
@@ -617,14 +614,17 @@ impl DynamoDbStore {
         })
     }
 
+    /// The releasing write as a `DELETE` statement.
+    async fn release_batched(&self, batches: &Batches, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        Ok(match batches.write(|| self.layout.release(id, token)).await? {
+            Written::Applied => Fenced::Applied,
+            Written::Refused(returned) => released_unless(batches.refused_item(id, returned).await?.as_ref()),
+        })
+    }
+
     /// One conditional `PutItem`.
     async fn put_one(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
         let names = &self.layout.attributes;
-        let returned = if self.return_old_item {
-            ReturnValuesOnConditionCheckFailure::AllOld
-        } else {
-            ReturnValuesOnConditionCheckFailure::None
-        };
         let result = self
             .client
             .put_item()
@@ -643,7 +643,7 @@ impl DynamoDbStore {
             .expression_attribute_values(":inprogress", s(ClaimStatus::InProgress.as_str()))
             .expression_attribute_values(":now_ms", n(now_ms))
             .expression_attribute_values(":now_s", n(now_ms / 1000))
-            .return_values_on_condition_check_failure(returned)
+            .return_values_on_condition_check_failure(self.returned_values())
             .send()
             .await;
         match result {
@@ -658,8 +658,22 @@ impl DynamoDbStore {
         }
     }
 
+    /// What a refused conditional write asks DynamoDB to return.
+    fn returned_values(&self) -> ReturnValuesOnConditionCheckFailure {
+        if self.return_old_item {
+            ReturnValuesOnConditionCheckFailure::AllOld
+        } else {
+            ReturnValuesOnConditionCheckFailure::None
+        }
+    }
+
     /// One consistent `GetItem`.
     async fn get_one(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        self.get_item(id).await?.map(|item| self.read_item(&item)).transpose()
+    }
+
+    /// The item, as one consistent `GetItem` reads it.
+    async fn get_item(&self, id: &str) -> Result<Option<Item>, StoreError> {
         let output = self
             .client
             .get_item()
@@ -669,7 +683,7 @@ impl DynamoDbStore {
             .send()
             .await
             .map_err(unavailable)?;
-        output.item.filter(|item| !item.is_empty()).map(|item| self.read_item(&item)).transpose()
+        Ok(output.item.filter(|item| !item.is_empty()))
     }
 
     /// One conditional `UpdateItem`.
@@ -736,12 +750,20 @@ impl DynamoDbStore {
             .expression_attribute_names("#token", TOKEN)
             .expression_attribute_values(":inprogress", s(ClaimStatus::InProgress.as_str()))
             .expression_attribute_values(":token", s(token))
+            .return_values_on_condition_check_failure(self.returned_values())
             .send()
             .await;
         match result {
             Ok(_) => Ok(Fenced::Applied),
             Err(error) => match error.into_service_error() {
-                DeleteItemError::ConditionalCheckFailedException(_) => Ok(Fenced::Refused),
+                DeleteItemError::ConditionalCheckFailedException(failed) => {
+                    let old = match failed.item.filter(|item| !item.is_empty()) {
+                        Some(item) => Some(item),
+                        None if self.return_old_item => None,
+                        None => self.get_item(id).await?,
+                    };
+                    Ok(released_unless(old.as_ref()))
+                }
                 other => Err(unavailable(other)),
             },
         }
@@ -758,6 +780,13 @@ impl DynamoDbStore {
         }
         Ok(query.select(records, true))
     }
+}
+
+/// A release refused by its condition: the claim is released if no record
+/// holds the key (an earlier attempt of the same release applied unseen, or
+/// the record went since), and refused if one does (the lease was taken over).
+fn released_unless(old: Option<&Item>) -> Fenced {
+    if old.is_some() { Fenced::Refused } else { Fenced::Applied }
 }
 
 fn key_element(name: &str, key_type: KeyType) -> Result<KeySchemaElement, StoreError> {

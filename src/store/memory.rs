@@ -69,6 +69,9 @@ impl ClaimStore for MemoryStore {
     }
 
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        if !self.records().contains_key(id) {
+            return Ok(Fenced::Applied);
+        }
         Ok(self.fenced(id, token, |records| {
             records.remove(id);
         }))

@@ -166,7 +166,10 @@ pub trait ClaimStore: Send + Sync {
     /// Records the end of an in-progress claim that still carries `token`.
     async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError>;
 
-    /// Deletes an in-progress claim that still carries `token`.
+    /// Deletes an in-progress claim that still carries `token`. A key no
+    /// record holds counts as released ([`Fenced::Applied`]): a retried
+    /// release whose first attempt applied unseen finds it so, and a free key
+    /// is what a release wants. Only another holder's record refuses it.
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError>;
 
     /// Claims matching `query`, for operators.

@@ -152,10 +152,12 @@ impl ClaimStore for SqliteStore {
         let (id, token) = (id.to_owned(), token.to_owned());
         let changed = self
             .with_connection(move |connection| {
-                connection.execute(
+                let deleted = connection.execute(
                     "DELETE FROM claims WHERE id = ?1 AND token = ?2 AND status = 'INPROGRESS'",
                     params![id, token],
-                )
+                )?;
+                // No record to delete is released all the same.
+                Ok(deleted + usize::from(deleted == 0 && select(connection, &id)?.is_none()))
             })
             .await?;
         Ok(fenced(changed))

@@ -130,6 +130,16 @@ pub async fn a_retryable_failure_releases_the_key(store: Arc<dyn ClaimStore>) {
     m.win("k-retry").await;
 }
 
+pub async fn a_release_that_finds_the_key_free_is_released(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let lease = m.win("k-gone").await;
+    // The release applied and its answer was lost: the retry finds no record.
+    let seen = m.stored("k-gone").await;
+    assert_eq!(m.store.replace_seen(seen.as_ref(), None).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.claims.release(&lease).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.claims.counters().refused.load(std::sync::atomic::Ordering::SeqCst), 0, "not a takeover");
+}
+
 pub async fn a_permanent_failure_is_kept_until_it_expires(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-perm").await;
@@ -153,9 +163,18 @@ pub async fn an_expired_completion_is_claimed_again(store: Arc<dyn ClaimStore>) 
 }
 
 pub async fn a_live_lease_outlives_the_record_expiry(store: Arc<dyn ClaimStore>) {
+    // The lease (30 s + 2 s) is longer than the time a key is remembered (20 s).
     let policy = ClaimPolicy { expires_after: Duration::from_secs(20), ..policy() };
     let m = Machine::new(store, policy);
-    m.win("k-long").await;
+    let lease = m.win("k-long").await;
+    // The expiry is the TTL attribute: a store that deletes expired records must not free a live lease.
+    let stored = m.stored("k-long").await.expect("claim stored");
+    assert!(
+        stored.expires_at_s * 1000 > lease.lease_until_ms,
+        "{} s, lease until {} ms",
+        stored.expires_at_s,
+        lease.lease_until_ms
+    );
     m.clock.advance(Duration::from_secs(25));
     assert!(matches!(m.claim("k-long", "{}", "h2").await, Claim::Conflict { .. }));
 }
@@ -292,6 +311,7 @@ macro_rules! claim_suite {
             a_live_lease_is_a_conflict,
             an_ended_lease_is_taken_over_and_the_old_holder_is_fenced_off,
             a_retryable_failure_releases_the_key,
+            a_release_that_finds_the_key_free_is_released,
             a_permanent_failure_is_kept_until_it_expires,
             an_expired_completion_is_claimed_again,
             a_live_lease_outlives_the_record_expiry,

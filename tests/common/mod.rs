@@ -166,43 +166,81 @@ pub mod dynamodb {
         (store, requests)
     }
 
-    /// The URL of an endpoint that denies every batched request
-    /// (`BatchExecuteStatement`, `BatchGetItem`) as IAM does without the
-    /// permissions, and passes every other request on to DynamoDB Local.
-    pub async fn denying_batches() -> String {
+    /// What a [`proxy`] does with one request.
+    pub enum Reply {
+        /// Pass it on to DynamoDB Local and relay its answer.
+        Forward,
+        /// Answer it here with this HTTP status and JSON body.
+        Answer(u16, String),
+    }
+
+    impl Reply {
+        /// An error answer as DynamoDB writes one: `400` with its `__type` and message.
+        pub fn error(code: &str, message: &str) -> Self {
+            let body =
+                serde_json::json!({ "__type": format!("com.amazonaws.dynamodb.v20120810#{code}"), "message": message });
+            Self::Answer(400, body.to_string())
+        }
+    }
+
+    /// The URL of an endpoint in front of DynamoDB Local where `reply`
+    /// decides, from each request's operation (`BatchExecuteStatement`) and
+    /// JSON body, whether it goes on to DynamoDB Local or is answered by a
+    /// reply made to measure.
+    pub async fn proxy(reply: impl Fn(&str, &serde_json::Value) -> Reply + Send + Sync + 'static) -> String {
         let upstream = endpoint().trim_start_matches("http://").to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
+        let reply = Arc::new(reply);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(relay(client, upstream.clone()));
+                tokio::spawn(relay(client, upstream.clone(), reply.clone()));
             }
         });
         format!("http://{address}")
     }
 
-    const DENIED: &str = r#"{"__type":"com.amazon.coral.service#AccessDeniedException","Message":"User: test is not authorized to perform: dynamodb:PartiQLInsert"}"#;
+    /// The URL of an endpoint that refuses every batched request
+    /// (`BatchExecuteStatement`, `BatchGetItem`) with `code` and `message`, and
+    /// passes every other request on to DynamoDB Local.
+    pub async fn refusing_batches(code: &'static str, message: &'static str) -> String {
+        proxy(move |operation, _| match operation {
+            "BatchExecuteStatement" | "BatchGetItem" => Reply::error(code, message),
+            _ => Reply::Forward,
+        })
+        .await
+    }
 
-    /// Serves one client connection: denied requests answered here, the
-    /// others relayed one at a time over a connection of their own.
-    async fn relay(client: TcpStream, upstream: String) {
+    /// Serves one client connection: answers made here, or relayed one at a
+    /// time over a connection of their own.
+    async fn relay(
+        client: TcpStream,
+        upstream: String,
+        reply: Arc<impl Fn(&str, &serde_json::Value) -> Reply + Send + Sync + 'static>,
+    ) {
         let mut client = BufReader::new(client);
         let mut server = None;
-        while let Some((message, target)) = read_message(&mut client).await {
-            let answer = if target.contains("BatchExecuteStatement") || target.contains("BatchGetItem") {
-                let head = format!(
-                    "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: {}\r\n\r\n",
-                    DENIED.len()
-                );
-                [head.as_bytes(), DENIED.as_bytes()].concat()
-            } else {
-                if server.is_none() {
-                    server = Some(BufReader::new(TcpStream::connect(&upstream).await.unwrap()));
+        while let Some((message, target, body)) = read_message(&mut client).await {
+            let operation = target.rsplit('.').next().unwrap_or_default();
+            let request = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+            let answer = match reply(operation, &request) {
+                Reply::Answer(status, body) => {
+                    let head = format!(
+                        "HTTP/1.1 {status} Made To Measure\r\nContent-Type: application/x-amz-json-1.0\r\n\
+                         Content-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    [head.as_bytes(), body.as_bytes()].concat()
                 }
-                let Some(server) = server.as_mut() else { return };
-                server.get_mut().write_all(&message).await.unwrap();
-                let Some((answer, _)) = read_message(server).await else { return };
-                answer
+                Reply::Forward => {
+                    if server.is_none() {
+                        server = Some(BufReader::new(TcpStream::connect(&upstream).await.unwrap()));
+                    }
+                    let Some(server) = server.as_mut() else { return };
+                    server.get_mut().write_all(&message).await.unwrap();
+                    let Some((answer, _, _)) = read_message(server).await else { return };
+                    answer
+                }
             };
             if client.get_mut().write_all(&answer).await.is_err() {
                 return;
@@ -210,9 +248,9 @@ pub mod dynamodb {
         }
     }
 
-    /// One HTTP/1.1 message with a `Content-Length` body, as sent, and its
-    /// `X-Amz-Target` header.
-    async fn read_message(stream: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, String)> {
+    /// One HTTP/1.1 message with a `Content-Length` body, as sent, its
+    /// `X-Amz-Target` header and its body.
+    async fn read_message(stream: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, String, Vec<u8>)> {
         let mut message = Vec::new();
         let (mut length, mut target) = (0, String::new());
         loop {
@@ -233,7 +271,8 @@ pub mod dynamodb {
         let start = message.len();
         message.resize(start + length, 0);
         stream.read_exact(&mut message[start..]).await.ok()?;
-        Some((message, target))
+        let body = message[start..].to_vec();
+        Some((message, target, body))
     }
 
     /// A table keyed by a static partition value and a sort key, as Powertools lays it out.

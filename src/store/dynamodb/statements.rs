@@ -66,21 +66,22 @@ pub(super) enum Written {
 pub(super) struct Batches {
     writes: Batcher<Statements>,
     pub(super) reads: Batcher<Reads>,
-    denied: Arc<AtomicBool>,
+    refused: Arc<AtomicBool>,
 }
 
 impl Batches {
     pub(super) fn new(client: &Client, layout: &Arc<TableLayout>) -> Self {
-        let denied = Arc::new(AtomicBool::new(false));
-        let writes = Statements { client: client.clone(), denied: Arc::clone(&denied) };
-        let reads = Reads { client: client.clone(), layout: Arc::clone(layout), denied: Arc::clone(&denied) };
-        Self { writes: Batcher::new(Arc::new(writes)), reads: Batcher::new(Arc::new(reads)), denied }
+        let refused = Arc::new(AtomicBool::new(false));
+        let writes = Statements { client: client.clone(), refused: Arc::clone(&refused) };
+        let reads = Reads { client: client.clone(), layout: Arc::clone(layout), refused: Arc::clone(&refused) };
+        Self { writes: Batcher::new(Arc::new(writes)), reads: Batcher::new(Arc::new(reads)), refused }
     }
 
-    /// Whether DynamoDB refused a batched request for want of permission: the
-    /// store then makes single requests for the rest of the process.
-    pub(super) fn denied(&self) -> bool {
-        self.denied.load(Ordering::Relaxed)
+    /// Whether DynamoDB refused a batched request as single requests would
+    /// not be refused (see [`note_refusal`]): the store then makes single
+    /// requests for the rest of the process.
+    pub(super) fn refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Sends the statement `build` makes together with the other writes
@@ -99,10 +100,10 @@ impl Batches {
     }
 
     /// A batched call's result, or `None` when it failed because batching was
-    /// denied and the single request must be made instead.
+    /// refused and the single request must be made instead.
     pub(super) fn or_single<T>(&self, result: Result<T, StoreError>) -> Option<Result<T, StoreError>> {
         match result {
-            Err(_) if self.denied() => None,
+            Err(_) if self.refused() => None,
             result => Some(result),
         }
     }
@@ -111,7 +112,7 @@ impl Batches {
 /// `BatchExecuteStatement`, 25 write statements per request.
 pub(super) struct Statements {
     client: Client,
-    denied: Arc<AtomicBool>,
+    refused: Arc<AtomicBool>,
 }
 
 #[async_trait]
@@ -131,11 +132,11 @@ impl BatchCall for Statements {
         match self.client.batch_execute_statement().set_statements(Some(statements)).send().await {
             Ok(output) => {
                 let mut responses = output.responses.unwrap_or_default().into_iter();
-                (0..count).map(|_| answer(responses.next(), &self.denied)).collect()
+                (0..count).map(|_| answer(responses.next(), &self.refused)).collect()
             }
             Err(error) => {
                 let error = error.into_service_error();
-                note_denial(&self.denied, error.code(), "BatchExecuteStatement");
+                note_refusal(&self.refused, error.code(), error.message(), "BatchExecuteStatement");
                 each(count, &unavailable(error).to_string())
             }
         }
@@ -152,7 +153,7 @@ pub(super) enum Attempt {
     Again(String),
 }
 
-fn answer(response: Option<BatchStatementResponse>, denied: &AtomicBool) -> Result<Attempt, StoreError> {
+fn answer(response: Option<BatchStatementResponse>, refused: &AtomicBool) -> Result<Attempt, StoreError> {
     use BatchStatementErrorCodeEnum as Code;
     let Some(response) = response else {
         return Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent"));
@@ -171,8 +172,10 @@ fn answer(response: Option<BatchStatementResponse>, denied: &AtomicBool) -> Resu
             | Code::InternalServerError
             | Code::TransactionConflict,
         ) => Ok(Attempt::Again(reason)),
-        Some(Code::AccessDenied) => {
-            note_denial(denied, Some("AccessDeniedException"), "PartiQL statements");
+        // A statement that DynamoDB does not allow, or does not accept in this
+        // form: the single request it stands for may well be accepted.
+        Some(Code::AccessDenied | Code::ValidationError) => {
+            note_refusal(refused, Some(code), error.message.as_deref(), "a PartiQL statement");
             Err(StoreError::unavailable(reason))
         }
         _ => Err(StoreError::unavailable(reason)),
@@ -224,7 +227,7 @@ impl Backoff {
 pub(super) struct Reads {
     client: Client,
     layout: Arc<TableLayout>,
-    denied: Arc<AtomicBool>,
+    refused: Arc<AtomicBool>,
 }
 
 #[async_trait]
@@ -259,7 +262,7 @@ impl BatchCall for Reads {
                 Ok(output) => output,
                 Err(error) => {
                     let error = error.into_service_error();
-                    note_denial(&self.denied, error.code(), "BatchGetItem");
+                    note_refusal(&self.refused, error.code(), error.message(), "BatchGetItem");
                     return each(ids.len(), &unavailable(error).to_string());
                 }
             };
@@ -290,13 +293,34 @@ fn each<T>(count: usize, reason: &str) -> Vec<Result<T, StoreError>> {
     (0..count).map(|_| Err(StoreError::unavailable(reason.to_owned()))).collect()
 }
 
-/// Remembers (and says once) that DynamoDB denied a batched request.
-fn note_denial(denied: &AtomicBool, code: Option<&str>, request: &str) {
-    if code == Some("AccessDeniedException") && !denied.swap(true, Ordering::Relaxed) {
+/// Rejections of a batched request that the single requests it stands for
+/// would not meet: not allowed (IAM grants the single actions only), or not
+/// accepted in this form (an endpoint without PartiQL, or one that refuses a
+/// parameter of the batched form). Throttling, server errors and network
+/// failures are not among them: single requests would meet them too.
+const REFUSALS: &[&str] =
+    &["AccessDeniedException", "AccessDenied", "ValidationException", "ValidationError", "UnknownOperationException"];
+
+/// Remembers, and says once with DynamoDB's reason, that DynamoDB refused a
+/// batched request as single requests would not be refused.
+fn note_refusal(refused: &AtomicBool, code: Option<&str>, message: Option<&str>, request: &str) {
+    let Some(code) = code.filter(|code| REFUSALS.contains(code)) else { return };
+    if refused.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let reason = format!("{code}: {}", message.unwrap_or("no message"));
+    if code.starts_with("AccessDenied") {
         tracing::warn!(
+            %reason,
             "DynamoDB denied {request}: making single requests from now on; grant dynamodb:PartiQLInsert, \
              PartiQLUpdate, PartiQLDelete and BatchGetItem on the table (template.yaml does) to send claims in \
              batches, or set SQS_ONCE_DYNAMODB_BATCHING=false"
+        );
+    } else {
+        tracing::warn!(
+            %reason,
+            "DynamoDB refused {request}: making single requests from now on (set \
+             SQS_ONCE_DYNAMODB_BATCHING=false to start with them)"
         );
     }
 }
@@ -426,18 +450,23 @@ mod tests {
     #[test]
     fn throttled_statements_are_to_be_sent_again_and_only_they() {
         use BatchStatementErrorCodeEnum as Code;
-        let denied = AtomicBool::new(false);
-        let outcome = |response| format!("{:?}", answer(Some(response), &denied));
+        let refused = AtomicBool::new(false);
+        let outcome = |response| format!("{:?}", answer(Some(response), &refused));
         assert_eq!(outcome(BatchStatementResponse::builder().build()), "Ok(Done(Applied))");
         assert_eq!(outcome(refused_with(Code::ConditionalCheckFailed)), "Ok(Done(Refused(None)))");
         assert_eq!(outcome(refused_with(Code::DuplicateItem)), "Ok(Done(Refused(None)))");
         for code in [Code::ThrottlingError, Code::ProvisionedThroughputExceeded, Code::InternalServerError] {
             assert!(outcome(refused_with(code.clone())).starts_with("Ok(Again("), "{code:?}");
         }
-        assert!(outcome(refused_with(Code::ValidationError)).starts_with("Err("));
-        assert!(!denied.load(Ordering::Relaxed));
+        for code in [Code::ResourceNotFound, Code::ItemCollectionSizeLimitExceeded] {
+            assert!(outcome(refused_with(code.clone())).starts_with("Err("), "{code:?}");
+        }
+        assert!(!refused.load(Ordering::Relaxed), "single requests would fail the same way");
         assert!(outcome(refused_with(Code::AccessDenied)).starts_with("Err("));
-        assert!(denied.load(Ordering::Relaxed), "a denied statement turns batching off");
+        assert!(refused.load(Ordering::Relaxed), "a denied statement turns batching off");
+        let refused = AtomicBool::new(false);
+        assert!(format!("{:?}", answer(Some(refused_with(Code::ValidationError)), &refused)).starts_with("Err("));
+        assert!(refused.load(Ordering::Relaxed), "a statement refused in its batched form turns batching off");
     }
 
     #[tokio::test]
