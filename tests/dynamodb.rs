@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Value, json};
 use sqs_once::{
     Handler, HandlerResult, Record,
@@ -24,7 +25,7 @@ use sqs_once::{
     handlers::demo::Demo,
     key::KeyDeriver,
     store::{
-        ClaimStore, DynamoDbStore,
+        ClaimQuery, ClaimStore, DynamoDbStore,
         dynamodb::{self, RequestCounts, TableKey},
     },
 };
@@ -389,4 +390,62 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
     let runs = log_counts(&dir.path().join("demo.log"));
     assert_eq!(runs.len(), 10, "only the free keys ran: {runs:?}");
     assert!(runs.keys().all(|key| key.starts_with("test#free")) && runs.values().all(|&runs| runs == 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_claims_spread_over_index_partitions_and_list_exactly() {
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let table = store.layout().table.clone();
+    let claims = Claims::with_policy(Arc::new(store.clone()), ClaimPolicy::default(), Arc::new(SystemClock));
+    let deadline_ms = SystemClock.now_ms() + 60_000;
+    for n in 0..60 {
+        let id = format!("test#k-{n}");
+        let request = ClaimRequest { id: &id, body: "{}", deadline_ms, holder: "h", attempt: 1 };
+        let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("{id} was free") };
+        match n % 3 {
+            0 => drop(claims.complete(&lease, None).await.unwrap()),
+            1 => drop(claims.fail(&lease, "no").await.unwrap()),
+            _ => {}
+        }
+    }
+    // An open claim as versions before the sharding wrote it, with the bare status.
+    let client = aws_sdk_dynamodb::Client::new(&sqs_once::aws::sdk_config().await);
+    let mut legacy = HashMap::from([("id", "test#legacy"), ("status", "INPROGRESS"), ("open_status", "INPROGRESS")]);
+    legacy.insert("token", "t");
+    let mut item: HashMap<String, AttributeValue> =
+        legacy.into_iter().map(|(name, value)| (name.to_owned(), AttributeValue::S(value.to_owned()))).collect();
+    item.insert("expiration".into(), AttributeValue::N((deadline_ms / 1000 + 3600).to_string()));
+    item.insert("in_progress_expiration".into(), AttributeValue::N(deadline_ms.to_string()));
+    client.put_item().table_name(&table).set_item(Some(item)).send().await.unwrap();
+
+    let list = |status| {
+        let store = store.clone();
+        async move {
+            let query = ClaimQuery { status, limit: 1_000, ..ClaimQuery::default() };
+            let listing = store.list(&query).await.unwrap();
+            assert!(!listing.full_scan, "listed through the index");
+            listing.records.into_iter().map(|record| record.id).collect::<std::collections::BTreeSet<_>>()
+        }
+    };
+    let expected = |rest: usize| (0..60).filter(move |n| n % 3 == rest).map(|n| format!("test#k-{n}"));
+    let in_progress: std::collections::BTreeSet<_> = expected(2).chain(["test#legacy".to_owned()]).collect();
+    let failed: std::collections::BTreeSet<_> = expected(1).collect();
+    assert_eq!(list(Some(ClaimStatus::InProgress)).await, in_progress);
+    assert_eq!(list(Some(ClaimStatus::Failed)).await, failed);
+    assert_eq!(list(None).await, in_progress.union(&failed).cloned().collect());
+
+    // The index keys: the status and a shard of the id, spread over the shards; none for completed claims.
+    let items = client.scan().table_name(&table).send().await.unwrap().items.unwrap_or_default();
+    let partitions: std::collections::BTreeSet<String> = items
+        .iter()
+        .filter(|item| item["id"] != AttributeValue::S("test#legacy".into()))
+        .filter_map(|item| item.get("open_status").map(|value| value.as_s().unwrap().clone()))
+        .collect();
+    assert!(partitions.iter().all(|partition| {
+        let (status, shard) = partition.split_once('#').unwrap();
+        ["INPROGRESS", "FAILED"].contains(&status) && shard.parse::<u32>().unwrap() < dynamodb::OPEN_SHARDS
+    }));
+    assert!(partitions.len() >= 16, "40 open claims on {} index keys: {partitions:?}", partitions.len());
+    let completed = items.iter().filter(|item| item["status"] == AttributeValue::S("COMPLETED".into()));
+    assert!(completed.clone().count() == 20 && completed.clone().all(|item| !item.contains_key("open_status")));
 }

@@ -13,7 +13,10 @@ use std::{
 
 use common::sqs::Queue;
 use serde_json::{Value, json};
-use sqs_once::store::dynamodb::TableKey;
+use sqs_once::store::{
+    ClaimStore, DynamoDbStore,
+    dynamodb::{TableKey, TableLayout},
+};
 use tokio::time::{Instant, sleep};
 
 /// Pollers sharing a claim table and a demo log; keys are `body.id`.
@@ -193,4 +196,28 @@ async fn poll_keeps_a_long_record_invisible_past_the_queue_timeout() {
     let summary = stop(poller).await;
     assert_eq!((summary["received"].as_u64(), summary["processed"].as_u64()), (Some(1), Some(1)));
     assert_eq!(consumers.runs()["long"], 1);
+}
+
+#[tokio::test]
+async fn poll_keeps_a_claim_in_the_table_as_long_as_its_lease_however_short_the_expiry() {
+    // A record's deadline is one visibility timeout (2 hours) after receipt, far past the 60 s a key is remembered:
+    // the claim's expiry, the table's TTL attribute, must still outlast its lease.
+    let queue = Queue::create(false, 7_200).await;
+    let consumers = Consumers::new().await;
+    queue.send(&[json!({"id": "long-lease", "sleep_ms": 3_000})]).await;
+    let poller = consumers.poll(&queue, &[], &[("SQS_ONCE_EXPIRES_AFTER_SECS", "60")]);
+    until("the record runs", Duration::from_secs(30), async || consumers.runs().contains_key("long-lease")).await;
+    let (client, _) = sqs_once::store::dynamodb::client().await;
+    let store = DynamoDbStore::new(client, TableLayout::new(consumers.table.clone()));
+    let claim = store.get("demo#long-lease").await.unwrap().expect("the claim is in the table");
+    let lease_until_ms = claim.lease_until_ms.expect("in progress, under a lease");
+    let now_ms = common::sqs::now_ms();
+    assert!(lease_until_ms > now_ms + 7_000_000, "the lease runs to the deadline: {}", lease_until_ms - now_ms);
+    assert!(
+        claim.expires_at_s * 1000 > lease_until_ms,
+        "expiry {} s, lease until {lease_until_ms} ms",
+        claim.expires_at_s
+    );
+    until("the queue is drained", Duration::from_secs(30), async || queue.depth().await == (0, 0)).await;
+    stop(poller).await;
 }

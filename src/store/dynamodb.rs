@@ -43,6 +43,7 @@ use aws_sdk_dynamodb::{
         ProjectionType, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
     },
 };
+use futures::StreamExt;
 
 use self::statements::{Batches, Written};
 use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id};
@@ -84,9 +85,42 @@ impl Default for Attributes {
 }
 
 /// The sparse attribute that exists only while a claim is in progress or
-/// failed (holding its status), and the index on it: listing open claims
-/// reads only them, never the whole table.
+/// failed, and the index on it: listing open claims reads only them, never
+/// the whole table. It holds the claim's status and a shard of its id
+/// (`INPROGRESS#0` to `INPROGRESS#15`, see [`open_partition`]).
 pub const OPEN_STATUS: &str = "open_status";
+
+/// How many index partitions each open status is spread over.
+///
+/// Every claim writes the index and every completion deletes from it, so an
+/// index keyed by the bare status would take all of them on one or two
+/// partition key values; one value is served by one index partition (about
+/// 1,000 writes a second), and a throttled index throttles the table's
+/// writes. Sixteen values per status take some 16,000 index writes a second
+/// (8,000 new records) before any one is hot, and cost a listing sixteen
+/// small queries per status.
+pub const OPEN_SHARDS: u32 = 16;
+
+/// The [`OPEN_STATUS`] value of an open claim: its status and a stable shard
+/// of its id (FNV-1a, so every process and version agrees).
+///
+/// ```
+/// use sqs_once::{claim::ClaimStatus, store::dynamodb::open_partition};
+///
+/// let partition = open_partition(ClaimStatus::InProgress, "orders#o-1");
+/// assert!(partition.starts_with("INPROGRESS#"));
+/// assert_eq!(partition, open_partition(ClaimStatus::InProgress, "orders#o-1"));
+/// ```
+pub fn open_partition(status: ClaimStatus, id: &str) -> String {
+    let hash = id.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    format!("{}#{}", status.as_str(), hash % OPEN_SHARDS)
+}
+
+/// Every [`OPEN_STATUS`] value claims of `status` can have: the shards, and
+/// the bare status that versions before the sharding wrote.
+fn open_partitions(status: ClaimStatus) -> impl Iterator<Item = String> {
+    (0..OPEN_SHARDS).map(move |shard| format!("{}#{shard}", status.as_str())).chain([status.as_str().to_owned()])
+}
 /// The global secondary index on [`OPEN_STATUS`].
 pub const OPEN_INDEX: &str = "open-claims";
 
@@ -379,7 +413,10 @@ impl DynamoDbStore {
             (names.validation.as_str(), record.payload_hash.as_deref().map(s)),
             (names.data.as_str(), record.result.as_deref().map(s)),
             (ERROR, record.error.as_deref().map(s)),
-            (OPEN_STATUS, (record.status != ClaimStatus::Completed).then(|| s(record.status.as_str()))),
+            (
+                OPEN_STATUS,
+                (record.status != ClaimStatus::Completed).then(|| s(open_partition(record.status, &record.id))),
+            ),
         ];
         item.extend(optional.into_iter().filter_map(|(name, value)| Some((name.to_owned(), value?))));
         item
@@ -470,37 +507,21 @@ impl ClaimStore for DynamoDbStore {
             tracing::warn!("completed claims are not in the {OPEN_INDEX} index: reading the whole table");
             return self.scan(query).await;
         }
+        // Each partition of the index is read on its own, a few at a time.
+        let partitions = query.statuses().into_iter().flat_map(open_partitions);
+        let mut reads =
+            futures::stream::iter(partitions.map(|partition| self.query_open(partition, query))).buffer_unordered(8);
         let mut records = Vec::new();
-        for status in query.statuses() {
-            let mut items = self
-                .client
-                .query()
-                .table_name(&self.layout.table)
-                .index_name(OPEN_INDEX)
-                .key_condition_expression("#open = :status")
-                .expression_attribute_names("#open", OPEN_STATUS)
-                .expression_attribute_values(":status", s(status.as_str()))
-                .into_paginator()
-                .items()
-                .send();
-            while records.len() < query.limit {
-                match items.next().await {
-                    None => break,
-                    Some(Ok(item)) => {
-                        let record = self.read_item(&item)?;
-                        if query.matches(&record) {
-                            records.push(record);
-                        }
-                    }
-                    Some(Err(error)) if error.message().is_some_and(|message| message.contains("index")) => {
-                        tracing::warn!(
-                            table = %self.layout.table,
-                            "the table has no {OPEN_INDEX} index (see create-table or template.yaml): \
-                             reading the whole table instead"
-                        );
-                        return self.scan(query).await;
-                    }
-                    Some(Err(error)) => return Err(unavailable(error)),
+        while let Some(read) = reads.next().await {
+            match read? {
+                Some(found) => records.extend(found),
+                None => {
+                    tracing::warn!(
+                        table = %self.layout.table,
+                        "the table has no {OPEN_INDEX} index (see create-table or template.yaml): \
+                         reading the whole table instead"
+                    );
+                    return self.scan(query).await;
                 }
             }
         }
@@ -721,7 +742,8 @@ impl DynamoDbStore {
         }
         // A failed claim stays in the open-claims index; a completed one leaves it.
         let remove = if finish.status == ClaimStatus::Failed {
-            set.push("#open = :status");
+            set.push("#open = :open");
+            request = request.expression_attribute_values(":open", s(open_partition(finish.status, id)));
             "#lease"
         } else {
             "#lease, #open"
@@ -771,6 +793,39 @@ impl DynamoDbStore {
 }
 
 impl DynamoDbStore {
+    /// The claims of one partition of the open-claims index that match
+    /// `query`, at most its limit; `None` when the table has no such index.
+    async fn query_open(&self, partition: String, query: &ClaimQuery) -> Result<Option<Vec<ClaimRecord>>, StoreError> {
+        let mut items = self
+            .client
+            .query()
+            .table_name(&self.layout.table)
+            .index_name(OPEN_INDEX)
+            .key_condition_expression("#open = :partition")
+            .expression_attribute_names("#open", OPEN_STATUS)
+            .expression_attribute_values(":partition", s(partition))
+            .into_paginator()
+            .items()
+            .send();
+        let mut records = Vec::new();
+        while records.len() < query.limit {
+            match items.next().await {
+                None => break,
+                Some(Ok(item)) => {
+                    let record = self.read_item(&item)?;
+                    if query.matches(&record) {
+                        records.push(record);
+                    }
+                }
+                Some(Err(error)) if error.message().is_some_and(|message| message.contains("index")) => {
+                    return Ok(None);
+                }
+                Some(Err(error)) => return Err(unavailable(error)),
+            }
+        }
+        Ok(Some(records))
+    }
+
     /// Lists by reading the whole table: the fallback when no index serves the query.
     async fn scan(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         let mut items = self.client.scan().table_name(&self.layout.table).into_paginator().items().send();

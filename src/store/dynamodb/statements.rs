@@ -30,7 +30,7 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, n, s, text, unavailable};
+use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, n, open_partition, s, text, unavailable};
 use crate::{
     claim::ClaimStatus,
     store::{
@@ -347,7 +347,7 @@ impl TableLayout {
         // A failed claim stays in the open-claims index; a completed one leaves it.
         let mut remove = vec![names.lease.as_str()];
         match finish.status {
-            ClaimStatus::Failed => set.push((OPEN_STATUS, s(finish.status.as_str()))),
+            ClaimStatus::Failed => set.push((OPEN_STATUS, s(open_partition(finish.status, id)))),
             _ => remove.push(OPEN_STATUS),
         }
         let (set_names, mut values): (Vec<&str>, Vec<AttributeValue>) = set.into_iter().unzip();
@@ -455,7 +455,14 @@ mod tests {
         assert_eq!(outcome(BatchStatementResponse::builder().build()), "Ok(Done(Applied))");
         assert_eq!(outcome(refused_with(Code::ConditionalCheckFailed)), "Ok(Done(Refused(None)))");
         assert_eq!(outcome(refused_with(Code::DuplicateItem)), "Ok(Done(Refused(None)))");
-        for code in [Code::ThrottlingError, Code::ProvisionedThroughputExceeded, Code::InternalServerError] {
+        let transient = [
+            Code::ThrottlingError,
+            Code::ProvisionedThroughputExceeded,
+            Code::RequestLimitExceeded,
+            Code::InternalServerError,
+            Code::TransactionConflict,
+        ];
+        for code in transient {
             assert!(outcome(refused_with(code.clone())).starts_with("Ok(Again("), "{code:?}");
         }
         for code in [Code::ResourceNotFound, Code::ItemCollectionSizeLimitExceeded] {
