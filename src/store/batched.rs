@@ -9,14 +9,20 @@
 //!
 //! Nothing waits on a timer. A lone call on a quiet batcher is sent at once;
 //! batches grow exactly as far as the load makes them.
+//!
+//! No call waits behind a request that is slow: a request still out after
+//! [`BatchCall::SLOW_AFTER`] (held back, or being retried) gives up its slot,
+//! so the calls behind it go out, and a full request goes out at once,
+//! whatever is in flight. Only a healthy store makes calls gather.
 
 use std::{
     collections::{HashSet, VecDeque},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use async_trait::async_trait;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::StoreError;
 use crate::engine::lock;
@@ -30,8 +36,12 @@ pub trait BatchCall: Send + Sync + 'static {
     type Output: Send + 'static;
     /// Most inputs in one request.
     const LIMIT: usize;
-    /// Most requests on the wire at once.
+    /// Most requests on the wire at once, counting only those answered
+    /// within [`SLOW_AFTER`](Self::SLOW_AFTER) so far.
     const IN_FLIGHT: usize;
+    /// How long a request may be out before the calls behind it stop waiting
+    /// for it: well above a healthy answer.
+    const SLOW_AFTER: Duration = Duration::from_millis(500);
 
     /// The item an input is about: a request never holds two inputs about
     /// the same item (DynamoDB refuses such a batch as a whole).
@@ -42,8 +52,11 @@ pub trait BatchCall: Send + Sync + 'static {
     async fn call(&self, inputs: Vec<Self::Input>) -> Vec<Result<Self::Output, StoreError>>;
 }
 
-type Answer<C> = oneshot::Sender<Result<<C as BatchCall>::Output, StoreError>>;
-type Waiting<C> = (<C as BatchCall>::Input, Answer<C>);
+/// A call waiting for a request, and where its answer goes.
+struct Waiting<C: BatchCall> {
+    input: C::Input,
+    answer: oneshot::Sender<Result<C::Output, StoreError>>,
+}
 
 /// Calls waiting for a request, and whether a task is sending them.
 struct Queue<C: BatchCall> {
@@ -60,7 +73,7 @@ impl<C: BatchCall> Queue<C> {
         let mut skipped = VecDeque::new();
         while request.len() < C::LIMIT {
             let Some(entry) = self.waiting.pop_front() else { break };
-            if items.insert(C::item(&entry.0).to_owned()) {
+            if items.insert(C::item(&entry.input).to_owned()) {
                 request.push(entry);
             } else {
                 skipped.push_back(entry);
@@ -105,16 +118,24 @@ impl<C: BatchCall> Queue<C> {
 /// # });
 /// ```
 pub struct Batcher<C: BatchCall> {
+    shared: Arc<Shared<C>>,
+}
+
+/// What a batcher and the task sending its requests share.
+struct Shared<C: BatchCall> {
     call: Arc<C>,
-    queue: Arc<Mutex<Queue<C>>>,
+    queue: Mutex<Queue<C>>,
     slots: Arc<Semaphore>,
+    /// Told when a full request's worth of calls is waiting.
+    full: Notify,
 }
 
 impl<C: BatchCall> Batcher<C> {
     /// A batcher sending its requests through `call`.
     pub fn new(call: Arc<C>) -> Self {
-        let queue = Queue { waiting: VecDeque::new(), flushing: false };
-        Self { call, queue: Arc::new(Mutex::new(queue)), slots: Arc::new(Semaphore::new(C::IN_FLIGHT)) }
+        let queue = Mutex::new(Queue { waiting: VecDeque::new(), flushing: false });
+        let slots = Arc::new(Semaphore::new(C::IN_FLIGHT));
+        Self { shared: Arc::new(Shared { call, queue, slots, full: Notify::new() }) }
     }
 
     /// Sends `input` with whatever else is waiting, and waits for its answer.
@@ -123,14 +144,15 @@ impl<C: BatchCall> Batcher<C> {
     /// never takes the other inputs of its request down with it.
     pub async fn submit(&self, input: C::Input) -> Result<C::Output, StoreError> {
         let (answer, answered) = oneshot::channel();
-        let start_flushing = {
-            let mut queue = lock(&self.queue);
-            queue.waiting.push_back((input, answer));
-            !std::mem::replace(&mut queue.flushing, true)
+        let (start_flushing, full) = {
+            let mut queue = lock(&self.shared.queue);
+            queue.waiting.push_back(Waiting { input, answer });
+            (!std::mem::replace(&mut queue.flushing, true), queue.waiting.len() >= C::LIMIT)
         };
         if start_flushing {
-            let (call, queue, slots) = (Arc::clone(&self.call), Arc::clone(&self.queue), Arc::clone(&self.slots));
-            tokio::spawn(flush(call, queue, slots));
+            tokio::spawn(flush(Arc::clone(&self.shared)));
+        } else if full {
+            self.shared.full.notify_one();
         }
         answered.await.unwrap_or_else(|_| Err(StoreError::unavailable("a batch request ended without an answer")))
     }
@@ -138,34 +160,63 @@ impl<C: BatchCall> Batcher<C> {
 
 impl<C: BatchCall> std::fmt::Debug for Batcher<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batcher").field("waiting", &lock(&self.queue).waiting.len()).finish()
+        f.debug_struct("Batcher").field("waiting", &lock(&self.shared.queue).waiting.len()).finish()
     }
 }
 
-/// Sends requests while calls are waiting, each once a slot is free.
-async fn flush<C: BatchCall>(call: Arc<C>, queue: Arc<Mutex<Queue<C>>>, slots: Arc<Semaphore>) {
+/// Sends requests while calls are waiting: a full one at once, any other once
+/// a slot is free.
+async fn flush<C: BatchCall>(shared: Arc<Shared<C>>) {
     loop {
-        // The semaphore is never closed, so this waits for a slot and gets it.
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
-        // Callers that are ready to run join this request instead of the next.
-        tokio::task::yield_now().await;
+        let Some(slot) = next_slot(&shared).await else { return };
         let (request, more) = {
-            let mut queue = lock(&queue);
+            let mut queue = lock(&shared.queue);
             let request = queue.next_request();
             queue.flushing = !queue.waiting.is_empty();
             (request, queue.flushing)
         };
-        tokio::spawn(send(Arc::clone(&call), request, slot));
+        tokio::spawn(send(Arc::clone(&shared.call), request, slot));
         if !more {
             return;
         }
     }
 }
 
-async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, _slot: OwnedSemaphorePermit) {
-    let (inputs, answers): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();
+/// Waits until the next request may go: with a free slot (`Some(Some(_))`),
+/// or without one as soon as a full request is waiting (`Some(None)`).
+async fn next_slot<C: BatchCall>(shared: &Shared<C>) -> Option<Option<OwnedSemaphorePermit>> {
+    loop {
+        if lock(&shared.queue).waiting.len() >= C::LIMIT {
+            return Some(None);
+        }
+        tokio::select! {
+            // The semaphore is never closed, so this waits for a slot and gets it.
+            slot = Arc::clone(&shared.slots).acquire_owned() => {
+                // Callers that are ready to run join this request instead of the next.
+                tokio::task::yield_now().await;
+                return slot.ok().map(Some);
+            }
+            () = shared.full.notified() => {}
+        }
+    }
+}
+
+/// Sends one request and answers its callers; the request gives its slot up
+/// once it has been out [`BatchCall::SLOW_AFTER`].
+async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, slot: Option<OwnedSemaphorePermit>) {
+    let (inputs, answers): (Vec<_>, Vec<_>) = waiting.into_iter().map(|call| (call.input, call.answer)).unzip();
     let count = inputs.len();
-    let mut results = call.call(inputs).await.into_iter();
+    let request = call.call(inputs);
+    tokio::pin!(request);
+    let results = tokio::select! {
+        results = &mut request => results,
+        () = tokio::time::sleep(C::SLOW_AFTER) => {
+            drop(slot);
+            tracing::debug!(calls = count, "batch request slow: the calls behind it go on without it");
+            request.await
+        }
+    };
+    let mut results = results.into_iter();
     for answer in answers {
         let result = results.next().unwrap_or_else(|| {
             Err(StoreError::unavailable(format!("a batch request of {count} answered fewer inputs")))
@@ -245,6 +296,80 @@ mod tests {
         drop(abandoned);
         assert_eq!(kept.await.unwrap(), "kept");
         assert_eq!(*lock(&echo.0), [vec!["gone".to_owned(), "kept".to_owned()]]);
+    }
+
+    /// Answers at once, but never answers a request with an input ending in
+    /// `~`; its requests are slow after `SLOW_MS`.
+    #[derive(Default)]
+    struct Hanging<const SLOW_MS: u64>(Mutex<Vec<Vec<String>>>);
+
+    #[async_trait]
+    impl<const SLOW_MS: u64> BatchCall for Hanging<SLOW_MS> {
+        type Input = String;
+        type Output = String;
+        const LIMIT: usize = 3;
+        const IN_FLIGHT: usize = 2;
+        const SLOW_AFTER: Duration = Duration::from_millis(SLOW_MS);
+
+        fn item(input: &String) -> &str {
+            input
+        }
+
+        async fn call(&self, inputs: Vec<String>) -> Vec<Result<String, StoreError>> {
+            lock(&self.0).push(inputs.clone());
+            if inputs.iter().any(|input| input.ends_with('~')) {
+                std::future::pending::<()>().await;
+            }
+            inputs.into_iter().map(Ok).collect()
+        }
+    }
+
+    /// Submits `input` alone and waits until its request is out.
+    async fn hang<C: BatchCall<Input = String>>(
+        batcher: &Arc<Batcher<C>>,
+        sent: &Mutex<Vec<Vec<String>>>,
+        input: &str,
+    ) {
+        let requests = lock(sent).len();
+        let batcher = Arc::clone(batcher);
+        let input = input.to_owned();
+        tokio::spawn(async move { batcher.submit(input).await });
+        while lock(sent).len() == requests {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_do_not_wait_behind_requests_that_are_slow() {
+        let hanging = Arc::new(Hanging::<20>::default());
+        let batcher = Arc::new(Batcher::new(Arc::clone(&hanging)));
+        hang(&batcher, &hanging.0, "a~").await;
+        hang(&batcher, &hanging.0, "b~").await;
+        // Both slots are taken by requests that never answer; they give them up after 20 ms.
+        let answer = tokio::time::timeout(Duration::from_secs(10), batcher.submit("c".to_owned())).await;
+        assert_eq!(answer.expect("the call waited behind the slow requests").unwrap(), "c");
+    }
+
+    #[tokio::test]
+    async fn a_full_request_goes_out_whatever_is_in_flight() {
+        // Slow requests here keep their slots for an hour: only being full lets a request go.
+        let hanging = Arc::new(Hanging::<3_600_000>::default());
+        let batcher = Arc::new(Batcher::new(Arc::clone(&hanging)));
+        hang(&batcher, &hanging.0, "a~").await;
+        hang(&batcher, &hanging.0, "b~").await;
+        // One call waits for a slot; two more make the request full.
+        let first = tokio::spawn({
+            let batcher = Arc::clone(&batcher);
+            async move { batcher.submit("c".to_owned()).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let full = futures::future::join_all(["d", "e"].map(|input| batcher.submit(input.to_owned())));
+        let answers = tokio::time::timeout(Duration::from_secs(10), full).await.expect("the full request waited");
+        assert!(answers.iter().all(Result::is_ok));
+        assert_eq!(first.await.unwrap().unwrap(), "c");
+        assert_eq!(lock(&hanging.0).last().map(Vec::len), Some(3), "one request of three");
     }
 
     #[tokio::test]

@@ -865,5 +865,10 @@ fn text(item: &Item, name: &str) -> Option<String> {
 
 /// An SDK failure as a store error, in one line ([`crate::aws::describe`]).
 fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
-    StoreError::unavailable(format!("DynamoDB: {}", crate::aws::describe(&error)))
+    StoreError::unavailable(described(&error))
+}
+
+/// An SDK failure in one line, naming DynamoDB.
+fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
+    format!("DynamoDB: {}", crate::aws::describe(error))
 }

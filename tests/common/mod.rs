@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod claim_suite;
+pub mod faults;
 pub mod runtime_api;
 pub mod sqs;
 

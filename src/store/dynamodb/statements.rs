@@ -30,7 +30,7 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, n, open_partition, s, text, unavailable};
+use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, described, n, open_partition, s, text};
 use crate::{
     claim::ClaimStatus,
     store::{
@@ -137,7 +137,7 @@ impl BatchCall for Statements {
             Err(error) => {
                 let error = error.into_service_error();
                 note_refusal(&self.refused, error.code(), error.message(), "BatchExecuteStatement");
-                each(count, &unavailable(error).to_string())
+                each(count, &described(&error))
             }
         }
     }
@@ -263,7 +263,7 @@ impl BatchCall for Reads {
                 Err(error) => {
                     let error = error.into_service_error();
                     note_refusal(&self.refused, error.code(), error.message(), "BatchGetItem");
-                    return each(ids.len(), &unavailable(error).to_string());
+                    return each(ids.len(), &described(&error));
                 }
             };
             let items = output.responses.as_mut().and_then(|tables| tables.remove(&layout.table));

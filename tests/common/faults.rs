@@ -1,0 +1,361 @@
+//! An AWS endpoint that misbehaves as a real network and a real service do:
+//! a proxy in front of DynamoDB Local (or the SQS server) that, per request
+//! and at random from a seed, loses the answer after the request applied,
+//! resets the connection before forwarding it, answers `500` or a throttling
+//! `400` without forwarding it, holds the answer back past the client's
+//! attempt timeout, or refuses single statements of a
+//! `BatchExecuteStatement` with the transient codes DynamoDB uses.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    net::{TcpListener, TcpStream},
+};
+
+/// What can go wrong, each as a share of requests (of statements, for
+/// `statement_error`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FaultMix {
+    /// Forwarded and applied; the answer is lost (the connection closes).
+    pub lost_answer: f64,
+    /// The connection resets before the request is forwarded.
+    pub reset: f64,
+    /// `500 InternalServerError`, not forwarded.
+    pub server_error: f64,
+    /// `400` throttling, not forwarded.
+    pub throttled: f64,
+    /// Forwarded and applied; the answer comes 2.6 s late, past the 2 s
+    /// attempt timeout.
+    pub slow: f64,
+    /// A statement of a `BatchExecuteStatement` refused on its own with a
+    /// transient code, not forwarded; the other statements are.
+    pub statement_error: f64,
+}
+
+impl FaultMix {
+    /// `rate` of the requests faulty, spread evenly over the five
+    /// request-level faults, and `rate` / 5 of batched statements refused.
+    pub fn spread(rate: f64) -> Self {
+        let each = rate / 5.0;
+        Self { lost_answer: each, reset: each, server_error: each, throttled: each, slow: each, statement_error: each }
+    }
+}
+
+/// How the service answers errors: its `__type` prefix and throttling code.
+#[derive(Debug, Clone, Copy)]
+pub struct Service {
+    error_prefix: &'static str,
+    throttling: &'static str,
+}
+
+/// DynamoDB's error shapes.
+pub const DYNAMODB: Service =
+    Service { error_prefix: "com.amazonaws.dynamodb.v20120810#", throttling: "ProvisionedThroughputExceededException" };
+
+/// SQS's (JSON protocol) error shapes.
+pub const SQS: Service = Service { error_prefix: "com.amazonaws.sqs#", throttling: "ThrottlingException" };
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    LostAnswer,
+    Reset,
+    ServerError,
+    Throttled,
+    Slow,
+}
+
+/// Faults injected so far, by kind.
+#[derive(Debug, Default)]
+pub struct Injected {
+    pub requests: AtomicU64,
+    pub lost_answer: AtomicU64,
+    pub reset: AtomicU64,
+    pub server_error: AtomicU64,
+    pub throttled: AtomicU64,
+    pub slow: AtomicU64,
+    pub statement_error: AtomicU64,
+}
+
+impl Injected {
+    /// The counts as JSON, for reports.
+    pub fn report(&self) -> Value {
+        let get = |counter: &AtomicU64| counter.load(Ordering::SeqCst);
+        json!({
+            "requests": get(&self.requests), "lost_answer": get(&self.lost_answer), "reset": get(&self.reset),
+            "server_error": get(&self.server_error), "throttled": get(&self.throttled), "slow": get(&self.slow),
+            "statement_error": get(&self.statement_error),
+        })
+    }
+
+    /// Faults of every kind.
+    pub fn total(&self) -> u64 {
+        [&self.lost_answer, &self.reset, &self.server_error, &self.throttled, &self.slow, &self.statement_error]
+            .iter()
+            .map(|counter| counter.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    fn count(&self, fault: Fault) {
+        let counter = match fault {
+            Fault::None => return,
+            Fault::LostAnswer => &self.lost_answer,
+            Fault::Reset => &self.reset,
+            Fault::ServerError => &self.server_error,
+            Fault::Throttled => &self.throttled,
+            Fault::Slow => &self.slow,
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct State {
+    upstream: String,
+    service: Service,
+    mix: FaultMix,
+    /// Only these operations are made faulty (all, when empty).
+    operations: &'static [&'static str],
+    random: Mutex<fastrand::Rng>,
+    injected: Arc<Injected>,
+}
+
+impl State {
+    fn draw(&self, operation: &str) -> Fault {
+        if !self.operations.is_empty() && !self.operations.contains(&operation) {
+            return Fault::None;
+        }
+        let draw = self.random();
+        let mix = self.mix;
+        let faults = [
+            (Fault::LostAnswer, mix.lost_answer),
+            (Fault::Reset, mix.reset),
+            (Fault::ServerError, mix.server_error),
+            (Fault::Throttled, mix.throttled),
+            (Fault::Slow, mix.slow),
+        ];
+        let mut bound = 0.0;
+        for (fault, share) in faults {
+            bound += share;
+            if draw < bound {
+                return fault;
+            }
+        }
+        Fault::None
+    }
+
+    fn random(&self) -> f64 {
+        self.random.lock().unwrap().f64()
+    }
+
+    fn error(&self, status: u16, code: &str, message: &str) -> Vec<u8> {
+        let body = json!({ "__type": format!("{}{code}", self.service.error_prefix), "message": message });
+        http_response(status, &body.to_string())
+    }
+}
+
+/// A running faulty endpoint.
+pub struct FaultProxy {
+    pub url: String,
+    pub injected: Arc<Injected>,
+}
+
+impl FaultProxy {
+    /// A proxy in front of `upstream` (`http://host:port`) injecting `mix`
+    /// into `operations` (all, when empty), drawn from `seed`.
+    pub async fn start(
+        upstream: &str,
+        service: Service,
+        mix: FaultMix,
+        operations: &'static [&'static str],
+        seed: u64,
+    ) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let injected = Arc::new(Injected::default());
+        let state = Arc::new(State {
+            upstream: upstream.trim_start_matches("http://").to_owned(),
+            service,
+            mix,
+            operations,
+            random: Mutex::new(fastrand::Rng::with_seed(seed)),
+            injected: Arc::clone(&injected),
+        });
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(serve(client, Arc::clone(&state)));
+            }
+        });
+        Self { url, injected }
+    }
+}
+
+/// Serves one client connection, request by request.
+async fn serve(client: TcpStream, state: Arc<State>) {
+    let mut client = BufReader::new(client);
+    let mut server: Option<BufReader<TcpStream>> = None;
+    while let Some(request) = read_message(&mut client).await {
+        state.injected.requests.fetch_add(1, Ordering::SeqCst);
+        let operation = request.target.rsplit('.').next().unwrap_or_default().to_owned();
+        let fault = state.draw(&operation);
+        state.injected.count(fault);
+        if std::env::var_os("SQS_ONCE_FAULTS_TRACE").is_some() {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            eprintln!("fault-proxy {} {operation} {fault:?} {} bytes", now.as_millis() % 100_000, request.body.len());
+        }
+        let answer = match fault {
+            Fault::Reset => {
+                let _ = client.get_ref().set_zero_linger();
+                return;
+            }
+            Fault::ServerError => state.error(500, "InternalServerError", "injected: internal server error"),
+            Fault::Throttled => state.error(400, state.service.throttling, "injected: throughput exceeded"),
+            Fault::None if operation == "BatchExecuteStatement" && state.mix.statement_error > 0.0 => {
+                match refuse_statements(&state, &request, &mut server).await {
+                    Some(answer) => answer,
+                    None => return,
+                }
+            }
+            Fault::None | Fault::LostAnswer | Fault::Slow => {
+                let Some(answer) = forward(&state, &request.raw, &mut server).await else { return };
+                match fault {
+                    Fault::LostAnswer => return,
+                    Fault::Slow => tokio::time::sleep(Duration::from_millis(2_600)).await,
+                    _ => {}
+                }
+                answer.raw
+            }
+        };
+        if client.get_mut().write_all(&answer).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Forwards the statements not drawn to fail, and answers the others with a
+/// transient code, each in its place.
+async fn refuse_statements(
+    state: &State,
+    request: &Message,
+    server: &mut Option<BufReader<TcpStream>>,
+) -> Option<Vec<u8>> {
+    const CODES: [&str; 5] = [
+        "ThrottlingError",
+        "ProvisionedThroughputExceeded",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "TransactionConflict",
+    ];
+    let mut body: Value = serde_json::from_slice(&request.body).ok()?;
+    let statements = body["Statements"].as_array()?.clone();
+    let refused: Vec<Option<&str>> = statements
+        .iter()
+        .map(|_| (state.random() < state.mix.statement_error).then(|| CODES[(state.random() * 5.0) as usize % 5]))
+        .collect();
+    if refused.iter().all(Option::is_none) {
+        return forward(state, &request.raw, server).await.map(|answer| answer.raw);
+    }
+    let kept: Vec<Value> =
+        statements.iter().zip(&refused).filter(|(_, code)| code.is_none()).map(|(s, _)| s.clone()).collect();
+    let mut answers = if kept.is_empty() {
+        Vec::new().into_iter()
+    } else {
+        body["Statements"] = Value::Array(kept);
+        let answer = forward(state, &request.with_body(&body.to_string()), server).await?;
+        if !answer.head.starts_with("HTTP/1.1 200") {
+            return Some(answer.raw);
+        }
+        let answered: Value = serde_json::from_slice(&answer.body).ok()?;
+        answered["Responses"].as_array()?.clone().into_iter()
+    };
+    let responses: Vec<Value> = refused
+        .iter()
+        .map(|code| match code {
+            Some(code) => {
+                state.injected.statement_error.fetch_add(1, Ordering::SeqCst);
+                json!({ "Error": { "Code": code, "Message": "injected: statement refused" } })
+            }
+            None => answers.next().unwrap_or(Value::Null),
+        })
+        .collect();
+    Some(http_response(200, &json!({ "Responses": responses }).to_string()))
+}
+
+/// Sends `raw` upstream over the connection's own upstream connection
+/// (opened on first use, and again after a failure) and reads the answer.
+async fn forward(state: &State, raw: &[u8], server: &mut Option<BufReader<TcpStream>>) -> Option<Message> {
+    for _ in 0..2 {
+        if server.is_none() {
+            *server = Some(BufReader::new(TcpStream::connect(&state.upstream).await.ok()?));
+        }
+        let connection = server.as_mut()?;
+        if connection.get_mut().write_all(raw).await.is_ok()
+            && let Some(answer) = read_message(connection).await
+        {
+            return Some(answer);
+        }
+        *server = None;
+    }
+    None
+}
+
+/// One HTTP/1.1 message with a `Content-Length` body.
+struct Message {
+    raw: Vec<u8>,
+    head: String,
+    target: String,
+    body: Vec<u8>,
+}
+
+impl Message {
+    /// The same request with another body.
+    fn with_body(&self, body: &str) -> Vec<u8> {
+        let mut head = String::new();
+        for line in self.head.split("\r\n").filter(|line| !line.is_empty()) {
+            if !line.to_ascii_lowercase().starts_with("content-length:") {
+                head += line;
+                head += "\r\n";
+            }
+        }
+        format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+    }
+}
+
+async fn read_message(stream: &mut BufReader<TcpStream>) -> Option<Message> {
+    let mut head = String::new();
+    let (mut length, mut target) = (0, String::new());
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).await.ok().filter(|read| *read > 0)?;
+        head += &line;
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            match name.trim().to_ascii_lowercase().as_str() {
+                "content-length" => length = value.trim().parse().ok()?,
+                "x-amz-target" => target = value.trim().to_owned(),
+                _ => {}
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.ok()?;
+    let raw = [head.as_bytes(), &body].concat();
+    Some(Message { raw, head, target, body })
+}
+
+fn http_response(status: u16, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status} Injected\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}

@@ -1,0 +1,231 @@
+//! Effectively once on a faulty network. DynamoDB Local sits behind a proxy
+//! that loses answers after the write applied, resets connections, throttles,
+//! fails and delays requests, and refuses single statements of a batch, at
+//! random from a seed (`common::faults`). Then:
+//!
+//! - three `sqs-once invoke` processes (`--timeout 4`) get every pending
+//!   message twice per round, a message leaving the queue once any process
+//!   reports it successful, until none is left: with batched writes and with
+//!   single requests;
+//! - two `sqs-once poll` processes drain a queue holding duplicates, with
+//!   the SQS server's deletes and visibility changes failing too.
+//!
+//! Each time, every key's handler must have run exactly once and no message
+//! may be lost. `SQS_ONCE_FAULTS_KEYS`, `SQS_ONCE_FAULTS_RATE` and
+//! `SQS_ONCE_FAULTS_SEEDS` make the invoke rounds heavier (`bench/soak`);
+//! each drain prints a `faults-report` JSON line.
+
+mod common;
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::Path,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use common::faults::{DYNAMODB, FaultMix, FaultProxy, SQS};
+use serde_json::{Value, json};
+use sqs_once::store::dynamodb::TableKey;
+
+fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+fn seeds() -> Vec<u64> {
+    let seeds = std::env::var("SQS_ONCE_FAULTS_SEEDS").unwrap_or_else(|_| "7".to_owned());
+    seeds.split(',').map(|seed| seed.trim().parse().expect("SQS_ONCE_FAULTS_SEEDS: comma-separated numbers")).collect()
+}
+
+/// How many times each message id's handler ran, from the demo log.
+fn runs(log: &Path) -> HashMap<String, usize> {
+    let mut runs = HashMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let message_id = line.split('\t').nth(1).expect("<key>\t<messageId>").to_owned();
+        *runs.entry(message_id).or_default() += 1;
+    }
+    runs
+}
+
+/// One SQS record as Lambda delivers it.
+fn record(message_id: &str, body: &str, receive_count: u32) -> Value {
+    json!({
+        "messageId": message_id, "receiptHandle": format!("rh-{message_id}-{receive_count}"), "body": body,
+        "attributes": {"ApproximateReceiveCount": receive_count.to_string(), "SentTimestamp": "1700000000000"},
+        "messageAttributes": {}, "md5OfBody": "", "eventSource": "aws:sqs",
+        "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:work", "awsRegion": "us-east-1",
+    })
+}
+
+/// What an `invoke` process answered, and the metrics it printed.
+struct Answer {
+    failed: HashSet<String>,
+    metrics: Value,
+}
+
+async fn invoke(dir: &Path, event: &Path, envs: &[(&str, &str)]) -> Answer {
+    let mut command = tokio::process::Command::from(common::sqs_once_command());
+    let output = command
+        .args(["invoke", "--timeout", "4", "--metrics"])
+        .arg(event)
+        .current_dir(dir)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("SQS_ONCE_STORE")
+        .env("SQS_ONCE_DEMO_LOG", dir.join("demo.log"))
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    std::fs::write(event.with_extension("log"), stderr.as_bytes()).unwrap();
+    assert!(output.status.success(), "invoke failed: {stderr}");
+    let answer: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("no answer: {stderr}"));
+    let failed = answer["batchItemFailures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
+        .collect();
+    let metrics =
+        stderr.lines().find_map(|line| serde_json::from_str::<Value>(line).ok().filter(|v| v.get("_aws").is_some()));
+    Answer { failed, metrics: metrics.unwrap_or_else(|| panic!("no metrics line: {stderr}")) }
+}
+
+/// Three `invoke` processes per round, each message delivered to two of
+/// them, until every message was reported successful by one; the figures.
+async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> Value {
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let proxy = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, FaultMix::spread(rate), &[], seed).await;
+    let dir = tempfile::tempdir().unwrap();
+    let batching = batching.to_string();
+    let envs = [
+        ("SQS_ONCE_TABLE", store.layout().table.as_str()),
+        ("AWS_ENDPOINT_URL_DYNAMODB", proxy.url.as_str()),
+        ("SQS_ONCE_DYNAMODB_BATCHING", batching.as_str()),
+    ];
+    let mut pending: BTreeMap<String, String> =
+        (0..keys).map(|n| (format!("m-{seed}-{n:05}"), json!({ "n": n }).to_string())).collect();
+    let mut shuffle = fastrand::Rng::with_seed(seed);
+    let (mut rounds, mut deliveries) = (0_u32, 0_usize);
+    let mut counted = BTreeMap::<&str, u64>::new();
+    let started = Instant::now();
+    while !pending.is_empty() && rounds < 40 {
+        rounds += 1;
+        let mut events = Vec::new();
+        for process in 0..3 {
+            let mut records: Vec<Value> = pending
+                .iter()
+                .enumerate()
+                .filter(|(n, _)| (n + process) % 3 != 0)
+                .map(|(_, (id, body))| record(id, body, rounds))
+                .collect();
+            shuffle.shuffle(&mut records);
+            deliveries += records.len();
+            let path = dir.path().join(format!("event-{rounds}-{process}.json"));
+            std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
+            events
+                .push((path, records.iter().map(|r| r["messageId"].as_str().unwrap().to_owned()).collect::<Vec<_>>()));
+        }
+        let answers = futures::future::join_all(events.iter().map(|(path, _)| invoke(dir.path(), path, &envs))).await;
+        for ((_, delivered), answer) in events.iter().zip(&answers) {
+            for id in delivered.iter().filter(|id| !answer.failed.contains(*id)) {
+                pending.remove(id);
+            }
+            for metric in ["FailedDeadline", "FailedStoreError", "Conflicts", "CompletionUnconfirmed"] {
+                *counted.entry(metric).or_default() += answer.metrics[metric].as_u64().unwrap_or(0);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let runs = runs(&dir.path().join("demo.log"));
+    let ran_twice: Vec<_> = runs.iter().filter(|(_, count)| **count > 1).collect();
+    let report = json!({
+        "writes": if batching == "true" { "batched" } else { "single" }, "keys": keys, "rate": rate, "seed": seed,
+        "rounds": rounds, "deliveries": deliveries, "seconds": started.elapsed().as_secs(),
+        "deadline": counted["FailedDeadline"], "store_error": counted["FailedStoreError"],
+        "conflict": counted["Conflicts"], "completion_unconfirmed": counted["CompletionUnconfirmed"],
+        "ran_twice": ran_twice.len(), "never_ran": keys - runs.len(), "left_in_queue": pending.len(),
+        "injected": proxy.injected.report(),
+    });
+    println!("faults-report {report}");
+    if std::env::var_os("SQS_ONCE_FAULTS_KEEP").is_some() {
+        println!("faults-logs {}", dir.keep().display());
+    }
+    assert!(proxy.injected.total() > 0, "no fault was injected: {report}");
+    assert!(pending.is_empty(), "messages never processed: {report}");
+    assert!(ran_twice.is_empty(), "keys whose handler ran twice: {ran_twice:?}\n{report}");
+    assert_eq!(runs.len(), keys, "messages that left the queue without their handler running: {report}");
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_writes_run_every_key_once_on_a_faulty_network() {
+    for seed in seeds() {
+        drain_by_rounds(setting("SQS_ONCE_FAULTS_KEYS", 200), setting("SQS_ONCE_FAULTS_RATE", 0.18), seed, true).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_requests_run_every_key_once_on_a_faulty_network() {
+    for seed in seeds() {
+        drain_by_rounds(setting("SQS_ONCE_FAULTS_KEYS", 200), setting("SQS_ONCE_FAULTS_RATE", 0.18), seed, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_runs_every_key_once_with_faulty_dynamodb_and_sqs() {
+    let seed = seeds()[0];
+    let queue = common::sqs::Queue::create(false, 5).await;
+    // 150 keys, 50 of them sent twice.
+    let bodies: Vec<Value> = (0..200).map(|n| json!({ "id": format!("k-{}", n % 150) })).collect();
+    queue.send(&bodies).await;
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let dynamodb = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, FaultMix::spread(0.1), &[], seed).await;
+    // Deletes and visibility changes fail: messages that succeeded come back, as duplicates.
+    let sqs_faults = FaultMix { slow: 0.0, ..FaultMix::spread(0.2) };
+    let settled = &["DeleteMessageBatch", "ChangeMessageVisibilityBatch", "ChangeMessageVisibility"];
+    let sqs = FaultProxy::start(&common::sqs::endpoint(), SQS, sqs_faults, settled, seed).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pollers: Vec<_> = (0..2)
+        .map(|n| {
+            let mut command = tokio::process::Command::from(common::sqs_once_command());
+            command
+                .args(["poll", "--queue-url", queue.url(), "--wait-secs", "1", "--timeout", "4"])
+                .current_dir(dir.path())
+                .env_remove("AWS_LAMBDA_RUNTIME_API")
+                .env_remove("SQS_ONCE_STORE")
+                .env("SQS_ONCE_TABLE", &store.layout().table)
+                .env("AWS_ENDPOINT_URL_DYNAMODB", &dynamodb.url)
+                .env("AWS_ENDPOINT_URL_SQS", &sqs.url)
+                .env("SQS_ONCE_KEY", "body.id")
+                .env("SQS_ONCE_RETRY_BASE_SECS", "1")
+                .env("SQS_ONCE_DEMO_LOG", dir.path().join("demo.log"))
+                .stdin(Stdio::null())
+                .stdout(std::fs::File::create(dir.path().join(format!("poll-{n}.out"))).unwrap())
+                .stderr(std::fs::File::create(dir.path().join(format!("poll-{n}.err"))).unwrap())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let started = Instant::now();
+    while queue.depth().await != (0, 0) {
+        assert!(started.elapsed() < Duration::from_secs(180), "the queue was not drained: {:?}", queue.depth().await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(pollers);
+    // Runs counted by key: the demo log's first column is the stored key.
+    let mut by_key: HashMap<String, usize> = HashMap::new();
+    for line in std::fs::read_to_string(dir.path().join("demo.log")).unwrap().lines() {
+        *by_key.entry(line.split('\t').next().unwrap().to_owned()).or_default() += 1;
+    }
+    let report = json!({
+        "consumer": "poll", "dynamodb_injected": dynamodb.injected.report(), "sqs_injected": sqs.injected.report(),
+    });
+    println!("faults-report {report}");
+    assert!(dynamodb.injected.total() > 0 && sqs.injected.total() > 0, "{report}");
+    assert_eq!(by_key.len(), 150, "every key ran: {report}");
+    let twice: Vec<_> = by_key.iter().filter(|(_, count)| **count > 1).collect();
+    assert!(twice.is_empty(), "keys whose handler ran twice: {twice:?}\n{report}");
+}
