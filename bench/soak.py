@@ -1,0 +1,88 @@
+"""Runs the fault-injection drains of tests/faults.rs heavier, and writes their
+figures into the "Reliability under faults" section of bench/RESULTS.md.
+Started by bench/soak, which starts DynamoDB Local and the SQS server."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTION = "## Reliability under faults"
+FAULTS = ["lost_answer", "reset", "server_error", "throttled", "slow", "statement_error"]
+
+
+def drains(test, keys, rate, seeds):
+    """The faults-report lines of one test of tests/faults.rs, and whether it passed."""
+    env = dict(os.environ, SQS_ONCE_FAULTS_KEYS=str(keys), SQS_ONCE_FAULTS_RATE=str(rate),
+               SQS_ONCE_FAULTS_SEEDS=",".join(map(str, seeds)))
+    command = ["cargo", "test", "--locked", "--test", "faults", test, "--", "--nocapture", "--test-threads", "1"]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    # The test harness may print a test's name on the line its output starts.
+    marker = "faults-report "
+    reports = [json.loads(line[line.index(marker) + len(marker):]) for line in run.stdout.splitlines() if marker in line]
+    if run.returncode != 0:
+        print(run.stdout[-4000:], run.stderr[-4000:], file=sys.stderr)
+    return reports, run.returncode == 0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keys", type=int, default=600)
+    parser.add_argument("--rates", default="0.18,0.36")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--output", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args()
+    rates = [float(rate) for rate in args.rates.split(",")]
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+
+    # A fresh JVM is several times slower at first: warm DynamoDB Local up with a light drain.
+    drains("batched_writes", 200, 0.02, [99])
+    rows = []
+    for rate in rates:
+        for writes, test in [("batched", "batched_writes"), ("single", "single_requests")]:
+            started = time.time()
+            reports, passed = drains(test, args.keys, rate, seeds)
+            print(f"== {writes}, {rate:.0%}: {len(reports)} drains in {time.time() - started:.0f} s, "
+                  f"{'passed' if passed else 'FAILED'}", file=sys.stderr)
+            rows.append((writes, rate, reports, passed))
+
+    def total(reports, field):
+        return sum(report[field] for report in reports)
+
+    lines = [SECTION, "",
+             f"`bench/soak` (the drains of `tests/faults.rs`, heavier): {args.keys} keys per drain, seeds "
+             f"{', '.join(map(str, seeds))}; three `invoke --timeout 4` processes per round get every pending "
+             "message twice, until each was reported successful once. Faults are drawn per request at the rate "
+             "shown, evenly over lost answers (applied, connection closed), resets (before forwarding), `500`, "
+             "throttling `400` and answers held 2.6 s; a fifth of the rate again refuses single statements of a "
+             "batch. Figures are sums over the seeds.", "",
+             "| writes | fault rate | deliveries | rounds | requests | faults injected (lost · reset · 500 · 400 · "
+             "slow · statement) | `deadline` | `store_error` | completion unconfirmed | ran twice | lost | passed |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    for writes, rate, reports, passed in rows:
+        injected = " · ".join(str(sum(report["injected"][fault] for report in reports)) for fault in FAULTS)
+        requests = sum(report["injected"]["requests"] for report in reports)
+        lost = total(reports, "never_ran") + total(reports, "left_in_queue")
+        lines.append(
+            f"| {writes} | {rate:.0%} | {total(reports, 'deliveries')} | {total(reports, 'rounds')} | {requests} | "
+            f"{injected} | {total(reports, 'deadline')} | {total(reports, 'store_error')} | "
+            f"{total(reports, 'completion_unconfirmed')} | {total(reports, 'ran_twice')} | {lost} | "
+            f"{'yes' if passed else '**no**'} |")
+    lines.append("")
+    output = Path(args.output)
+    text = output.read_text() if output.exists() else ""
+    start = text.find(SECTION)
+    if start >= 0:
+        end = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + text[end + 1:] if end >= 0 else text[:start]
+    output.write_text(text.rstrip("\n") + "\n\n" + "\n".join(lines))
+    print("\n".join(lines))
+    sys.exit(0 if all(passed for *_, passed in rows) else 1)
+
+
+if __name__ == "__main__":
+    main()
