@@ -286,9 +286,13 @@ enum Progress {
     /// The handler returned: this is the key's outcome, whether or not the
     /// write that records it is confirmed before the answer is due.
     Returned(Outcome),
-    /// The answer went out first: the run is cancelled.
-    CutOff,
 }
+
+/// How long the answer waits for cancelled runs to stop: a handler in the
+/// middle of a poll finishes it first, and if that poll returns, the
+/// handler's outcome counts. Only a handler that blocks its thread longer
+/// has its record reported `deadline` while it may still return.
+const STOPPING: Duration = Duration::from_millis(100);
 
 /// A key's run in its task, as the answer at the deadline finds it.
 struct Started {
@@ -342,7 +346,7 @@ impl Engine {
         if timeout_at(state.cutoff, work).await.is_err() {
             tracing::warn!("deadline margin reached: answering now; records whose handler has not returned fail");
         }
-        let returned = cut_off_runs(&state);
+        let returned = cut_off_runs(&state).await;
         let reports = std::mem::take(&mut *lock(&state.reports));
         let report = BatchReport {
             records: records
@@ -509,12 +513,9 @@ impl Engine {
         // Called inside the caught future, so that a handler that panics while
         // it builds its future (before its first await) is caught as well.
         let result = AssertUnwindSafe(async { self.inner.handler.handle_boxed(record).await }).catch_unwind().await;
-        {
-            let mut progress = lock(progress);
-            if matches!(*progress, Progress::Running) {
-                *progress = Progress::Returned(unsettled_outcome(&result));
-            }
-        }
+        // No await between the handler's return and this: a run cancelled at
+        // the answer either has its handler's outcome here or never returned.
+        *lock(progress) = Progress::Returned(unsettled_outcome(&result));
         self.settle(record, &lease, result).await
     }
 
@@ -572,21 +573,28 @@ fn unsettled_outcome(result: &std::thread::Result<crate::HandlerResult>) -> Outc
 
 /// At the answer: runs whose handler has not returned are cancelled (their
 /// claims keep their leases, and their records fail `deadline`); runs whose
-/// handler returned go on with the write that records it, in the
-/// background, and their outcome is returned by key.
-fn cut_off_runs(state: &BatchState) -> HashMap<String, Outcome> {
-    let mut returned = HashMap::new();
-    for run in lock(&state.started).drain(..) {
-        let mut progress = lock(&run.progress);
-        match std::mem::replace(&mut *progress, Progress::CutOff) {
-            Progress::Returned(outcome) => {
-                returned.insert(run.key, outcome.clone());
-                *progress = Progress::Returned(outcome);
-            }
-            Progress::Running | Progress::CutOff => run.task.abort(),
-        }
+/// handler returned, also while they were being cancelled, go on with the
+/// write that records it, in the background, and their outcome is returned
+/// by key.
+async fn cut_off_runs(state: &BatchState) -> HashMap<String, Outcome> {
+    let started: Vec<Started> = lock(&state.started).drain(..).collect();
+    let running = |run: &Started| matches!(*lock(&run.progress), Progress::Running);
+    for run in started.iter().filter(|run| running(run)) {
+        run.task.abort();
     }
-    returned
+    // A cancelled run stops at its next await; one whose handler is being
+    // polled right now finishes that poll first, and may return.
+    let waiting = Instant::now();
+    while started.iter().any(|run| running(run) && !run.task.is_finished()) && waiting.elapsed() < STOPPING {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    started
+        .into_iter()
+        .filter_map(|run| match std::mem::take(&mut *lock(&run.progress)) {
+            Progress::Returned(outcome) => Some((run.key, outcome)),
+            Progress::Running => None,
+        })
+        .collect()
 }
 
 fn log_unsettled(record: &Record, settled: Result<Fenced, StoreError>) {

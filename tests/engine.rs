@@ -398,3 +398,24 @@ async fn a_handler_that_panics_building_its_future_fails_its_record_and_releases
     assert_eq!(store.get("test#bad").await.unwrap(), None, "claim released, so a redelivery runs");
     assert_eq!(store.get("test#good").await.unwrap().map(|claim| claim.status), Some(ClaimStatus::Completed));
 }
+
+/// Blocks its thread (no await) past the answer's cut-off, then succeeds.
+struct BlocksThroughTheCutoff(Duration);
+
+impl Handler for BlocksThroughTheCutoff {
+    async fn handle(&self, _record: &Record) -> HandlerResult {
+        std::thread::sleep(self.0);
+        Ok(None)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_returning_while_the_answer_is_cut_off_keeps_its_outcome() {
+    // The cut-off comes at 700 ms, while the handler is still in its poll; it returns at 750 ms. Reported
+    // `deadline`, its record would come back and run again although its side effect happened.
+    let options = EngineOptions { deadline_margin: Duration::from_millis(300), ..Default::default() };
+    let engine = Setup { options, ..Setup::default() }.engine(BlocksThroughTheCutoff(Duration::from_millis(750)));
+    let report = run(&engine, vec![message("busy", json!({}))], Duration::from_millis(1000)).await;
+    assert!(matches!(outcome(&report, "busy"), Outcome::Processed { .. }), "{report:?}");
+    assert!(failures(&report).is_empty());
+}

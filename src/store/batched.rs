@@ -12,8 +12,7 @@
 //!
 //! No call waits behind a request that is slow: a request still out after
 //! [`BatchCall::SLOW_AFTER`] (held back, or being retried) gives up its slot,
-//! so the calls behind it go out, and a full request goes out at once,
-//! whatever is in flight. Only a healthy store makes calls gather.
+//! so the calls behind it go out in the next request.
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -22,7 +21,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::StoreError;
 use crate::engine::lock;
@@ -52,11 +51,8 @@ pub trait BatchCall: Send + Sync + 'static {
     async fn call(&self, inputs: Vec<Self::Input>) -> Vec<Result<Self::Output, StoreError>>;
 }
 
-/// A call waiting for a request, and where its answer goes.
-struct Waiting<C: BatchCall> {
-    input: C::Input,
-    answer: oneshot::Sender<Result<C::Output, StoreError>>,
-}
+type Answer<C> = oneshot::Sender<Result<<C as BatchCall>::Output, StoreError>>;
+type Waiting<C> = (<C as BatchCall>::Input, Answer<C>);
 
 /// Calls waiting for a request, and whether a task is sending them.
 struct Queue<C: BatchCall> {
@@ -73,7 +69,7 @@ impl<C: BatchCall> Queue<C> {
         let mut skipped = VecDeque::new();
         while request.len() < C::LIMIT {
             let Some(entry) = self.waiting.pop_front() else { break };
-            if items.insert(C::item(&entry.input).to_owned()) {
+            if items.insert(C::item(&entry.0).to_owned()) {
                 request.push(entry);
             } else {
                 skipped.push_back(entry);
@@ -118,24 +114,16 @@ impl<C: BatchCall> Queue<C> {
 /// # });
 /// ```
 pub struct Batcher<C: BatchCall> {
-    shared: Arc<Shared<C>>,
-}
-
-/// What a batcher and the task sending its requests share.
-struct Shared<C: BatchCall> {
     call: Arc<C>,
-    queue: Mutex<Queue<C>>,
+    queue: Arc<Mutex<Queue<C>>>,
     slots: Arc<Semaphore>,
-    /// Told when a full request's worth of calls is waiting.
-    full: Notify,
 }
 
 impl<C: BatchCall> Batcher<C> {
     /// A batcher sending its requests through `call`.
     pub fn new(call: Arc<C>) -> Self {
-        let queue = Mutex::new(Queue { waiting: VecDeque::new(), flushing: false });
-        let slots = Arc::new(Semaphore::new(C::IN_FLIGHT));
-        Self { shared: Arc::new(Shared { call, queue, slots, full: Notify::new() }) }
+        let queue = Queue { waiting: VecDeque::new(), flushing: false };
+        Self { call, queue: Arc::new(Mutex::new(queue)), slots: Arc::new(Semaphore::new(C::IN_FLIGHT)) }
     }
 
     /// Sends `input` with whatever else is waiting, and waits for its answer.
@@ -144,15 +132,14 @@ impl<C: BatchCall> Batcher<C> {
     /// never takes the other inputs of its request down with it.
     pub async fn submit(&self, input: C::Input) -> Result<C::Output, StoreError> {
         let (answer, answered) = oneshot::channel();
-        let (start_flushing, full) = {
-            let mut queue = lock(&self.shared.queue);
-            queue.waiting.push_back(Waiting { input, answer });
-            (!std::mem::replace(&mut queue.flushing, true), queue.waiting.len() >= C::LIMIT)
+        let start_flushing = {
+            let mut queue = lock(&self.queue);
+            queue.waiting.push_back((input, answer));
+            !std::mem::replace(&mut queue.flushing, true)
         };
         if start_flushing {
-            tokio::spawn(flush(Arc::clone(&self.shared)));
-        } else if full {
-            self.shared.full.notify_one();
+            let (call, queue, slots) = (Arc::clone(&self.call), Arc::clone(&self.queue), Arc::clone(&self.slots));
+            tokio::spawn(flush(call, queue, slots));
         }
         answered.await.unwrap_or_else(|_| Err(StoreError::unavailable("a batch request ended without an answer")))
     }
@@ -160,51 +147,34 @@ impl<C: BatchCall> Batcher<C> {
 
 impl<C: BatchCall> std::fmt::Debug for Batcher<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batcher").field("waiting", &lock(&self.shared.queue).waiting.len()).finish()
+        f.debug_struct("Batcher").field("waiting", &lock(&self.queue).waiting.len()).finish()
     }
 }
 
-/// Sends requests while calls are waiting: a full one at once, any other once
-/// a slot is free.
-async fn flush<C: BatchCall>(shared: Arc<Shared<C>>) {
+/// Sends requests while calls are waiting, each once a slot is free.
+async fn flush<C: BatchCall>(call: Arc<C>, queue: Arc<Mutex<Queue<C>>>, slots: Arc<Semaphore>) {
     loop {
-        let Some(slot) = next_slot(&shared).await else { return };
+        // The semaphore is never closed, so this waits for a slot and gets it.
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        // Callers that are ready to run join this request instead of the next.
+        tokio::task::yield_now().await;
         let (request, more) = {
-            let mut queue = lock(&shared.queue);
+            let mut queue = lock(&queue);
             let request = queue.next_request();
             queue.flushing = !queue.waiting.is_empty();
             (request, queue.flushing)
         };
-        tokio::spawn(send(Arc::clone(&shared.call), request, slot));
+        tokio::spawn(send(Arc::clone(&call), request, slot));
         if !more {
             return;
         }
     }
 }
 
-/// Waits until the next request may go: with a free slot (`Some(Some(_))`),
-/// or without one as soon as a full request is waiting (`Some(None)`).
-async fn next_slot<C: BatchCall>(shared: &Shared<C>) -> Option<Option<OwnedSemaphorePermit>> {
-    loop {
-        if lock(&shared.queue).waiting.len() >= C::LIMIT {
-            return Some(None);
-        }
-        tokio::select! {
-            // The semaphore is never closed, so this waits for a slot and gets it.
-            slot = Arc::clone(&shared.slots).acquire_owned() => {
-                // Callers that are ready to run join this request instead of the next.
-                tokio::task::yield_now().await;
-                return slot.ok().map(Some);
-            }
-            () = shared.full.notified() => {}
-        }
-    }
-}
-
 /// Sends one request and answers its callers; the request gives its slot up
 /// once it has been out [`BatchCall::SLOW_AFTER`].
-async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, slot: Option<OwnedSemaphorePermit>) {
-    let (inputs, answers): (Vec<_>, Vec<_>) = waiting.into_iter().map(|call| (call.input, call.answer)).unzip();
+async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, slot: OwnedSemaphorePermit) {
+    let (inputs, answers): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();
     let count = inputs.len();
     let request = call.call(inputs);
     tokio::pin!(request);
@@ -324,52 +294,21 @@ mod tests {
         }
     }
 
-    /// Submits `input` alone and waits until its request is out.
-    async fn hang<C: BatchCall<Input = String>>(
-        batcher: &Arc<Batcher<C>>,
-        sent: &Mutex<Vec<Vec<String>>>,
-        input: &str,
-    ) {
-        let requests = lock(sent).len();
-        let batcher = Arc::clone(batcher);
-        let input = input.to_owned();
-        tokio::spawn(async move { batcher.submit(input).await });
-        while lock(sent).len() == requests {
-            tokio::task::yield_now().await;
-        }
-    }
-
     #[tokio::test]
     async fn calls_do_not_wait_behind_requests_that_are_slow() {
         let hanging = Arc::new(Hanging::<20>::default());
         let batcher = Arc::new(Batcher::new(Arc::clone(&hanging)));
-        hang(&batcher, &hanging.0, "a~").await;
-        hang(&batcher, &hanging.0, "b~").await;
         // Both slots are taken by requests that never answer; they give them up after 20 ms.
+        for input in ["a~", "b~"] {
+            let requests = lock(&hanging.0).len();
+            let submitting = Arc::clone(&batcher);
+            tokio::spawn(async move { submitting.submit(input.to_owned()).await });
+            while lock(&hanging.0).len() == requests {
+                tokio::task::yield_now().await;
+            }
+        }
         let answer = tokio::time::timeout(Duration::from_secs(10), batcher.submit("c".to_owned())).await;
         assert_eq!(answer.expect("the call waited behind the slow requests").unwrap(), "c");
-    }
-
-    #[tokio::test]
-    async fn a_full_request_goes_out_whatever_is_in_flight() {
-        // Slow requests here keep their slots for an hour: only being full lets a request go.
-        let hanging = Arc::new(Hanging::<3_600_000>::default());
-        let batcher = Arc::new(Batcher::new(Arc::clone(&hanging)));
-        hang(&batcher, &hanging.0, "a~").await;
-        hang(&batcher, &hanging.0, "b~").await;
-        // One call waits for a slot; two more make the request full.
-        let first = tokio::spawn({
-            let batcher = Arc::clone(&batcher);
-            async move { batcher.submit("c".to_owned()).await }
-        });
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        let full = futures::future::join_all(["d", "e"].map(|input| batcher.submit(input.to_owned())));
-        let answers = tokio::time::timeout(Duration::from_secs(10), full).await.expect("the full request waited");
-        assert!(answers.iter().all(Result::is_ok));
-        assert_eq!(first.await.unwrap().unwrap(), "c");
-        assert_eq!(lock(&hanging.0).last().map(Vec::len), Some(3), "one request of three");
     }
 
     #[tokio::test]

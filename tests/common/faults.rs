@@ -307,11 +307,15 @@ async fn forward(state: &State, raw: &[u8], server: &mut Option<BufReader<TcpStr
 }
 
 /// One HTTP/1.1 message with a `Content-Length` body.
-struct Message {
-    raw: Vec<u8>,
-    head: String,
-    target: String,
-    body: Vec<u8>,
+pub struct Message {
+    /// The message as sent.
+    pub raw: Vec<u8>,
+    /// Its start line and headers.
+    pub head: String,
+    /// Its `X-Amz-Target` header: the operation, for AWS JSON protocols.
+    pub target: String,
+    /// Its body.
+    pub body: Vec<u8>,
 }
 
 impl Message {
@@ -328,7 +332,8 @@ impl Message {
     }
 }
 
-async fn read_message(stream: &mut BufReader<TcpStream>) -> Option<Message> {
+/// Reads one message from `stream`; `None` at its end or on malformed input.
+pub async fn read_message(stream: &mut BufReader<TcpStream>) -> Option<Message> {
     let mut head = String::new();
     let (mut length, mut target) = (0, String::new());
     loop {

@@ -141,9 +141,11 @@ pub mod dynamodb {
     use std::sync::Arc;
 
     use tokio::{
-        io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+        io::{AsyncWriteExt, BufReader},
         net::{TcpListener, TcpStream},
     };
+
+    use super::faults::read_message;
 
     use sqs_once::store::{
         DynamoDbStore,
@@ -221,9 +223,9 @@ pub mod dynamodb {
     ) {
         let mut client = BufReader::new(client);
         let mut server = None;
-        while let Some((message, target, body)) = read_message(&mut client).await {
-            let operation = target.rsplit('.').next().unwrap_or_default();
-            let request = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+        while let Some(message) = read_message(&mut client).await {
+            let operation = message.target.rsplit('.').next().unwrap_or_default();
+            let request = serde_json::from_slice(&message.body).unwrap_or(serde_json::Value::Null);
             let answer = match reply(operation, &request) {
                 Reply::Answer(status, body) => {
                     let head = format!(
@@ -238,42 +240,15 @@ pub mod dynamodb {
                         server = Some(BufReader::new(TcpStream::connect(&upstream).await.unwrap()));
                     }
                     let Some(server) = server.as_mut() else { return };
-                    server.get_mut().write_all(&message).await.unwrap();
-                    let Some((answer, _, _)) = read_message(server).await else { return };
-                    answer
+                    server.get_mut().write_all(&message.raw).await.unwrap();
+                    let Some(answer) = read_message(server).await else { return };
+                    answer.raw
                 }
             };
             if client.get_mut().write_all(&answer).await.is_err() {
                 return;
             }
         }
-    }
-
-    /// One HTTP/1.1 message with a `Content-Length` body, as sent, its
-    /// `X-Amz-Target` header and its body.
-    async fn read_message(stream: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, String, Vec<u8>)> {
-        let mut message = Vec::new();
-        let (mut length, mut target) = (0, String::new());
-        loop {
-            let mut line = String::new();
-            stream.read_line(&mut line).await.ok().filter(|read| *read > 0)?;
-            message.extend_from_slice(line.as_bytes());
-            if line == "\r\n" {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':') {
-                match name.trim().to_ascii_lowercase().as_str() {
-                    "content-length" => length = value.trim().parse().ok()?,
-                    "x-amz-target" => target = value.trim().to_owned(),
-                    _ => {}
-                }
-            }
-        }
-        let start = message.len();
-        message.resize(start + length, 0);
-        stream.read_exact(&mut message[start..]).await.ok()?;
-        let body = message[start..].to_vec();
-        Some((message, target, body))
     }
 
     /// A table keyed by a static partition value and a sort key, as Powertools lays it out.
