@@ -81,11 +81,12 @@ impl<C: BatchCall> Queue<C> {
     }
 }
 
-/// Gathers concurrent calls into requests of a [`BatchCall`].
+/// Gathers concurrent calls into requests of a [`BatchCall`]. It runs on a
+/// Tokio runtime with timers (see [`BatchCall::SLOW_AFTER`]).
 ///
 /// ```
 /// # // One thread, so that all 30 calls are waiting before the first request goes.
-/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// use std::sync::{Arc, Mutex};
 /// use sqs_once::store::{StoreError, batched::{BatchCall, Batcher}};
 ///
