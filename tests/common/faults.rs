@@ -5,6 +5,7 @@
 //! `400` without forwarding it, holds the answer back past the client's
 //! attempt timeout, or refuses single statements of a
 //! `BatchExecuteStatement` with the transient codes DynamoDB uses.
+//! `SQS_ONCE_FAULTS_TRACE` prints each request's operation and fault.
 
 use std::{
     sync::{
