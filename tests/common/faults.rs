@@ -6,6 +6,11 @@
 //! attempt timeout, or refuses single statements of a
 //! `BatchExecuteStatement` with the transient codes DynamoDB uses.
 //! `SQS_ONCE_FAULTS_TRACE` prints each request's operation and fault.
+//!
+//! In front of DynamoDB Local it also answers as DynamoDB does where the
+//! emulator does not: a refused statement of a `BatchExecuteStatement` comes
+//! back with the item its condition failed on (the tables here are keyed by
+//! `id`), as `ReturnValuesOnConditionCheckFailure = ALL_OLD` asks.
 
 use std::{
     sync::{
@@ -50,19 +55,25 @@ impl FaultMix {
     }
 }
 
-/// How the service answers errors: its `__type` prefix and throttling code.
+/// How the service answers: its errors' `__type` prefix and throttling code,
+/// and whether refused batch statements carry their item.
 #[derive(Debug, Clone, Copy)]
 pub struct Service {
     error_prefix: &'static str,
     throttling: &'static str,
+    returns_refused_items: bool,
 }
 
-/// DynamoDB's error shapes.
-pub const DYNAMODB: Service =
-    Service { error_prefix: "com.amazonaws.dynamodb.v20120810#", throttling: "ProvisionedThroughputExceededException" };
+/// DynamoDB.
+pub const DYNAMODB: Service = Service {
+    error_prefix: "com.amazonaws.dynamodb.v20120810#",
+    throttling: "ProvisionedThroughputExceededException",
+    returns_refused_items: true,
+};
 
-/// SQS's (JSON protocol) error shapes.
-pub const SQS: Service = Service { error_prefix: "com.amazonaws.sqs#", throttling: "ThrottlingException" };
+/// SQS (JSON protocol).
+pub const SQS: Service =
+    Service { error_prefix: "com.amazonaws.sqs#", throttling: "ThrottlingException", returns_refused_items: false };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -218,8 +229,8 @@ async fn serve(client: TcpStream, state: Arc<State>) {
             }
             Fault::ServerError => state.error(500, "InternalServerError", "injected: internal server error"),
             Fault::Throttled => state.error(400, state.service.throttling, "injected: throughput exceeded"),
-            Fault::None if operation == "BatchExecuteStatement" && state.mix.statement_error > 0.0 => {
-                match refuse_statements(&state, &request, &mut server).await {
+            Fault::None if operation == "BatchExecuteStatement" && state.service.returns_refused_items => {
+                match statements(&state, &request, &mut server).await {
                     Some(answer) => answer,
                     None => return,
                 }
@@ -240,13 +251,10 @@ async fn serve(client: TcpStream, state: Arc<State>) {
     }
 }
 
-/// Forwards the statements not drawn to fail, and answers the others with a
-/// transient code, each in its place.
-async fn refuse_statements(
-    state: &State,
-    request: &Message,
-    server: &mut Option<BufReader<TcpStream>>,
-) -> Option<Vec<u8>> {
+/// Forwards the statements not drawn to fail, answers the others with a
+/// transient code, each in its place, and adds to every statement refused by
+/// its condition the item it met.
+async fn statements(state: &State, request: &Message, server: &mut Option<BufReader<TcpStream>>) -> Option<Vec<u8>> {
     const CODES: [&str; 5] = [
         "ThrottlingError",
         "ProvisionedThroughputExceeded",
@@ -260,21 +268,28 @@ async fn refuse_statements(
         .iter()
         .map(|_| (state.random() < state.mix.statement_error).then(|| CODES[(state.random() * 5.0) as usize % 5]))
         .collect();
-    if refused.iter().all(Option::is_none) {
-        return forward(state, &request.raw, server).await.map(|answer| answer.raw);
-    }
     let kept: Vec<Value> =
         statements.iter().zip(&refused).filter(|(_, code)| code.is_none()).map(|(s, _)| s.clone()).collect();
     let mut answers = if kept.is_empty() {
         Vec::new().into_iter()
     } else {
-        body["Statements"] = Value::Array(kept);
+        body["Statements"] = Value::Array(kept.clone());
         let answer = forward(state, &request.with_body(&body.to_string()), server).await?;
         if !answer.head.starts_with("HTTP/1.1 200") {
             return Some(answer.raw);
         }
         let answered: Value = serde_json::from_slice(&answer.body).ok()?;
-        answered["Responses"].as_array()?.clone().into_iter()
+        let mut responses = answered["Responses"].as_array()?.clone();
+        for (response, statement) in responses.iter_mut().zip(&kept) {
+            let code = response["Error"]["Code"].as_str().unwrap_or_default();
+            if ["ConditionalCheckFailed", "DuplicateItem"].contains(&code)
+                && response["Error"].get("Item").is_none()
+                && let Some(item) = refused_item(state, statement).await
+            {
+                response["Error"]["Item"] = item;
+            }
+        }
+        responses.into_iter()
     };
     let responses: Vec<Value> = refused
         .iter()
@@ -287,6 +302,27 @@ async fn refuse_statements(
         })
         .collect();
     Some(http_response(200, &json!({ "Responses": responses }).to_string()))
+}
+
+/// The item a refused statement met, read now with a consistent `GetItem`:
+/// the statement's table (its first quoted name) at the key its `id`
+/// parameter names.
+async fn refused_item(state: &State, statement: &Value) -> Option<Value> {
+    let text = statement["Statement"].as_str()?;
+    let table = text.split('"').nth(1)?;
+    let at = text.find("\"id\" = ?").or_else(|| text.find("'id': ?"))?;
+    let key = statement["Parameters"].get(text[..at].matches('?').count())?;
+    let body = json!({ "TableName": table, "Key": { "id": key }, "ConsistentRead": true }).to_string();
+    let request = format!(
+        "POST / HTTP/1.1\r\nHost: {}\r\nX-Amz-Target: DynamoDB_20120810.GetItem\r\n\
+         Content-Type: application/x-amz-json-1.0\r\nAuthorization: AWS4-HMAC-SHA256 \
+         Credential=test/20200101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        state.upstream,
+        body.len()
+    );
+    let answer = forward(state, request.as_bytes(), &mut None).await?;
+    serde_json::from_slice::<Value>(&answer.body).ok()?.get("Item").cloned()
 }
 
 /// Sends `raw` upstream over the connection's own upstream connection
