@@ -77,19 +77,9 @@ async fn invoke(dir: &Path, event: &Path, envs: &[(&str, &str)]) -> Answer {
         .output()
         .await
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    std::fs::write(event.with_extension("log"), stderr.as_bytes()).unwrap();
-    assert!(output.status.success(), "invoke failed: {stderr}");
-    let answer: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("no answer: {stderr}"));
-    let failed = answer["batchItemFailures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
-        .collect();
-    let metrics =
-        stderr.lines().find_map(|line| serde_json::from_str::<Value>(line).ok().filter(|v| v.get("_aws").is_some()));
-    Answer { failed, metrics: metrics.unwrap_or_else(|| panic!("no metrics line: {stderr}")) }
+    std::fs::write(event.with_extension("log"), &output.stderr).unwrap();
+    let (failed, metrics) = common::invoke_answer(&output);
+    Answer { failed, metrics }
 }
 
 /// Three `invoke` processes per round, each message delivered to two of

@@ -68,21 +68,6 @@ impl World {
     }
 }
 
-/// The ids in the answer's `batchItemFailures`, and its metrics line.
-fn answer(output: &Output) -> (HashSet<String>, Value) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "invoke failed: {stderr}");
-    let response: Value = serde_json::from_slice(&output.stdout).expect("stdout is one JSON object");
-    let failures = response["batchItemFailures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
-        .collect();
-    let metrics = stderr.lines().rev().find_map(|line| serde_json::from_str::<Value>(line).ok()).expect("metrics line");
-    (failures, metrics)
-}
-
 /// The received messages by their body's `id`.
 fn by_id(messages: &[Message]) -> HashMap<String, Message> {
     messages
@@ -131,7 +116,7 @@ async fn conflicts_return_when_the_lease_can_end_and_retries_back_off_exponentia
 
     let before = now_ms();
     let output = world.invoke(&queue.event(&messages.values().cloned().collect::<Vec<_>>()), &[]);
-    let (failures, metrics) = answer(&output);
+    let (failures, metrics) = common::invoke_answer(&output);
     let after = now_ms();
     assert_eq!(failures, ids([&messages["c"], &messages["r"], &messages["p"]]));
     assert_eq!((metrics["VisibilityChanged"].as_u64(), metrics["VisibilityChangeFailed"].as_u64()), (Some(2), Some(0)));
@@ -169,7 +154,7 @@ async fn conflicts_return_when_the_lease_can_end_and_retries_back_off_exponentia
         "2"
     );
     let before = now_ms();
-    let (failures, _) = answer(&world.invoke(&queue.event(std::slice::from_ref(retried)), &[]));
+    let (failures, _) = common::invoke_answer(&world.invoke(&queue.event(std::slice::from_ref(retried)), &[]));
     let after = now_ms();
     assert_eq!(failures, ids([retried]));
     let retry_at = visible_at_of(retried);
@@ -189,7 +174,7 @@ async fn fifo_records_keep_the_queue_timeout_so_their_group_stays_in_order() {
     queue.send(&[json!({"id": "f1", "fail": "retryable"}), json!({"id": "f2"})]).await;
     let messages = queue.receive(2).await;
     let before = now_ms();
-    let (failures, metrics) = answer(&world.invoke(&queue.event(&messages), &[]));
+    let (failures, metrics) = common::invoke_answer(&world.invoke(&queue.event(&messages), &[]));
     assert_eq!(failures, ids(&messages), "the second record is skipped behind the first");
     assert_eq!(metrics["VisibilityChanged"], 0);
     for message in &messages {
@@ -205,7 +190,7 @@ async fn permanent_failures_move_to_the_dead_letter_queue_with_their_reasons() {
     let messages = by_id(&queue.receive(2).await);
     let dlq = [("SQS_ONCE_DLQ_URL", dead_letters.url())];
     let (failures, metrics) =
-        answer(&world.invoke(&queue.event(&messages.values().cloned().collect::<Vec<_>>()), &dlq));
+        common::invoke_answer(&world.invoke(&queue.event(&messages.values().cloned().collect::<Vec<_>>()), &dlq));
     assert_eq!(failures, ids([&messages["r"]]), "the dead-lettered record is reported done");
     assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(1), Some(0)));
 
@@ -230,7 +215,7 @@ async fn a_failed_dead_letter_send_leaves_the_record_failed() {
     let messages = queue.receive(1).await;
     let missing = format!("{}-missing", queue.url());
     let output = world.invoke(&queue.event(&messages), &[("SQS_ONCE_DLQ_URL", &missing)]);
-    let (failures, metrics) = answer(&output);
+    let (failures, metrics) = common::invoke_answer(&output);
     assert_eq!(failures, ids(&messages));
     assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(0), Some(1)));
     assert!(String::from_utf8_lossy(&output.stderr).contains("not moved to the dead-letter queue"));
@@ -253,7 +238,7 @@ async fn an_unreachable_sqs_leaves_the_answer_correct() {
         ("SQS_ONCE_DLQ_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/dlq"),
     ];
     let output = world.invoke(&event, &down);
-    let (failures, metrics) = answer(&output);
+    let (failures, metrics) = common::invoke_answer(&output);
     assert_eq!(failures, HashSet::from(["m-retry".to_owned(), "m-perm".to_owned()]));
     assert_eq!((metrics["VisibilityChanged"].as_u64(), metrics["VisibilityChangeFailed"].as_u64()), (Some(0), Some(1)));
     assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(0), Some(1)));
@@ -288,7 +273,7 @@ async fn an_sqs_that_never_answers_is_cut_off_at_the_deadline_and_the_answer_sta
     ];
     let output =
         world.command(&["invoke", "--sqs", "--metrics", "--timeout", "1.5"], &hanging).arg(path).output().unwrap();
-    let (failures, metrics) = answer(&output);
+    let (failures, metrics) = common::invoke_answer(&output);
     assert_eq!(failures, HashSet::from(["m-retry".to_owned(), "m-perm".to_owned()]));
     assert_eq!((metrics["VisibilityChanged"].as_u64(), metrics["VisibilityChangeFailed"].as_u64()), (Some(0), Some(1)));
     assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(0), Some(1)));

@@ -113,13 +113,17 @@ pub const OPEN_SHARDS: u32 = 16;
 /// ```
 pub fn open_partition(status: ClaimStatus, id: &str) -> String {
     let hash = id.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
-    format!("{}#{}", status.as_str(), hash % OPEN_SHARDS)
+    shard_of(status, hash % OPEN_SHARDS)
 }
 
 /// Every [`OPEN_STATUS`] value claims of `status` can have: the shards, and
 /// the bare status that versions before the sharding wrote.
 fn open_partitions(status: ClaimStatus) -> impl Iterator<Item = String> {
-    (0..OPEN_SHARDS).map(move |shard| format!("{}#{shard}", status.as_str())).chain([status.as_str().to_owned()])
+    (0..OPEN_SHARDS).map(move |shard| shard_of(status, shard)).chain([status.as_str().to_owned()])
+}
+
+fn shard_of(status: ClaimStatus, shard: u32) -> String {
+    format!("{}#{shard}", status.as_str())
 }
 /// The global secondary index on [`OPEN_STATUS`].
 pub const OPEN_INDEX: &str = "open-claims";

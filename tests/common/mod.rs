@@ -34,6 +34,26 @@ pub fn sqs_once_command() -> std::process::Command {
     }
 }
 
+/// What `sqs-once invoke --metrics` answered: the message ids in its
+/// `batchItemFailures`, and the metrics line it printed on standard error.
+pub fn invoke_answer(output: &std::process::Output) -> (std::collections::HashSet<String>, serde_json::Value) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "invoke failed: {stderr}");
+    let response: serde_json::Value =
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("stdout is not one JSON object: {stderr}"));
+    let failures = response["batchItemFailures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
+        .collect();
+    let metrics = stderr
+        .lines()
+        .find_map(|line| serde_json::from_str::<serde_json::Value>(line).ok().filter(|line| line.get("_aws").is_some()))
+        .unwrap_or_else(|| panic!("no metrics line: {stderr}"));
+    (failures, metrics)
+}
+
 /// Wraps a store and counts the requests made to it.
 pub struct Counting {
     pub inner: Arc<dyn ClaimStore>,
