@@ -8,6 +8,7 @@ use std::{fmt::Display, path::PathBuf, str::FromStr, time::Duration};
 use crate::{
     claim::ClaimPolicy,
     engine::EngineOptions,
+    envelope::EnvelopeKind,
     key::{KeyDeriver, KeySpec, OnMissingKey},
     metrics::MetricsConfig,
     redelivery::{RedeliveryPolicy, RetryBackoff},
@@ -125,6 +126,7 @@ impl Config {
                 "a number of milliseconds",
             )?),
             log_bodies: env.flag("SQS_ONCE_LOG_BODIES", false)?,
+            envelope: env.parse("SQS_ONCE_ENVELOPE", EnvelopeKind::None, "none, sns or eventbridge")?,
         };
         if claims.expires_after.is_zero() {
             return Err(env.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));
@@ -148,9 +150,13 @@ impl Config {
                 expected: "the name of the DynamoDB claim table: inside Lambda, claims must be kept in DynamoDB".into(),
             });
         }
+        let key = env.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?;
+        if key.reads_envelope() && engine.envelope == EnvelopeKind::None {
+            return Err(env.invalid("SQS_ONCE_KEY", "no envelope.<path> part while SQS_ONCE_ENVELOPE is none"));
+        }
         Ok(Self {
             handler,
-            key: env.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?,
+            key,
             key_prefix,
             hash_keys: env.flag("SQS_ONCE_HASH_KEYS", true)?,
             on_missing_key: env.parse("SQS_ONCE_ON_MISSING_KEY", OnMissingKey::Fail, "fail or message-id")?,
@@ -306,6 +312,19 @@ mod tests {
             TableKey::Sorted { partition_attribute: "id".into(), partition_value: "idempotency#payments".into() };
         assert_eq!(layout.key, partition);
         assert_eq!(sorted.key_prefix, "payments");
+    }
+
+    #[test]
+    fn an_envelope_is_chosen_by_name_and_envelope_keys_need_one() {
+        assert_eq!(config(&[]).unwrap().engine.envelope, EnvelopeKind::None);
+        let sns = config(&[("SQS_ONCE_ENVELOPE", "sns"), ("SQS_ONCE_KEY", "envelope.MessageId")]).unwrap();
+        assert_eq!(sns.engine.envelope, EnvelopeKind::Sns);
+        assert_eq!(config(&[("SQS_ONCE_ENVELOPE", "eventbridge")]).unwrap().engine.envelope, EnvelopeKind::EventBridge);
+        let unknown = config(&[("SQS_ONCE_ENVELOPE", "kinesis")]).unwrap_err();
+        assert_eq!(unknown.to_string(), r#"invalid SQS_ONCE_ENVELOPE="kinesis": expected none, sns or eventbridge"#);
+        let orphan = config(&[("SQS_ONCE_KEY", "envelope.MessageId")]).unwrap_err();
+        assert_eq!(orphan.name, "SQS_ONCE_KEY");
+        assert!(orphan.expected.contains("SQS_ONCE_ENVELOPE is none"), "{orphan}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
+use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse};
 use futures::{
     FutureExt,
     future::{BoxFuture, Shared, join_all},
@@ -32,6 +32,7 @@ use crate::{
     BoxHandler, ErrorKind, Record,
     claim::{Claim, ClaimRequest, Claims, Lease},
     clock::epoch_ms,
+    envelope::{EnvelopeKind, Opened},
     event::EventRecord,
     key::KeyDeriver,
     store::{Fenced, StoreError},
@@ -47,11 +48,18 @@ pub struct EngineOptions {
     pub deadline_margin: Duration,
     /// Include each record's body in its log line (`SQS_ONCE_LOG_BODIES`).
     pub log_bodies: bool,
+    /// The envelope message bodies arrive in (`SQS_ONCE_ENVELOPE`).
+    pub envelope: EnvelopeKind,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { concurrency: 64, deadline_margin: Duration::from_millis(500), log_bodies: false }
+        Self {
+            concurrency: 64,
+            deadline_margin: Duration::from_millis(500),
+            log_bodies: false,
+            envelope: EnvelopeKind::None,
+        }
     }
 }
 
@@ -340,9 +348,10 @@ impl Engine {
             request_id: invocation.request_id.as_str().into(),
         };
         let groups = message_groups(records);
-        // Declared after `state`, which the runs borrow.
+        let opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();
+        // Declared after `state` and `opened`, which the runs borrow.
         let runs: Runs<'_> = Mutex::new(HashMap::new());
-        let work = join_all(groups.into_iter().map(|group| self.run_group(records, group, &state, &runs)));
+        let work = join_all(groups.into_iter().map(|group| self.run_group(records, &opened, group, &state, &runs)));
         if timeout_at(state.cutoff, work).await.is_err() {
             tracing::warn!("deadline margin reached: answering now; records whose handler has not returned fail");
         }
@@ -351,24 +360,38 @@ impl Engine {
         let report = BatchReport {
             records: records
                 .iter()
+                .zip(&opened)
                 .zip(reports)
-                .map(|(record, report)| report.unwrap_or_else(|| self.unanswered(record, &returned)))
+                .map(|((record, opened), report)| report.unwrap_or_else(|| self.unanswered(record, opened, &returned)))
                 .collect(),
         };
-        for (record, report) in records.iter().zip(&report.records) {
-            log_record(report, self.inner.options.log_bodies.then(|| body_of(record)));
+        for (opened, report) in opened.iter().zip(&report.records) {
+            let body = opened.as_ref().map_or("", |opened| &opened.body);
+            log_record(report, self.inner.options.log_bodies.then_some(body));
         }
         report
+    }
+
+    /// The record as keys, payload validation, logs and the handler read it:
+    /// its envelope opened, or why it cannot be.
+    fn open<'m>(&self, record: &'m EventRecord) -> Result<Opened<'m>, Failure> {
+        match record {
+            EventRecord::Message(message) => Opened::new(message, self.inner.options.envelope)
+                .map_err(|invalid| Failure::InvalidRecord(invalid.to_string())),
+            EventRecord::Malformed { reason, .. } => Err(Failure::InvalidRecord(reason.clone())),
+        }
     }
 
     /// The report of a record whose run had not reported when the answer
     /// was due: its handler's outcome if the handler had returned (its
     /// settling write not confirmed), otherwise a `deadline` failure.
-    fn unanswered(&self, record: &EventRecord, returned: &HashMap<String, Outcome>) -> RecordReport {
-        let key = match record {
-            EventRecord::Message(message) => self.inner.keys.derive(message).ok(),
-            EventRecord::Malformed { .. } => None,
-        };
+    fn unanswered(
+        &self,
+        record: &EventRecord,
+        opened: &Result<Opened<'_>, Failure>,
+        returned: &HashMap<String, Outcome>,
+    ) -> RecordReport {
+        let key = opened.as_ref().ok().and_then(|opened| self.inner.keys.derive(opened).ok());
         let outcome = key.as_ref().and_then(|key| returned.get(key)).cloned();
         if let (Some(outcome), Some(key)) = (&outcome, &key)
             && outcome.is_unconfirmed()
@@ -390,13 +413,21 @@ impl Engine {
 
     /// Runs one message group in order; a standard queue's record is a group
     /// of its own. After a failure in a FIFO group the rest is skipped.
-    async fn run_group<'a>(&self, records: &'a [EventRecord], group: Group, state: &'a BatchState, runs: &Runs<'a>) {
+    async fn run_group<'a>(
+        &self,
+        records: &'a [EventRecord],
+        opened: &'a [Result<Opened<'a>, Failure>],
+        group: Group,
+        state: &'a BatchState,
+        runs: &Runs<'a>,
+    ) {
         let mut failed: Option<&str> = None;
         for index in group.indices {
             let record = &records[index];
-            let (key, run) = match failed {
-                Some(message_id) => (None, RunResult::failed(Failure::GroupSkipped(message_id.to_owned()))),
-                None => self.run_record(record, state, runs).await,
+            let (key, run) = match (failed, &opened[index]) {
+                (Some(message_id), _) => (None, RunResult::failed(Failure::GroupSkipped(message_id.to_owned()))),
+                (None, Err(invalid)) => (None, RunResult::failed(invalid.clone())),
+                (None, Ok(opened)) => self.run_record(opened, state, runs).await,
             };
             if group.fifo && failed.is_none() && run.outcome.is_failure() {
                 failed = Some(record.message_id());
@@ -414,16 +445,10 @@ impl Engine {
 
     async fn run_record<'a>(
         &self,
-        record: &'a EventRecord,
+        message: &'a Opened<'a>,
         state: &'a BatchState,
         runs: &Runs<'a>,
     ) -> (Option<String>, RunResult) {
-        let message = match record {
-            EventRecord::Message(message) => message,
-            EventRecord::Malformed { reason, .. } => {
-                return (None, RunResult::failed(Failure::InvalidRecord(reason.clone())));
-            }
-        };
         let key = match self.inner.keys.derive(message) {
             Ok(key) => key,
             Err(missing) => return (None, RunResult::failed(Failure::MissingKey(missing.to_string()))),
@@ -432,13 +457,13 @@ impl Engine {
         let (run, leader) = {
             let mut runs = lock(runs);
             match runs.get(&key) {
-                Some((_, first_body)) if validate && *first_body != body(message) => {
+                Some((_, first_body)) if validate && *first_body != message.body => {
                     return (Some(key), RunResult::failed(Failure::PayloadMismatch));
                 }
                 Some((run, _)) => (run.clone(), false),
                 None => {
                     let run = self.start(message, key.clone(), state);
-                    runs.insert(key.clone(), (run.clone(), body(message)));
+                    runs.insert(key.clone(), (run.clone(), &*message.body));
                     (run, true)
                 }
             }
@@ -453,7 +478,7 @@ impl Engine {
     /// The run of a key: once a concurrency permit is free, it is spawned, so
     /// that records run in parallel on the runtime. Waiting for the permit
     /// first keeps at most `concurrency` records' copies and tasks alive.
-    fn start<'a>(&self, message: &'a SqsMessage, key: String, state: &'a BatchState) -> KeyRun<'a> {
+    fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
         async move {
             let Ok(permit) = Arc::clone(&state.permits).acquire_owned().await else {
@@ -462,7 +487,7 @@ impl Engine {
             if Instant::now() >= state.cutoff {
                 return RunResult::failed(Failure::Deadline);
             }
-            let record = Record::new(message, key.clone(), state.deadline);
+            let record = Record::opened(message, key.clone(), state.deadline);
             let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
             let progress = Arc::new(Mutex::new(Progress::Running));
             let run_progress = Arc::clone(&progress);
@@ -622,13 +647,6 @@ fn log_record(report: &RecordReport, body: Option<&str>) {
     }
 }
 
-fn body_of(record: &EventRecord) -> &str {
-    match record {
-        EventRecord::Message(message) => body(message),
-        EventRecord::Malformed { .. } => "",
-    }
-}
-
 /// Records that must run in order, and whether they come from a FIFO queue.
 struct Group {
     indices: Vec<usize>,
@@ -653,10 +671,6 @@ fn message_groups(records: &[EventRecord]) -> Vec<Group> {
         }
     }
     groups
-}
-
-fn body(message: &SqsMessage) -> &str {
-    message.body.as_deref().unwrap_or_default()
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -3,17 +3,23 @@
 
 use std::{fmt, str::FromStr};
 
-use aws_lambda_events::sqs::SqsMessage;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+use crate::envelope::Opened;
 
 /// Where one part of a key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     /// The SQS message id.
     MessageId,
-    /// A field of the body parsed as JSON; numeric segments index arrays.
+    /// A field of the body parsed as JSON (of the message inside the
+    /// envelope, when there is one); numeric segments index arrays, and a
+    /// step that meets a string holding JSON continues inside it.
     Body(Vec<String>),
+    /// A field of the envelope the message arrived in (`SQS_ONCE_ENVELOPE`),
+    /// e.g. the SNS `MessageId`, read like a body path.
+    Envelope(Vec<String>),
     /// A system attribute, e.g. `MessageDeduplicationId`.
     Attribute(String),
     /// The string value of a message attribute.
@@ -42,6 +48,11 @@ impl KeySpec {
     pub fn reads_body(&self) -> bool {
         self.0.iter().any(|source| matches!(source, KeySource::Body(_)))
     }
+
+    /// Whether the key reads the envelope's fields.
+    pub fn reads_envelope(&self) -> bool {
+        self.0.iter().any(|source| matches!(source, KeySource::Envelope(_)))
+    }
 }
 
 impl Default for KeySpec {
@@ -53,7 +64,7 @@ impl Default for KeySpec {
 /// A key specification that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid key source `{0}`: expected messageId, body.<path>, attributes.<Name> or messageAttributes.<Name>, comma-separated for a composite key"
+    "invalid key source `{0}`: expected messageId, body.<path>, envelope.<path>, attributes.<Name> or messageAttributes.<Name>, comma-separated for a composite key"
 )]
 pub struct InvalidKeySpec(String);
 
@@ -72,8 +83,10 @@ fn parse_source(part: &str) -> Result<KeySource, InvalidKeySpec> {
         return Ok(KeySource::MessageId);
     }
     let (scope, rest) = part.split_once('.').ok_or_else(invalid)?;
+    let path = || rest.split('.').map(nonempty).collect::<Result<_, _>>();
     match scope {
-        "body" => rest.split('.').map(nonempty).collect::<Result<_, _>>().map(KeySource::Body),
+        "body" => path().map(KeySource::Body),
+        "envelope" => path().map(KeySource::Envelope),
         "attributes" => nonempty(rest).map(KeySource::Attribute),
         "messageAttributes" => nonempty(rest).map(KeySource::MessageAttribute),
         _ => Err(invalid()),
@@ -85,6 +98,7 @@ impl fmt::Display for KeySource {
         match self {
             Self::MessageId => f.write_str("messageId"),
             Self::Body(path) => write!(f, "body.{}", path.join(".")),
+            Self::Envelope(path) => write!(f, "envelope.{}", path.join(".")),
             Self::Attribute(name) => write!(f, "attributes.{name}"),
             Self::MessageAttribute(name) => write!(f, "messageAttributes.{name}"),
         }
@@ -138,14 +152,14 @@ impl FromStr for OnMissingKey {
 /// composite key is the JSON array of its parts.
 ///
 /// ```
-/// use sqs_once::key::{KeyDeriver, KeySpec, OnMissingKey};
+/// use sqs_once::{envelope::Opened, key::{KeyDeriver, KeySpec, OnMissingKey}};
 /// # use aws_lambda_events::sqs::SqsMessage;
 ///
 /// let deriver = KeyDeriver::new("body.order_id".parse().unwrap(), "orders", false, OnMissingKey::Fail);
 /// let mut message = SqsMessage::default();
 /// message.message_id = Some("m-1".into());
 /// message.body = Some(r#"{"order_id": 42}"#.into());
-/// assert_eq!(deriver.derive(&message).unwrap(), "orders#42");
+/// assert_eq!(deriver.derive(&Opened::plain(&message)).unwrap(), "orders#42");
 /// assert_eq!(deriver.stored_id(&["42".to_owned()]), "orders#42");
 /// ```
 #[derive(Debug, Clone)]
@@ -164,10 +178,10 @@ impl KeyDeriver {
 
     /// The stored id for `message`, falling back to its message id when the
     /// key is missing and the policy allows it.
-    pub fn derive(&self, message: &SqsMessage) -> Result<String, MissingKey> {
+    pub fn derive(&self, message: &Opened<'_>) -> Result<String, MissingKey> {
         match self.parts(message) {
             Ok(parts) => Ok(self.stored_id(&parts)),
-            Err(missing) => match (self.on_missing, &message.message_id) {
+            Err(missing) => match (self.on_missing, &message.message.message_id) {
                 (OnMissingKey::MessageId, Some(id)) => Ok(self.stored_id(std::slice::from_ref(id))),
                 _ => Err(missing),
             },
@@ -186,13 +200,19 @@ impl KeyDeriver {
         format!("{}#{key}", self.prefix)
     }
 
-    fn parts(&self, message: &SqsMessage) -> Result<Vec<String>, MissingKey> {
+    fn parts(&self, opened: &Opened<'_>) -> Result<Vec<String>, MissingKey> {
+        let message = opened.message;
         let mut body: Option<Value> = None;
+        let mut envelope: Option<Value> = None;
         self.spec
             .sources()
             .iter()
             .map(|source| {
                 let absent = || MissingKey::Absent(source.to_string());
+                let json = |text: &str| {
+                    serde_json::from_str(text)
+                        .map_err(|e| MissingKey::BodyNotJson { key_source: source.to_string(), reason: e.to_string() })
+                };
                 match source {
                     KeySource::MessageId => message.message_id.clone().ok_or_else(absent),
                     KeySource::Attribute(name) => message.attributes.get(name).cloned().ok_or_else(absent),
@@ -203,14 +223,16 @@ impl KeyDeriver {
                         .ok_or_else(absent),
                     KeySource::Body(path) => {
                         if body.is_none() {
-                            let text = message.body.as_deref().unwrap_or_default();
-                            body = Some(serde_json::from_str(text).map_err(|e| MissingKey::BodyNotJson {
-                                key_source: source.to_string(),
-                                reason: e.to_string(),
-                            })?);
+                            body = Some(json(&opened.body)?);
                         }
-                        let value = body.as_ref().and_then(|body| lookup(body, path));
-                        value.map(canonical_text).ok_or_else(absent)
+                        body.as_ref().and_then(|body| lookup(body, path)).ok_or_else(absent)
+                    }
+                    KeySource::Envelope(_) if opened.envelope.is_none() => Err(absent()),
+                    KeySource::Envelope(path) => {
+                        if envelope.is_none() {
+                            envelope = Some(json(message.body.as_deref().unwrap_or_default())?);
+                        }
+                        envelope.as_ref().and_then(|envelope| lookup(envelope, path)).ok_or_else(absent)
                     }
                 }
             })
@@ -218,14 +240,20 @@ impl KeyDeriver {
     }
 }
 
-fn lookup<'v>(value: &'v Value, path: &[String]) -> Option<&'v Value> {
-    path.iter()
-        .try_fold(value, |value, segment| match value {
-            Value::Object(map) => map.get(segment),
-            Value::Array(items) => segment.parse::<usize>().ok().and_then(|index| items.get(index)),
-            _ => None,
-        })
-        .filter(|value| !value.is_null())
+/// The key text at `path` in `value`. A step that meets a string holding
+/// JSON continues inside it, as publishers that nest a serialised message
+/// (SNS's `Message`, a string field of JSON) need; a string that is not
+/// JSON has no fields, so the part is absent.
+fn lookup(value: &Value, path: &[String]) -> Option<String> {
+    let Some((segment, rest)) = path.split_first() else {
+        return (!value.is_null()).then(|| canonical_text(value));
+    };
+    match value {
+        Value::Object(map) => lookup(map.get(segment)?, rest),
+        Value::Array(items) => lookup(items.get(segment.parse::<usize>().ok()?)?, rest),
+        Value::String(text) => lookup(&serde_json::from_str(text).ok()?, path),
+        _ => None,
+    }
 }
 
 /// A JSON value as key text: strings unquoted, everything else as compact JSON
@@ -245,7 +273,8 @@ pub fn payload_hash(body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aws_lambda_events::sqs::SqsMessageAttribute;
+    use crate::envelope::EnvelopeKind;
+    use aws_lambda_events::sqs::{SqsMessage, SqsMessageAttribute};
 
     fn message(body: &str) -> SqsMessage {
         let mut message = SqsMessage::default();
@@ -259,14 +288,17 @@ mod tests {
         message
     }
 
-    fn plain(spec: &str, on_missing: OnMissingKey) -> KeyDeriver {
-        KeyDeriver::new(spec.parse().unwrap(), "p", false, on_missing)
+    /// A deriver of unhashed keys under `p`, deriving from messages without
+    /// an envelope.
+    fn plain(spec: &str, on_missing: OnMissingKey) -> impl Fn(&SqsMessage) -> Result<String, MissingKey> {
+        let deriver = KeyDeriver::new(spec.parse().unwrap(), "p", false, on_missing);
+        move |message| deriver.derive(&Opened::plain(message))
     }
 
     #[test]
     fn every_source_kind_reads_its_part() {
         let m = message(r#"{"order":{"id":"o-7","lines":[{"sku":"A"},{"sku":"B"}]},"n":3}"#);
-        let derive = |spec| plain(spec, OnMissingKey::Fail).derive(&m).unwrap();
+        let derive = |spec| plain(spec, OnMissingKey::Fail)(&m).unwrap();
         assert_eq!(derive("messageId"), "p#m-1");
         assert_eq!(derive("body.order.id"), "p#o-7");
         assert_eq!(derive("body.order.lines.1.sku"), "p#B");
@@ -279,15 +311,15 @@ mod tests {
 
     #[test]
     fn object_keys_are_canonical_whatever_their_order() {
-        let a = plain("body.k", OnMissingKey::Fail).derive(&message(r#"{"k":{"b":1,"a":2}}"#));
-        let b = plain("body.k", OnMissingKey::Fail).derive(&message(r#"{"k":{"a":2,"b":1}}"#));
+        let a = plain("body.k", OnMissingKey::Fail)(&message(r#"{"k":{"b":1,"a":2}}"#));
+        let b = plain("body.k", OnMissingKey::Fail)(&message(r#"{"k":{"a":2,"b":1}}"#));
         assert_eq!(a.unwrap(), b.unwrap());
     }
 
     #[test]
     fn hashing_hides_the_key_and_is_stable() {
         let deriver = KeyDeriver::new("body.email".parse().unwrap(), "fn", true, OnMissingKey::Fail);
-        let id = deriver.derive(&message(r#"{"email":"ann@example.com"}"#)).unwrap();
+        let id = deriver.derive(&Opened::plain(&message(r#"{"email":"ann@example.com"}"#))).unwrap();
         assert!(!id.contains("ann"));
         assert_eq!(id, format!("fn#{}", payload_hash("ann@example.com")));
         assert_eq!(id.len(), "fn#".len() + 64);
@@ -296,19 +328,61 @@ mod tests {
     #[test]
     fn missing_parts_are_reported_or_fall_back_to_the_message_id() {
         let not_json = message("plain text");
-        let error = plain("body.id", OnMissingKey::Fail).derive(&not_json).unwrap_err();
+        let error = plain("body.id", OnMissingKey::Fail)(&not_json).unwrap_err();
         assert!(matches!(error, MissingKey::BodyNotJson { .. }), "{error}");
         assert!(error.to_string().starts_with("body.id: body is not JSON"));
-        let absent = plain("body.id", OnMissingKey::Fail).derive(&message(r#"{"id":null}"#)).unwrap_err();
+        let absent = plain("body.id", OnMissingKey::Fail)(&message(r#"{"id":null}"#)).unwrap_err();
         assert_eq!(absent, MissingKey::Absent("body.id".into()));
-        let attribute = plain("attributes.MessageGroupId", OnMissingKey::Fail).derive(&not_json);
+        let attribute = plain("attributes.MessageGroupId", OnMissingKey::Fail)(&not_json);
         assert_eq!(attribute.unwrap_err().to_string(), "attributes.MessageGroupId: not present in the message");
-        assert_eq!(plain("body.id", OnMissingKey::MessageId).derive(&not_json).unwrap(), "p#m-1");
+        assert_eq!(plain("body.id", OnMissingKey::MessageId)(&not_json).unwrap(), "p#m-1");
+    }
+
+    #[test]
+    fn paths_enter_strings_that_hold_json() {
+        let sns =
+            serde_json::json!({"Type": "Notification", "Message": r#"{"order_id":"o-77","lines":[{"sku":"A"}]}"#});
+        let m = message(&sns.to_string());
+        assert_eq!(plain("body.Message.order_id", OnMissingKey::Fail)(&m).unwrap(), "p#o-77");
+        assert_eq!(plain("body.Message.lines.0.sku", OnMissingKey::Fail)(&m).unwrap(), "p#A");
+        // The string itself is a value like any other.
+        assert_eq!(plain("body.Type", OnMissingKey::Fail)(&m).unwrap(), "p#Notification");
+        // JSON inside JSON inside JSON, and a body that is itself a JSON string.
+        let twice = serde_json::json!({"outer": serde_json::json!({"inner": r#"{"id":5}"#}).to_string()});
+        assert_eq!(plain("body.outer.inner.id", OnMissingKey::Fail)(&message(&twice.to_string())).unwrap(), "p#5");
+        assert_eq!(plain("body.id", OnMissingKey::Fail)(&message(r#""{\"id\":6}""#)).unwrap(), "p#6");
+        // A string that is not JSON has no fields: the key is missing, and
+        // the fallback to the message id still applies.
+        let text = message(r#"{"Message":"order o-77"}"#);
+        let missing = plain("body.Message.order_id", OnMissingKey::Fail)(&text).unwrap_err();
+        assert_eq!(missing, MissingKey::Absent("body.Message.order_id".into()));
+        assert_eq!(plain("body.Message.order_id", OnMissingKey::MessageId)(&text).unwrap(), "p#m-1");
+    }
+
+    #[test]
+    fn envelope_paths_read_the_envelope_and_body_paths_the_message_inside() {
+        let sns = serde_json::json!({
+            "Type": "Notification", "MessageId": "sns-1", "TopicArn": "arn:aws:sns:us-east-1:1:t",
+            "Timestamp": "2026-11-23T10:00:00.000Z", "Message": r#"{"order_id":"o-77"}"#,
+        });
+        let m = message(&sns.to_string());
+        let opened = Opened::new(&m, EnvelopeKind::Sns).unwrap();
+        let derive =
+            |spec: &str| KeyDeriver::new(spec.parse().unwrap(), "p", false, OnMissingKey::Fail).derive(&opened);
+        assert_eq!(derive("body.order_id").unwrap(), "p#o-77");
+        assert_eq!(derive("envelope.MessageId").unwrap(), "p#sns-1");
+        assert_eq!(derive("envelope.TopicArn, body.order_id").unwrap(), r#"p#["arn:aws:sns:us-east-1:1:t","o-77"]"#);
+        assert_eq!(derive("body.MessageId").unwrap_err(), MissingKey::Absent("body.MessageId".into()));
+        // Without an envelope there is nothing for `envelope.` to read.
+        let missing = plain("envelope.MessageId", OnMissingKey::Fail)(&m).unwrap_err();
+        assert_eq!(missing, MissingKey::Absent("envelope.MessageId".into()));
+        assert!("envelope.MessageId".parse::<KeySpec>().unwrap().reads_envelope());
     }
 
     #[test]
     fn bad_specs_are_rejected() {
-        for spec in ["", "body", "body.", "body.a..b", "attributes.", "headers.x", "messageid"] {
+        for spec in ["", "body", "body.", "body.a..b", "envelope", "envelope.", "attributes.", "headers.x", "messageid"]
+        {
             assert!(spec.parse::<KeySpec>().is_err(), "{spec:?} parsed");
         }
     }

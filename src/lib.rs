@@ -12,7 +12,8 @@
 //! - [`Handler`]: the business logic for one [`Record`];
 //! - [`claim`]: the claim state machine, written once for every store;
 //! - [`store`]: where claims live (memory, a SQLite file, DynamoDB);
-//! - [`key`]: which part of a message identifies it;
+//! - [`key`]: which part of a message identifies it, and [`envelope`]: the
+//!   SNS or EventBridge envelope a message may arrive in;
 //! - [`engine`]: fans a batch out, keeps FIFO order and the deadline;
 //! - [`event`]: reads an SQS event one record at a time;
 //! - [`redelivery`]: when failed records come back, or leave for the
@@ -39,6 +40,7 @@ pub mod claim;
 pub mod clock;
 pub mod config;
 pub mod engine;
+pub mod envelope;
 pub mod event;
 mod handler;
 pub mod key;

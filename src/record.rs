@@ -6,18 +6,27 @@ use aws_lambda_events::sqs::{SqsMessage, SqsMessageAttribute};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::handler::HandlerError;
+use crate::{
+    envelope::{Envelope, Opened},
+    handler::HandlerError,
+};
 
 /// One SQS message, as the business handler sees it.
 ///
 /// Besides the message itself it carries the idempotency key the message was
-/// claimed under and the time left before the invocation must answer.
+/// claimed under and the time left before the invocation must answer. When
+/// messages arrive in an envelope (`SQS_ONCE_ENVELOPE`), `body` is the
+/// publisher's message and `envelope` holds the envelope's fields.
 #[derive(Debug, Clone)]
 pub struct Record {
     /// The SQS message id.
     pub message_id: String,
-    /// The message body as text (empty when the event carried none).
+    /// The message body as text (empty when the event carried none); with an
+    /// envelope, the message inside it (SNS's `Message`, EventBridge's
+    /// `detail`).
     pub body: String,
+    /// The envelope the message arrived in, when one is configured.
+    pub envelope: Option<Envelope>,
     /// System attributes such as `ApproximateReceiveCount` or `MessageGroupId`.
     pub attributes: HashMap<String, String>,
     /// User message attributes.
@@ -33,11 +42,20 @@ pub struct Record {
 }
 
 impl Record {
-    /// A record for `message`, claimed under `key`, that must finish by `deadline`.
+    /// A record for `message`, claimed under `key`, that must finish by
+    /// `deadline`; its body is the message's body as it is.
     pub fn new(message: &SqsMessage, key: String, deadline: Instant) -> Self {
+        Self::opened(&Opened::plain(message), key, deadline)
+    }
+
+    /// A record for a message whose envelope has been opened: its body is
+    /// the message inside.
+    pub fn opened(opened: &Opened<'_>, key: String, deadline: Instant) -> Self {
+        let message = opened.message;
         Self {
             message_id: message.message_id.clone().unwrap_or_default(),
-            body: message.body.clone().unwrap_or_default(),
+            body: opened.body.clone().into_owned(),
+            envelope: opened.envelope.clone(),
             attributes: message.attributes.clone(),
             message_attributes: message.message_attributes.clone(),
             key,

@@ -16,6 +16,7 @@ use sqs_once::{
     claim::{ClaimPolicy, ClaimRecord, ClaimStatus, Claims},
     clock::SystemClock,
     engine::{BatchReport, Engine, EngineOptions, Failure, Invocation, Outcome},
+    envelope::{Envelope, EnvelopeKind},
     event::parse_event,
     handlers::demo::Demo,
     key::{KeyDeriver, KeySpec, OnMissingKey},
@@ -311,6 +312,50 @@ async fn with_payload_validation_an_in_batch_duplicate_with_another_body_fails()
     assert_eq!(failures(&report), ["changed"]);
     assert_eq!(outcome(&report, "changed"), &Outcome::Failed(Failure::PayloadMismatch));
     assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 1);
+}
+
+/// Remembers the body and envelope of every record it runs.
+#[derive(Default)]
+struct Remembers(Mutex<Vec<(String, Option<Envelope>)>>);
+
+impl Handler for Remembers {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        self.0.lock().unwrap().push((record.body.clone(), record.envelope.clone()));
+        Ok(None)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_and_payload_validation_see_the_message_inside_the_envelope() {
+    let notification = |sns_id: &str, message: Value| {
+        json!({"Type": "Notification", "MessageId": sns_id, "TopicArn": "arn:aws:sns:us-east-1:123456789012:orders",
+               "Timestamp": format!("2026-11-23T10:00:0{}.000Z", sns_id.len()), "Message": message.to_string(),
+               "MessageAttributes": {"tenant": {"Type": "String", "Value": "t-9"}}})
+    };
+    let policy = ClaimPolicy { validate_payload: true, ..ClaimPolicy::default() };
+    let options = EngineOptions { envelope: EnvelopeKind::Sns, ..EngineOptions::default() };
+    let handler = Arc::new(Remembers::default());
+    let engine = Setup { key: "body.order", policy, options, ..Setup::default() }.engine(Arc::clone(&handler));
+    // Two publishes of one message (envelopes differ in id and time), then the same order with another message.
+    let records = vec![
+        message("first", notification("sns-1", json!({"order": "A", "amount": 1}))),
+        message("republished", notification("sns-22", json!({"order": "A", "amount": 1}))),
+        message("changed", notification("sns-333", json!({"order": "A", "amount": 2}))),
+    ];
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["changed"]);
+    assert_eq!(outcome(&report, "republished"), &Outcome::Processed { recorded: true });
+    assert_eq!(outcome(&report, "changed"), &Outcome::Failed(Failure::PayloadMismatch));
+    let runs = handler.0.lock().unwrap().clone();
+    assert_eq!(runs.len(), 1);
+    let (body, envelope) = &runs[0];
+    assert_eq!(body, r#"{"amount":1,"order":"A"}"#);
+    let Some(Envelope::Sns(notification)) = envelope else { panic!("no SNS envelope: {envelope:?}") };
+    assert_eq!(
+        (notification.message_id.as_str(), notification.topic_arn.as_str()),
+        ("sns-1", "arn:aws:sns:us-east-1:123456789012:orders")
+    );
+    assert_eq!(notification.message_attributes["tenant"].value, "t-9");
 }
 
 /// The in-memory store, with every finishing write answered `delay` late.

@@ -164,6 +164,8 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
         ("SQS_ONCE_STORE", "redis", "expected dynamodb, file or memory"),
         ("SQS_ONCE_CONCURRENCY", "0", "SQS_ONCE_CONCURRENCY"),
         ("SQS_ONCE_KEY", "header.x", "invalid key source `header.x`"),
+        ("SQS_ONCE_ENVELOPE", "kinesis", "expected none, sns or eventbridge"),
+        ("SQS_ONCE_KEY", "envelope.MessageId", "while SQS_ONCE_ENVELOPE is none"),
         ("SQS_ONCE_DEMO_LOG", "/nonexistent/demo.log", "handler `demo` cannot start: cannot open SQS_ONCE_DEMO_LOG"),
     ];
     for (name, value, expected) in config_errors {
@@ -182,4 +184,84 @@ fn inside_lambda_a_table_is_required() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("SQS_ONCE_TABLE"), "{}", stderr(&output));
     assert!(stderr(&output).contains("inside Lambda, claims must be kept in DynamoDB"), "{}", stderr(&output));
+}
+
+fn sample(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("events").join(name).to_str().unwrap().to_owned()
+}
+
+/// The keys the demo handler ran with, sorted.
+fn keys_run(ws: &Workspace) -> Vec<String> {
+    let mut keys: Vec<String> = ws.log().iter().map(|line| line.split('\t').next().unwrap().to_owned()).collect();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn sns_notifications_are_keyed_logged_and_handled_by_the_message_inside() {
+    let unhashed = [("SQS_ONCE_HASH_KEYS", "false"), ("SQS_ONCE_LOG_BODIES", "true"), ("SQS_ONCE_ENVELOPE", "sns")];
+    for key in ["body.order_id", "envelope.MessageId"] {
+        let ws = Workspace::new();
+        let output =
+            ws.invoke_with(&["invoke", &sample("sns.json")], &[unhashed.as_slice(), &[("SQS_ONCE_KEY", key)]].concat());
+        // The directive inside o-78's message is obeyed; SNS's second copy of o-77 does not run.
+        assert_eq!(failures(&output), ["c0000000-0000-4000-8000-000000000003"], "{key}");
+        assert_eq!(ws.log().len(), 2, "{key}: {:?}", ws.log());
+        let logged = stderr(&output);
+        assert!(logged.contains(r#"body="{\"order_id\":\"o-77\",\"amount_cents\":2599}""#), "{logged}");
+        assert!(!logged.contains("Notification"), "the envelope is not logged as the body: {logged}");
+    }
+    let ws = Workspace::new();
+    let keyed = [("SQS_ONCE_ENVELOPE", "sns"), ("SQS_ONCE_KEY", "body.order_id"), ("SQS_ONCE_HASH_KEYS", "false")];
+    ws.invoke_with(&["invoke", &sample("sns.json")], &keyed);
+    assert_eq!(keys_run(&ws), ["demo#o-77", "demo#o-78"]);
+}
+
+#[test]
+fn a_key_path_enters_the_json_string_of_an_envelope_left_closed() {
+    let ws = Workspace::new();
+    let settings = [("SQS_ONCE_KEY", "body.Message.order_id"), ("SQS_ONCE_HASH_KEYS", "false")];
+    let output = ws.invoke_with(&["invoke", &sample("sns.json")], &settings);
+    // The handler gets the envelope, so the directive inside the message is not seen.
+    assert_eq!(failures(&output), Vec::<String>::new());
+    // SNS's two copies of o-77 share one run.
+    assert_eq!(keys_run(&ws), ["demo#o-77", "demo#o-78"]);
+}
+
+#[test]
+fn eventbridge_events_are_keyed_and_handled_by_their_detail() {
+    for key in ["body.order_id", "envelope.id"] {
+        let ws = Workspace::new();
+        let settings = [("SQS_ONCE_ENVELOPE", "eventbridge"), ("SQS_ONCE_KEY", key), ("SQS_ONCE_LOG_BODIES", "true")];
+        let output = ws.invoke_with(&["invoke", &sample("eventbridge.json")], &settings);
+        assert_eq!(failures(&output), Vec::<String>::new(), "{key}");
+        assert_eq!(ws.log().len(), 2, "{key}: the second copy of one event does not run");
+        assert!(
+            stderr(&output).contains(r#"body="{\"order_id\":\"o-91\",\"amount_cents\":750}""#),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn a_body_that_is_not_the_envelope_fails_alone_with_its_reason() {
+    let ws = Workspace::new();
+    let notification = |message: &str| {
+        json!({"Type": "Notification", "MessageId": "sns-1", "TopicArn": "arn:aws:sns:us-east-1:123456789012:t",
+               "Timestamp": "2026-11-23T10:00:00.000Z", "Message": message})
+    };
+    let event = ws.event(
+        "event.json",
+        &[notification(r#"{"order_id":"o-1"}"#), json!({"order_id": "o-2"}), notification("order o-3, not JSON")],
+    );
+    let settings = [("SQS_ONCE_ENVELOPE", "sns"), ("SQS_ONCE_KEY", "body.order_id")];
+    let output = ws.invoke_with(&["invoke", event.to_str().unwrap()], &settings);
+    assert_eq!(failures(&output), ["m-0001", "m-0002"]);
+    assert_eq!(ws.log().len(), 1);
+    let logged = stderr(&output);
+    assert!(logged.contains("outcome=\"invalid_record\""), "{logged}");
+    assert!(logged.contains("body is not an SNS notification"), "{logged}");
+    assert!(logged.contains("outcome=\"missing_key\""), "{logged}");
+    assert!(logged.contains("body.order_id: body is not JSON"), "{logged}");
 }

@@ -143,6 +143,23 @@ async fn the_sample_batches_report_exactly_their_failures_and_the_process_keeps_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sns_notifications_are_handled_by_their_message_and_a_bare_body_fails_alone() {
+    let function = Function::start(&[("SQS_ONCE_ENVELOPE", "sns"), ("SQS_ONCE_KEY", "envelope.MessageId")]).await;
+    // o-77 arrives twice (one SNS publish, two SQS messages); o-78's message asks to fail.
+    let answer = function.invoke(&sample("sns.json"), SECONDS_30).await;
+    assert_eq!(failures(&answer), ["c0000000-0000-4000-8000-000000000003"]);
+    let answer = function.invoke(&batch(&[json!({"order_id": "o-79"})]), SECONDS_30).await;
+    assert_eq!(failures(&answer), ["m-0"]);
+    wait_for(&function.stderr, |lines| lines.iter().filter(|line| line.contains(r#""outcome""#)).count() >= 4).await;
+    let logs = function.logs(4).await;
+    let outcomes: Vec<&str> = logs.iter().filter_map(|line| line["outcome"].as_str()).collect();
+    assert_eq!(outcomes, ["processed", "processed", "retryable", "invalid_record"]);
+    let invalid = logs.iter().find(|line| line["outcome"] == "invalid_record").unwrap();
+    let reason = invalid["reason"].as_str().unwrap();
+    assert!(reason.starts_with("invalid record: body is not an SNS notification"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifo_batch_stops_its_failed_group_only() {
     let function = Function::start(&[]).await;
     let answer = function.invoke(&sample("fifo.json"), SECONDS_30).await;

@@ -221,3 +221,38 @@ async fn poll_keeps_a_claim_in_the_table_as_long_as_its_lease_however_short_the_
     until("the queue is drained", Duration::from_secs(30), async || queue.depth().await == (0, 0)).await;
     stop(poller).await;
 }
+
+#[tokio::test]
+async fn poll_opens_sns_envelopes_and_dead_letters_what_is_not_one_as_it_arrived() {
+    let (queue, dead_letters) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
+    let consumers = Consumers::new().await;
+    let notification = |sns_id: &str, message: Value| {
+        json!({"Type": "Notification", "MessageId": sns_id, "TopicArn": "arn:aws:sns:us-east-1:123456789012:orders",
+               "Timestamp": "2026-11-23T10:00:00.000Z", "Message": message.to_string()})
+    };
+    let failing = notification("sns-p", json!({"id": "p", "fail": "permanent"}));
+    // SNS delivers "sns-a" twice; one body is not an envelope at all.
+    let bodies = [
+        notification("sns-a", json!({"id": "a"})),
+        notification("sns-b", json!({"id": "b"})),
+        notification("sns-a", json!({"id": "a"})),
+        failing.clone(),
+        json!({"id": "raw"}),
+    ];
+    queue.send(&bodies).await;
+    let settings = [("SQS_ONCE_ENVELOPE", "sns"), ("SQS_ONCE_DLQ_URL", dead_letters.url())];
+    let poller = consumers.poll(&queue, &[], &settings);
+    until("the queue is drained", Duration::from_secs(30), async || queue.depth().await == (0, 0)).await;
+    let summary = stop(poller).await;
+    assert_eq!(consumers.runs(), HashMap::from([("a".into(), 1), ("b".into(), 1), ("p".into(), 1)]));
+    assert_eq!((summary["dead_lettered"].as_u64(), summary["deleted"].as_u64()), (Some(2), Some(5)), "{summary}");
+    // Dead letters keep the body they arrived with, so a redrive sends the envelope again.
+    let mut moved: Vec<Value> = dead_letters
+        .receive(2)
+        .await
+        .iter()
+        .map(|message| serde_json::from_str(message.body.as_deref().unwrap()).unwrap())
+        .collect();
+    moved.sort_by_key(|body| body.to_string());
+    assert_eq!(moved, [failing, json!({"id": "raw"})]);
+}

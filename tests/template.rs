@@ -51,6 +51,21 @@ fn the_function_is_a_rust_arm64_lambda_built_from_this_binary() {
 }
 
 #[test]
+fn the_envelope_parameter_offers_exactly_the_envelopes_the_consumer_opens() {
+    let template = template();
+    let parameter = &template["Parameters"]["MessageEnvelope"];
+    assert_eq!(parameter["Default"], "none");
+    let allowed: Vec<&str> =
+        parameter["AllowedValues"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(allowed, ["none", "sns", "eventbridge"]);
+    for value in allowed {
+        assert_eq!(value.parse::<sqs_once::envelope::EnvelopeKind>().unwrap().to_string(), value);
+    }
+    let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
+    assert_eq!(variables["SQS_ONCE_ENVELOPE"], reference("MessageEnvelope"));
+}
+
+#[test]
 fn the_event_source_reports_batch_item_failures() {
     let template = template();
     let work = &resource(&template, "ConsumerFunction")["Properties"]["Events"]["Work"];
