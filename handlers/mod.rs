@@ -40,6 +40,9 @@ pub fn names() -> Vec<&'static str> {
     REGISTRY.iter().map(|(name, _)| *name).collect()
 }
 
+/// The handler the bundled binary runs when `SQS_ONCE_HANDLER` is not set.
+pub const DEFAULT: &str = "demo";
+
 /// Builds the handler registered as `name`.
 ///
 /// ```

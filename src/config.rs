@@ -16,6 +16,10 @@ use crate::{
     store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
+/// The namespace of stored keys when neither `SQS_ONCE_KEY_PREFIX`, a Lambda
+/// function name nor `SQS_ONCE_HANDLER` gives one.
+pub const DEFAULT_KEY_PREFIX: &str = "sqs-once";
+
 /// What `SQS_ONCE_EXPIRES_AFTER_SECS` takes: a key remembered for no time
 /// would not be deduplicated at all.
 const EXPIRES_AFTER: &str = "a positive number of seconds";
@@ -46,8 +50,10 @@ pub struct ConfigError {
 /// All settings, resolved.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The registered handler to run (`SQS_ONCE_HANDLER`).
-    pub handler: String,
+    /// The bundled binary's handler, by its name in the registry of
+    /// `handlers/` (`SQS_ONCE_HANDLER`); a binary built around its own
+    /// handler with [`crate::run`] has no use for it.
+    pub handler: Option<String>,
     /// Which parts of a message make its key (`SQS_ONCE_KEY`).
     pub key: KeySpec,
     /// The namespace of stored keys (`SQS_ONCE_KEY_PREFIX`).
@@ -85,18 +91,19 @@ impl Config {
     ///
     /// let config = Config::from_lookup(|name| (name == "SQS_ONCE_CONCURRENCY").then(|| "8".to_owned())).unwrap();
     /// assert_eq!(config.engine.concurrency, 8);
-    /// assert_eq!(config.key_prefix, "demo");
+    /// assert_eq!(config.key_prefix, "sqs-once");
     ///
     /// let error = Config::from_lookup(|name| (name == "SQS_ONCE_ON_MISSING_KEY").then(|| "skip".to_owned()));
     /// assert_eq!(error.unwrap_err().to_string(), r#"invalid SQS_ONCE_ON_MISSING_KEY="skip": expected fail or message-id"#);
     /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = Env(&lookup);
-        let handler = env.text("SQS_ONCE_HANDLER").unwrap_or_else(|| "demo".to_owned());
+        let handler = env.text("SQS_ONCE_HANDLER");
         let key_prefix = env
             .text("SQS_ONCE_KEY_PREFIX")
             .or_else(|| env.text("AWS_LAMBDA_FUNCTION_NAME"))
-            .unwrap_or_else(|| handler.clone());
+            .or_else(|| handler.clone())
+            .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned());
         let defaults = ClaimPolicy::default();
         let claims = ClaimPolicy {
             expires_after: Duration::from_secs(env.parse(

@@ -20,7 +20,8 @@ pub type HandlerResult = Result<Option<Value>, HandlerError>;
 /// [`HandlerError::permanent`] for ones it cannot (the failure is recorded and
 /// later deliveries are not run again). A panic counts as retryable.
 ///
-/// A complete handler, registered under a name in `handlers/mod.rs`:
+/// A complete handler; [`run`](crate::run) makes a binary of it, or it is
+/// registered under a name in `handlers/mod.rs` for the bundled binary:
 ///
 /// ```
 /// use serde::Deserialize;
@@ -62,6 +63,44 @@ pub trait Handler: Send + Sync + 'static {
 impl<H: Handler> Handler for Arc<H> {
     fn handle(&self, record: &Record) -> impl Future<Output = HandlerResult> + Send {
         H::handle(self, record)
+    }
+}
+
+/// A handler made of an async function of the record, as `service_fn` makes
+/// a service: for handlers with no state of their own beyond what the
+/// closure captures. The function gets its own copy of the record.
+///
+/// ```
+/// use sqs_once::{HandlerError, Record, handler_fn};
+///
+/// let handler = handler_fn(|record: Record| async move {
+///     if record.body.is_empty() {
+///         return Err(HandlerError::permanent("empty message"));
+///     }
+///     Ok(None)
+/// });
+/// # fn is_handler(_: &impl sqs_once::Handler) {}
+/// # is_handler(&handler);
+/// ```
+pub fn handler_fn<F, Fut>(f: F) -> HandlerFn<F>
+where
+    F: Fn(Record) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send,
+{
+    HandlerFn(f)
+}
+
+/// The handler [`handler_fn`] returns.
+#[derive(Debug, Clone, Copy)]
+pub struct HandlerFn<F>(F);
+
+impl<F, Fut> Handler for HandlerFn<F>
+where
+    F: Fn(Record) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send,
+{
+    fn handle(&self, record: &Record) -> impl Future<Output = HandlerResult> + Send {
+        (self.0)(record.clone())
     }
 }
 

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::{
     clock::{Clock, SystemClock},
-    engine::Invocation,
+    engine::{Invocation, lock},
     event::{InvalidEvent, parse_event},
     metrics::{Extra, MetricsConfig, emf_line},
     startup::Consumer,
@@ -49,16 +49,19 @@ struct Function {
 /// Serves invocations from the Lambda Runtime API until the process ends.
 ///
 /// `consumer` is built once, before the loop, so clients and configuration
-/// are shared by every invocation of the warm process. A binary of your own
-/// needs no more than this:
+/// are shared by every invocation of the warm process. [`crate::run`] does
+/// this, and the rest a binary needs around it (logging as Lambda asks, the
+/// init error reported, the command line outside Lambda); to serve the loop
+/// alone:
 ///
 /// ```no_run
-/// use sqs_once::{config::Config, lambda, startup};
+/// use std::sync::Arc;
+/// use sqs_once::{config::Config, handlers::orders::Orders, lambda, startup};
 ///
 /// #[tokio::main]
 /// async fn main() -> Result<(), lambda_runtime::Error> {
 ///     let config = Config::from_env()?;
-///     let consumer = startup::consumer(&config).await?;
+///     let consumer = startup::consumer(&config, Arc::new(Orders)).await?;
 ///     lambda::run(consumer, config.metrics).await
 /// }
 /// ```
@@ -91,7 +94,7 @@ impl Function {
     /// Counters gathered since the previous invocation.
     fn delta(&self) -> Extra {
         let now = self.consumer.extra();
-        let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut seen = lock(&self.seen);
         let delta = Extra {
             lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
             dynamodb_requests: now.dynamodb_requests.map(|total| total - seen.dynamodb_requests.unwrap_or(0)),

@@ -37,6 +37,7 @@ compile_error!(
 
 pub mod aws;
 pub mod claim;
+mod cli;
 pub mod clock;
 pub mod config;
 pub mod engine;
@@ -53,9 +54,11 @@ pub mod redelivery;
 pub mod sqs;
 pub mod startup;
 pub mod store;
+pub mod testing;
 
 #[path = "../handlers/mod.rs"]
 pub mod handlers;
 
-pub use handler::{BoxHandler, DynHandler, ErrorKind, Handler, HandlerError, HandlerResult};
+pub use cli::{run, run_with};
+pub use handler::{BoxHandler, DynHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
 pub use record::Record;

@@ -107,10 +107,11 @@ pub enum PollError {
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// use sqs_once::{config::Config, poll::{self, PollOptions, Poller}, sqs::Sqs, startup};
+/// use std::sync::Arc;
+/// use sqs_once::{config::Config, handlers::orders::Orders, poll::{self, PollOptions, Poller}, sqs::Sqs, startup};
 ///
 /// let config = Config::from_env()?;
-/// let consumer = startup::consumer(&config).await?;
+/// let consumer = startup::consumer(&config, Arc::new(Orders)).await?;
 /// let sqs = Sqs::new(&sqs_once::aws::sdk_config().await);
 /// let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
 /// let poller = Poller::new(consumer, sqs, url, PollOptions::default()).await?;

@@ -10,12 +10,12 @@ use aws_lambda_events::sqs::SqsBatchResponse;
 use tokio::time::Instant;
 
 use crate::{
+    BoxHandler,
     claim::Claims,
     clock::SystemClock,
     config::{Config, StoreChoice},
     engine::{BatchReport, Engine, Invocation},
     event::EventRecord,
-    handlers::{self, HandlerSetupError},
     metrics::Extra,
     redelivery::{Redelivery, RedeliveryCounts},
     sqs::Sqs,
@@ -28,9 +28,6 @@ use crate::{
 /// Why the engine could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
-    /// `SQS_ONCE_HANDLER` names no registered handler, or it cannot start.
-    #[error(transparent)]
-    Handler(#[from] HandlerSetupError),
     /// The store could not be opened.
     #[error("cannot open the claim store")]
     Store(#[from] StoreError),
@@ -126,19 +123,22 @@ pub async fn dynamodb_store(layout: TableLayout) -> (DynamoDbStore, Arc<RequestC
     (DynamoDbStore::new(client, layout), requests)
 }
 
-/// The consumer `config` describes: its handler, store, keys and tuning.
+/// The consumer `config` describes around `handler`: its store, keys and
+/// tuning.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let config = sqs_once::config::Config::from_lookup(|name| match name {
+/// use std::sync::Arc;
+/// use sqs_once::{config::Config, handlers::orders::Orders, startup};
+///
+/// let config = Config::from_lookup(|name| match name {
 ///     "SQS_ONCE_STORE" => Some("memory".to_owned()),
 ///     _ => None,
 /// }).unwrap();
-/// let consumer = sqs_once::startup::consumer(&config).await.unwrap();
+/// let consumer = startup::consumer(&config, Arc::new(Orders)).await.unwrap();
 /// # });
 /// ```
-pub async fn consumer(config: &Config) -> Result<Consumer, StartupError> {
-    let handler = handlers::build(&config.handler)?;
+pub async fn consumer(config: &Config, handler: BoxHandler) -> Result<Consumer, StartupError> {
     let needs_aws = matches!(config.store, StoreChoice::DynamoDb(_)) || config.redelivery.is_active();
     // Loaded once: credentials and region are resolved once for both clients.
     let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };

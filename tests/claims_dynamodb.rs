@@ -12,12 +12,7 @@ async fn store() -> Arc<dyn ClaimStore> {
     Arc::new(common::dynamodb::fresh_table(TableKey::Partition).await.0)
 }
 
-claim_suite!(store().await);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_claims_have_one_winner() {
-    common::claim_suite::concurrent_claims_have_one_winner(store().await, 32, 200).await;
-}
+sqs_once::claim_suite!(store().await);
 
 /// The suite again on a table keyed by a static partition value and a sort key.
 mod sort_key_table {
@@ -27,7 +22,7 @@ mod sort_key_table {
         Arc::new(common::dynamodb::fresh_table(common::dynamodb::sorted()).await.0)
     }
 
-    claim_suite!(store().await);
+    sqs_once::claim_suite!(store().await);
 }
 
 /// The suite again with every write in a request of its own.
@@ -38,5 +33,5 @@ mod single_requests {
         Arc::new(common::dynamodb::fresh_table(TableKey::Partition).await.0.batching(false))
     }
 
-    claim_suite!(store().await);
+    sqs_once::claim_suite!(store().await);
 }

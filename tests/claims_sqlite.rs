@@ -19,12 +19,7 @@ fn store() -> Arc<dyn ClaimStore> {
     Arc::new(SqliteStore::open(path).expect("open store"))
 }
 
-claim_suite!(store());
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_claims_have_one_winner() {
-    common::claim_suite::concurrent_claims_have_one_winner(store(), 32, 50).await;
-}
+sqs_once::claim_suite!(store());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn separate_connections_to_one_file_have_one_winner() {
@@ -38,7 +33,7 @@ async fn separate_connections_to_one_file_have_one_winner() {
         let attempts = stores.iter().cloned().enumerate().map(|(n, store)| {
             let id = id.clone();
             tokio::spawn(async move {
-                let machine = common::claim_suite::Machine::plain(store);
+                let machine = sqs_once::testing::claim_suite::Machine::plain(store);
                 machine.claim(&id, "{}", &format!("h-{n}")).await
             })
         });

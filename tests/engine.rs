@@ -131,7 +131,7 @@ async fn each_directive_lands_where_it_should() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_sharing_a_key_run_once_and_share_the_outcome() {
     let (handler, dir) = demo();
-    let counting = common::Counting::new(Arc::new(MemoryStore::default()));
+    let counting = sqs_once::testing::claim_suite::Counting::new(Arc::new(MemoryStore::default()));
     let engine = Setup { key: "body.order", store: counting.clone(), ..Setup::default() }.engine(handler);
     let records = vec![
         message("a1", json!({"order": "A", "sleep_ms": 20})),

@@ -214,7 +214,7 @@ fn sns_notifications_are_keyed_logged_and_handled_by_the_message_inside() {
     let ws = Workspace::new();
     let keyed = [("SQS_ONCE_ENVELOPE", "sns"), ("SQS_ONCE_KEY", "body.order_id"), ("SQS_ONCE_HASH_KEYS", "false")];
     ws.invoke_with(&["invoke", &sample("sns.json")], &keyed);
-    assert_eq!(keys_run(&ws), ["demo#o-77", "demo#o-78"]);
+    assert_eq!(keys_run(&ws), ["sqs-once#o-77", "sqs-once#o-78"]);
 }
 
 #[test]
@@ -225,7 +225,7 @@ fn a_key_path_enters_the_json_string_of_an_envelope_left_closed() {
     // The handler gets the envelope, so the directive inside the message is not seen.
     assert_eq!(failures(&output), Vec::<String>::new());
     // SNS's two copies of o-77 share one run.
-    assert_eq!(keys_run(&ws), ["demo#o-77", "demo#o-78"]);
+    assert_eq!(keys_run(&ws), ["sqs-once#o-77", "sqs-once#o-78"]);
 }
 
 #[test]

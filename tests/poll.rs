@@ -58,7 +58,7 @@ impl Consumers {
         let log = std::fs::read_to_string(self.dir.path().join("demo.log")).unwrap_or_default();
         let mut runs = HashMap::new();
         for line in log.lines() {
-            let id = line.split('\t').next().unwrap().trim_start_matches("demo#").to_owned();
+            let id = line.split('\t').next().unwrap().trim_start_matches("sqs-once#").to_owned();
             *runs.entry(id).or_default() += 1;
         }
         runs
@@ -209,7 +209,7 @@ async fn poll_keeps_a_claim_in_the_table_as_long_as_its_lease_however_short_the_
     until("the record runs", Duration::from_secs(30), async || consumers.runs().contains_key("long-lease")).await;
     let (client, _) = sqs_once::store::dynamodb::client().await;
     let store = DynamoDbStore::new(client, TableLayout::new(consumers.table.clone()));
-    let claim = store.get("demo#long-lease").await.unwrap().expect("the claim is in the table");
+    let claim = store.get("sqs-once#long-lease").await.unwrap().expect("the claim is in the table");
     let lease_until_ms = claim.lease_until_ms.expect("in progress, under a lease");
     let now_ms = common::sqs::now_ms();
     assert!(lease_until_ms > now_ms + 7_000_000, "the lease runs to the deadline: {}", lease_until_ms - now_ms);

@@ -58,7 +58,7 @@ impl World {
     /// How many times the handler ran on `id`.
     fn runs(&self, id: &str) -> usize {
         let log = std::fs::read_to_string(self.dir.path().join("demo.log")).unwrap_or_default();
-        log.lines().filter(|line| line.starts_with(&format!("demo#{id}\t"))).count()
+        log.lines().filter(|line| line.starts_with(&format!("sqs-once#{id}\t"))).count()
     }
 
     fn claim(&self, id: &str) -> Value {
@@ -199,7 +199,7 @@ async fn permanent_failures_move_to_the_dead_letter_queue_with_their_reasons() {
     let attributes = moved.message_attributes.as_ref().unwrap();
     let attribute = |name: &str| attributes[name].string_value.clone().unwrap();
     assert_eq!(attribute("SqsOnce.Error"), "handler failed (permanent): demo: asked to fail (permanent)");
-    assert_eq!(attribute("SqsOnce.Key"), "demo#p");
+    assert_eq!(attribute("SqsOnce.Key"), "sqs-once#p");
     assert_eq!(attribute("SqsOnce.MessageId"), messages["p"].message_id.clone().unwrap());
     assert_eq!(attribute("SqsOnce.ReceiveCount"), "1");
     assert_eq!(attribute("SqsOnce.SourceQueue"), queue.info.arn);

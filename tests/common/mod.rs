@@ -2,15 +2,9 @@
 
 #![allow(dead_code)]
 
-pub mod claim_suite;
 pub mod faults;
 pub mod runtime_api;
 pub mod sqs;
-
-use std::sync::{
-    Arc,
-    atomic::{AtomicUsize, Ordering},
-};
 
 use async_trait::async_trait;
 use sqs_once::{
@@ -52,83 +46,6 @@ pub fn invoke_answer(output: &std::process::Output) -> (std::collections::HashSe
         .find_map(|line| serde_json::from_str::<serde_json::Value>(line).ok().filter(|line| line.get("_aws").is_some()))
         .unwrap_or_else(|| panic!("no metrics line: {stderr}"));
     (failures, metrics)
-}
-
-/// Wraps a store and counts the requests made to it.
-pub struct Counting {
-    pub inner: Arc<dyn ClaimStore>,
-    pub requests: AtomicUsize,
-}
-
-impl Counting {
-    pub fn new(inner: Arc<dyn ClaimStore>) -> Arc<Self> {
-        Arc::new(Self { inner, requests: AtomicUsize::new(0) })
-    }
-
-    pub fn take(&self) -> usize {
-        self.requests.swap(0, Ordering::SeqCst)
-    }
-
-    fn count(&self) {
-        self.requests.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-#[async_trait]
-impl ClaimStore for Counting {
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        self.count();
-        self.inner.put_if_free(record, now_ms).await
-    }
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
-        self.count();
-        self.inner.get(id).await
-    }
-    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
-        self.count();
-        self.inner.finish(id, token, finish).await
-    }
-    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        self.count();
-        self.inner.release(id, token).await
-    }
-    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        self.count();
-        self.inner.list(query).await
-    }
-    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
-        self.count();
-        self.inner.replace_seen(seen, new).await
-    }
-}
-
-/// Wraps a store so that a taken key comes back without the old record, as
-/// stores that cannot return it in the same request answer.
-pub struct WithoutOldItem(pub Arc<dyn ClaimStore>);
-
-#[async_trait]
-impl ClaimStore for WithoutOldItem {
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        Ok(match self.0.put_if_free(record, now_ms).await? {
-            PutOutcome::Taken(_) => PutOutcome::Taken(None),
-            claimed => claimed,
-        })
-    }
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
-        self.0.get(id).await
-    }
-    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
-        self.0.finish(id, token, finish).await
-    }
-    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        self.0.release(id, token).await
-    }
-    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        self.0.list(query).await
-    }
-    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
-        self.0.replace_seen(seen, new).await
-    }
 }
 
 /// A store that is down: every request fails.

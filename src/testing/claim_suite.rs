@@ -1,16 +1,28 @@
-//! The claim state machine's behaviour, written once and run against every
-//! store: `claim_suite!(make_store)` expands to one test per transition.
+//! The claim-store conformance suite: the claim state machine's behaviour,
+//! written once and run against every store, this crate's and yours.
+//! [`claim_suite!`](crate::claim_suite) expands to one test per transition;
+//! each function here is one of them, for a store the caller makes.
+//!
+//! A store must keep time by the `now_ms` it is given, not by its own clock
+//! (the suite moves a manual clock), and should delete records whose expiry
+//! has passed no earlier than that expiry in real time.
 
-use std::{sync::Arc, time::Duration};
-
-use serde_json::json;
-use sqs_once::{
-    claim::{Claim, ClaimPolicy, ClaimRecord, ClaimRequest, ClaimStatus, Claims, Lease},
-    clock::{Clock, ManualClock, SystemClock},
-    store::{ClaimStore, Fenced},
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
 };
 
-use super::{Counting, WithoutOldItem};
+use async_trait::async_trait;
+use serde_json::json;
+
+use crate::{
+    claim::{Claim, ClaimPolicy, ClaimRecord, ClaimRequest, ClaimStatus, Claims, Lease},
+    clock::{Clock, ManualClock, SystemClock},
+    store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError},
+};
 
 /// A start for a manual clock: the current time, rounded down to a second.
 /// Real time, because DynamoDB Local's TTL sweeper deletes records whose
@@ -22,15 +34,22 @@ const MARGIN: Duration = Duration::from_secs(2);
 
 /// A state machine over `store` with a manual clock at `t0`, no local cache
 /// unless `policy` says otherwise.
+#[allow(missing_debug_implementations)]
 pub struct Machine {
+    /// When the clock started.
     pub t0: u64,
+    /// The state machine, counting its requests to the store.
     pub claims: Claims,
+    /// The clock the state machine reads.
     pub clock: Arc<ManualClock>,
+    /// The store under test, for reading what it holds.
     pub store: Arc<dyn ClaimStore>,
+    /// The requests the state machine made.
     pub counting: Arc<Counting>,
 }
 
 impl Machine {
+    /// A state machine over `store` with `policy`.
     pub fn new(store: Arc<dyn ClaimStore>, policy: ClaimPolicy) -> Self {
         let t0 = now_s_ms();
         let clock = Arc::new(ManualClock::new(t0));
@@ -44,15 +63,18 @@ impl Machine {
         self.t0 + 30_000
     }
 
+    /// A state machine over `store` with the suite's policy ([`policy`]).
     pub fn plain(store: Arc<dyn ClaimStore>) -> Self {
         Self::new(store, policy())
     }
 
+    /// Claims `id` for `holder`; panics on a store error.
     pub async fn claim(&self, id: &str, body: &str, holder: &str) -> Claim {
         let request = ClaimRequest { id, body, deadline_ms: self.deadline(), holder, attempt: 1 };
         self.claims.claim(&request).await.expect("store error")
     }
 
+    /// Claims `id`, which must be won.
     pub async fn win(&self, id: &str) -> Lease {
         match self.claim(id, "{}", "holder-1").await {
             Claim::Won(lease) => lease,
@@ -60,15 +82,18 @@ impl Machine {
         }
     }
 
+    /// What the store holds for `id`.
     pub async fn stored(&self, id: &str) -> Option<ClaimRecord> {
         self.store.get(id).await.expect("store error")
     }
 }
 
+/// The suite's policy: a 2 s lease margin, no local cache.
 pub fn policy() -> ClaimPolicy {
     ClaimPolicy { lease_margin: MARGIN, local_cache_entries: 0, ..ClaimPolicy::default() }
 }
 
+/// Checks that a free key is won and recorded in progress.
 pub async fn a_free_key_is_won_and_recorded_in_progress(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-free").await;
@@ -83,6 +108,7 @@ pub async fn a_free_key_is_won_and_recorded_in_progress(store: Arc<dyn ClaimStor
     assert_eq!(record.claimed_at_ms, Some(m.t0));
 }
 
+/// Checks that a completed key is a duplicate.
 pub async fn a_completed_key_is_a_duplicate(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-done").await;
@@ -95,6 +121,7 @@ pub async fn a_completed_key_is_a_duplicate(store: Arc<dyn ClaimStore>) {
     assert_eq!(m.claim("k-done", "{}", "holder-2").await, Claim::Duplicate { result: None });
 }
 
+/// Checks that a live lease is a conflict.
 pub async fn a_live_lease_is_a_conflict(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     m.win("k-live").await;
@@ -106,6 +133,7 @@ pub async fn a_live_lease_is_a_conflict(store: Arc<dyn ClaimStore>) {
     assert!(matches!(m.claim("k-live", "{}", "holder-2").await, Claim::Conflict { .. }));
 }
 
+/// Checks that an ended lease is taken over and the old holder is fenced off.
 pub async fn an_ended_lease_is_taken_over_and_the_old_holder_is_fenced_off(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let old = m.win("k-stale").await;
@@ -119,9 +147,10 @@ pub async fn an_ended_lease_is_taken_over_and_the_old_holder_is_fenced_off(store
     assert_eq!((record.status, record.holder.as_deref()), (ClaimStatus::InProgress, Some("holder-2")));
     assert_eq!(m.claims.complete(&new, None).await.unwrap(), Fenced::Applied);
     assert_eq!(m.stored("k-stale").await.unwrap().status, ClaimStatus::Completed);
-    assert_eq!(m.claims.counters().refused.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(m.claims.counters().refused.load(Ordering::SeqCst), 3);
 }
 
+/// Checks that a retryable failure releases the key.
 pub async fn a_retryable_failure_releases_the_key(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-retry").await;
@@ -130,6 +159,7 @@ pub async fn a_retryable_failure_releases_the_key(store: Arc<dyn ClaimStore>) {
     m.win("k-retry").await;
 }
 
+/// Checks that a release that finds the key free is released.
 pub async fn a_release_that_finds_the_key_free_is_released(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-gone").await;
@@ -137,9 +167,10 @@ pub async fn a_release_that_finds_the_key_free_is_released(store: Arc<dyn ClaimS
     let seen = m.stored("k-gone").await;
     assert_eq!(m.store.replace_seen(seen.as_ref(), None).await.unwrap(), Fenced::Applied);
     assert_eq!(m.claims.release(&lease).await.unwrap(), Fenced::Applied);
-    assert_eq!(m.claims.counters().refused.load(std::sync::atomic::Ordering::SeqCst), 0, "not a takeover");
+    assert_eq!(m.claims.counters().refused.load(Ordering::SeqCst), 0, "not a takeover");
 }
 
+/// Checks that a permanent failure is kept until it expires.
 pub async fn a_permanent_failure_is_kept_until_it_expires(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-perm").await;
@@ -152,6 +183,7 @@ pub async fn a_permanent_failure_is_kept_until_it_expires(store: Arc<dyn ClaimSt
     m.win("k-perm").await;
 }
 
+/// Checks that an expired completion is claimed again.
 pub async fn an_expired_completion_is_claimed_again(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-exp").await;
@@ -162,6 +194,7 @@ pub async fn an_expired_completion_is_claimed_again(store: Arc<dyn ClaimStore>) 
     m.win("k-exp").await;
 }
 
+/// Checks that a live lease outlives the record expiry.
 pub async fn a_live_lease_outlives_the_record_expiry(store: Arc<dyn ClaimStore>) {
     // The lease (30 s + 2 s) is longer than the time a key is remembered (20 s).
     let policy = ClaimPolicy { expires_after: Duration::from_secs(20), ..policy() };
@@ -179,6 +212,7 @@ pub async fn a_live_lease_outlives_the_record_expiry(store: Arc<dyn ClaimStore>)
     assert!(matches!(m.claim("k-long", "{}", "h2").await, Claim::Conflict { .. }));
 }
 
+/// Checks that an in progress record without a lease waits for its expiry.
 pub async fn an_in_progress_record_without_a_lease_waits_for_its_expiry(store: Arc<dyn ClaimStore>) {
     // Written by a tool that knew no invocation deadline.
     let m = Machine::plain(store.clone());
@@ -196,13 +230,14 @@ pub async fn an_in_progress_record_without_a_lease_waits_for_its_expiry(store: A
         result: None,
         error: None,
     };
-    assert_eq!(store.put_if_free(&foreign, m.t0).await.unwrap(), sqs_once::store::PutOutcome::Claimed);
+    assert_eq!(store.put_if_free(&foreign, m.t0).await.unwrap(), PutOutcome::Claimed);
     let retry_after = Duration::from_millis(61_000);
     assert_eq!(m.claim("k-foreign", "{}", "h").await, Claim::Conflict { retry_after });
     m.clock.set(m.t0 + 61_000);
     m.win("k-foreign").await;
 }
 
+/// Checks that payload validation refuses another body.
 pub async fn payload_validation_refuses_another_body(store: Arc<dyn ClaimStore>) {
     let policy = ClaimPolicy { validate_payload: true, ..policy() };
     let m = Machine::new(store, policy);
@@ -216,6 +251,7 @@ pub async fn payload_validation_refuses_another_body(store: Arc<dyn ClaimStore>)
     assert_eq!(m.claim("k-pay", r#"{"amount":1}"#, "h2").await, Claim::Duplicate { result: None });
 }
 
+/// Checks that results are stored unless too large.
 pub async fn results_are_stored_unless_too_large(store: Arc<dyn ClaimStore>) {
     let policy = ClaimPolicy { store_result: true, max_result_bytes: 64, ..policy() };
     let m = Machine::new(store, policy);
@@ -232,6 +268,7 @@ pub async fn results_are_stored_unless_too_large(store: Arc<dyn ClaimStore>) {
     assert_eq!((record.status, record.result), (ClaimStatus::Completed, None));
 }
 
+/// Checks that the local cache answers duplicates without a request.
 pub async fn the_local_cache_answers_duplicates_without_a_request(store: Arc<dyn ClaimStore>) {
     let policy = ClaimPolicy { local_cache_entries: 16, ..policy() };
     let m = Machine::new(store, policy);
@@ -246,6 +283,7 @@ pub async fn the_local_cache_answers_duplicates_without_a_request(store: Arc<dyn
     assert_eq!(m.counting.take(), 1);
 }
 
+/// Checks that requests per path meet the floor.
 pub async fn requests_per_path_meet_the_floor(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
     let lease = m.win("k-count").await;
@@ -258,6 +296,7 @@ pub async fn requests_per_path_meet_the_floor(store: Arc<dyn ClaimStore>) {
     assert_eq!(m.counting.take(), 2, "handler failure: claim + release");
 }
 
+/// Checks that a store that does not return the old record is read once.
 pub async fn a_store_that_does_not_return_the_old_record_is_read_once(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(Arc::new(WithoutOldItem(store)));
     let lease = m.win("k-noitem").await;
@@ -291,15 +330,28 @@ pub async fn concurrent_claims_have_one_winner(store: Arc<dyn ClaimStore>, claim
     }
 }
 
-/// One test per transition for the store that `$make` (an async expression
-/// giving `Arc<dyn ClaimStore>`) builds.
+/// One test per transition for the store that `$make` (an expression, which
+/// may `.await`, giving `Arc<dyn ClaimStore>`) builds; each test makes its own.
+/// The tests are `#[tokio::test]`s, so the calling crate needs `tokio` with
+/// the `macros` and `rt-multi-thread` features.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use sqs_once::store::{ClaimStore, MemoryStore};
+///
+/// fn store() -> Arc<dyn ClaimStore> {
+///     Arc::new(MemoryStore::default())
+/// }
+///
+/// sqs_once::claim_suite!(store());
+/// ```
 #[macro_export]
 macro_rules! claim_suite {
     ($make:expr, $($name:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                common::claim_suite::$name($make).await;
+                $crate::testing::claim_suite::$name($make).await;
             }
         )*
     };
@@ -321,6 +373,95 @@ macro_rules! claim_suite {
             the_local_cache_answers_duplicates_without_a_request,
             requests_per_path_meet_the_floor,
             a_store_that_does_not_return_the_old_record_is_read_once,
+            thirty_two_claimants_of_one_key_have_one_winner,
         );
     };
+}
+
+/// 32 claimants race for one key, 50 times over.
+pub async fn thirty_two_claimants_of_one_key_have_one_winner(store: Arc<dyn ClaimStore>) {
+    concurrent_claims_have_one_winner(store, 32, 50).await;
+}
+
+/// Wraps a store and counts the requests made to it.
+#[allow(missing_debug_implementations)]
+pub struct Counting {
+    /// The store counted.
+    pub inner: Arc<dyn ClaimStore>,
+    /// Requests so far.
+    pub requests: AtomicUsize,
+}
+
+impl Counting {
+    /// Counts the requests made to `inner`.
+    pub fn new(inner: Arc<dyn ClaimStore>) -> Arc<Self> {
+        Arc::new(Self { inner, requests: AtomicUsize::new(0) })
+    }
+
+    /// The requests made since the last call, and a new count from zero.
+    pub fn take(&self) -> usize {
+        self.requests.swap(0, Ordering::SeqCst)
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl ClaimStore for Counting {
+    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        self.count();
+        self.inner.put_if_free(record, now_ms).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        self.count();
+        self.inner.get(id).await
+    }
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        self.count();
+        self.inner.finish(id, token, finish).await
+    }
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        self.count();
+        self.inner.release(id, token).await
+    }
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.count();
+        self.inner.list(query).await
+    }
+    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+        self.count();
+        self.inner.replace_seen(seen, new).await
+    }
+}
+
+/// Wraps a store so that a taken key comes back without the old record, as
+/// stores that cannot return it in the same request answer.
+#[allow(missing_debug_implementations)]
+pub struct WithoutOldItem(pub Arc<dyn ClaimStore>);
+
+#[async_trait]
+impl ClaimStore for WithoutOldItem {
+    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        Ok(match self.0.put_if_free(record, now_ms).await? {
+            PutOutcome::Taken(_) => PutOutcome::Taken(None),
+            claimed => claimed,
+        })
+    }
+    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        self.0.get(id).await
+    }
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        self.0.finish(id, token, finish).await
+    }
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        self.0.release(id, token).await
+    }
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.0.list(query).await
+    }
+    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+        self.0.replace_seen(seen, new).await
+    }
 }

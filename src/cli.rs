@@ -1,0 +1,466 @@
+//! The command line every consumer binary shares, so that a crate of one's
+//! own gets all of it from [`run`](crate::run): the Lambda function when
+//! `AWS_LAMBDA_RUNTIME_API` is set, otherwise the offline `invoke`, the `poll`
+//! consumer, and the operator's `create-table` and `claims` commands.
+//!
+//! This is the binary's edge: errors are reported with their context here,
+//! as one line on standard error and an exit code.
+
+use std::{
+    fmt::Display,
+    io::{IsTerminal, Read},
+    path::PathBuf,
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+use crate::{
+    BoxHandler, Handler,
+    claim::{ClaimRecord, ClaimStatus},
+    clock::{Clock, SystemClock},
+    config::{Config, StoreChoice},
+    engine::Invocation,
+    event::parse_event,
+    metrics::{Extra, emf_line},
+    operator::{Action, Operator, timestamp},
+    poll::{PollOptions, Poller},
+    redelivery::RedeliveryPolicy,
+    sqs::Sqs,
+    startup,
+    store::ClaimQuery,
+};
+
+/// Effectively-once processing of SQS batches.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Process one SQS event offline and print the partial-batch response.
+    Invoke {
+        /// The event file; `-` or nothing reads standard input.
+        file: Option<PathBuf>,
+        /// Seconds the invocation may take, as a function timeout would allow.
+        #[arg(long, default_value_t = 30.0)]
+        timeout: f64,
+        /// Also print, on standard error, the metrics line the Lambda function would publish.
+        #[arg(long)]
+        metrics: bool,
+        /// Also act on failed records through SQS as the Lambda function does (visibility back-off,
+        /// dead-letter queue); the event's receipt handles and queue ARN must be real.
+        #[arg(long)]
+        sqs: bool,
+    },
+    /// Consume a queue directly, outside Lambda: long polling, deleting what succeeded, until SIGINT or SIGTERM.
+    Poll {
+        /// The queue URL.
+        #[arg(long, env = "SQS_ONCE_QUEUE_URL")]
+        queue_url: String,
+        /// ReceiveMessage calls in flight at once.
+        #[arg(long, default_value_t = 2)]
+        receivers: usize,
+        /// Messages received and not yet settled, at most.
+        #[arg(long, default_value_t = 100)]
+        max_in_flight: usize,
+        /// Seconds a ReceiveMessage waits for messages (long polling, 0 to 20).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=20))]
+        wait_secs: u64,
+        /// Seconds each record may take from its receipt; defaults to the queue's visibility timeout.
+        #[arg(long)]
+        timeout: Option<f64>,
+    },
+    /// Create the DynamoDB claim table (on-demand, TTL on the expiry attribute).
+    CreateTable {
+        /// The table name; defaults to SQS_ONCE_TABLE.
+        #[arg(long)]
+        table: Option<String>,
+    },
+    /// Find stuck and failed work, and act on it (exit 0 found/done, 1 not found, 2 refused, 3 error).
+    #[command(subcommand)]
+    Claims(ClaimsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClaimsCommand {
+    /// List claims: by default the open ones (in progress and failed).
+    List {
+        /// Only claims in this state.
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
+        /// Only in-progress claims whose lease has ended: work that crashed.
+        #[arg(long)]
+        stale: bool,
+        /// At most this many claims.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// JSON for scripts instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one claim.
+    Show {
+        #[command(flatten)]
+        target: Target,
+        /// JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a failed or stale claim so that the next delivery runs again.
+    Release {
+        #[command(flatten)]
+        target: Target,
+        /// Also release a live lease or a completed claim.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Mark a key done by hand, so that its deliveries are duplicates.
+    Complete {
+        #[command(flatten)]
+        target: Target,
+        /// Also complete a claim whose lease is live.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Which claim: the key as the user knows it, or the stored id.
+#[derive(Debug, clap::Args)]
+struct Target {
+    /// The key as in the message (e.g. the messageId or body field value); one value per part of a
+    /// composite SQS_ONCE_KEY. Prefix and hashing are applied as configured.
+    #[arg(required_unless_present = "id", conflicts_with = "id")]
+    key: Vec<String>,
+    /// The stored id itself, as `claims list` prints it.
+    #[arg(long)]
+    id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum StatusArg {
+    InProgress,
+    Failed,
+    Completed,
+}
+
+/// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
+/// function inside Lambda, otherwise the command line (`invoke`, `poll`,
+/// `claims`, `create-table`), with the same settings, output and exit codes.
+///
+/// A consumer crate of one's own is then, besides its handler:
+///
+/// ```no_run
+/// use sqs_once::{Handler, HandlerResult, Record};
+///
+/// struct MyHandler;
+///
+/// impl Handler for MyHandler {
+///     async fn handle(&self, record: &Record) -> HandlerResult {
+///         println!("{}", record.body);
+///         Ok(None)
+///     }
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> std::process::ExitCode {
+///     sqs_once::run(MyHandler).await
+/// }
+/// ```
+pub async fn run<H: Handler>(handler: H) -> ExitCode {
+    run_with(move |_: &Config| Ok::<BoxHandler, std::convert::Infallible>(Arc::new(handler))).await
+}
+
+/// [`run`], with the handler built from the settings once they are read,
+/// and only by the commands that run it (`claims` and `create-table` do not).
+/// An error building it stops the start with its message: inside Lambda it
+/// is reported as the init error.
+///
+/// The bundled binary chooses its handler by `SQS_ONCE_HANDLER` this way:
+///
+/// ```no_run
+/// use sqs_once::handlers;
+///
+/// #[tokio::main]
+/// async fn main() -> std::process::ExitCode {
+///     sqs_once::run_with(|config| handlers::build(config.handler.as_deref().unwrap_or(handlers::DEFAULT))).await
+/// }
+/// ```
+pub async fn run_with<E: Display>(build: impl FnOnce(&Config) -> Result<BoxHandler, E>) -> ExitCode {
+    let cli = Cli::parse();
+    let lambda = cli.command.is_none() && std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    // `claims` keeps 1 and 2 for "not found" and "refused".
+    let error_code = if matches!(cli.command, Some(Command::Claims(_))) { 3 } else { 1 };
+    init_logging(lambda);
+    let build = |config: &Config| build(config).map_err(|error| anyhow::anyhow!("{error}"));
+    match command(cli, build).await {
+        Ok(code) => code.unwrap_or(ExitCode::SUCCESS),
+        Err(error) => {
+            eprintln!("sqs-once: {error:#}");
+            ExitCode::from(error_code)
+        }
+    }
+}
+
+/// How a command builds the handler, if it runs one.
+trait Build: FnOnce(&Config) -> anyhow::Result<BoxHandler> {}
+impl<F: FnOnce(&Config) -> anyhow::Result<BoxHandler>> Build for F {}
+
+async fn command(cli: Cli, build: impl Build) -> anyhow::Result<Option<ExitCode>> {
+    match cli.command {
+        Some(Command::Invoke { file, timeout, metrics, sqs }) => invoke(file, timeout, metrics, sqs, build).await,
+        Some(Command::Poll { queue_url, receivers, max_in_flight, wait_secs, timeout }) => {
+            let timeout = timeout.map(seconds).transpose()?;
+            let options = PollOptions { receivers, max_in_flight, wait: Duration::from_secs(wait_secs), timeout };
+            poll(queue_url, options, build).await
+        }
+        Some(Command::CreateTable { table }) => create_table(table).await,
+        Some(Command::Claims(command)) => claims(command).await,
+        None if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() => lambda(build).await,
+        None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
+    }
+}
+
+/// The settings and the consumer they describe around the handler `build` makes.
+async fn consumer(config: &Config, build: impl Build) -> anyhow::Result<startup::Consumer> {
+    let handler = build(config)?;
+    Ok(startup::consumer(config, handler).await?)
+}
+
+/// The Lambda function. Configuration and clients are built once, before the
+/// loop; an error there fails the init phase with one clear line.
+async fn lambda(build: impl Build) -> anyhow::Result<Option<ExitCode>> {
+    let started = async {
+        let config = Config::from_env()?;
+        let consumer = consumer(&config, build).await?;
+        anyhow::Ok((config, consumer))
+    };
+    let (config, consumer) = match started.await {
+        Ok(started) => started,
+        Err(error) => {
+            crate::lambda::report_init_error("Runtime.ConfigError", &format!("{error:#}"));
+            return Err(error);
+        }
+    };
+    crate::lambda::run(consumer, config.metrics).await.map_err(|error| anyhow::anyhow!(error))?;
+    Ok(None)
+}
+
+/// A positive `--timeout`.
+fn seconds(timeout: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(timeout)
+        .ok()
+        .filter(|timeout| !timeout.is_zero())
+        .context("--timeout must be a positive number of seconds")
+}
+
+async fn invoke(
+    file: Option<PathBuf>,
+    timeout: f64,
+    metrics: bool,
+    sqs: bool,
+    build: impl Build,
+) -> anyhow::Result<Option<ExitCode>> {
+    let timeout = seconds(timeout)?;
+    let (name, text) = read_event(file)?;
+    let event = serde_json::from_str(&text).with_context(|| format!("{name} is not valid JSON"))?;
+    // The text is not needed once parsed; a 10,000-record event is megabytes.
+    drop(text);
+    let records = parse_event(event).with_context(|| format!("{name} cannot be processed"))?;
+    let mut config = Config::from_env()?;
+    if !sqs {
+        // Offline events carry made-up receipt handles: leave SQS alone.
+        config.redelivery = RedeliveryPolicy::default();
+    }
+    let consumer = consumer(&config, build).await?;
+    let invocation = Invocation {
+        deadline: SystemTime::now() + timeout,
+        request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
+    };
+    let handled = consumer.handle(&records, &invocation).await;
+    println!("{}", serde_json::to_string(&handled.response)?);
+    if metrics {
+        let extra = Extra { redelivery: handled.redelivery, ..consumer.extra() };
+        eprintln!("{}", emf_line(&config.metrics, &handled.report, extra, SystemClock.now_ms()));
+    }
+    Ok(None)
+}
+
+/// `poll`: runs until SIGINT or SIGTERM, then prints what it did as JSON.
+async fn poll(queue_url: String, options: PollOptions, build: impl Build) -> anyhow::Result<Option<ExitCode>> {
+    let shutdown = crate::poll::interrupted();
+    let config = Config::from_env()?;
+    let consumer = consumer(&config, build).await?;
+    let sqs = match &consumer.redelivery {
+        Some(redelivery) => redelivery.sqs().clone(),
+        None => Sqs::new(&crate::aws::sdk_config().await),
+    };
+    let poller =
+        Poller::new(consumer, sqs, &queue_url, options).await.with_context(|| format!("cannot poll {queue_url}"))?;
+    let summary = poller.run(shutdown).await;
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(None)
+}
+
+async fn create_table(table: Option<String>) -> anyhow::Result<Option<ExitCode>> {
+    let config = Config::from_lookup(|name| match (name, &table) {
+        ("SQS_ONCE_TABLE", Some(table)) => Some(table.clone()),
+        _ => std::env::var(name).ok(),
+    })?;
+    let StoreChoice::DynamoDb(layout) = config.store else {
+        bail!("no table to create: set SQS_ONCE_TABLE or pass --table NAME");
+    };
+    let (store, _) = startup::dynamodb_store(layout).await;
+    let layout = store.layout();
+    let created = store.create_table().await.with_context(|| format!("cannot create table {}", layout.table))?;
+    let state = if created { "created" } else { "already exists" };
+    println!("table {} {state}; TTL on `{}`", layout.table, layout.attributes.expiry);
+    Ok(None)
+}
+
+async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
+    let mut config = Config::from_env()?;
+    // One request at a time: nothing to batch, and no batch permissions needed.
+    config.dynamodb_batching = false;
+    let (store, _) = startup::store(&config).await?;
+    let operator = Operator::new(store, Arc::new(SystemClock), config.claims.expires_after);
+    let id = |target: Target| target.id.unwrap_or_else(|| config.key_deriver().stored_id(&target.key));
+    let action = match command {
+        ClaimsCommand::List { status, stale, limit, json } => {
+            let status = status.map(|status| match status {
+                StatusArg::InProgress => ClaimStatus::InProgress,
+                StatusArg::Failed => ClaimStatus::Failed,
+                StatusArg::Completed => ClaimStatus::Completed,
+            });
+            let query = ClaimQuery { status, stale_at_ms: stale.then(|| operator.now_ms()), limit };
+            let listing = operator.list(&query).await?;
+            print_claims(&listing.records, operator.now_ms(), json);
+            return Ok(None);
+        }
+        ClaimsCommand::Show { target, json } => {
+            return Ok(match operator.show(&id(target)).await? {
+                Some(claim) => {
+                    print_claims(std::slice::from_ref(&claim), operator.now_ms(), json);
+                    None
+                }
+                None => {
+                    eprintln!("no claim found");
+                    Some(ExitCode::from(1))
+                }
+            });
+        }
+        ClaimsCommand::Release { target, force } => operator.release(&id(target), force).await?,
+        ClaimsCommand::Complete { target, force } => operator.complete(&id(target), force).await?,
+    };
+    Ok(match action {
+        Action::Done(what) => {
+            println!("{what}");
+            None
+        }
+        Action::NotFound => {
+            eprintln!("no claim found");
+            Some(ExitCode::from(1))
+        }
+        Action::Refused(why) => {
+            eprintln!("refused: {why}");
+            Some(ExitCode::from(2))
+        }
+    })
+}
+
+/// Claims as an aligned table, or as JSON.
+fn print_claims(claims: &[ClaimRecord], now_ms: u64, json: bool) {
+    if json {
+        let rows: Vec<serde_json::Value> = claims
+            .iter()
+            .map(|claim| {
+                serde_json::json!({
+                    "id": claim.id,
+                    "status": claim.status.as_str(),
+                    "stale": claim.is_stale(now_ms),
+                    "holder": claim.holder,
+                    "attempt": claim.attempt,
+                    "claimed_at_ms": claim.claimed_at_ms,
+                    "lease_until_ms": claim.lease_until_ms,
+                    "expires_at_s": claim.expires_at_s,
+                    "error": claim.error,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::from(rows));
+        return;
+    }
+    let time = |ms: Option<u64>| ms.map(timestamp).unwrap_or_else(|| "-".into());
+    let mut rows =
+        vec![["KEY", "STATUS", "HOLDER", "ATTEMPT", "CLAIMED", "LEASE ENDS", "EXPIRES", "ERROR"].map(String::from)];
+    rows.extend(claims.iter().map(|claim| {
+        let status = if claim.is_stale(now_ms) { "INPROGRESS (stale)" } else { claim.status.as_str() };
+        [
+            claim.id.clone(),
+            status.to_owned(),
+            claim.holder.clone().unwrap_or_else(|| "-".into()),
+            claim.attempt.map_or_else(|| "-".into(), |attempt| attempt.to_string()),
+            time(claim.claimed_at_ms),
+            time(claim.lease_until_ms),
+            timestamp(claim.expires_at_s * 1000),
+            claim.error.clone().unwrap_or_else(|| "-".into()),
+        ]
+    }));
+    let widths: Vec<usize> = (0..8).map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0)).collect();
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:width$}")).collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+}
+
+/// The event's text, and a name for it in error messages.
+fn read_event(file: Option<PathBuf>) -> anyhow::Result<(String, String)> {
+    match file.filter(|path| path.as_os_str() != "-") {
+        Some(path) => {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {name}"))?;
+            Ok((name, text))
+        }
+        None => {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).context("cannot read standard input")?;
+            Ok(("standard input".to_owned(), text))
+        }
+    }
+}
+
+/// Logs go to standard error, so standard output carries only the answer (and,
+/// in Lambda, the metrics). In Lambda, `AWS_LAMBDA_LOG_FORMAT=JSON` switches to
+/// JSON lines and `AWS_LAMBDA_LOG_LEVEL` sets the level; `SQS_ONCE_LOG`, then
+/// `RUST_LOG`, take precedence as a full filter.
+fn init_logging(lambda: bool) {
+    let lambda_level = lambda.then(|| std::env::var("AWS_LAMBDA_LOG_LEVEL").ok()).flatten();
+    let filter = ["SQS_ONCE_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|name| tracing_subscriber::EnvFilter::try_from_env(name).ok())
+        .unwrap_or_else(|| {
+            // Lambda's levels are TRACE to FATAL; tracing's stop at ERROR.
+            let level = match lambda_level.map(|level| level.to_ascii_lowercase()).as_deref() {
+                Some(level @ ("trace" | "debug" | "info" | "warn" | "error")) => level.to_owned(),
+                Some("fatal") => "error".to_owned(),
+                _ => "info".to_owned(),
+            };
+            tracing_subscriber::EnvFilter::new(format!("{level},aws_config=error"))
+        });
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    if lambda && std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|format| format.eq_ignore_ascii_case("json")) {
+        // A subscriber the program installed before stays.
+        let _ = logs.json().flatten_event(true).with_span_list(false).try_init();
+    } else {
+        let _ = logs.with_ansi(std::io::stderr().is_terminal()).try_init();
+    }
+    // A handler's panic fails only its record, and the engine logs it there;
+    // one line here says where it happened, without a backtrace per record.
+    std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
+}
