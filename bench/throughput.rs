@@ -75,6 +75,7 @@ async fn ceiling(store: &DynamoDbStore, count: usize, concurrency: usize) -> Val
                 token: Some(uuid::Uuid::new_v4().simple().to_string()),
                 holder: Some("bench".into()),
                 attempt: Some(1),
+                message_id: Some(format!("m-{n}")),
                 claimed_at_ms: Some(now_ms),
                 updated_at_ms: Some(now_ms),
                 payload_hash: None,

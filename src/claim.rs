@@ -87,6 +87,10 @@ pub struct ClaimRecord {
     pub holder: Option<String>,
     /// The SQS delivery attempt (`ApproximateReceiveCount`) that made the claim.
     pub attempt: Option<u32>,
+    /// The SQS message id of the delivery that made the claim; for a failed
+    /// claim, also the delivery whose handler failed it (only the holder of
+    /// a claim runs its handler).
+    pub message_id: Option<String>,
     /// When the claim was made, epoch milliseconds.
     pub claimed_at_ms: Option<u64>,
     /// When the claim last changed, epoch milliseconds.
@@ -116,7 +120,7 @@ impl ClaimRecord {
     ///     expires_at_s: 1_000,           // the record's expiry has passed at 2,000 s...
     ///     lease_until_ms: Some(3_000_000), // ...but its lease runs until 3,000 s
     ///     token: Some("t".into()),
-    ///     holder: None, attempt: None, claimed_at_ms: None, updated_at_ms: None,
+    ///     holder: None, attempt: None, message_id: None, claimed_at_ms: None, updated_at_ms: None,
     ///     payload_hash: None, result: None, error: None,
     /// };
     /// assert!(!claim.is_free(2_000_000), "a live lease is never taken over");
@@ -173,6 +177,8 @@ pub struct ClaimRequest<'a> {
     pub holder: &'a str,
     /// The SQS delivery attempt.
     pub attempt: u32,
+    /// The SQS message id of the delivery.
+    pub message_id: &'a str,
 }
 
 /// A claim that was won: the right to run the handler until `lease_until_ms`.
@@ -293,7 +299,7 @@ const CONTENDED_RETRIES: usize = 2;
 /// use sqs_once::{claim::{Claim, ClaimRequest, Claims}, store::MemoryStore};
 ///
 /// let claims = Claims::new(Arc::new(MemoryStore::default()));
-/// let request = ClaimRequest { id: "orders#o-1", body: "{}", deadline_ms: u64::MAX / 2, holder: "me", attempt: 1 };
+/// let request = ClaimRequest { id: "orders#o-1", body: "{}", deadline_ms: u64::MAX / 2, holder: "me", attempt: 1, message_id: "m-1" };
 /// let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("key was free") };
 /// claims.complete(&lease, None).await.unwrap();
 /// assert_eq!(claims.claim(&request).await.unwrap(), Claim::Duplicate { result: None });
@@ -400,6 +406,7 @@ impl Claims {
             token: Some(claim_token()),
             holder: Some(request.holder.to_owned()),
             attempt: Some(request.attempt),
+            message_id: Some(request.message_id.to_owned()),
             claimed_at_ms: Some(now_ms),
             updated_at_ms: Some(now_ms),
             payload_hash,

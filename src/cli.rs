@@ -131,16 +131,20 @@ enum ClaimsCommand {
     },
 }
 
-/// Which claim: the key as the user knows it, or the stored id.
+/// Which claim: the key as the user knows it, the stored id, or the message
+/// id of the delivery that claimed it.
 #[derive(Debug, clap::Args)]
 struct Target {
     /// The key as in the message (e.g. the messageId or body field value); one value per part of a
     /// composite SQS_ONCE_KEY. Prefix and hashing are applied as configured.
-    #[arg(required_unless_present = "id", conflicts_with = "id")]
+    #[arg(required_unless_present_any = ["id", "message_id"], conflicts_with_all = ["id", "message_id"])]
     key: Vec<String>,
     /// The stored id itself, as `claims list` prints it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "message_id")]
     id: Option<String>,
+    /// The SQS message id of the delivery that made the claim, as `claims list` and the logs print it.
+    #[arg(long)]
+    message_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -330,7 +334,14 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
     config.dynamodb_batching = false;
     let (store, _) = startup::store(&config).await?;
     let operator = Operator::new(store, Arc::new(SystemClock), config.claims.expires_after);
-    let id = |target: Target| target.id.unwrap_or_else(|| config.key_deriver().stored_id(&target.key));
+    // The stored id a target names; `None` when no claim has its message id.
+    let id = async |target: Target| -> anyhow::Result<Option<String>> {
+        Ok(match (target.id, target.message_id) {
+            (Some(id), _) => Some(id),
+            (None, Some(message_id)) => operator.find_by_message_id(&message_id).await?.map(|claim| claim.id),
+            (None, None) => Some(config.key_deriver().stored_id(&target.key)),
+        })
+    };
     let action = match command {
         ClaimsCommand::List { status, stale, limit, json } => {
             let status = status.map(|status| match status {
@@ -338,13 +349,17 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
                 StatusArg::Failed => ClaimStatus::Failed,
                 StatusArg::Completed => ClaimStatus::Completed,
             });
-            let query = ClaimQuery { status, stale_at_ms: stale.then(|| operator.now_ms()), limit };
+            let query = ClaimQuery { status, stale_at_ms: stale.then(|| operator.now_ms()), message_id: None, limit };
             let listing = operator.list(&query).await?;
             print_claims(&listing.records, operator.now_ms(), json);
             return Ok(None);
         }
         ClaimsCommand::Show { target, json } => {
-            return Ok(match operator.show(&id(target)).await? {
+            let found = match id(target).await? {
+                Some(id) => operator.show(&id).await?,
+                None => None,
+            };
+            return Ok(match found {
                 Some(claim) => {
                     print_claims(std::slice::from_ref(&claim), operator.now_ms(), json);
                     None
@@ -355,8 +370,14 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
                 }
             });
         }
-        ClaimsCommand::Release { target, force } => operator.release(&id(target), force).await?,
-        ClaimsCommand::Complete { target, force } => operator.complete(&id(target), force).await?,
+        ClaimsCommand::Release { target, force } => match id(target).await? {
+            Some(id) => operator.release(&id, force).await?,
+            None => Action::NotFound,
+        },
+        ClaimsCommand::Complete { target, force } => match id(target).await? {
+            Some(id) => operator.complete(&id, force).await?,
+            None => Action::NotFound,
+        },
     };
     Ok(match action {
         Action::Done(what) => {
@@ -386,6 +407,7 @@ fn print_claims(claims: &[ClaimRecord], now_ms: u64, json: bool) {
                     "stale": claim.is_stale(now_ms),
                     "holder": claim.holder,
                     "attempt": claim.attempt,
+                    "message_id": claim.message_id,
                     "claimed_at_ms": claim.claimed_at_ms,
                     "lease_until_ms": claim.lease_until_ms,
                     "expires_at_s": claim.expires_at_s,
@@ -397,13 +419,16 @@ fn print_claims(claims: &[ClaimRecord], now_ms: u64, json: bool) {
         return;
     }
     let time = |ms: Option<u64>| ms.map(timestamp).unwrap_or_else(|| "-".into());
-    let mut rows =
-        vec![["KEY", "STATUS", "HOLDER", "ATTEMPT", "CLAIMED", "LEASE ENDS", "EXPIRES", "ERROR"].map(String::from)];
+    let mut rows = vec![
+        ["KEY", "STATUS", "MESSAGE ID", "HOLDER", "ATTEMPT", "CLAIMED", "LEASE ENDS", "EXPIRES", "ERROR"]
+            .map(String::from),
+    ];
     rows.extend(claims.iter().map(|claim| {
         let status = if claim.is_stale(now_ms) { "INPROGRESS (stale)" } else { claim.status.as_str() };
         [
             claim.id.clone(),
             status.to_owned(),
+            claim.message_id.clone().unwrap_or_else(|| "-".into()),
             claim.holder.clone().unwrap_or_else(|| "-".into()),
             claim.attempt.map_or_else(|| "-".into(), |attempt| attempt.to_string()),
             time(claim.claimed_at_ms),
@@ -412,7 +437,8 @@ fn print_claims(claims: &[ClaimRecord], now_ms: u64, json: bool) {
             claim.error.clone().unwrap_or_else(|| "-".into()),
         ]
     }));
-    let widths: Vec<usize> = (0..8).map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> =
+        (0..rows[0].len()).map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0)).collect();
     for row in rows {
         let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:width$}")).collect();
         println!("{}", cells.join("  ").trim_end());

@@ -513,8 +513,14 @@ impl Engine {
         holder: &str,
         progress: &Mutex<Progress>,
     ) -> (Outcome, Duration) {
-        let request =
-            ClaimRequest { id: &record.key, body: &record.body, deadline_ms, holder, attempt: record.receive_count };
+        let request = ClaimRequest {
+            id: &record.key,
+            body: &record.body,
+            deadline_ms,
+            holder,
+            attempt: record.receive_count,
+            message_id: &record.message_id,
+        };
         let started = Instant::now();
         let claim = self.inner.claims.claim(&request).await;
         let claim_latency = started.elapsed();

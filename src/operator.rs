@@ -62,6 +62,35 @@ impl Operator {
         self.store.get(id).await
     }
 
+    /// The claim made by the delivery with SQS message id `message_id`. Open
+    /// claims (in progress, failed) are looked up first, as the DynamoDB
+    /// store's index serves them; completed ones after, which on DynamoDB
+    /// reads the whole table.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use std::{sync::Arc, time::Duration};
+    /// use sqs_once::{claim::{ClaimRequest, Claims}, clock::SystemClock, operator::Operator, store::MemoryStore};
+    ///
+    /// let store = Arc::new(MemoryStore::default());
+    /// let request = ClaimRequest { id: "orders#o-1", body: "{}", deadline_ms: u64::MAX / 2, holder: "h", attempt: 1, message_id: "m-7" };
+    /// Claims::new(store.clone()).claim(&request).await.unwrap();
+    /// let operator = Operator::new(store, Arc::new(SystemClock), Duration::from_secs(3600));
+    /// assert_eq!(operator.find_by_message_id("m-7").await.unwrap().unwrap().id, "orders#o-1");
+    /// assert!(operator.find_by_message_id("m-8").await.unwrap().is_none());
+    /// # });
+    /// ```
+    pub async fn find_by_message_id(&self, message_id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+        for status in [None, Some(ClaimStatus::Completed)] {
+            let query =
+                ClaimQuery { status, message_id: Some(message_id.to_owned()), limit: 1, ..ClaimQuery::default() };
+            if let Some(claim) = self.store.list(&query).await?.records.into_iter().next() {
+                return Ok(Some(claim));
+            }
+        }
+        Ok(None)
+    }
+
     /// Deletes a failed or stale claim so that a redelivery runs again. A live
     /// lease (someone is running it) and a completed claim (it would run twice)
     /// are refused unless `force`.
@@ -96,6 +125,7 @@ impl Operator {
             token: Some(format!("operator-{now_ms}")),
             holder: Some("operator".into()),
             attempt: seen.as_ref().and_then(|seen| seen.attempt),
+            message_id: seen.as_ref().and_then(|seen| seen.message_id.clone()),
             claimed_at_ms: Some(seen.as_ref().and_then(|seen| seen.claimed_at_ms).unwrap_or(now_ms)),
             updated_at_ms: Some(now_ms),
             payload_hash: seen.as_ref().and_then(|seen| seen.payload_hash.clone()),

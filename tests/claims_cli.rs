@@ -139,8 +139,23 @@ async fn a_key_completed_by_hand_is_a_duplicate(setup: Setup) {
     let failed = setup.list(&["--status", "failed"]);
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["error"], "demo: asked to fail (permanent)");
+    assert_eq!(failed[0]["message_id"], "m-fail", "the delivery that claimed and failed it");
+    let table = setup.run(&["claims", "list", "--status", "failed"]);
+    let header = String::from_utf8_lossy(&table.stdout).lines().next().unwrap().to_owned();
+    assert!(header.contains("MESSAGE ID"), "{header}");
+    assert!(String::from_utf8_lossy(&table.stdout).contains("m-fail"), "{}", text(&table));
     assert_eq!(setup.list(&["--status", "completed"]).len(), 2);
-    assert_eq!(setup.run(&["claims", "release", "m-fail"]).status.code(), Some(0));
+
+    // Found by the message id alone: a failed claim (open), and a completed one.
+    for (message_id, status) in [("m-fail", "FAILED"), ("m-other", "COMPLETED")] {
+        let shown = setup.run(&["claims", "show", "--message-id", message_id, "--json"]);
+        assert_eq!(shown.status.code(), Some(0), "{}", text(&shown));
+        let shown = &serde_json::from_slice::<Value>(&shown.stdout).unwrap()[0];
+        assert_eq!((shown["status"].as_str(), shown["message_id"].as_str()), (Some(status), Some(message_id)));
+    }
+    assert_eq!(setup.run(&["claims", "show", "--message-id", "m-unknown"]).status.code(), Some(1));
+    assert_eq!(setup.run(&["claims", "release", "--message-id", "m-fail"]).status.code(), Some(0));
+    assert!(setup.list(&["--status", "failed"]).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

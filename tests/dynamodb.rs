@@ -228,7 +228,7 @@ async fn a_claim_without_the_old_item_reads_it_once_consistently() {
         Arc::new(SystemClock),
     );
     let deadline_ms = sqs_once::clock::Clock::now_ms(&SystemClock) + 60_000;
-    let request = ClaimRequest { id: "k", body: "{}", deadline_ms, holder: "h", attempt: 1 };
+    let request = ClaimRequest { id: "k", body: "{}", deadline_ms, holder: "h", attempt: 1, message_id: "m" };
     let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("key was free") };
     let before = requests.snapshot();
     assert!(matches!(claims.claim(&request).await.unwrap(), Claim::Conflict { .. }));
@@ -400,7 +400,7 @@ async fn open_claims_spread_over_index_partitions_and_list_exactly() {
     let deadline_ms = SystemClock.now_ms() + 60_000;
     for n in 0..60 {
         let id = format!("test#k-{n}");
-        let request = ClaimRequest { id: &id, body: "{}", deadline_ms, holder: "h", attempt: 1 };
+        let request = ClaimRequest { id: &id, body: "{}", deadline_ms, holder: "h", attempt: 1, message_id: "m" };
         let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("{id} was free") };
         match n % 3 {
             0 => drop(claims.complete(&lease, None).await.unwrap()),

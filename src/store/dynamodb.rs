@@ -132,6 +132,7 @@ pub const OPEN_INDEX: &str = "open-claims";
 const TOKEN: &str = "token";
 const HOLDER: &str = "holder";
 const ATTEMPT: &str = "attempt";
+const MESSAGE_ID: &str = "message_id";
 const CLAIMED_AT: &str = "claimed_at";
 const UPDATED_AT: &str = "updated_at";
 const ERROR: &str = "error";
@@ -412,6 +413,7 @@ impl DynamoDbStore {
             (TOKEN, record.token.as_deref().map(s)),
             (HOLDER, record.holder.as_deref().map(s)),
             (ATTEMPT, record.attempt.map(n)),
+            (MESSAGE_ID, record.message_id.as_deref().map(s)),
             (CLAIMED_AT, record.claimed_at_ms.map(n)),
             (UPDATED_AT, record.updated_at_ms.map(n)),
             (names.validation.as_str(), record.payload_hash.as_deref().map(s)),
@@ -448,6 +450,7 @@ impl DynamoDbStore {
             token: text(item, TOKEN),
             holder: text(item, HOLDER),
             attempt: number(ATTEMPT)?.and_then(|attempt| u32::try_from(attempt).ok()),
+            message_id: text(item, MESSAGE_ID),
             claimed_at_ms: number(CLAIMED_AT)?,
             updated_at_ms: number(UPDATED_AT)?,
             payload_hash: text(item, &names.validation),

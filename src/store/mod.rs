@@ -60,6 +60,8 @@ pub struct ClaimQuery {
     pub status: Option<ClaimStatus>,
     /// Only in-progress claims whose lease had ended at this time (work that crashed).
     pub stale_at_ms: Option<u64>,
+    /// Only the claim made by the delivery with this SQS message id.
+    pub message_id: Option<String>,
     /// At most this many claims.
     pub limit: usize,
 }
@@ -71,7 +73,9 @@ impl ClaimQuery {
             Some(status) => record.status == status,
             None => record.status != ClaimStatus::Completed,
         };
-        status && self.stale_at_ms.is_none_or(|now_ms| record.is_stale(now_ms))
+        status
+            && self.stale_at_ms.is_none_or(|now_ms| record.is_stale(now_ms))
+            && self.message_id.as_ref().is_none_or(|message_id| record.message_id.as_ref() == Some(message_id))
     }
 
     /// The listing of those of `records` that match, oldest claim first,
@@ -82,7 +86,7 @@ impl ClaimQuery {
     ///
     /// let claim = |id: &str, status, claimed_at_ms| ClaimRecord {
     ///     id: id.into(), status, expires_at_s: u64::MAX / 1000, lease_until_ms: None, token: None, holder: None,
-    ///     attempt: None, claimed_at_ms: Some(claimed_at_ms), updated_at_ms: None, payload_hash: None,
+    ///     attempt: None, message_id: None, claimed_at_ms: Some(claimed_at_ms), updated_at_ms: None, payload_hash: None,
     ///     result: None, error: None,
     /// };
     /// let records = vec![

@@ -18,7 +18,10 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
-use crate::claim::{ClaimRecord, ClaimStatus};
+use crate::{
+    claim::{ClaimRecord, ClaimStatus},
+    engine::lock,
+};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS claims (
@@ -33,12 +36,17 @@ CREATE TABLE IF NOT EXISTS claims (
     updated_at    INTEGER,
     payload_hash  TEXT,
     result        TEXT,
-    error         TEXT
+    error         TEXT,
+    message_id    TEXT
 ) WITHOUT ROWID;
 ";
 
-const COLUMNS: &str =
-    "id, status, expires_at, lease_until, token, holder, attempt, claimed_at, updated_at, payload_hash, result, error";
+/// Columns added since the first version, added to an older file when it
+/// is opened.
+const ADDED_COLUMNS: &[&str] = &["message_id TEXT"];
+
+const COLUMNS: &str = "id, status, expires_at, lease_until, token, holder, attempt, claimed_at, updated_at, \
+                       payload_hash, result, error, message_id";
 
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -88,13 +96,10 @@ impl SqliteStore {
         work: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
         let connection = Arc::clone(&self.connection);
-        tokio::task::spawn_blocking(move || {
-            let mut connection = connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            work(&mut connection)
-        })
-        .await
-        .map_err(StoreError::unavailable)?
-        .map_err(StoreError::unavailable)
+        tokio::task::spawn_blocking(move || work(&mut lock(&connection)))
+            .await
+            .map_err(StoreError::unavailable)?
+            .map_err(StoreError::unavailable)
     }
 }
 
@@ -210,8 +215,9 @@ impl ClaimStore for SqliteStore {
 fn prepare(connection: &Connection) -> rusqlite::Result<()> {
     let mut attempts = 0;
     loop {
-        let prepared =
-            connection.execute_batch(&format!("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; {SCHEMA}"));
+        let prepared = connection
+            .execute_batch(&format!("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; {SCHEMA}"))
+            .and_then(|()| add_columns(connection));
         match prepared {
             Err(rusqlite::Error::SqliteFailure(error, _))
                 if error.code == rusqlite::ErrorCode::DatabaseBusy && attempts < 200 =>
@@ -228,6 +234,26 @@ fn fenced(rows_changed: usize) -> Fenced {
     if rows_changed == 1 { Fenced::Applied } else { Fenced::Refused }
 }
 
+/// Adds the columns an older file lacks, in one write transaction, so
+/// processes opening the file at once add each column once.
+fn add_columns(connection: &Connection) -> rusqlite::Result<()> {
+    connection.execute_batch("BEGIN IMMEDIATE")?;
+    let added = ADDED_COLUMNS.iter().try_for_each(|column| {
+        let name = column.split_whitespace().next().unwrap_or_default();
+        let present: bool = connection.query_row(
+            "SELECT COUNT(*) > 0 FROM pragma_table_info('claims') WHERE name = ?1",
+            [name],
+            |row| row.get(0),
+        )?;
+        if !present {
+            connection.execute_batch(&format!("ALTER TABLE claims ADD COLUMN {column}"))?;
+        }
+        Ok(())
+    });
+    connection.execute_batch(if added.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
+    added
+}
+
 /// The record `id`; the inner error is a row this version cannot read.
 fn select(connection: &Connection, id: &str) -> rusqlite::Result<Option<Result<ClaimRecord, StoreError>>> {
     connection.query_row(&format!("SELECT {COLUMNS} FROM claims WHERE id = ?1"), [id], read_row).optional()
@@ -236,7 +262,7 @@ fn select(connection: &Connection, id: &str) -> rusqlite::Result<Option<Result<C
 fn upsert(connection: &Connection, record: &ClaimRecord) -> rusqlite::Result<usize> {
     connection.execute(
         &format!(
-            "INSERT OR REPLACE INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+            "INSERT OR REPLACE INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
         ),
         params![
             record.id,
@@ -250,7 +276,8 @@ fn upsert(connection: &Connection, record: &ClaimRecord) -> rusqlite::Result<usi
             record.updated_at_ms,
             record.payload_hash,
             record.result,
-            record.error
+            record.error,
+            record.message_id
         ],
     )
 }
@@ -274,5 +301,6 @@ fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<ClaimRecord, StoreError>> 
         payload_hash: row.get(9)?,
         result: row.get(10)?,
         error: row.get(11)?,
+        message_id: row.get(12)?,
     }))
 }

@@ -70,7 +70,9 @@ impl Machine {
 
     /// Claims `id` for `holder`; panics on a store error.
     pub async fn claim(&self, id: &str, body: &str, holder: &str) -> Claim {
-        let request = ClaimRequest { id, body, deadline_ms: self.deadline(), holder, attempt: 1 };
+        let message_id = format!("m-{id}");
+        let request =
+            ClaimRequest { id, body, deadline_ms: self.deadline(), holder, attempt: 1, message_id: &message_id };
         self.claims.claim(&request).await.expect("store error")
     }
 
@@ -103,6 +105,7 @@ pub async fn a_free_key_is_won_and_recorded_in_progress(store: Arc<dyn ClaimStor
     assert_eq!(record.token.as_deref(), Some(lease.token.as_str()));
     assert_eq!(record.holder.as_deref(), Some("holder-1"));
     assert_eq!(record.attempt, Some(1));
+    assert_eq!(record.message_id.as_deref(), Some("m-k-free"), "the claiming delivery's message id");
     assert_eq!(record.lease_until_ms, Some(m.deadline() + 2_000));
     assert_eq!(record.expires_at_s, m.t0 / 1000 + 3600);
     assert_eq!(record.claimed_at_ms, Some(m.t0));
@@ -224,6 +227,7 @@ pub async fn an_in_progress_record_without_a_lease_waits_for_its_expiry(store: A
         token: None,
         holder: None,
         attempt: None,
+        message_id: None,
         claimed_at_ms: None,
         updated_at_ms: None,
         payload_hash: None,
@@ -319,7 +323,8 @@ pub async fn concurrent_claims_have_one_winner(store: Arc<dyn ClaimStore>, claim
             let (claims, id) = (claims.clone(), id.clone());
             tokio::spawn(async move {
                 let holder = format!("holder-{n}");
-                let request = ClaimRequest { id: &id, body: "{}", deadline_ms, holder: &holder, attempt: 1 };
+                let request =
+                    ClaimRequest { id: &id, body: "{}", deadline_ms, holder: &holder, attempt: 1, message_id: &holder };
                 claims.claim(&request).await.expect("store error")
             })
         });
