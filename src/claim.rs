@@ -35,6 +35,7 @@ use serde_json::Value;
 use crate::{
     clock::{Clock, SystemClock, duration_ms},
     key::payload_hash,
+    lock::lock,
     store::{ClaimStore, Fenced, Finish, PutOutcome, StoreError},
 };
 
@@ -370,7 +371,8 @@ impl Claims {
     pub async fn complete(&self, lease: &Lease, output: Option<&Value>) -> Result<Fenced, StoreError> {
         let result = output.filter(|_| self.policy.store_result).and_then(|output| self.storable(lease, output));
         let finish = self.finish(ClaimStatus::Completed, result, None);
-        let fenced = self.settle(lease, self.store.finish(&lease.id, &lease.token, &finish).await?, "completion");
+        let fenced =
+            self.count_refusal(lease, self.store.finish(&lease.id, &lease.token, &finish).await?, "completion");
         if fenced == Fenced::Applied {
             let completed = Completed {
                 expires_at_s: finish.expires_at_s,
@@ -385,12 +387,12 @@ impl Claims {
     /// Records a permanent failure of the lease's claim, with `error` as the reason.
     pub async fn fail(&self, lease: &Lease, error: &str) -> Result<Fenced, StoreError> {
         let finish = self.finish(ClaimStatus::Failed, None, Some(error.to_owned()));
-        Ok(self.settle(lease, self.store.finish(&lease.id, &lease.token, &finish).await?, "failure record"))
+        Ok(self.count_refusal(lease, self.store.finish(&lease.id, &lease.token, &finish).await?, "failure record"))
     }
 
     /// Deletes the lease's claim so that a redelivery runs again.
     pub async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
-        Ok(self.settle(lease, self.store.release(&lease.id, &lease.token).await?, "release"))
+        Ok(self.count_refusal(lease, self.store.release(&lease.id, &lease.token).await?, "release"))
     }
 
     fn new_claim(&self, request: &ClaimRequest<'_>, now_ms: u64, payload_hash: Option<String>) -> ClaimRecord {
@@ -457,7 +459,7 @@ impl Claims {
         now_ms / 1000 + self.policy.expires_after.as_secs()
     }
 
-    fn settle(&self, lease: &Lease, fenced: Fenced, write: &str) -> Fenced {
+    fn count_refusal(&self, lease: &Lease, fenced: Fenced, write: &str) -> Fenced {
         if fenced == Fenced::Refused {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(id = %lease.id, "{write} refused: the lease was taken over by another holder");
@@ -484,12 +486,12 @@ impl Claims {
 
     fn cache_insert(&self, id: &str, completed: Completed) {
         if let Some(cache) = &self.cache {
-            cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).put(id.to_owned(), completed);
+            lock(cache).put(id.to_owned(), completed);
         }
     }
 
     fn cached(&self, id: &str) -> Option<Completed> {
-        let mut cache = self.cache.as_ref()?.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cache = lock(self.cache.as_ref()?);
         let now_s = self.clock.now_ms() / 1000;
         match cache.get(id) {
             Some(completed) if completed.expires_at_s >= now_s => Some(completed.clone()),

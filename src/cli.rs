@@ -23,6 +23,7 @@ use crate::{
     claim::{ClaimRecord, ClaimStatus},
     clock::{Clock, SystemClock},
     config::{Config, StoreChoice},
+    consumer::{self, Consumer},
     engine::Invocation,
     event::parse_event,
     metrics::{Extra, emf_line},
@@ -30,7 +31,6 @@ use crate::{
     poll::{PollOptions, Poller},
     redelivery::RedeliveryPolicy,
     sqs::Sqs,
-    startup,
     store::ClaimQuery,
 };
 
@@ -232,9 +232,9 @@ async fn command(cli: Cli, build: impl Build) -> anyhow::Result<Option<ExitCode>
 }
 
 /// The settings and the consumer they describe around the handler `build` makes.
-async fn consumer(config: &Config, build: impl Build) -> anyhow::Result<startup::Consumer> {
+async fn consumer(config: &Config, build: impl Build) -> anyhow::Result<consumer::Consumer> {
     let handler = build(config)?;
-    Ok(startup::consumer(config, handler).await?)
+    Ok(Consumer::new(config, handler).await?)
 }
 
 /// The Lambda function. Configuration and clients are built once, before the
@@ -280,18 +280,18 @@ async fn invoke(
     let mut config = Config::from_env()?;
     if !sqs {
         // Offline events carry made-up receipt handles: leave SQS alone.
-        config.redelivery = RedeliveryPolicy::default();
+        config.redelivery = RedeliveryPolicy::none();
     }
     let consumer = consumer(&config, build).await?;
     let invocation = Invocation {
         deadline: SystemTime::now() + timeout,
         request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
     };
-    let handled = consumer.handle(&records, &invocation).await;
-    println!("{}", serde_json::to_string(&handled.response)?);
+    let processed = consumer.process(&records, &invocation).await;
+    println!("{}", serde_json::to_string(&processed.response)?);
     if metrics {
-        let extra = Extra { redelivery: handled.redelivery, ..consumer.extra() };
-        eprintln!("{}", emf_line(&config.metrics, &handled.report, extra, SystemClock.now_ms()));
+        let extra = Extra { redelivery: processed.redelivery, ..consumer.extra() };
+        eprintln!("{}", emf_line(&config.metrics, &processed.report, extra, SystemClock.now_ms()));
     }
     Ok(None)
 }
@@ -320,7 +320,7 @@ async fn create_table(table: Option<String>) -> anyhow::Result<Option<ExitCode>>
     let StoreChoice::DynamoDb(layout) = config.store else {
         bail!("no table to create: set SQS_ONCE_TABLE or pass --table NAME");
     };
-    let (store, _) = startup::dynamodb_store(layout).await;
+    let (store, _) = consumer::dynamodb_store(layout).await;
     let layout = store.layout();
     let created = store.create_table().await.with_context(|| format!("cannot create table {}", layout.table))?;
     let state = if created { "created" } else { "already exists" };
@@ -332,7 +332,7 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
     let mut config = Config::from_env()?;
     // One request at a time: nothing to batch, and no batch permissions needed.
     config.dynamodb_batching = false;
-    let (store, _) = startup::store(&config).await?;
+    let (store, _) = consumer::open_store(&config).await?;
     let operator = Operator::new(store, Arc::new(SystemClock), config.claims.expires_after);
     // The stored id a target names; `None` when no claim has its message id.
     let id = async |target: Target| -> anyhow::Result<Option<String>> {

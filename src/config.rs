@@ -7,6 +7,7 @@ use std::{fmt::Display, path::PathBuf, str::FromStr, time::Duration};
 
 use crate::{
     claim::ClaimPolicy,
+    clock::duration_ms,
     engine::EngineOptions,
     envelope::EnvelopeKind,
     key::{KeyDeriver, KeySpec, OnMissingKey},
@@ -113,11 +114,11 @@ impl Config {
             )?),
             lease_margin: Duration::from_millis(env.parse(
                 "SQS_ONCE_LEASE_MARGIN_MS",
-                2000,
+                duration_ms(defaults.lease_margin),
                 "a number of milliseconds",
             )?),
-            validate_payload: env.flag("SQS_ONCE_VALIDATE_PAYLOAD", false)?,
-            store_result: env.flag("SQS_ONCE_STORE_RESULT", false)?,
+            validate_payload: env.flag("SQS_ONCE_VALIDATE_PAYLOAD", defaults.validate_payload)?,
+            store_result: env.flag("SQS_ONCE_STORE_RESULT", defaults.store_result)?,
             local_cache_entries: env.parse(
                 "SQS_ONCE_LOCAL_CACHE",
                 defaults.local_cache_entries,
@@ -125,15 +126,20 @@ impl Config {
             )?,
             ..defaults
         };
+        let engine_defaults = EngineOptions::default();
         let engine = EngineOptions {
-            concurrency: env.parse("SQS_ONCE_CONCURRENCY", 64, "a positive number of records")?,
+            concurrency: env.parse(
+                "SQS_ONCE_CONCURRENCY",
+                engine_defaults.concurrency,
+                "a positive number of records",
+            )?,
             deadline_margin: Duration::from_millis(env.parse(
                 "SQS_ONCE_DEADLINE_MARGIN_MS",
-                500,
+                duration_ms(engine_defaults.deadline_margin),
                 "a number of milliseconds",
             )?),
-            log_bodies: env.flag("SQS_ONCE_LOG_BODIES", false)?,
-            envelope: env.parse("SQS_ONCE_ENVELOPE", EnvelopeKind::None, "none, sns or eventbridge")?,
+            log_bodies: env.flag("SQS_ONCE_LOG_BODIES", engine_defaults.log_bodies)?,
+            envelope: env.parse("SQS_ONCE_ENVELOPE", engine_defaults.envelope, "none, sns or eventbridge")?,
         };
         if claims.expires_after.is_zero() {
             return Err(env.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));
@@ -166,7 +172,7 @@ impl Config {
             key,
             key_prefix,
             hash_keys: env.flag("SQS_ONCE_HASH_KEYS", true)?,
-            on_missing_key: env.parse("SQS_ONCE_ON_MISSING_KEY", OnMissingKey::Fail, "fail or message-id")?,
+            on_missing_key: env.parse("SQS_ONCE_ON_MISSING_KEY", OnMissingKey::default(), "fail or message-id")?,
             claims,
             engine,
             store,
@@ -265,13 +271,15 @@ impl Env<'_> {
             let duration = Duration::from_secs(seconds);
             if duration > MAX_VISIBILITY { Err(self.invalid(name, SECONDS)) } else { Ok(duration) }
         };
-        let base = seconds("SQS_ONCE_RETRY_BASE_SECS", 5)?;
-        let max = seconds("SQS_ONCE_RETRY_MAX_SECS", 900)?;
+        let defaults = RedeliveryPolicy::default();
+        let backoff = defaults.retry_backoff.unwrap_or_default();
+        let base = seconds("SQS_ONCE_RETRY_BASE_SECS", backoff.base.as_secs())?;
+        let max = seconds("SQS_ONCE_RETRY_MAX_SECS", backoff.max.as_secs())?;
         if max < base {
             return Err(self.invalid("SQS_ONCE_RETRY_MAX_SECS", "at least SQS_ONCE_RETRY_BASE_SECS"));
         }
         Ok(RedeliveryPolicy {
-            conflict_backoff: self.flag("SQS_ONCE_CONFLICT_BACKOFF", true)?,
+            conflict_backoff: self.flag("SQS_ONCE_CONFLICT_BACKOFF", defaults.conflict_backoff)?,
             retry_backoff: (!base.is_zero()).then_some(RetryBackoff { base, max }),
             dead_letter_queue: self.text("SQS_ONCE_DLQ_URL"),
         })

@@ -35,6 +35,7 @@ use crate::{
     envelope::{EnvelopeKind, Opened},
     event::EventRecord,
     key::KeyDeriver,
+    lock::lock,
     store::{Fenced, StoreError},
 };
 
@@ -546,11 +547,11 @@ impl Engine {
         let result = AssertUnwindSafe(async { self.inner.handler.handle_boxed(record).await }).catch_unwind().await;
         // No await between the handler's return and this: a run cancelled at
         // the answer either has its handler's outcome here or never returned.
-        *lock(progress) = Progress::Returned(unsettled_outcome(&result));
-        self.settle(record, &lease, result).await
+        *lock(progress) = Progress::Returned(unrecorded_outcome(&result));
+        self.record_outcome(record, &lease, result).await
     }
 
-    async fn settle(
+    async fn record_outcome(
         &self,
         record: &Record,
         lease: &Lease,
@@ -574,15 +575,15 @@ impl Engine {
             }
             Ok(Err(error)) if error.kind() == ErrorKind::Permanent => {
                 let reason = error.to_string();
-                log_unsettled(record, claims.fail(lease, &reason).await);
+                log_unrecorded(record, claims.fail(lease, &reason).await);
                 Outcome::Failed(Failure::Permanent(reason))
             }
             Ok(Err(error)) => {
-                log_unsettled(record, claims.release(lease).await);
+                log_unrecorded(record, claims.release(lease).await);
                 Outcome::Failed(Failure::Retryable(error.to_string()))
             }
             Err(panic) => {
-                log_unsettled(record, claims.release(lease).await);
+                log_unrecorded(record, claims.release(lease).await);
                 Outcome::Failed(Failure::Panicked(panic_message(panic.as_ref())))
             }
         }
@@ -591,7 +592,7 @@ impl Engine {
 
 /// What a handler's result means for its record before the write that
 /// records it is confirmed: the answer due at the deadline reports this.
-fn unsettled_outcome(result: &std::thread::Result<crate::HandlerResult>) -> Outcome {
+fn unrecorded_outcome(result: &std::thread::Result<crate::HandlerResult>) -> Outcome {
     match result {
         Ok(Ok(_)) => Outcome::Processed { recorded: false },
         Ok(Err(error)) if error.kind() == ErrorKind::Permanent => {
@@ -628,8 +629,8 @@ async fn cut_off_runs(state: &BatchState) -> HashMap<String, Outcome> {
         .collect()
 }
 
-fn log_unsettled(record: &Record, settled: Result<Fenced, StoreError>) {
-    if let Err(error) = settled {
+fn log_unrecorded(record: &Record, written: Result<Fenced, StoreError>) {
+    if let Err(error) = written {
         tracing::error!(
             message_id = %record.message_id, key = %record.key, %error,
             "could not record the failure; the claim stays in progress until its lease ends"
@@ -685,9 +686,4 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|message| (*message).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".to_owned())
-}
-
-/// A poisoned lock still guards plain data: a panic elsewhere never cascades.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -18,10 +18,11 @@ use serde_json::{Value, json};
 
 use crate::{
     clock::{Clock, SystemClock},
-    engine::{Invocation, lock},
+    consumer::Consumer,
+    engine::Invocation,
     event::{InvalidEvent, parse_event},
+    lock::lock,
     metrics::{Extra, MetricsConfig, emf_line},
-    startup::Consumer,
 };
 
 /// Variables the runtime needs, all set by Lambda itself.
@@ -56,12 +57,12 @@ struct Function {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use sqs_once::{config::Config, handlers::orders::Orders, lambda, startup};
+/// use sqs_once::{config::Config, consumer::Consumer, handlers::orders::Orders, lambda};
 ///
 /// #[tokio::main]
 /// async fn main() -> Result<(), lambda_runtime::Error> {
 ///     let config = Config::from_env()?;
-///     let consumer = startup::consumer(&config, Arc::new(Orders)).await?;
+///     let consumer = Consumer::new(&config, Arc::new(Orders)).await?;
 ///     lambda::run(consumer, config.metrics).await
 /// }
 /// ```
@@ -83,12 +84,12 @@ impl Function {
         let (payload, context) = event.into_parts();
         let records = parse_event(payload).inspect_err(|error| tracing::error!(%error, "invocation failed"))?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
-        let handled = self.consumer.handle(&records, &invocation).await;
+        let processed = self.consumer.process(&records, &invocation).await;
         if self.metrics.enabled {
-            let extra = Extra { redelivery: handled.redelivery, ..self.delta() };
-            println!("{}", emf_line(&self.metrics, &handled.report, extra, SystemClock.now_ms()));
+            let extra = Extra { redelivery: processed.redelivery, ..self.delta() };
+            println!("{}", emf_line(&self.metrics, &processed.report, extra, SystemClock.now_ms()));
         }
-        Ok(handled.response)
+        Ok(processed.response)
     }
 
     /// Counters gathered since the previous invocation.

@@ -31,10 +31,11 @@ use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::{
-    engine::{Invocation, Outcome, lock},
+    consumer::{Consumer, Processed},
+    engine::{Invocation, Outcome},
     event::EventRecord,
+    lock::lock,
     sqs::{QueueInfo, Sqs, SqsError, event_message},
-    startup::{Consumer, Handled},
 };
 
 /// Messages per `ReceiveMessage`, as SQS allows.
@@ -108,10 +109,10 @@ pub enum PollError {
 /// ```no_run
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
-/// use sqs_once::{config::Config, handlers::orders::Orders, poll::{self, PollOptions, Poller}, sqs::Sqs, startup};
+/// use sqs_once::{config::Config, consumer::Consumer, handlers::orders::Orders, poll::{self, PollOptions, Poller}, sqs::Sqs};
 ///
 /// let config = Config::from_env()?;
-/// let consumer = startup::consumer(&config, Arc::new(Orders)).await?;
+/// let consumer = Consumer::new(&config, Arc::new(Orders)).await?;
 /// let sqs = Sqs::new(&sqs_once::aws::sdk_config().await);
 /// let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
 /// let poller = Poller::new(consumer, sqs, url, PollOptions::default()).await?;
@@ -210,7 +211,7 @@ impl Poller {
                 Ok(messages) => {
                     // Room not taken by this batch goes back at once.
                     drop(permits.split(permits.num_permits().saturating_sub(messages.len())));
-                    tokio::spawn(Arc::clone(&self).handle(messages, permits));
+                    tokio::spawn(Arc::clone(&self).process(messages, permits));
                 }
             }
         }
@@ -218,7 +219,7 @@ impl Poller {
 
     /// Runs one received batch through the engine, keeping its messages
     /// invisible meanwhile, then settles it with SQS.
-    async fn handle(self: Arc<Self>, messages: Vec<Message>, _permits: OwnedSemaphorePermit) {
+    async fn process(self: Arc<Self>, messages: Vec<Message>, _permits: OwnedSemaphorePermit) {
         let deadline = SystemTime::now() + self.timeout;
         let records: Vec<EventRecord> = messages
             .into_iter()
@@ -230,19 +231,19 @@ impl Poller {
             report = self.consumer.engine.process(&records, &invocation) => report,
             never = self.keep_invisible(&records) => match never {},
         };
-        let handled = self.consumer.settle(&records, report, deadline).await;
-        let (deleted, delete_failed) = self.delete_settled(&records, &handled).await;
+        let processed = self.consumer.redeliver(&records, report, deadline).await;
+        let (deleted, delete_failed) = self.delete_settled(&records, &processed).await;
         let mut summary = lock(&self.summary);
         summary.received += records.len() as u64;
-        for record in &handled.report.records {
+        for record in &processed.report.records {
             match record.outcome {
                 Outcome::Processed { .. } => summary.processed += 1,
                 Outcome::Duplicate => summary.duplicates += 1,
                 Outcome::Failed(_) => {}
             }
         }
-        summary.failed += handled.response.batch_item_failures.len() as u64;
-        summary.dead_lettered += handled.redelivery.map_or(0, |counts| counts.dead_lettered);
+        summary.failed += processed.response.batch_item_failures.len() as u64;
+        summary.dead_lettered += processed.redelivery.map_or(0, |counts| counts.dead_lettered);
         summary.deleted += deleted;
         summary.delete_failed += delete_failed;
     }
@@ -267,9 +268,9 @@ impl Poller {
 
     /// Deletes every record that is not in the response's failures; returns
     /// how many were deleted and how many were not.
-    async fn delete_settled(&self, records: &[EventRecord], handled: &Handled) -> (u64, u64) {
+    async fn delete_settled(&self, records: &[EventRecord], processed: &Processed) -> (u64, u64) {
         let failed: HashSet<&str> =
-            handled.response.batch_item_failures.iter().map(|failure| failure.item_identifier.as_str()).collect();
+            processed.response.batch_item_failures.iter().map(|failure| failure.item_identifier.as_str()).collect();
         let settled: Vec<&str> =
             records.iter().filter(|record| !failed.contains(record.message_id())).filter_map(receipt_handle).collect();
         let results = self.sqs.delete(&self.queue.url, &settled).await;

@@ -35,8 +35,9 @@ use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 
 use crate::{
-    engine::{BatchReport, Failure, Outcome, lock},
+    engine::{BatchReport, Failure, Outcome},
     event::EventRecord,
+    lock::{into_inner, lock},
     record::receive_count,
     sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
 };
@@ -53,6 +54,12 @@ pub struct RetryBackoff {
     pub base: Duration,
     /// Longest delay (`SQS_ONCE_RETRY_MAX_SECS`).
     pub max: Duration,
+}
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        Self { base: Duration::from_secs(5), max: Duration::from_secs(900) }
+    }
 }
 
 impl RetryBackoff {
@@ -73,8 +80,10 @@ impl RetryBackoff {
     }
 }
 
-/// What to do with failed records besides reporting them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What to do with failed records besides reporting them. The default is
+/// the settings' default: conflicts and retryable failures backed off, no
+/// dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedeliveryPolicy {
     /// Make a conflicting record visible when the lease can have ended
     /// (`SQS_ONCE_CONFLICT_BACKOFF`).
@@ -96,7 +105,19 @@ pub enum NextDelivery {
     DeadLetter,
 }
 
+impl Default for RedeliveryPolicy {
+    fn default() -> Self {
+        Self { conflict_backoff: true, retry_backoff: Some(RetryBackoff::default()), dead_letter_queue: None }
+    }
+}
+
 impl RedeliveryPolicy {
+    /// A policy that asks nothing of SQS: failed records come back after
+    /// the queue's visibility timeout.
+    pub fn none() -> Self {
+        Self { conflict_backoff: false, retry_backoff: None, dead_letter_queue: None }
+    }
+
     /// Whether the policy asks anything of SQS.
     pub fn is_active(&self) -> bool {
         self.conflict_backoff || self.retry_backoff.is_some() || self.dead_letter_queue.is_some()
@@ -108,7 +129,7 @@ impl RedeliveryPolicy {
     /// use std::time::Duration;
     /// use sqs_once::{engine::Failure, redelivery::{NextDelivery, RedeliveryPolicy}};
     ///
-    /// let policy = RedeliveryPolicy { conflict_backoff: true, ..Default::default() };
+    /// let policy = RedeliveryPolicy { conflict_backoff: true, ..RedeliveryPolicy::none() };
     /// let conflict = Failure::Conflict { retry_after: Duration::from_secs(4) };
     /// assert_eq!(policy.next_delivery(&conflict, 1, false), NextDelivery::After(Duration::from_secs(4)));
     /// // FIFO records keep the queue's timing.
@@ -234,7 +255,7 @@ impl Redelivery {
             self.dead_letter_all(plan.dead_letters, &progress),
         );
         let finished = tokio::time::timeout_at(deadline, work).await.is_ok();
-        let Progress { mut counts, moved } = progress.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Progress { mut counts, moved } = into_inner(progress);
         if !finished {
             tracing::warn!(
                 "SQS did not answer before the deadline; records it did not confirm keep the queue's timing"
@@ -434,7 +455,7 @@ mod tests {
 
     #[test]
     fn switched_off_parts_leave_records_to_the_queue() {
-        let policy = RedeliveryPolicy::default();
+        let policy = RedeliveryPolicy::none();
         assert!(!policy.is_active());
         let conflict = Failure::Conflict { retry_after: Duration::from_secs(7) };
         assert_eq!(policy.next_delivery(&conflict, 1, false), NextDelivery::AsQueued);

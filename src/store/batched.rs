@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::StoreError;
-use crate::engine::lock;
+use crate::lock::lock;
 
 /// One kind of batch request.
 #[async_trait]

@@ -8,7 +8,10 @@ use std::{
 use async_trait::async_trait;
 
 use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
-use crate::claim::{ClaimRecord, ClaimStatus};
+use crate::{
+    claim::{ClaimRecord, ClaimStatus},
+    lock::lock,
+};
 
 /// Claims in a hash map; nothing survives the process.
 ///
@@ -27,7 +30,7 @@ impl MemoryStore {
     fn records(&self) -> MutexGuard<'_, HashMap<String, ClaimRecord>> {
         // A panic cannot leave a half-written record behind (every write is a
         // single map operation), so a poisoned map is still consistent.
-        self.records.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.records)
     }
 
     /// Applies `change` to the in-progress record `id` if it still holds `token`.

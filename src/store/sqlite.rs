@@ -20,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
 use crate::{
     claim::{ClaimRecord, ClaimStatus},
-    engine::lock,
+    lock::lock,
 };
 
 const SCHEMA: &str = "

@@ -1,4 +1,7 @@
-//! From settings to a running engine: what every entry point does at start.
+//! A consumer: the engine around a handler, the claim store and keys the
+//! settings choose, and the SQS step that follows each batch. Every way to
+//! run (Lambda, `poll`, `invoke`) builds one at start and processes batches
+//! with it.
 
 use std::{
     sync::{Arc, atomic::Ordering},
@@ -37,6 +40,19 @@ pub enum StartupError {
 const ANSWER_TIME: Duration = Duration::from_millis(100);
 
 /// A consumer, assembled from the settings.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use sqs_once::{config::Config, consumer::Consumer, handlers::orders::Orders};
+///
+/// let config = Config::from_lookup(|name| match name {
+///     "SQS_ONCE_STORE" => Some("memory".to_owned()),
+///     _ => None,
+/// }).unwrap();
+/// let consumer = Consumer::new(&config, Arc::new(Orders)).await.unwrap();
+/// # });
+/// ```
 #[derive(Clone)]
 pub struct Consumer {
     /// The engine: handler, claims, keys.
@@ -47,9 +63,9 @@ pub struct Consumer {
     pub redelivery: Option<Redelivery>,
 }
 
-/// One batch, handled.
+/// One batch, processed.
 #[derive(Debug, Clone)]
-pub struct Handled {
+pub struct Processed {
     /// Every record's fate, as the engine saw it.
     pub report: BatchReport,
     /// The partial-batch response: the engine's failures less the records
@@ -60,25 +76,40 @@ pub struct Handled {
 }
 
 impl Consumer {
-    /// Processes a batch, then carries out the redelivery policy on its
-    /// failures.
-    pub async fn handle(&self, records: &[EventRecord], invocation: &Invocation) -> Handled {
-        let report = self.engine.process(records, invocation).await;
-        self.settle(records, report, invocation.deadline).await
+    /// The consumer `config` describes around `handler`: its store, keys and
+    /// tuning, and the SQS step when the redelivery policy asks for one.
+    pub async fn new(config: &Config, handler: BoxHandler) -> Result<Self, StartupError> {
+        let needs_aws = matches!(config.store, StoreChoice::DynamoDb(_)) || config.redelivery.is_active();
+        // Loaded once: credentials and region are resolved once for both clients.
+        let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
+        let (store, dynamodb_requests) = store_with(config, aws.as_ref())?;
+        let claims = Claims::with_policy(store, config.claims.clone(), Arc::new(SystemClock));
+        let engine = Engine::new(handler, Arc::new(claims), config.key_deriver(), config.engine.clone());
+        let redelivery = aws
+            .filter(|_| config.redelivery.is_active())
+            .map(|aws| Redelivery::new(config.redelivery.clone(), Sqs::new(&aws)));
+        Ok(Self { engine, dynamodb_requests, redelivery })
     }
 
-    /// The redelivery step of [`handle`](Self::handle), for callers that run
-    /// the engine themselves. It is best effort and ends by `deadline` (less
-    /// the time to post the answer): when SQS is slow or down, the engine's
-    /// own answer stands, which is correct on its own (failed records come
-    /// back after the queue's timeout).
-    pub async fn settle(&self, records: &[EventRecord], report: BatchReport, deadline: SystemTime) -> Handled {
+    /// Processes a batch, then carries out the redelivery policy on its
+    /// failures.
+    pub async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> Processed {
+        let report = self.engine.process(records, invocation).await;
+        self.redeliver(records, report, invocation.deadline).await
+    }
+
+    /// The redelivery step of [`process`](Self::process), for callers that
+    /// run the engine themselves. It is best effort and ends by `deadline`
+    /// (less the time to post the answer): when SQS is slow or down, the
+    /// engine's own answer stands, which is correct on its own (failed
+    /// records come back after the queue's timeout).
+    pub async fn redeliver(&self, records: &[EventRecord], report: BatchReport, deadline: SystemTime) -> Processed {
         let Some(redelivery) = &self.redelivery else {
-            return Handled { response: report.response(), report, redelivery: None };
+            return Processed { response: report.response(), report, redelivery: None };
         };
         let remaining = deadline.duration_since(SystemTime::now()).unwrap_or_default().saturating_sub(ANSWER_TIME);
         let (response, counts) = redelivery.apply(records, &report, Instant::now() + remaining).await;
-        Handled { response, report, redelivery: Some(counts) }
+        Processed { response, report, redelivery: Some(counts) }
     }
 
     /// The counts metrics take from outside the batch report, since start.
@@ -95,7 +126,7 @@ impl Consumer {
 pub type CountedStore = (Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>);
 
 /// The store `config` chooses, and its request counter if it is DynamoDB.
-pub async fn store(config: &Config) -> Result<CountedStore, StartupError> {
+pub async fn open_store(config: &Config) -> Result<CountedStore, StartupError> {
     let aws = match config.store {
         StoreChoice::DynamoDb(_) => Some(crate::aws::sdk_config().await),
         _ => None,
@@ -121,32 +152,4 @@ fn store_with(config: &Config, aws: Option<&SdkConfig>) -> Result<CountedStore, 
 pub async fn dynamodb_store(layout: TableLayout) -> (DynamoDbStore, Arc<RequestCounter>) {
     let (client, requests) = dynamodb::client().await;
     (DynamoDbStore::new(client, layout), requests)
-}
-
-/// The consumer `config` describes around `handler`: its store, keys and
-/// tuning.
-///
-/// ```
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use std::sync::Arc;
-/// use sqs_once::{config::Config, handlers::orders::Orders, startup};
-///
-/// let config = Config::from_lookup(|name| match name {
-///     "SQS_ONCE_STORE" => Some("memory".to_owned()),
-///     _ => None,
-/// }).unwrap();
-/// let consumer = startup::consumer(&config, Arc::new(Orders)).await.unwrap();
-/// # });
-/// ```
-pub async fn consumer(config: &Config, handler: BoxHandler) -> Result<Consumer, StartupError> {
-    let needs_aws = matches!(config.store, StoreChoice::DynamoDb(_)) || config.redelivery.is_active();
-    // Loaded once: credentials and region are resolved once for both clients.
-    let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
-    let (store, dynamodb_requests) = store_with(config, aws.as_ref())?;
-    let claims = Claims::with_policy(store, config.claims.clone(), Arc::new(SystemClock));
-    let engine = Engine::new(handler, Arc::new(claims), config.key_deriver(), config.engine.clone());
-    let redelivery = aws
-        .filter(|_| config.redelivery.is_active())
-        .map(|aws| Redelivery::new(config.redelivery.clone(), Sqs::new(&aws)));
-    Ok(Consumer { engine, dynamodb_requests, redelivery })
 }
