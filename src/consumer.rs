@@ -53,7 +53,7 @@ const ANSWER_TIME: Duration = Duration::from_millis(100);
 /// let consumer = Consumer::new(&config, Arc::new(Orders)).await.unwrap();
 /// # });
 /// ```
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Consumer {
     /// The engine: handler, claims, keys.
     pub engine: Engine,

@@ -258,6 +258,13 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Inner { keys, options, .. } = &*self.inner;
+        f.debug_struct("Engine").field("keys", keys).field("options", options).finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     handler: BoxHandler,
     claims: Arc<Claims>,

@@ -22,8 +22,6 @@
 //!   polling a queue itself;
 //! - [`config`]: the `SQS_ONCE_` settings.
 
-#![warn(missing_docs)]
-
 // The engine isolates a handler's panic in its record by catching the unwind;
 // with `panic = "abort"` one panicking record would kill the process and fail
 // every record of the batch. cargo-lambda builds with abort unless the release

@@ -41,6 +41,12 @@ pub struct Operator {
     expires_after: Duration,
 }
 
+impl std::fmt::Debug for Operator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operator").field("expires_after", &self.expires_after).finish_non_exhaustive()
+    }
+}
+
 impl Operator {
     /// Operations on `store`; claims completed by hand are remembered for `expires_after`.
     pub fn new(store: Arc<dyn ClaimStore>, clock: Arc<dyn Clock>, expires_after: Duration) -> Self {

@@ -132,6 +132,17 @@ pub struct Poller {
     summary: Mutex<PollSummary>,
 }
 
+impl std::fmt::Debug for Poller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Poller")
+            .field("queue", &self.queue.url)
+            .field("options", &self.options)
+            .field("timeout", &self.timeout)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Poller {
     /// A poller of `queue_url`, after reading the queue's attributes.
     pub async fn new(consumer: Consumer, sqs: Sqs, queue_url: &str, options: PollOptions) -> Result<Self, PollError> {

@@ -19,29 +19,14 @@
 //! a table can be shared with functions that use it; tables keyed by a static
 //! partition value and a sort key are supported as Powertools supports them.
 
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::{
     Client,
-    client::Waiters,
-    config::{ConfigBag, Intercept, RuntimeComponents, interceptors::BeforeTransmitInterceptorContextRef},
-    error::{BoxError, ProvideErrorMetadata},
-    operation::{
-        create_table::CreateTableError, delete_item::DeleteItemError, put_item::PutItemError,
-        update_item::UpdateItemError,
-    },
-    types::{
-        AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-        ProjectionType, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
-    },
+    error::ProvideErrorMetadata,
+    operation::{delete_item::DeleteItemError, put_item::PutItemError, update_item::UpdateItemError},
+    types::{AttributeValue, ReturnValuesOnConditionCheckFailure},
 };
 use futures::StreamExt;
 
@@ -49,254 +34,19 @@ use self::statements::{Batches, Written};
 use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id};
 use crate::claim::{ClaimRecord, ClaimStatus};
 
+mod admin;
+mod client;
+mod layout;
 mod statements;
 
+pub use client::{RequestCounter, RequestCounts, client, client_from};
+pub use layout::{Attributes, OPEN_INDEX, OPEN_SHARDS, OPEN_STATUS, TableKey, TableLayout, open_partition};
+
+use client::{described, unavailable};
+use layout::{ERROR, TOKEN, UPDATED_AT, n, open_partitions, s, text};
+
+/// A DynamoDB item: attribute names and values.
 type Item = HashMap<String, AttributeValue>;
-
-/// Names of the attributes a claim is stored in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attributes {
-    /// The key attribute holding the claim's id (the partition key, or the
-    /// sort key of a [`TableKey::Sorted`] table). Default `id`.
-    pub id: String,
-    /// Overall expiry, epoch seconds; the table's TTL attribute. Default `expiration`.
-    pub expiry: String,
-    /// Lease end, epoch milliseconds. Default `in_progress_expiration`.
-    pub lease: String,
-    /// `INPROGRESS`, `COMPLETED` or `FAILED`. Default `status`.
-    pub status: String,
-    /// The stored handler output. Default `data`.
-    pub data: String,
-    /// The body hash for payload validation. Default `validation`.
-    pub validation: String,
-}
-
-impl Default for Attributes {
-    fn default() -> Self {
-        Self {
-            id: "id".into(),
-            expiry: "expiration".into(),
-            lease: "in_progress_expiration".into(),
-            status: "status".into(),
-            data: "data".into(),
-            validation: "validation".into(),
-        }
-    }
-}
-
-/// The sparse attribute that exists only while a claim is in progress or
-/// failed, and the index on it: listing open claims reads only them, never
-/// the whole table. It holds the claim's status and a shard of its id
-/// (`INPROGRESS#0` to `INPROGRESS#15`, see [`open_partition`]).
-pub const OPEN_STATUS: &str = "open_status";
-
-/// How many index partitions each open status is spread over.
-///
-/// Every claim writes the index and every completion deletes from it, so an
-/// index keyed by the bare status would take all of them on one or two
-/// partition key values; one value is served by one index partition (about
-/// 1,000 writes a second), and a throttled index throttles the table's
-/// writes. Sixteen values per status take some 16,000 index writes a second
-/// (8,000 new records) before any one is hot, and cost a listing sixteen
-/// small queries per status.
-pub const OPEN_SHARDS: u32 = 16;
-
-/// The [`OPEN_STATUS`] value of an open claim: its status and a stable shard
-/// of its id (FNV-1a, so every process and version agrees).
-///
-/// ```
-/// use sqs_once::{claim::ClaimStatus, store::dynamodb::open_partition};
-///
-/// let partition = open_partition(ClaimStatus::InProgress, "orders#o-1");
-/// assert!(partition.starts_with("INPROGRESS#"));
-/// assert_eq!(partition, open_partition(ClaimStatus::InProgress, "orders#o-1"));
-/// ```
-pub fn open_partition(status: ClaimStatus, id: &str) -> String {
-    let hash = id.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
-    shard_of(status, hash % OPEN_SHARDS)
-}
-
-/// Every [`OPEN_STATUS`] value claims of `status` can have: the shards, and
-/// the bare status that versions before the sharding wrote.
-fn open_partitions(status: ClaimStatus) -> impl Iterator<Item = String> {
-    (0..OPEN_SHARDS).map(move |shard| shard_of(status, shard)).chain([status.as_str().to_owned()])
-}
-
-fn shard_of(status: ClaimStatus, shard: u32) -> String {
-    format!("{}#{shard}", status.as_str())
-}
-/// The global secondary index on [`OPEN_STATUS`].
-pub const OPEN_INDEX: &str = "open-claims";
-
-/// Attributes this project adds to the Powertools layout.
-const TOKEN: &str = "token";
-const HOLDER: &str = "holder";
-const ATTEMPT: &str = "attempt";
-const MESSAGE_ID: &str = "message_id";
-const CLAIMED_AT: &str = "claimed_at";
-const UPDATED_AT: &str = "updated_at";
-const ERROR: &str = "error";
-
-/// How claims map onto the table's primary key.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum TableKey {
-    /// The claim id is the partition key, named [`Attributes::id`].
-    #[default]
-    Partition,
-    /// Every claim shares one partition value, and the claim id is the sort key.
-    Sorted {
-        /// The partition key attribute.
-        partition_attribute: String,
-        /// Its value on every claim.
-        partition_value: String,
-    },
-}
-
-/// Where claims live in DynamoDB.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableLayout {
-    /// The table name.
-    pub table: String,
-    /// Attribute names.
-    pub attributes: Attributes,
-    /// The primary key's shape.
-    pub key: TableKey,
-}
-
-impl TableLayout {
-    /// A table keyed by `id` alone, with the default attribute names.
-    ///
-    /// ```
-    /// use sqs_once::store::dynamodb::{TableKey, TableLayout};
-    ///
-    /// let layout = TableLayout::new("idempotency");
-    /// assert_eq!((layout.attributes.id.as_str(), layout.attributes.expiry.as_str()), ("id", "expiration"));
-    /// assert_eq!(layout.key, TableKey::Partition);
-    /// ```
-    pub fn new(table: impl Into<String>) -> Self {
-        Self { table: table.into(), attributes: Attributes::default(), key: TableKey::default() }
-    }
-
-    fn key(&self, id: &str) -> Item {
-        let mut key = Item::from([(self.attributes.id.clone(), s(id))]);
-        if let TableKey::Sorted { partition_attribute, partition_value } = &self.key {
-            key.insert(partition_attribute.clone(), s(partition_value));
-        }
-        key
-    }
-}
-
-/// DynamoDB requests made by a client, counted as they are sent (retries
-/// count again), per operation.
-#[derive(Debug, Default)]
-pub struct RequestCounter {
-    put: AtomicU64,
-    get: AtomicU64,
-    update: AtomicU64,
-    delete: AtomicU64,
-    query: AtomicU64,
-    scan: AtomicU64,
-    batch_statement: AtomicU64,
-    batch_get: AtomicU64,
-    other: AtomicU64,
-}
-
-/// A snapshot of a [`RequestCounter`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestCounts {
-    /// `PutItem` requests (claims).
-    pub put: u64,
-    /// `GetItem` requests (reads after a claim that returned no item).
-    pub get: u64,
-    /// `UpdateItem` requests (completions and failure records).
-    pub update: u64,
-    /// `DeleteItem` requests (releases).
-    pub delete: u64,
-    /// `Query` requests (listing open claims through the index).
-    pub query: u64,
-    /// `Scan` requests (listing without an index).
-    pub scan: u64,
-    /// `BatchExecuteStatement` requests (batched claims, completions,
-    /// failure records and releases).
-    pub batch_statement: u64,
-    /// `BatchGetItem` requests (batched reads after a refused claim).
-    pub batch_get: u64,
-    /// Any other request.
-    pub other: u64,
-}
-
-impl RequestCounts {
-    /// All requests.
-    pub fn total(&self) -> u64 {
-        let batched = self.batch_statement + self.batch_get;
-        self.put + self.get + self.update + self.delete + self.query + self.scan + batched + self.other
-    }
-}
-
-impl RequestCounter {
-    /// The counts so far.
-    pub fn snapshot(&self) -> RequestCounts {
-        RequestCounts {
-            put: self.put.load(Ordering::Relaxed),
-            get: self.get.load(Ordering::Relaxed),
-            update: self.update.load(Ordering::Relaxed),
-            delete: self.delete.load(Ordering::Relaxed),
-            query: self.query.load(Ordering::Relaxed),
-            scan: self.scan.load(Ordering::Relaxed),
-            batch_statement: self.batch_statement.load(Ordering::Relaxed),
-            batch_get: self.batch_get.load(Ordering::Relaxed),
-            other: self.other.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// Counts each request as the SDK sends it, by its `X-Amz-Target` operation.
-#[derive(Debug, Clone)]
-struct CountRequests(Arc<RequestCounter>);
-
-impl Intercept for CountRequests {
-    fn name(&self) -> &'static str {
-        "CountRequests"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &BeforeTransmitInterceptorContextRef<'_>,
-        _runtime_components: &RuntimeComponents,
-        _cfg: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        let target = context.request().headers().get("x-amz-target").unwrap_or_default();
-        let counter = match target.rsplit('.').next() {
-            Some("PutItem") => &self.0.put,
-            Some("GetItem") => &self.0.get,
-            Some("UpdateItem") => &self.0.update,
-            Some("DeleteItem") => &self.0.delete,
-            Some("Query") => &self.0.query,
-            Some("Scan") => &self.0.scan,
-            Some("BatchExecuteStatement") => &self.0.batch_statement,
-            Some("BatchGetItem") => &self.0.batch_get,
-            _ => &self.0.other,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// A DynamoDB client as this store uses it: built once per process from the
-/// SDK's default chain (so `AWS_REGION`, credentials and
-/// `AWS_ENDPOINT_URL_DYNAMODB` work as the SDK defines them), with this
-/// [`crate::aws`] retry and timeout settings, counting its requests.
-pub async fn client() -> (Client, Arc<RequestCounter>) {
-    client_from(&crate::aws::sdk_config().await)
-}
-
-/// A client as [`client`] builds it, from an already loaded configuration.
-pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounter>) {
-    let counter = Arc::new(RequestCounter::default());
-    let config =
-        aws_sdk_dynamodb::config::Builder::from(shared).interceptor(CountRequests(Arc::clone(&counter))).build();
-    (Client::from_conf(config), counter)
-}
 
 /// Claims in a DynamoDB table.
 ///
@@ -351,115 +101,6 @@ impl DynamoDbStore {
         &self.layout
     }
 
-    /// Creates the table (on-demand billing, TTL on the expiry attribute).
-    /// Returns `false` when it already existed; TTL is enabled either way.
-    pub async fn create_table(&self) -> Result<bool, StoreError> {
-        let layout = &self.layout;
-        let id = layout.attributes.id.as_str();
-        let mut keys = vec![(id, KeyType::Hash)];
-        if let TableKey::Sorted { partition_attribute, .. } = &layout.key {
-            keys = vec![(partition_attribute.as_str(), KeyType::Hash), (id, KeyType::Range)];
-        }
-        let open_claims = GlobalSecondaryIndex::builder()
-            .index_name(OPEN_INDEX)
-            .key_schema(key_element(OPEN_STATUS, KeyType::Hash)?)
-            .key_schema(key_element(id, KeyType::Range)?)
-            .projection(Projection::builder().projection_type(ProjectionType::All).build())
-            .build()
-            .map_err(StoreError::unavailable)?;
-        let mut request = self
-            .client
-            .create_table()
-            .table_name(&layout.table)
-            .billing_mode(BillingMode::PayPerRequest)
-            .global_secondary_indexes(open_claims);
-        for name in keys.iter().map(|(name, _)| *name).chain([OPEN_STATUS]) {
-            let definition =
-                AttributeDefinition::builder().attribute_name(name).attribute_type(ScalarAttributeType::S).build();
-            request = request.attribute_definitions(definition.map_err(StoreError::unavailable)?);
-        }
-        for (name, key_type) in keys {
-            request = request.key_schema(key_element(name, key_type)?);
-        }
-        let created = match request.send().await {
-            Ok(_) => true,
-            Err(error) if matches!(error.as_service_error(), Some(CreateTableError::ResourceInUseException(_))) => {
-                false
-            }
-            Err(error) => return Err(unavailable(error)),
-        };
-        self.client.wait_until_table_exists().table_name(&layout.table).wait(Duration::from_secs(120)).await.map_err(
-            |error| StoreError::unavailable(format!("table {} did not become active: {error}", layout.table)),
-        )?;
-        let ttl = TimeToLiveSpecification::builder()
-            .attribute_name(&layout.attributes.expiry)
-            .enabled(true)
-            .build()
-            .map_err(StoreError::unavailable)?;
-        match self.client.update_time_to_live().table_name(&layout.table).time_to_live_specification(ttl).send().await {
-            Ok(_) => Ok(created),
-            Err(error) if error.message().is_some_and(|message| message.contains("already enabled")) => Ok(created),
-            Err(error) => Err(unavailable(error)),
-        }
-    }
-
-    fn write_item(&self, record: &ClaimRecord) -> Item {
-        let names = &self.layout.attributes;
-        let mut item = self.layout.key(&record.id);
-        item.insert(names.status.clone(), s(record.status.as_str()));
-        item.insert(names.expiry.clone(), n(record.expires_at_s));
-        let optional = [
-            (names.lease.as_str(), record.lease_until_ms.map(n)),
-            (TOKEN, record.token.as_deref().map(s)),
-            (HOLDER, record.holder.as_deref().map(s)),
-            (ATTEMPT, record.attempt.map(n)),
-            (MESSAGE_ID, record.message_id.as_deref().map(s)),
-            (CLAIMED_AT, record.claimed_at_ms.map(n)),
-            (UPDATED_AT, record.updated_at_ms.map(n)),
-            (names.validation.as_str(), record.payload_hash.as_deref().map(s)),
-            (names.data.as_str(), record.result.as_deref().map(s)),
-            (ERROR, record.error.as_deref().map(s)),
-            (
-                OPEN_STATUS,
-                (record.status != ClaimStatus::Completed).then(|| s(open_partition(record.status, &record.id))),
-            ),
-        ];
-        item.extend(optional.into_iter().filter_map(|(name, value)| Some((name.to_owned(), value?))));
-        item
-    }
-
-    fn read_item(&self, item: &Item) -> Result<ClaimRecord, StoreError> {
-        let names = &self.layout.attributes;
-        let id = text(item, &names.id).unwrap_or_default();
-        let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
-        let status_text = text(item, &names.status).unwrap_or_default();
-        let status = ClaimStatus::parse(&status_text)
-            .ok_or_else(|| malformed(format!("unknown {} `{status_text}`", names.status)))?;
-        let number = |name: &str| match item.get(name) {
-            None => Ok(None),
-            Some(AttributeValue::N(value)) => value
-                .parse::<f64>()
-                .map(|value| Some(value as u64))
-                .map_err(|_| malformed(format!("{name} is not a number"))),
-            Some(_) => Err(malformed(format!("{name} is not a number"))),
-        };
-        Ok(ClaimRecord {
-            status,
-            expires_at_s: number(&names.expiry)?.ok_or_else(|| malformed(format!("no {}", names.expiry)))?,
-            lease_until_ms: number(&names.lease)?,
-            token: text(item, TOKEN),
-            holder: text(item, HOLDER),
-            attempt: number(ATTEMPT)?.and_then(|attempt| u32::try_from(attempt).ok()),
-            message_id: text(item, MESSAGE_ID),
-            claimed_at_ms: number(CLAIMED_AT)?,
-            updated_at_ms: number(UPDATED_AT)?,
-            payload_hash: text(item, &names.validation),
-            result: text(item, &names.data),
-            error: text(item, ERROR),
-            id,
-        })
-    }
-
     /// The returned old item says whether a refused finishing write had in
     /// fact been applied by an earlier attempt whose answer was lost.
     fn already_finished(&self, old: Option<&Item>, token: &str, status: Option<ClaimStatus>) -> Fenced {
@@ -486,7 +127,7 @@ impl ClaimStore for DynamoDbStore {
         if let Some(batches) = self.batched()
             && let Some(item) = batches.or_single(batches.reads.submit(id.to_owned()).await)
         {
-            return item?.map(|item| self.read_item(&item)).transpose();
+            return item?.map(|item| self.layout.read_item(&item)).transpose();
         }
         self.get_one(id).await
     }
@@ -567,7 +208,7 @@ impl ClaimStore for DynamoDbStore {
                     .client
                     .put_item()
                     .table_name(&self.layout.table)
-                    .set_item(Some(self.write_item(record)))
+                    .set_item(Some(self.layout.write_item(record)))
                     .condition_expression(condition)
                     .set_expression_attribute_names(Some(attribute_names))
                     .set_expression_attribute_values(values);
@@ -615,12 +256,13 @@ impl DynamoDbStore {
         record: &ClaimRecord,
         now_ms: u64,
     ) -> Result<Option<PutOutcome>, StoreError> {
-        let insert = || self.layout.insert(self.write_item(record), &record.id);
+        let insert = || self.layout.insert(self.layout.write_item(record), &record.id);
         let returned = match batches.write(insert).await? {
             Written::Applied => return Ok(Some(PutOutcome::Claimed)),
             Written::Refused(returned) => returned,
         };
-        let old = batches.refused_item(&record.id, returned).await?.map(|item| self.read_item(&item)).transpose()?;
+        let old =
+            batches.refused_item(&record.id, returned).await?.map(|item| self.layout.read_item(&item)).transpose()?;
         // Free, or gone since the insert: the conditional write settles it.
         Ok(old.filter(|old| !old.is_free(now_ms)).map(|old| PutOutcome::Taken(Some(Box::new(old)))))
     }
@@ -657,7 +299,7 @@ impl DynamoDbStore {
             .client
             .put_item()
             .table_name(&self.layout.table)
-            .set_item(Some(self.write_item(record)))
+            .set_item(Some(self.layout.write_item(record)))
             .condition_expression(
                 "attribute_not_exists(#id) \
                  OR (#status = :inprogress AND #lease < :now_ms) \
@@ -678,7 +320,9 @@ impl DynamoDbStore {
             Ok(_) => Ok(PutOutcome::Claimed),
             Err(error) => match error.into_service_error() {
                 PutItemError::ConditionalCheckFailedException(failed) => match failed.item {
-                    Some(item) if !item.is_empty() => Ok(PutOutcome::Taken(Some(Box::new(self.read_item(&item)?)))),
+                    Some(item) if !item.is_empty() => {
+                        Ok(PutOutcome::Taken(Some(Box::new(self.layout.read_item(&item)?))))
+                    }
                     _ => Ok(PutOutcome::Taken(None)),
                 },
                 other => Err(unavailable(other)),
@@ -697,7 +341,7 @@ impl DynamoDbStore {
 
     /// One consistent `GetItem`.
     async fn get_one(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
-        self.get_item(id).await?.map(|item| self.read_item(&item)).transpose()
+        self.get_item(id).await?.map(|item| self.layout.read_item(&item)).transpose()
     }
 
     /// The item, as one consistent `GetItem` reads it.
@@ -819,7 +463,7 @@ impl DynamoDbStore {
             match items.next().await {
                 None => break,
                 Some(Ok(item)) => {
-                    let record = self.read_item(&item)?;
+                    let record = self.layout.read_item(&item)?;
                     if query.matches(&record) {
                         records.push(record);
                     }
@@ -838,7 +482,7 @@ impl DynamoDbStore {
         let mut items = self.client.scan().table_name(&self.layout.table).into_paginator().items().send();
         let mut records = Vec::new();
         while let Some(item) = items.next().await {
-            records.push(self.read_item(&item.map_err(unavailable)?)?);
+            records.push(self.layout.read_item(&item.map_err(unavailable)?)?);
         }
         Ok(query.select(records, true))
     }
@@ -849,33 +493,4 @@ impl DynamoDbStore {
 /// the record went since), and refused if one does (the lease was taken over).
 fn released_unless(old: Option<&Item>) -> Fenced {
     if old.is_some() { Fenced::Refused } else { Fenced::Applied }
-}
-
-fn key_element(name: &str, key_type: KeyType) -> Result<KeySchemaElement, StoreError> {
-    KeySchemaElement::builder().attribute_name(name).key_type(key_type).build().map_err(StoreError::unavailable)
-}
-
-fn s(value: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(value.into())
-}
-
-fn n(value: impl ToString) -> AttributeValue {
-    AttributeValue::N(value.to_string())
-}
-
-fn text(item: &Item, name: &str) -> Option<String> {
-    match item.get(name) {
-        Some(AttributeValue::S(value)) => Some(value.clone()),
-        _ => None,
-    }
-}
-
-/// An SDK failure as a store error, in one line ([`crate::aws::describe`]).
-fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
-    StoreError::unavailable(described(&error))
-}
-
-/// An SDK failure in one line, naming DynamoDB.
-fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
-    format!("DynamoDB: {}", crate::aws::describe(error))
 }

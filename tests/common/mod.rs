@@ -1,6 +1,8 @@
 //! Test support shared by the integration tests.
 
-#![allow(dead_code)]
+// Each test crate uses a part of this support, and reaches it through `mod
+// common`, never as a public API.
+#![allow(dead_code, unreachable_pub)]
 
 pub mod faults;
 pub mod runtime_api;

@@ -7,6 +7,7 @@
 
 use async_trait::async_trait;
 
+pub use crate::claim::Finish;
 use crate::claim::{ClaimRecord, ClaimStatus};
 
 pub mod batched;
@@ -36,21 +37,6 @@ pub enum Fenced {
     /// The claim is no longer the caller's (its lease was taken over, or it is
     /// gone): nothing was written.
     Refused,
-}
-
-/// How a finished claim is recorded by [`ClaimStore::finish`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Finish {
-    /// [`ClaimStatus::Completed`] or [`ClaimStatus::Failed`].
-    pub status: ClaimStatus,
-    /// New overall expiry, epoch seconds.
-    pub expires_at_s: u64,
-    /// When the claim finished, epoch milliseconds.
-    pub finished_at_ms: u64,
-    /// The handler's output as JSON text, when stored.
-    pub result: Option<String>,
-    /// Why the claim failed, for [`ClaimStatus::Failed`].
-    pub error: Option<String>,
 }
 
 /// Which claims an operator lists.

@@ -1,0 +1,75 @@
+//! Creating the claim table: its key, the open-claims index, on-demand
+//! billing and TTL.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::{
+    client::Waiters,
+    error::ProvideErrorMetadata,
+    operation::create_table::CreateTableError,
+    types::{
+        AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection, ProjectionType,
+        ScalarAttributeType, TimeToLiveSpecification,
+    },
+};
+
+use super::{DynamoDbStore, OPEN_INDEX, OPEN_STATUS, TableKey, unavailable};
+use crate::store::StoreError;
+
+impl DynamoDbStore {
+    /// Creates the table (on-demand billing, TTL on the expiry attribute).
+    /// Returns `false` when it already existed; TTL is enabled either way.
+    pub async fn create_table(&self) -> Result<bool, StoreError> {
+        let layout = &self.layout;
+        let id = layout.attributes.id.as_str();
+        let mut keys = vec![(id, KeyType::Hash)];
+        if let TableKey::Sorted { partition_attribute, .. } = &layout.key {
+            keys = vec![(partition_attribute.as_str(), KeyType::Hash), (id, KeyType::Range)];
+        }
+        let open_claims = GlobalSecondaryIndex::builder()
+            .index_name(OPEN_INDEX)
+            .key_schema(key_element(OPEN_STATUS, KeyType::Hash)?)
+            .key_schema(key_element(id, KeyType::Range)?)
+            .projection(Projection::builder().projection_type(ProjectionType::All).build())
+            .build()
+            .map_err(StoreError::unavailable)?;
+        let mut request = self
+            .client
+            .create_table()
+            .table_name(&layout.table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .global_secondary_indexes(open_claims);
+        for name in keys.iter().map(|(name, _)| *name).chain([OPEN_STATUS]) {
+            let definition =
+                AttributeDefinition::builder().attribute_name(name).attribute_type(ScalarAttributeType::S).build();
+            request = request.attribute_definitions(definition.map_err(StoreError::unavailable)?);
+        }
+        for (name, key_type) in keys {
+            request = request.key_schema(key_element(name, key_type)?);
+        }
+        let created = match request.send().await {
+            Ok(_) => true,
+            Err(error) if matches!(error.as_service_error(), Some(CreateTableError::ResourceInUseException(_))) => {
+                false
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        self.client.wait_until_table_exists().table_name(&layout.table).wait(Duration::from_secs(120)).await.map_err(
+            |error| StoreError::unavailable(format!("table {} did not become active: {error}", layout.table)),
+        )?;
+        let ttl = TimeToLiveSpecification::builder()
+            .attribute_name(&layout.attributes.expiry)
+            .enabled(true)
+            .build()
+            .map_err(StoreError::unavailable)?;
+        match self.client.update_time_to_live().table_name(&layout.table).time_to_live_specification(ttl).send().await {
+            Ok(_) => Ok(created),
+            Err(error) if error.message().is_some_and(|message| message.contains("already enabled")) => Ok(created),
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+}
+
+fn key_element(name: &str, key_type: KeyType) -> Result<KeySchemaElement, StoreError> {
+    KeySchemaElement::builder().attribute_name(name).key_type(key_type).build().map_err(StoreError::unavailable)
+}

@@ -1,0 +1,137 @@
+//! The DynamoDB client the store uses, counting its requests, and how its
+//! errors become [`StoreError`]s.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
+use aws_sdk_dynamodb::{
+    Client,
+    config::{ConfigBag, Intercept, RuntimeComponents, interceptors::BeforeTransmitInterceptorContextRef},
+    error::{BoxError, ProvideErrorMetadata},
+};
+
+use crate::store::StoreError;
+
+/// DynamoDB requests made by a client, counted as they are sent (retries
+/// count again), per operation.
+#[derive(Debug, Default)]
+pub struct RequestCounter {
+    put: AtomicU64,
+    get: AtomicU64,
+    update: AtomicU64,
+    delete: AtomicU64,
+    query: AtomicU64,
+    scan: AtomicU64,
+    batch_statement: AtomicU64,
+    batch_get: AtomicU64,
+    other: AtomicU64,
+}
+
+/// A snapshot of a [`RequestCounter`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// `PutItem` requests (claims).
+    pub put: u64,
+    /// `GetItem` requests (reads after a claim that returned no item).
+    pub get: u64,
+    /// `UpdateItem` requests (completions and failure records).
+    pub update: u64,
+    /// `DeleteItem` requests (releases).
+    pub delete: u64,
+    /// `Query` requests (listing open claims through the index).
+    pub query: u64,
+    /// `Scan` requests (listing without an index).
+    pub scan: u64,
+    /// `BatchExecuteStatement` requests (batched claims, completions,
+    /// failure records and releases).
+    pub batch_statement: u64,
+    /// `BatchGetItem` requests (batched reads after a refused claim).
+    pub batch_get: u64,
+    /// Any other request.
+    pub other: u64,
+}
+
+impl RequestCounts {
+    /// All requests.
+    pub fn total(&self) -> u64 {
+        let batched = self.batch_statement + self.batch_get;
+        self.put + self.get + self.update + self.delete + self.query + self.scan + batched + self.other
+    }
+}
+
+impl RequestCounter {
+    /// The counts so far.
+    pub fn snapshot(&self) -> RequestCounts {
+        RequestCounts {
+            put: self.put.load(Ordering::Relaxed),
+            get: self.get.load(Ordering::Relaxed),
+            update: self.update.load(Ordering::Relaxed),
+            delete: self.delete.load(Ordering::Relaxed),
+            query: self.query.load(Ordering::Relaxed),
+            scan: self.scan.load(Ordering::Relaxed),
+            batch_statement: self.batch_statement.load(Ordering::Relaxed),
+            batch_get: self.batch_get.load(Ordering::Relaxed),
+            other: self.other.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counts each request as the SDK sends it, by its `X-Amz-Target` operation.
+#[derive(Debug, Clone)]
+struct CountRequests(Arc<RequestCounter>);
+
+impl Intercept for CountRequests {
+    fn name(&self) -> &'static str {
+        "CountRequests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let target = context.request().headers().get("x-amz-target").unwrap_or_default();
+        let counter = match target.rsplit('.').next() {
+            Some("PutItem") => &self.0.put,
+            Some("GetItem") => &self.0.get,
+            Some("UpdateItem") => &self.0.update,
+            Some("DeleteItem") => &self.0.delete,
+            Some("Query") => &self.0.query,
+            Some("Scan") => &self.0.scan,
+            Some("BatchExecuteStatement") => &self.0.batch_statement,
+            Some("BatchGetItem") => &self.0.batch_get,
+            _ => &self.0.other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A DynamoDB client as this store uses it: built once per process from the
+/// SDK's default chain (so `AWS_REGION`, credentials and
+/// `AWS_ENDPOINT_URL_DYNAMODB` work as the SDK defines them), with this
+/// [`crate::aws`] retry and timeout settings, counting its requests.
+pub async fn client() -> (Client, Arc<RequestCounter>) {
+    client_from(&crate::aws::sdk_config().await)
+}
+
+/// A client as [`client`] builds it, from an already loaded configuration.
+pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounter>) {
+    let counter = Arc::new(RequestCounter::default());
+    let config =
+        aws_sdk_dynamodb::config::Builder::from(shared).interceptor(CountRequests(Arc::clone(&counter))).build();
+    (Client::from_conf(config), counter)
+}
+
+/// An SDK failure as a store error, in one line ([`crate::aws::describe`]).
+pub(super) fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
+    StoreError::unavailable(described(&error))
+}
+
+/// An SDK failure in one line, naming DynamoDB.
+pub(super) fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
+    format!("DynamoDB: {}", crate::aws::describe(error))
+}

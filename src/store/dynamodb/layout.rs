@@ -1,0 +1,222 @@
+//! How claims map onto a DynamoDB table: the attribute names, the primary
+//! key's shape, the sparse open-claims index, and the item that stores a
+//! claim record.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::Item;
+use crate::{
+    claim::{ClaimRecord, ClaimStatus},
+    store::StoreError,
+};
+
+/// Names of the attributes a claim is stored in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attributes {
+    /// The key attribute holding the claim's id (the partition key, or the
+    /// sort key of a [`TableKey::Sorted`] table). Default `id`.
+    pub id: String,
+    /// Overall expiry, epoch seconds; the table's TTL attribute. Default `expiration`.
+    pub expiry: String,
+    /// Lease end, epoch milliseconds. Default `in_progress_expiration`.
+    pub lease: String,
+    /// `INPROGRESS`, `COMPLETED` or `FAILED`. Default `status`.
+    pub status: String,
+    /// The stored handler output. Default `data`.
+    pub data: String,
+    /// The body hash for payload validation. Default `validation`.
+    pub validation: String,
+}
+
+impl Default for Attributes {
+    fn default() -> Self {
+        Self {
+            id: "id".into(),
+            expiry: "expiration".into(),
+            lease: "in_progress_expiration".into(),
+            status: "status".into(),
+            data: "data".into(),
+            validation: "validation".into(),
+        }
+    }
+}
+
+/// The sparse attribute that exists only while a claim is in progress or
+/// failed, and the index on it: listing open claims reads only them, never
+/// the whole table. It holds the claim's status and a shard of its id
+/// (`INPROGRESS#0` to `INPROGRESS#15`, see [`open_partition`]).
+pub const OPEN_STATUS: &str = "open_status";
+
+/// How many index partitions each open status is spread over.
+///
+/// Every claim writes the index and every completion deletes from it, so an
+/// index keyed by the bare status would take all of them on one or two
+/// partition key values; one value is served by one index partition (about
+/// 1,000 writes a second), and a throttled index throttles the table's
+/// writes. Sixteen values per status take some 16,000 index writes a second
+/// (8,000 new records) before any one is hot, and cost a listing sixteen
+/// small queries per status.
+pub const OPEN_SHARDS: u32 = 16;
+
+/// The [`OPEN_STATUS`] value of an open claim: its status and a stable shard
+/// of its id (FNV-1a, so every process and version agrees).
+///
+/// ```
+/// use sqs_once::{claim::ClaimStatus, store::dynamodb::open_partition};
+///
+/// let partition = open_partition(ClaimStatus::InProgress, "orders#o-1");
+/// assert!(partition.starts_with("INPROGRESS#"));
+/// assert_eq!(partition, open_partition(ClaimStatus::InProgress, "orders#o-1"));
+/// ```
+pub fn open_partition(status: ClaimStatus, id: &str) -> String {
+    let hash = id.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    shard_of(status, hash % OPEN_SHARDS)
+}
+
+/// Every [`OPEN_STATUS`] value claims of `status` can have: the shards, and
+/// the bare status that versions before the sharding wrote.
+pub(super) fn open_partitions(status: ClaimStatus) -> impl Iterator<Item = String> {
+    (0..OPEN_SHARDS).map(move |shard| shard_of(status, shard)).chain([status.as_str().to_owned()])
+}
+
+pub(super) fn shard_of(status: ClaimStatus, shard: u32) -> String {
+    format!("{}#{shard}", status.as_str())
+}
+
+/// The global secondary index on [`OPEN_STATUS`].
+pub const OPEN_INDEX: &str = "open-claims";
+
+/// Attributes this project adds to the Powertools layout.
+pub(super) const TOKEN: &str = "token";
+pub(super) const HOLDER: &str = "holder";
+pub(super) const ATTEMPT: &str = "attempt";
+pub(super) const MESSAGE_ID: &str = "message_id";
+pub(super) const CLAIMED_AT: &str = "claimed_at";
+pub(super) const UPDATED_AT: &str = "updated_at";
+pub(super) const ERROR: &str = "error";
+
+/// How claims map onto the table's primary key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TableKey {
+    /// The claim id is the partition key, named [`Attributes::id`].
+    #[default]
+    Partition,
+    /// Every claim shares one partition value, and the claim id is the sort key.
+    Sorted {
+        /// The partition key attribute.
+        partition_attribute: String,
+        /// Its value on every claim.
+        partition_value: String,
+    },
+}
+
+/// Where claims live in DynamoDB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableLayout {
+    /// The table name.
+    pub table: String,
+    /// Attribute names.
+    pub attributes: Attributes,
+    /// The primary key's shape.
+    pub key: TableKey,
+}
+
+impl TableLayout {
+    /// A table keyed by `id` alone, with the default attribute names.
+    ///
+    /// ```
+    /// use sqs_once::store::dynamodb::{TableKey, TableLayout};
+    ///
+    /// let layout = TableLayout::new("idempotency");
+    /// assert_eq!((layout.attributes.id.as_str(), layout.attributes.expiry.as_str()), ("id", "expiration"));
+    /// assert_eq!(layout.key, TableKey::Partition);
+    /// ```
+    pub fn new(table: impl Into<String>) -> Self {
+        Self { table: table.into(), attributes: Attributes::default(), key: TableKey::default() }
+    }
+
+    pub(super) fn key(&self, id: &str) -> Item {
+        let mut key = Item::from([(self.attributes.id.clone(), s(id))]);
+        if let TableKey::Sorted { partition_attribute, partition_value } = &self.key {
+            key.insert(partition_attribute.clone(), s(partition_value));
+        }
+        key
+    }
+}
+
+/// How claims are encoded as items.
+impl TableLayout {
+    /// The item that stores `record`.
+    pub(super) fn write_item(&self, record: &ClaimRecord) -> Item {
+        let names = &self.attributes;
+        let mut item = self.key(&record.id);
+        item.insert(names.status.clone(), s(record.status.as_str()));
+        item.insert(names.expiry.clone(), n(record.expires_at_s));
+        let optional = [
+            (names.lease.as_str(), record.lease_until_ms.map(n)),
+            (TOKEN, record.token.as_deref().map(s)),
+            (HOLDER, record.holder.as_deref().map(s)),
+            (ATTEMPT, record.attempt.map(n)),
+            (MESSAGE_ID, record.message_id.as_deref().map(s)),
+            (CLAIMED_AT, record.claimed_at_ms.map(n)),
+            (UPDATED_AT, record.updated_at_ms.map(n)),
+            (names.validation.as_str(), record.payload_hash.as_deref().map(s)),
+            (names.data.as_str(), record.result.as_deref().map(s)),
+            (ERROR, record.error.as_deref().map(s)),
+            (
+                OPEN_STATUS,
+                (record.status != ClaimStatus::Completed).then(|| s(open_partition(record.status, &record.id))),
+            ),
+        ];
+        item.extend(optional.into_iter().filter_map(|(name, value)| Some((name.to_owned(), value?))));
+        item
+    }
+
+    /// The record `item` stores.
+    pub(super) fn read_item(&self, item: &Item) -> Result<ClaimRecord, StoreError> {
+        let names = &self.attributes;
+        let id = text(item, &names.id).unwrap_or_default();
+        let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
+        let status_text = text(item, &names.status).unwrap_or_default();
+        let status = ClaimStatus::parse(&status_text)
+            .ok_or_else(|| malformed(format!("unknown {} `{status_text}`", names.status)))?;
+        let number = |name: &str| match item.get(name) {
+            None => Ok(None),
+            Some(AttributeValue::N(value)) => value
+                .parse::<f64>()
+                .map(|value| Some(value as u64))
+                .map_err(|_| malformed(format!("{name} is not a number"))),
+            Some(_) => Err(malformed(format!("{name} is not a number"))),
+        };
+        Ok(ClaimRecord {
+            status,
+            expires_at_s: number(&names.expiry)?.ok_or_else(|| malformed(format!("no {}", names.expiry)))?,
+            lease_until_ms: number(&names.lease)?,
+            token: text(item, TOKEN),
+            holder: text(item, HOLDER),
+            attempt: number(ATTEMPT)?.and_then(|attempt| u32::try_from(attempt).ok()),
+            message_id: text(item, MESSAGE_ID),
+            claimed_at_ms: number(CLAIMED_AT)?,
+            updated_at_ms: number(UPDATED_AT)?,
+            payload_hash: text(item, &names.validation),
+            result: text(item, &names.data),
+            error: text(item, ERROR),
+            id,
+        })
+    }
+}
+
+pub(super) fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+pub(super) fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+pub(super) fn text(item: &Item, name: &str) -> Option<String> {
+    match item.get(name) {
+        Some(AttributeValue::S(value)) => Some(value.clone()),
+        _ => None,
+    }
+}
