@@ -22,9 +22,9 @@ use sqs_once::{
     claim::{ClaimPolicy, ClaimRecord, ClaimStatus, Claims},
     clock::{Clock, SystemClock},
     engine::{Engine, EngineOptions, Invocation},
-    event::parse_event,
     handlers::demo::Demo,
     key::KeyDeriver,
+    sqs::event::parse_event,
     store::{ClaimStore, DynamoDbStore, dynamodb},
 };
 

@@ -25,12 +25,12 @@ use crate::{
     config::{Config, StoreChoice},
     consumer::{self, Consumer},
     engine::Invocation,
-    event::parse_event,
     metrics::{Extra, emf_line},
     operator::{Action, Operator, timestamp},
     poll::{PollOptions, Poller},
-    redelivery::RedeliveryPolicy,
     sqs::Sqs,
+    sqs::event::parse_event,
+    sqs::redelivery::RedeliveryPolicy,
     store::ClaimQuery,
 };
 

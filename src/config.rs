@@ -12,8 +12,8 @@ use crate::{
     envelope::EnvelopeKind,
     key::{KeyDeriver, KeySpec, OnMissingKey},
     metrics::MetricsConfig,
-    redelivery::{RedeliveryPolicy, RetryBackoff},
     sqs::MAX_VISIBILITY,
+    sqs::redelivery::{RedeliveryPolicy, RetryBackoff},
     store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 

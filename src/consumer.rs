@@ -18,10 +18,10 @@ use crate::{
     clock::SystemClock,
     config::{Config, StoreChoice},
     engine::{BatchReport, Engine, Invocation},
-    event::EventRecord,
     metrics::Extra,
-    redelivery::{Redelivery, RedeliveryCounts},
     sqs::Sqs,
+    sqs::event::EventRecord,
+    sqs::redelivery::{Redelivery, RedeliveryCounts},
     store::{
         ClaimStore, DynamoDbStore, MemoryStore, SqliteStore, StoreError,
         dynamodb::{self, RequestCounter, TableLayout},

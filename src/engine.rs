@@ -33,9 +33,9 @@ use crate::{
     claim::{Claim, ClaimRequest, Claims, Lease},
     clock::epoch_ms,
     envelope::{EnvelopeKind, Opened},
-    event::EventRecord,
     key::KeyDeriver,
     lock::lock,
+    sqs::event::EventRecord,
     store::{Fenced, StoreError},
 };
 
@@ -236,7 +236,7 @@ impl BatchReport {
 /// use std::{sync::Arc, time::{Duration, SystemTime}};
 /// use sqs_once::{
 ///     Handler, HandlerResult, Record, claim::Claims, engine::{Engine, EngineOptions, Invocation},
-///     event::parse_event, key::KeyDeriver, store::MemoryStore,
+///     sqs::event::parse_event, key::KeyDeriver, store::MemoryStore,
 /// };
 ///
 /// struct Echo;

@@ -20,9 +20,9 @@ use crate::{
     clock::{Clock, SystemClock},
     consumer::Consumer,
     engine::Invocation,
-    event::{InvalidEvent, parse_event},
     lock::lock,
     metrics::{Extra, MetricsConfig, emf_line},
+    sqs::event::{InvalidEvent, parse_event},
 };
 
 /// Variables the runtime needs, all set by Lambda itself.

@@ -15,9 +15,9 @@
 //! - [`key`]: which part of a message identifies it, and [`envelope`]: the
 //!   SNS or EventBridge envelope a message may arrive in;
 //! - [`engine`]: fans a batch out, keeps FIFO order and the deadline;
-//! - [`event`]: reads an SQS event one record at a time;
-//! - [`redelivery`]: when failed records come back, or leave for the
-//!   dead-letter queue, through [`sqs`];
+//! - [`sqs`]: the SQS side: reading an event one record at a time
+//!   ([`sqs::event`]), when failed records come back or leave for the
+//!   dead-letter queue ([`sqs::redelivery`]), and the SQS calls;
 //! - [`lambda`] and [`poll`]: the Lambda function, and the same consumer
 //!   polling a queue itself;
 //! - [`config`]: the `SQS_ONCE_` settings.
@@ -41,7 +41,6 @@ pub mod config;
 pub mod consumer;
 pub mod engine;
 pub mod envelope;
-pub mod event;
 mod handler;
 pub mod key;
 pub mod lambda;
@@ -50,7 +49,6 @@ pub mod metrics;
 pub mod operator;
 pub mod poll;
 mod record;
-pub mod redelivery;
 pub mod sqs;
 pub mod store;
 pub mod testing;

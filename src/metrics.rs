@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::{engine::BatchReport, redelivery::RedeliveryCounts};
+use crate::{engine::BatchReport, sqs::redelivery::RedeliveryCounts};
 
 /// What to publish (`SQS_ONCE_METRICS*`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -33,8 +33,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use crate::{
     consumer::{Consumer, Processed},
     engine::{Invocation, Outcome},
-    event::EventRecord,
     lock::lock,
+    sqs::event::EventRecord,
     sqs::{QueueInfo, Sqs, SqsError, event_message},
 };
 

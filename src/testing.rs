@@ -58,8 +58,8 @@ use crate::{
     claim::{ClaimPolicy, Claims},
     clock::SystemClock,
     engine::{BatchReport, Engine, EngineOptions, Invocation},
-    event::EventRecord,
     key::{KeyDeriver, KeySpec, OnMissingKey},
+    sqs::event::EventRecord,
     store::{ClaimStore, MemoryStore},
 };
 

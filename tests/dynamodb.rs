@@ -21,9 +21,9 @@ use sqs_once::{
     claim::{Claim, ClaimPolicy, ClaimRequest, ClaimStatus, Claims},
     clock::{Clock, SystemClock},
     engine::{BatchReport, Engine, EngineOptions, Invocation},
-    event::parse_event,
     handlers::demo::Demo,
     key::KeyDeriver,
+    sqs::event::parse_event,
     store::{
         ClaimQuery, ClaimStore, DynamoDbStore,
         dynamodb::{self, RequestCounts, TableKey},

@@ -17,9 +17,9 @@ use sqs_once::{
     clock::SystemClock,
     engine::{BatchReport, Engine, EngineOptions, Failure, Invocation, Outcome},
     envelope::{Envelope, EnvelopeKind},
-    event::parse_event,
     handlers::demo::Demo,
     key::{KeyDeriver, KeySpec, OnMissingKey},
+    sqs::event::parse_event,
     store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, MemoryStore, PutOutcome, StoreError},
 };
 

@@ -9,7 +9,7 @@ use serde_yaml::{Value, value::TaggedValue};
 use sqs_once::{
     engine::{BatchReport, Outcome, RecordReport},
     metrics::{Extra, MetricsConfig, emf_line},
-    redelivery::RedeliveryCounts,
+    sqs::redelivery::RedeliveryCounts,
     store::dynamodb::{self, Attributes},
 };
 

@@ -36,9 +36,9 @@ use tokio::time::Instant;
 
 use crate::{
     engine::{BatchReport, Failure, Outcome},
-    event::EventRecord,
     lock::{into_inner, lock},
     record::receive_count,
+    sqs::event::EventRecord,
     sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
 };
 
@@ -67,7 +67,7 @@ impl RetryBackoff {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sqs_once::redelivery::RetryBackoff;
+    /// use sqs_once::sqs::redelivery::RetryBackoff;
     ///
     /// let backoff = RetryBackoff { base: Duration::from_secs(5), max: Duration::from_secs(60) };
     /// assert_eq!(backoff.delay(1), Duration::from_secs(5));
@@ -127,7 +127,7 @@ impl RedeliveryPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sqs_once::{engine::Failure, redelivery::{NextDelivery, RedeliveryPolicy}};
+    /// use sqs_once::{engine::Failure, sqs::redelivery::{NextDelivery, RedeliveryPolicy}};
     ///
     /// let policy = RedeliveryPolicy { conflict_backoff: true, ..RedeliveryPolicy::none() };
     /// let conflict = Failure::Conflict { retry_after: Duration::from_secs(4) };
@@ -160,7 +160,7 @@ impl RedeliveryPolicy {
 ///
 /// ```
 /// use std::time::Duration;
-/// use sqs_once::redelivery::with_jitter;
+/// use sqs_once::sqs::redelivery::with_jitter;
 ///
 /// let jittered = with_jitter(Duration::from_secs(10));
 /// assert!(jittered >= Duration::from_secs(10) && jittered <= Duration::from_secs(13));
@@ -186,9 +186,9 @@ pub struct RedeliveryCounts {
 /// A [`RedeliveryPolicy`] carried out through SQS.
 ///
 /// ```no_run
-/// # async fn example(records: Vec<sqs_once::event::EventRecord>, report: sqs_once::engine::BatchReport) {
+/// # async fn example(records: Vec<sqs_once::sqs::event::EventRecord>, report: sqs_once::engine::BatchReport) {
 /// use std::time::Duration;
-/// use sqs_once::{redelivery::{Redelivery, RedeliveryPolicy, RetryBackoff}, sqs::Sqs};
+/// use sqs_once::{sqs::redelivery::{Redelivery, RedeliveryPolicy, RetryBackoff}, sqs::Sqs};
 ///
 /// let policy = RedeliveryPolicy {
 ///     conflict_backoff: true,
