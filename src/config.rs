@@ -2,6 +2,8 @@
 //!
 //! Every setting is an environment variable, as Lambda users expect; invalid
 //! values are refused at start with a message naming the valid ones.
+//!
+#![doc = include_str!("../docs/configuration.md")]
 
 use std::{fmt::Display, path::PathBuf, str::FromStr, time::Duration};
 

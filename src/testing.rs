@@ -4,7 +4,7 @@
 //! store, so a test sees what SQS would see: which records fail, which are
 //! duplicates, how often the handler ran. [`event`] and [`message`] build the
 //! input from bodies. [`claim_suite`] is the conformance suite every claim
-//! store passes, for a [`ClaimStore`](crate::store::ClaimStore) of one's own.
+//! store passes, for a [`ClaimStore`] of one's own.
 //!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
@@ -43,6 +43,8 @@
 //! assert_eq!(charge.0.load(Ordering::SeqCst), 1);
 //! # });
 //! ```
+//!
+#![doc = include_str!("../docs/tests.md")]
 
 pub mod claim_suite;
 

@@ -9,7 +9,7 @@
 //!
 //! By default the writes of records running at the same time go out
 //! together, as PartiQL statements in `BatchExecuteStatement` (see
-//! [`statements`]): a new record then costs about 2/25 of a request instead
+//! *Batched writes* below): a new record then costs about 2/25 of a request instead
 //! of 2, at the same write units. A claim that finds the key taken reads the
 //! record in a batched consistent read (about 1/100 of a request and one
 //! read unit), since a refused statement may not return it.
@@ -18,6 +18,8 @@
 //! `expiration`, `in_progress_expiration`, `status`, `data`, `validation`), so
 //! a table can be shared with functions that use it; tables keyed by a static
 //! partition value and a sort key are supported as Powertools supports them.
+//!
+#![doc = include_str!("../../docs/dynamodb.md")]
 
 use std::{collections::HashMap, sync::Arc};
 
