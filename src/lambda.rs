@@ -142,7 +142,7 @@ fn shut_down_on_sigterm() {
 /// Tells the Runtime API that initialisation failed, so Lambda reports
 /// `message` as the init error instead of an anonymous exit. Best effort: the
 /// process exits with the message on standard error either way.
-pub fn report_init_error(error_type: &str, message: &str) {
+pub(crate) fn report_init_error(error_type: &str, message: &str) {
     let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API") else { return };
     let body = json!({ "errorType": error_type, "errorMessage": message }).to_string();
     let request = format!(

@@ -7,9 +7,32 @@
 //! with a partial-batch response listing exactly the records SQS must
 //! deliver again.
 //!
+//! A consumer of one's own is a handler and one call:
+//!
+//! ```no_run
+//! use sqs_once::{Handler, HandlerResult, Record};
+//!
+//! struct Ship;
+//!
+//! impl Handler for Ship {
+//!     async fn handle(&self, record: &Record) -> HandlerResult {
+//!         // The side effect, run once per key however often SQS delivers it.
+//!         let _order: serde_json::Value = record.body_json()?;
+//!         Ok(None)
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> std::process::ExitCode {
+//!     // The Lambda function inside Lambda; `invoke`, `poll`, `claims` and `create-table` outside it.
+//!     sqs_once::run(Ship).await
+//! }
+//! ```
+//!
 //! The pieces, from the inside out:
 //!
-//! - [`Handler`]: the business logic for one [`Record`];
+//! - [`Handler`]: the business logic for one [`Record`] ([`handler_fn`]
+//!   makes one of a closure);
 //! - [`claim`]: the claim state machine, written once for every store;
 //! - [`store`]: where claims live (memory, a SQLite file, DynamoDB);
 //! - [`key`]: which part of a message identifies it, and [`envelope`]: the
@@ -18,9 +41,12 @@
 //! - [`sqs`]: the SQS side: reading an event one record at a time
 //!   ([`sqs::event`]), when failed records come back or leave for the
 //!   dead-letter queue ([`sqs::redelivery`]), and the SQS calls;
+//! - [`consumer`]: the engine, the store and the SQS step, assembled from
+//!   the [`config`] (the `SQS_ONCE_` settings);
 //! - [`lambda`] and [`poll`]: the Lambda function, and the same consumer
-//!   polling a queue itself;
-//! - [`config`]: the `SQS_ONCE_` settings.
+//!   polling a queue itself; [`run`] serves either, with the command line;
+//! - [`testing`]: running a handler through the real engine in a test, and
+//!   the conformance suite for claim stores.
 
 // The engine isolates a handler's panic in its record by catching the unwind;
 // with `panic = "abort"` one panicking record would kill the process and fail
