@@ -39,7 +39,8 @@ pub enum StartupError {
 /// The SQS step must leave this much of the invocation to post the answer.
 const ANSWER_TIME: Duration = Duration::from_millis(100);
 
-/// A consumer, assembled from the settings.
+/// A consumer: assembled from the settings with [`Consumer::new`], or in
+/// code from its parts, with no environment at all.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -52,6 +53,25 @@ const ANSWER_TIME: Duration = Duration::from_millis(100);
 /// }).unwrap();
 /// let consumer = Consumer::new(&config, Arc::new(Orders)).await.unwrap();
 /// # });
+/// ```
+///
+/// From its parts: the store, the key and the tuning chosen in code.
+///
+/// ```
+/// use std::sync::Arc;
+/// use sqs_once::{
+///     claim::{ClaimPolicy, Claims}, clock::SystemClock, consumer::Consumer,
+///     engine::{Engine, EngineOptions}, handlers::orders::Orders, key::{KeyDeriver, OnMissingKey},
+///     store::MemoryStore,
+/// };
+///
+/// let policy = ClaimPolicy { validate_payload: true, ..ClaimPolicy::default() };
+/// let claims = Claims::with_policy(Arc::new(MemoryStore::default()), policy, Arc::new(SystemClock));
+/// let keys = KeyDeriver::new("body.order_id".parse().unwrap(), "orders", true, OnMissingKey::Fail);
+/// let options = EngineOptions { concurrency: 16, ..EngineOptions::default() };
+/// let engine = Engine::new(Arc::new(Orders), Arc::new(claims), keys, options);
+/// // No SQS step: failed records come back after the queue's visibility timeout.
+/// let consumer = Consumer { engine, dynamodb_requests: None, redelivery: None };
 /// ```
 #[derive(Debug, Clone)]
 pub struct Consumer {

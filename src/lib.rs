@@ -61,7 +61,6 @@ compile_error!(
 
 pub mod aws;
 pub mod claim;
-mod cli;
 pub mod clock;
 pub mod config;
 pub mod consumer;
@@ -69,11 +68,9 @@ pub mod engine;
 pub mod envelope;
 mod handler;
 pub mod key;
-pub mod lambda;
 mod lock;
 pub mod metrics;
 pub mod operator;
-pub mod poll;
 mod record;
 pub mod sqs;
 pub mod store;
@@ -82,6 +79,11 @@ pub mod testing;
 #[path = "../handlers/mod.rs"]
 pub mod handlers;
 
-pub use cli::{run, run_with};
+mod run;
+
 pub use handler::{BoxHandler, DynHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
 pub use record::Record;
+pub use run::{
+    cli::{run, run_with},
+    lambda, poll,
+};
