@@ -19,7 +19,7 @@ use std::{
 use futures::{StreamExt, stream};
 use serde_json::{Value, json};
 use sqs_once::{
-    claim::{ClaimPolicy, ClaimRecord, ClaimStatus, Claims},
+    claim::{ClaimPolicy, ClaimStatus, Claims, StoredClaim},
     clock::{Clock, SystemClock},
     engine::{Engine, EngineOptions, Invocation},
     handlers::demo::Demo,
@@ -67,7 +67,7 @@ async fn ceiling(store: &DynamoDbStore, count: usize, concurrency: usize) -> Val
     let started = Instant::now();
     let claimed = stream::iter(0..count)
         .map(|n| {
-            let record = ClaimRecord {
+            let record = StoredClaim {
                 id: format!("ceiling#{run}#{n}"),
                 status: ClaimStatus::InProgress,
                 expires_at_s: now_ms / 1000 + 3600,

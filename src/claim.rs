@@ -10,7 +10,7 @@
 //!     └──────────────────────────┘
 //! ```
 //!
-//! A key is *free* (see [`ClaimRecord::is_free`]) when no record holds it, when
+//! A key is *free* (see [`StoredClaim::is_free`]) when no record holds it, when
 //! its in-progress lease has ended, or when a finished record's expiry has
 //! passed. A live lease is never taken over because the record's overall
 //! expiry passed. Whoever claims a free key gets a fresh random token; the
@@ -39,9 +39,9 @@ use crate::{
     store::{ClaimStore, Fenced, PutOutcome, StoreError},
 };
 
-mod record;
+mod stored;
 
-pub use record::{ClaimRecord, ClaimStatus, Finish};
+pub use stored::{ClaimStatus, Finish, StoredClaim};
 
 /// What the state machine needs to know about one claim attempt.
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +75,7 @@ pub struct Lease {
 }
 
 impl Lease {
-    fn of(claim: ClaimRecord) -> Self {
+    fn of(claim: StoredClaim) -> Self {
         Self {
             id: claim.id,
             token: claim.token.unwrap_or_default(),
@@ -280,9 +280,9 @@ impl Claims {
         Ok(self.count_refusal(lease, self.store.release(&lease.id, &lease.token).await?, "release"))
     }
 
-    fn new_claim(&self, request: &ClaimRequest<'_>, now_ms: u64, payload_hash: Option<String>) -> ClaimRecord {
+    fn new_claim(&self, request: &ClaimRequest<'_>, now_ms: u64, payload_hash: Option<String>) -> StoredClaim {
         let lease_until_ms = request.deadline_ms.saturating_add(duration_ms(self.policy.lease_margin));
-        ClaimRecord {
+        StoredClaim {
             id: request.id.to_owned(),
             status: ClaimStatus::InProgress,
             // The expiry is the table's TTL attribute: DynamoDB may delete the
@@ -304,7 +304,7 @@ impl Claims {
 
     /// What an existing record means for a claim; `None` when it turned out
     /// to be free after all (it expired between the write and the read).
-    fn judge(&self, existing: ClaimRecord, payload_hash: Option<&str>) -> Option<Claim> {
+    fn judge(&self, existing: StoredClaim, payload_hash: Option<&str>) -> Option<Claim> {
         let now_ms = self.clock.now_ms();
         if existing.is_free(now_ms) {
             return None;

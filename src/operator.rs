@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use crate::{
-    claim::{ClaimRecord, ClaimStatus},
+    claim::{ClaimStatus, StoredClaim},
     clock::Clock,
     store::{ClaimQuery, ClaimStore, Fenced, Listing, StoreError},
 };
@@ -64,7 +64,7 @@ impl Operator {
     }
 
     /// The claim stored as `id`.
-    pub async fn show(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    pub async fn show(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         self.store.get(id).await
     }
 
@@ -86,7 +86,7 @@ impl Operator {
     /// assert!(operator.find_by_message_id("m-8").await.unwrap().is_none());
     /// # });
     /// ```
-    pub async fn find_by_message_id(&self, message_id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    pub async fn find_by_message_id(&self, message_id: &str) -> Result<Option<StoredClaim>, StoreError> {
         for status in [None, Some(ClaimStatus::Completed)] {
             let query =
                 ClaimQuery { status, message_id: Some(message_id.to_owned()), limit: 1, ..ClaimQuery::default() };
@@ -123,7 +123,7 @@ impl Operator {
             }
         }
         let now_ms = self.clock.now_ms();
-        let completed = ClaimRecord {
+        let completed = StoredClaim {
             id: id.to_owned(),
             status: ClaimStatus::Completed,
             expires_at_s: now_ms / 1000 + self.expires_after.as_secs(),
@@ -144,7 +144,7 @@ impl Operator {
     }
 
     /// Why changing `claim` by hand could do harm, if it could.
-    fn busy(&self, claim: &ClaimRecord) -> Option<String> {
+    fn busy(&self, claim: &StoredClaim) -> Option<String> {
         match claim.status {
             ClaimStatus::InProgress if !claim.is_stale(self.clock.now_ms()) => Some(format!(
                 "{} holds a live lease on it until {}",
@@ -164,7 +164,7 @@ impl Operator {
     }
 }
 
-fn describe(claim: &ClaimRecord) -> String {
+fn describe(claim: &StoredClaim) -> String {
     match (claim.status, &claim.error) {
         (ClaimStatus::Failed, Some(error)) => format!("FAILED: {error}"),
         (status, _) => status.as_str().to_owned(),

@@ -8,7 +8,7 @@
 use async_trait::async_trait;
 
 pub use crate::claim::Finish;
-use crate::claim::{ClaimRecord, ClaimStatus};
+use crate::claim::{ClaimStatus, StoredClaim};
 
 pub mod batched;
 pub mod dynamodb;
@@ -26,7 +26,7 @@ pub enum PutOutcome {
     Claimed,
     /// Another record holds the key. It is returned when the store can say
     /// what it is in the same request; `None` makes the state machine read it.
-    Taken(Option<Box<ClaimRecord>>),
+    Taken(Option<Box<StoredClaim>>),
 }
 
 /// The outcome of a write fenced by a claim's token.
@@ -54,7 +54,7 @@ pub struct ClaimQuery {
 
 impl ClaimQuery {
     /// Whether `record` belongs in the listing; every store filters with this.
-    pub fn matches(&self, record: &ClaimRecord) -> bool {
+    pub fn matches(&self, record: &StoredClaim) -> bool {
         let status = match self.status {
             Some(status) => record.status == status,
             None => record.status != ClaimStatus::Completed,
@@ -68,9 +68,9 @@ impl ClaimQuery {
     /// at most `limit` of them.
     ///
     /// ```
-    /// use sqs_once::{claim::{ClaimRecord, ClaimStatus}, store::ClaimQuery};
+    /// use sqs_once::{claim::{StoredClaim, ClaimStatus}, store::ClaimQuery};
     ///
-    /// let claim = |id: &str, status, claimed_at_ms| ClaimRecord {
+    /// let claim = |id: &str, status, claimed_at_ms| StoredClaim {
     ///     id: id.into(), status, expires_at_s: u64::MAX / 1000, lease_until_ms: None, token: None, holder: None,
     ///     attempt: None, message_id: None, claimed_at_ms: Some(claimed_at_ms), updated_at_ms: None, payload_hash: None,
     ///     result: None, error: None,
@@ -84,8 +84,8 @@ impl ClaimQuery {
     /// let ids: Vec<&str> = open.records.iter().map(|record| record.id.as_str()).collect();
     /// assert_eq!(ids, ["early", "late"]); // open claims only, oldest first
     /// ```
-    pub fn select(&self, records: impl IntoIterator<Item = ClaimRecord>, full_scan: bool) -> Listing {
-        let mut records: Vec<ClaimRecord> = records.into_iter().filter(|record| self.matches(record)).collect();
+    pub fn select(&self, records: impl IntoIterator<Item = StoredClaim>, full_scan: bool) -> Listing {
+        let mut records: Vec<StoredClaim> = records.into_iter().filter(|record| self.matches(record)).collect();
         records.sort_by_key(|record| record.claimed_at_ms);
         records.truncate(self.limit);
         Listing { records, full_scan }
@@ -105,7 +105,7 @@ impl ClaimQuery {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Listing {
     /// The claims, at most the query's limit.
-    pub records: Vec<ClaimRecord>,
+    pub records: Vec<StoredClaim>,
     /// The store had to read every claim to answer (no index for the query).
     pub full_scan: bool,
 }
@@ -138,7 +138,7 @@ impl StoreError {
     }
 }
 
-/// Atomic operations on claim records, keyed by their stored id.
+/// Atomic operations on stored claims, keyed by their stored id.
 ///
 /// Implementations must make each method atomic with respect to every other
 /// caller of the same store, including other processes when the store is
@@ -147,11 +147,11 @@ impl StoreError {
 #[async_trait]
 pub trait ClaimStore: Send + Sync {
     /// Writes `record` (replacing what is there) if no record holds its id or
-    /// the one that does is free at `now_ms` by [`ClaimRecord::is_free`].
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError>;
+    /// the one that does is free at `now_ms` by [`StoredClaim::is_free`].
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError>;
 
     /// Reads a record, with strong consistency.
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError>;
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError>;
 
     /// Records the end of an in-progress claim that still carries `token`.
     async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError>;
@@ -170,18 +170,18 @@ pub trait ClaimStore: Send + Sync {
     /// `seen` of `None` means the key had no record, and still must not.
     async fn replace_seen(
         &self,
-        seen: Option<&ClaimRecord>,
-        record: Option<&ClaimRecord>,
+        seen: Option<&StoredClaim>,
+        record: Option<&StoredClaim>,
     ) -> Result<Fenced, StoreError>;
 }
 
 /// The id a [`ClaimStore::replace_seen`] call is about.
-pub fn replaced_id<'r>(seen: Option<&'r ClaimRecord>, record: Option<&'r ClaimRecord>) -> Option<&'r str> {
+pub fn replaced_id<'r>(seen: Option<&'r StoredClaim>, record: Option<&'r StoredClaim>) -> Option<&'r str> {
     seen.or(record).map(|record| record.id.as_str())
 }
 
 /// Whether `current` is still the record an operator saw as `seen`.
-pub fn unchanged(seen: Option<&ClaimRecord>, current: Option<&ClaimRecord>) -> bool {
+pub fn unchanged(seen: Option<&StoredClaim>, current: Option<&StoredClaim>) -> bool {
     match (seen, current) {
         (None, None) => true,
         (Some(seen), Some(current)) => seen.status == current.status && seen.token == current.token,

@@ -13,7 +13,7 @@ use std::{
 use serde_json::{Value, json};
 use sqs_once::{
     Handler, HandlerResult, Record,
-    claim::{ClaimPolicy, ClaimRecord, ClaimStatus, Claims},
+    claim::{ClaimPolicy, ClaimStatus, Claims, StoredClaim},
     clock::SystemClock,
     engine::{BatchReport, Engine, EngineOptions, Failure, Invocation, Outcome},
     envelope::{Envelope, EnvelopeKind},
@@ -366,10 +366,10 @@ struct SlowFinish {
 
 #[async_trait::async_trait]
 impl ClaimStore for SlowFinish {
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         self.inner.put_if_free(record, now_ms).await
     }
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         self.inner.get(id).await
     }
     async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
@@ -383,7 +383,7 @@ impl ClaimStore for SlowFinish {
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         self.inner.list(query).await
     }
-    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
         self.inner.replace_seen(seen, new).await
     }
 }

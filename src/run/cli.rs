@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     BoxHandler, Handler,
-    claim::{ClaimRecord, ClaimStatus},
+    claim::{ClaimStatus, StoredClaim},
     clock::{Clock, SystemClock},
     config::{Config, StoreChoice},
     consumer::{self, Consumer},
@@ -396,7 +396,7 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
 }
 
 /// Claims as an aligned table, or as JSON.
-fn print_claims(claims: &[ClaimRecord], now_ms: u64, json: bool) {
+fn print_claims(claims: &[StoredClaim], now_ms: u64, json: bool) {
     if json {
         let rows: Vec<serde_json::Value> = claims
             .iter()

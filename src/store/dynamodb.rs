@@ -3,7 +3,7 @@
 //! A claim is one conditional `PutItem` that asks for the old item back when
 //! its condition fails (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), so a
 //! duplicate or a conflict costs one request. The condition is
-//! [`ClaimRecord::is_free`] written as a DynamoDB condition expression.
+//! [`StoredClaim::is_free`] written as a DynamoDB condition expression.
 //! Completing, failing and releasing are an `UpdateItem` or `DeleteItem`
 //! conditioned on the claim's token.
 //!
@@ -34,7 +34,7 @@ use futures::StreamExt;
 
 use self::statements::{Batches, Written};
 use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id};
-use crate::claim::{ClaimRecord, ClaimStatus};
+use crate::claim::{ClaimStatus, StoredClaim};
 
 mod admin;
 mod client;
@@ -115,7 +115,7 @@ impl DynamoDbStore {
 
 #[async_trait]
 impl ClaimStore for DynamoDbStore {
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         if let Some(batches) = self.batched()
             && let Some(outcome) = batches.or_single(self.put_batched(batches, record, now_ms).await)
             && let Some(outcome) = outcome?
@@ -125,7 +125,7 @@ impl ClaimStore for DynamoDbStore {
         self.put_one(record, now_ms).await
     }
 
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         if let Some(batches) = self.batched()
             && let Some(item) = batches.or_single(batches.reads.submit(id.to_owned()).await)
         {
@@ -180,8 +180,8 @@ impl ClaimStore for DynamoDbStore {
 
     async fn replace_seen(
         &self,
-        seen: Option<&ClaimRecord>,
-        record: Option<&ClaimRecord>,
+        seen: Option<&StoredClaim>,
+        record: Option<&StoredClaim>,
     ) -> Result<Fenced, StoreError> {
         let Some(id) = replaced_id(seen, record) else { return Ok(Fenced::Refused) };
         let names = &self.layout.attributes;
@@ -255,7 +255,7 @@ impl DynamoDbStore {
     async fn put_batched(
         &self,
         batches: &Batches,
-        record: &ClaimRecord,
+        record: &StoredClaim,
         now_ms: u64,
     ) -> Result<Option<PutOutcome>, StoreError> {
         let insert = || self.layout.insert(self.layout.write_item(record), &record.id);
@@ -295,7 +295,7 @@ impl DynamoDbStore {
     }
 
     /// One conditional `PutItem`.
-    async fn put_one(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_one(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         let names = &self.layout.attributes;
         let result = self
             .client
@@ -342,7 +342,7 @@ impl DynamoDbStore {
     }
 
     /// One consistent `GetItem`.
-    async fn get_one(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    async fn get_one(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         self.get_item(id).await?.map(|item| self.layout.read_item(&item)).transpose()
     }
 
@@ -448,7 +448,7 @@ impl DynamoDbStore {
 impl DynamoDbStore {
     /// The claims of one partition of the open-claims index that match
     /// `query`, at most its limit; `None` when the table has no such index.
-    async fn query_open(&self, partition: String, query: &ClaimQuery) -> Result<Option<Vec<ClaimRecord>>, StoreError> {
+    async fn query_open(&self, partition: String, query: &ClaimQuery) -> Result<Option<Vec<StoredClaim>>, StoreError> {
         let mut items = self
             .client
             .query()

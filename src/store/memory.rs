@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
 use crate::{
-    claim::{ClaimRecord, ClaimStatus},
+    claim::{ClaimStatus, StoredClaim},
     lock::lock,
 };
 
@@ -23,18 +23,18 @@ use crate::{
 /// ```
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    records: Mutex<HashMap<String, ClaimRecord>>,
+    records: Mutex<HashMap<String, StoredClaim>>,
 }
 
 impl MemoryStore {
-    fn records(&self) -> MutexGuard<'_, HashMap<String, ClaimRecord>> {
+    fn records(&self) -> MutexGuard<'_, HashMap<String, StoredClaim>> {
         // A panic cannot leave a half-written record behind (every write is a
         // single map operation), so a poisoned map is still consistent.
         lock(&self.records)
     }
 
     /// Applies `change` to the in-progress record `id` if it still holds `token`.
-    fn fenced(&self, id: &str, token: &str, change: impl FnOnce(&mut HashMap<String, ClaimRecord>)) -> Fenced {
+    fn fenced(&self, id: &str, token: &str, change: impl FnOnce(&mut HashMap<String, StoredClaim>)) -> Fenced {
         let mut records = self.records();
         match records.get(id) {
             Some(record) if record.status == ClaimStatus::InProgress && record.token.as_deref() == Some(token) => {
@@ -48,7 +48,7 @@ impl MemoryStore {
 
 #[async_trait]
 impl ClaimStore for MemoryStore {
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         let mut records = self.records();
         match records.get(&record.id) {
             Some(existing) if !existing.is_free(now_ms) => Ok(PutOutcome::Taken(Some(Box::new(existing.clone())))),
@@ -59,7 +59,7 @@ impl ClaimStore for MemoryStore {
         }
     }
 
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         Ok(self.records().get(id).cloned())
     }
 
@@ -86,8 +86,8 @@ impl ClaimStore for MemoryStore {
 
     async fn replace_seen(
         &self,
-        seen: Option<&ClaimRecord>,
-        record: Option<&ClaimRecord>,
+        seen: Option<&StoredClaim>,
+        record: Option<&StoredClaim>,
     ) -> Result<Fenced, StoreError> {
         let Some(id) = replaced_id(seen, record).map(str::to_owned) else { return Ok(Fenced::Refused) };
         let mut records = self.records();

@@ -19,7 +19,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
 use crate::{
-    claim::{ClaimRecord, ClaimStatus},
+    claim::{ClaimStatus, StoredClaim},
     lock::lock,
 };
 
@@ -105,7 +105,7 @@ impl SqliteStore {
 
 #[async_trait]
 impl ClaimStore for SqliteStore {
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         let record = record.clone();
         let existing = self
             .with_connection(move |connection| {
@@ -125,7 +125,7 @@ impl ClaimStore for SqliteStore {
         }
     }
 
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         let id = id.to_owned();
         self.with_connection(move |connection| select(connection, &id)).await?.transpose()
     }
@@ -185,8 +185,8 @@ impl ClaimStore for SqliteStore {
 
     async fn replace_seen(
         &self,
-        seen: Option<&ClaimRecord>,
-        record: Option<&ClaimRecord>,
+        seen: Option<&StoredClaim>,
+        record: Option<&StoredClaim>,
     ) -> Result<Fenced, StoreError> {
         let Some(id) = replaced_id(seen, record).map(str::to_owned) else { return Ok(Fenced::Refused) };
         let (seen, record) = (seen.cloned(), record.cloned());
@@ -255,11 +255,11 @@ fn add_columns(connection: &Connection) -> rusqlite::Result<()> {
 }
 
 /// The record `id`; the inner error is a row this version cannot read.
-fn select(connection: &Connection, id: &str) -> rusqlite::Result<Option<Result<ClaimRecord, StoreError>>> {
+fn select(connection: &Connection, id: &str) -> rusqlite::Result<Option<Result<StoredClaim, StoreError>>> {
     connection.query_row(&format!("SELECT {COLUMNS} FROM claims WHERE id = ?1"), [id], read_row).optional()
 }
 
-fn upsert(connection: &Connection, record: &ClaimRecord) -> rusqlite::Result<usize> {
+fn upsert(connection: &Connection, record: &StoredClaim) -> rusqlite::Result<usize> {
     connection.execute(
         &format!(
             "INSERT OR REPLACE INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
@@ -282,13 +282,13 @@ fn upsert(connection: &Connection, record: &ClaimRecord) -> rusqlite::Result<usi
     )
 }
 
-fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<ClaimRecord, StoreError>> {
+fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<StoredClaim, StoreError>> {
     let id: String = row.get(0)?;
     let status: String = row.get(1)?;
     let Some(status) = ClaimStatus::parse(&status) else {
         return Ok(Err(StoreError::Malformed { id, reason: format!("unknown status `{status}`") }));
     };
-    Ok(Ok(ClaimRecord {
+    Ok(Ok(StoredClaim {
         id,
         status,
         expires_at_s: row.get(2)?,

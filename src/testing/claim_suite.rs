@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use crate::{
-    claim::{Claim, ClaimPolicy, ClaimRecord, ClaimRequest, ClaimStatus, Claims, Lease},
+    claim::{Claim, ClaimPolicy, ClaimRequest, ClaimStatus, Claims, Lease, StoredClaim},
     clock::{Clock, ManualClock, SystemClock},
     store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError},
 };
@@ -85,7 +85,7 @@ impl Machine {
     }
 
     /// What the store holds for `id`.
-    pub async fn stored(&self, id: &str) -> Option<ClaimRecord> {
+    pub async fn stored(&self, id: &str) -> Option<StoredClaim> {
         self.store.get(id).await.expect("store error")
     }
 }
@@ -219,7 +219,7 @@ pub async fn a_live_lease_outlives_the_record_expiry(store: Arc<dyn ClaimStore>)
 pub async fn an_in_progress_record_without_a_lease_waits_for_its_expiry(store: Arc<dyn ClaimStore>) {
     // Written by a tool that knew no invocation deadline.
     let m = Machine::plain(store.clone());
-    let foreign = ClaimRecord {
+    let foreign = StoredClaim {
         id: "k-foreign".into(),
         status: ClaimStatus::InProgress,
         expires_at_s: m.t0 / 1000 + 60,
@@ -415,11 +415,11 @@ impl Counting {
 
 #[async_trait]
 impl ClaimStore for Counting {
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         self.count();
         self.inner.put_if_free(record, now_ms).await
     }
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         self.count();
         self.inner.get(id).await
     }
@@ -435,7 +435,7 @@ impl ClaimStore for Counting {
         self.count();
         self.inner.list(query).await
     }
-    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
         self.count();
         self.inner.replace_seen(seen, new).await
     }
@@ -448,13 +448,13 @@ pub struct WithoutOldItem(pub Arc<dyn ClaimStore>);
 
 #[async_trait]
 impl ClaimStore for WithoutOldItem {
-    async fn put_if_free(&self, record: &ClaimRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         Ok(match self.0.put_if_free(record, now_ms).await? {
             PutOutcome::Taken(_) => PutOutcome::Taken(None),
             claimed => claimed,
         })
     }
-    async fn get(&self, id: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         self.0.get(id).await
     }
     async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
@@ -466,7 +466,7 @@ impl ClaimStore for WithoutOldItem {
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         self.0.list(query).await
     }
-    async fn replace_seen(&self, seen: Option<&ClaimRecord>, new: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
         self.0.replace_seen(seen, new).await
     }
 }

@@ -10,7 +10,7 @@ pub mod sqs;
 
 use async_trait::async_trait;
 use sqs_once::{
-    claim::ClaimRecord,
+    claim::StoredClaim,
     store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError},
 };
 
@@ -55,10 +55,10 @@ pub struct Down;
 
 #[async_trait]
 impl ClaimStore for Down {
-    async fn put_if_free(&self, _: &ClaimRecord, _: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, _: &StoredClaim, _: u64) -> Result<PutOutcome, StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
-    async fn get(&self, _: &str) -> Result<Option<ClaimRecord>, StoreError> {
+    async fn get(&self, _: &str) -> Result<Option<StoredClaim>, StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
     async fn finish(&self, _: &str, _: &str, _: &Finish) -> Result<Fenced, StoreError> {
@@ -70,7 +70,7 @@ impl ClaimStore for Down {
     async fn list(&self, _: &ClaimQuery) -> Result<Listing, StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
-    async fn replace_seen(&self, _: Option<&ClaimRecord>, _: Option<&ClaimRecord>) -> Result<Fenced, StoreError> {
+    async fn replace_seen(&self, _: Option<&StoredClaim>, _: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
 }

@@ -6,7 +6,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::Item;
 use crate::{
-    claim::{ClaimRecord, ClaimStatus},
+    claim::{ClaimStatus, StoredClaim},
     store::StoreError,
 };
 
@@ -147,7 +147,7 @@ impl TableLayout {
 /// How claims are encoded as items.
 impl TableLayout {
     /// The item that stores `record`.
-    pub(super) fn write_item(&self, record: &ClaimRecord) -> Item {
+    pub(super) fn write_item(&self, record: &StoredClaim) -> Item {
         let names = &self.attributes;
         let mut item = self.key(&record.id);
         item.insert(names.status.clone(), s(record.status.as_str()));
@@ -173,7 +173,7 @@ impl TableLayout {
     }
 
     /// The record `item` stores.
-    pub(super) fn read_item(&self, item: &Item) -> Result<ClaimRecord, StoreError> {
+    pub(super) fn read_item(&self, item: &Item) -> Result<StoredClaim, StoreError> {
         let names = &self.attributes;
         let id = text(item, &names.id).unwrap_or_default();
         let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
@@ -188,7 +188,7 @@ impl TableLayout {
                 .map_err(|_| malformed(format!("{name} is not a number"))),
             Some(_) => Err(malformed(format!("{name} is not a number"))),
         };
-        Ok(ClaimRecord {
+        Ok(StoredClaim {
             status,
             expires_at_s: number(&names.expiry)?.ok_or_else(|| malformed(format!("no {}", names.expiry)))?,
             lease_until_ms: number(&names.lease)?,

@@ -1,6 +1,6 @@
-//! A claim as every store holds it: its record, its states, and the change
-//! that finishes it. The state machine in [`crate::claim`] moves records
-//! between the states; stores keep them.
+//! A claim as every store holds it ([`StoredClaim`]), its states, and the
+//! change that finishes it. The state machine in [`crate::claim`] moves
+//! stored claims between the states; stores keep them.
 
 use std::time::Duration;
 
@@ -38,7 +38,7 @@ impl ClaimStatus {
 
 /// One claim, as every store holds it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ClaimRecord {
+pub struct StoredClaim {
     /// The stored key (prefix and key, see [`crate::key::KeyDeriver`]).
     pub id: String,
     /// Where the claim stands.
@@ -69,7 +69,7 @@ pub struct ClaimRecord {
     pub error: Option<String>,
 }
 
-impl ClaimRecord {
+impl StoredClaim {
     /// Whether a new claim may replace this record at `now_ms`.
     ///
     /// An in-progress record is free once its lease has ended, whatever its
@@ -78,9 +78,9 @@ impl ClaimRecord {
     /// DynamoDB store evaluates the same predicate as a condition expression.
     ///
     /// ```
-    /// use sqs_once::claim::{ClaimRecord, ClaimStatus};
+    /// use sqs_once::claim::{StoredClaim, ClaimStatus};
     ///
-    /// let claim = ClaimRecord {
+    /// let claim = StoredClaim {
     ///     id: "orders#o-1".into(),
     ///     status: ClaimStatus::InProgress,
     ///     expires_at_s: 1_000,           // the record's expiry has passed at 2,000 s...
@@ -92,7 +92,7 @@ impl ClaimRecord {
     /// assert!(!claim.is_free(2_000_000), "a live lease is never taken over");
     /// assert!(claim.is_free(3_000_001), "an ended lease is");
     ///
-    /// let completed = ClaimRecord { status: ClaimStatus::Completed, lease_until_ms: None, ..claim };
+    /// let completed = StoredClaim { status: ClaimStatus::Completed, lease_until_ms: None, ..claim };
     /// assert!(!completed.is_free(1_000_999), "remembered through its last second");
     /// assert!(completed.is_free(1_001_000));
     /// ```
