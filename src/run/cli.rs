@@ -232,7 +232,7 @@ async fn command(cli: Cli, build: impl Build) -> anyhow::Result<Option<ExitCode>
 }
 
 /// The settings and the consumer they describe around the handler `build` makes.
-async fn consumer(config: &Config, build: impl Build) -> anyhow::Result<consumer::Consumer> {
+async fn consumer(config: &Config, build: impl Build) -> anyhow::Result<Consumer> {
     let handler = build(config)?;
     Ok(Consumer::new(config, handler).await?)
 }
