@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS claims (
 
 /// Columns added since the first version, added to an older file when it
 /// is opened.
-const ADDED_COLUMNS: &[&str] = &["message_id TEXT"];
+const ADDED_COLUMNS: &[(&str, &str)] = &[("message_id", "TEXT")];
 
 const COLUMNS: &str = "id, status, expires_at, lease_until, token, holder, attempt, claimed_at, updated_at, \
                        payload_hash, result, error, message_id";
@@ -238,15 +238,14 @@ fn fenced(rows_changed: usize) -> Fenced {
 /// processes opening the file at once add each column once.
 fn add_columns(connection: &Connection) -> rusqlite::Result<()> {
     connection.execute_batch("BEGIN IMMEDIATE")?;
-    let added = ADDED_COLUMNS.iter().try_for_each(|column| {
-        let name = column.split_whitespace().next().unwrap_or_default();
+    let added = ADDED_COLUMNS.iter().try_for_each(|(name, kind)| {
         let present: bool = connection.query_row(
             "SELECT COUNT(*) > 0 FROM pragma_table_info('claims') WHERE name = ?1",
             [name],
             |row| row.get(0),
         )?;
         if !present {
-            connection.execute_batch(&format!("ALTER TABLE claims ADD COLUMN {column}"))?;
+            connection.execute_batch(&format!("ALTER TABLE claims ADD COLUMN {name} {kind}"))?;
         }
         Ok(())
     });
