@@ -21,6 +21,7 @@
 //! whether the store has deleted it yet.
 
 use std::{
+    future::Future,
     num::NonZeroUsize,
     sync::{
         Arc, LazyLock, Mutex,
@@ -31,17 +32,21 @@ use std::{
 
 use lru::LruCache;
 use serde_json::Value;
+use tokio::time::Instant;
 
 use crate::{
     clock::{Clock, SystemClock, duration_ms},
     key::payload_hash,
     lock::lock,
+    reason,
     store::{ClaimStore, Fenced, PutOutcome, StoreError},
 };
 
 mod stored;
+mod unconfirmed;
 
 pub use stored::{ClaimStatus, Finish, StoredClaim};
+use unconfirmed::{Ending, Unconfirmed};
 
 /// What the state machine needs to know about one claim attempt.
 #[derive(Debug, Clone, Copy)]
@@ -157,6 +162,9 @@ pub struct ClaimCounters {
     pub cache_hits: AtomicU64,
     /// Outputs not stored because they were too large.
     pub oversized_results: AtomicU64,
+    /// Finishing writes that were not confirmed when first sent and landed
+    /// when sent again (in a later batch, or before the process left).
+    pub landed_later: AtomicU64,
 }
 
 /// A fresh claim token: a random per-process prefix and a counter. Tokens
@@ -191,6 +199,7 @@ pub struct Claims {
     policy: ClaimPolicy,
     cache: Option<Mutex<LruCache<String, Completed>>>,
     counters: ClaimCounters,
+    unconfirmed: Unconfirmed,
 }
 
 impl std::fmt::Debug for Claims {
@@ -208,7 +217,7 @@ impl Claims {
     /// The state machine over `store`, with `policy`, reading time from `clock`.
     pub fn with_policy(store: Arc<dyn ClaimStore>, policy: ClaimPolicy, clock: Arc<dyn Clock>) -> Self {
         let cache = NonZeroUsize::new(policy.local_cache_entries).map(|size| Mutex::new(LruCache::new(size)));
-        Self { store, clock, policy, cache, counters: ClaimCounters::default() }
+        Self { store, clock, policy, cache, counters: ClaimCounters::default(), unconfirmed: Unconfirmed::default() }
     }
 
     /// The policy in force.
@@ -255,29 +264,109 @@ impl Claims {
     /// Marks the lease's claim completed, storing `output` if the policy says so.
     pub async fn complete(&self, lease: &Lease, output: Option<&Value>) -> Result<Fenced, StoreError> {
         let result = output.filter(|_| self.policy.store_result).and_then(|output| self.storable(lease, output));
-        let finish = self.finish(ClaimStatus::Completed, result, None);
-        let fenced =
-            self.count_refusal(lease, self.store.finish(&lease.id, &lease.token, &finish).await?, "completion");
-        if fenced == Fenced::Applied {
-            let completed = Completed {
-                expires_at_s: finish.expires_at_s,
-                payload_hash: lease.payload_hash.clone(),
-                result: finish.result,
-            };
-            self.cache_insert(&lease.id, completed);
-        }
-        Ok(fenced)
+        self.settle(lease, Ending::Finish(self.finish(ClaimStatus::Completed, result, None))).await
     }
 
-    /// Records a permanent failure of the lease's claim, with `error` as the reason.
+    /// Records a permanent failure of the lease's claim, with `error` as the
+    /// reason (capped at [`reason::MAX_BYTES`], the cut marked).
     pub async fn fail(&self, lease: &Lease, error: &str) -> Result<Fenced, StoreError> {
-        let finish = self.finish(ClaimStatus::Failed, None, Some(error.to_owned()));
-        Ok(self.count_refusal(lease, self.store.finish(&lease.id, &lease.token, &finish).await?, "failure record"))
+        let error = reason::capped(error).into_owned();
+        self.settle(lease, Ending::Finish(self.finish(ClaimStatus::Failed, None, Some(error)))).await
     }
 
     /// Deletes the lease's claim so that a redelivery runs again.
     pub async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
-        Ok(self.count_refusal(lease, self.store.release(&lease.id, &lease.token).await?, "release"))
+        self.settle(lease, Ending::Release).await
+    }
+
+    /// Sends every finishing write not yet confirmed again, each in a task
+    /// of its own, so that a thawed or retried process lands what a freeze
+    /// or a failure cut off. The future ends when each has an answer (or
+    /// failed again, to be sent with the next call); dropping it leaves the
+    /// writes going.
+    pub fn resend_unconfirmed(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        let writes: Vec<_> = self
+            .unconfirmed
+            .to_resend()
+            .into_iter()
+            .map(|pending| {
+                let claims = Arc::clone(self);
+                tokio::spawn(async move {
+                    let result = claims.send(&pending.lease, &pending.ending).await;
+                    if claims.answered(pending.ticket, &result) && result.is_ok_and(|fenced| fenced == Fenced::Applied) {
+                        claims.counters.landed_later.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(id = %pending.lease.id, write = pending.ending.name(), "unconfirmed write landed");
+                    }
+                })
+            })
+            .collect();
+        if !writes.is_empty() {
+            tracing::info!(writes = writes.len(), "sending unconfirmed finishing writes again");
+        }
+        async move {
+            futures::future::join_all(writes).await;
+        }
+    }
+
+    /// Before the process leaves: sends the unconfirmed writes again and
+    /// waits for them until `until`. Returns the ids of the claims whose
+    /// writes are still unconfirmed (logged): they stay in progress until
+    /// their leases end.
+    pub async fn land_unconfirmed(self: &Arc<Self>, until: Instant) -> Vec<String> {
+        let _ = tokio::time::timeout_at(until, self.resend_unconfirmed()).await;
+        let left = self.unconfirmed.ids();
+        if !left.is_empty() {
+            tracing::error!(
+                ids = ?left,
+                "finishing writes still unconfirmed as the process leaves; their claims stay in progress until \
+                 their leases end (sqs-once claims list --stale shows them then)"
+            );
+        }
+        left
+    }
+
+    /// The answer is due: finishing writes waiting to be sent go out now,
+    /// and until `until` without waiting for room (see
+    /// [`ClaimStore::expedite`]).
+    pub fn expedite(&self, until: Instant) {
+        self.store.expedite(until);
+    }
+
+    /// Sends a finishing write, keeping it until the store answers.
+    async fn settle(&self, lease: &Lease, ending: Ending) -> Result<Fenced, StoreError> {
+        let ticket = self.unconfirmed.keep(lease, &ending);
+        let result = self.send(lease, &ending).await;
+        self.answered(ticket, &result);
+        result
+    }
+
+    /// One attempt of a finishing write, counted and remembered as its answer says.
+    async fn send(&self, lease: &Lease, ending: &Ending) -> Result<Fenced, StoreError> {
+        let fenced = match ending {
+            Ending::Finish(finish) => self.store.finish(&lease.id, &lease.token, finish).await?,
+            Ending::Release => self.store.release(&lease.id, &lease.token).await?,
+        };
+        if let (Fenced::Applied, Ending::Finish(finish)) = (fenced, ending)
+            && finish.status == ClaimStatus::Completed
+        {
+            let completed = Completed {
+                expires_at_s: finish.expires_at_s,
+                payload_hash: lease.payload_hash.clone(),
+                result: finish.result.clone(),
+            };
+            self.cache_insert(&lease.id, completed);
+        }
+        Ok(self.count_refusal(lease, fenced, ending.name()))
+    }
+
+    /// Forgets the write of `ticket` once the store has answered it for
+    /// good: applied, refused by its fence, or rejected for what it holds.
+    /// Returns whether it was still kept.
+    fn answered(&self, ticket: u64, result: &Result<Fenced, StoreError>) -> bool {
+        match result {
+            Ok(_) | Err(StoreError::Rejected(_)) => self.unconfirmed.confirmed(ticket),
+            Err(_) => false,
+        }
     }
 
     fn new_claim(&self, request: &ClaimRequest<'_>, now_ms: u64, payload_hash: Option<String>) -> StoredClaim {

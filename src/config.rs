@@ -142,6 +142,7 @@ impl Config {
             )?),
             log_bodies: env.flag("SQS_ONCE_LOG_BODIES", engine_defaults.log_bodies)?,
             envelope: env.parse("SQS_ONCE_ENVELOPE", engine_defaults.envelope, "none, sns or eventbridge")?,
+            ..engine_defaults
         };
         if claims.expires_after.is_zero() {
             return Err(env.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));

@@ -5,15 +5,15 @@
 
 use std::{
     sync::{Arc, atomic::Ordering},
-    time::{Duration, SystemTime},
+    time::SystemTime,
 };
 
 use aws_config::SdkConfig;
 use aws_lambda_events::sqs::SqsBatchResponse;
-use tokio::time::Instant;
 
 use crate::{
     BoxHandler,
+    budget::{ANSWER_TIME, SQS_STEP_TIME},
     claim::Claims,
     clock::SystemClock,
     config::{Config, StoreChoice},
@@ -35,9 +35,6 @@ pub enum StartupError {
     #[error("cannot open the claim store")]
     Store(#[from] StoreError),
 }
-
-/// The SQS step must leave this much of the invocation to post the answer.
-const ANSWER_TIME: Duration = Duration::from_millis(100);
 
 /// A consumer: assembled from the settings with [`Consumer::new`], or in
 /// code from its parts, with no environment at all.
@@ -104,10 +101,14 @@ impl Consumer {
         let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
         let (store, dynamodb_requests) = store_with(config, aws.as_ref())?;
         let claims = Claims::with_policy(store, config.claims.clone(), Arc::new(SystemClock));
-        let engine = Engine::new(handler, Arc::new(claims), config.key_deriver(), config.engine.clone());
         let redelivery = aws
             .filter(|_| config.redelivery.is_active())
             .map(|aws| Redelivery::new(config.redelivery.clone(), Sqs::new(&aws)));
+        let mut options = config.engine.clone();
+        if redelivery.is_some() {
+            options.answer_reserve = ANSWER_TIME + SQS_STEP_TIME;
+        }
+        let engine = Engine::new(handler, Arc::new(claims), config.key_deriver(), options);
         Ok(Self { engine, dynamodb_requests, redelivery })
     }
 
@@ -127,8 +128,8 @@ impl Consumer {
         let Some(redelivery) = &self.redelivery else {
             return Processed { response: report.response(), report, redelivery: None };
         };
-        let remaining = deadline.duration_since(SystemTime::now()).unwrap_or_default().saturating_sub(ANSWER_TIME);
-        let (response, counts) = redelivery.apply(records, &report, Instant::now() + remaining).await;
+        let sqs_by = self.engine.budget(deadline).sqs_by();
+        let (response, counts) = redelivery.apply(records, &report, sqs_by).await;
         Processed { response, report, redelivery: Some(counts) }
     }
 
@@ -136,6 +137,7 @@ impl Consumer {
     pub fn extra(&self) -> Extra {
         Extra {
             lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
+            completions_landed_later: self.engine.claims().counters().landed_later.load(Ordering::Relaxed),
             dynamodb_requests: self.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
             redelivery: None,
         }

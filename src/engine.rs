@@ -20,7 +20,7 @@ use std::{
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse};
 use futures::{
     FutureExt,
-    future::{BoxFuture, Shared, join_all},
+    future::{BoxFuture, Shared, join, join_all},
 };
 use tokio::{
     sync::Semaphore,
@@ -29,12 +29,14 @@ use tokio::{
 };
 
 use crate::{
-    BoxHandler, ErrorKind, Record,
+    BoxHandler, ErrorKind, HandlerResult, Record,
+    budget::{ANSWER_TIME, DeadlineBudget},
     claim::{Claim, ClaimRequest, Claims, Lease},
     clock::epoch_ms,
     envelope::{EnvelopeKind, Opened},
     key::KeyDeriver,
     lock::lock,
+    reason,
     sqs::event::EventRecord,
     store::{Fenced, StoreError},
 };
@@ -44,9 +46,14 @@ use crate::{
 pub struct EngineOptions {
     /// Records running at once (`SQS_ONCE_CONCURRENCY`).
     pub concurrency: usize,
-    /// Stop starting records, and answer, this long before the deadline
-    /// (`SQS_ONCE_DEADLINE_MARGIN_MS`).
+    /// Stop starting records, and cancel handlers still running, this long
+    /// before the deadline (`SQS_ONCE_DEADLINE_MARGIN_MS`); see
+    /// [`DeadlineBudget`].
     pub deadline_margin: Duration,
+    /// Of that margin, what is kept for the steps after the engine (the SQS
+    /// step, posting the answer); the rest is for finishing writes of
+    /// handlers that returned.
+    pub answer_reserve: Duration,
     /// Include each record's body in its log line (`SQS_ONCE_LOG_BODIES`).
     pub log_bodies: bool,
     /// The envelope message bodies arrive in (`SQS_ONCE_ENVELOPE`).
@@ -58,6 +65,7 @@ impl Default for EngineOptions {
         Self {
             concurrency: 64,
             deadline_margin: Duration::from_millis(500),
+            answer_reserve: ANSWER_TIME,
             log_bodies: false,
             envelope: EnvelopeKind::None,
         }
@@ -304,17 +312,21 @@ enum Progress {
     Returned(Outcome),
 }
 
-/// How long the answer waits for cancelled runs to stop: a handler in the
-/// middle of a poll finishes it first, and if that poll returns, the
-/// handler's outcome counts. Only a handler that blocks its thread longer
-/// has its record reported `deadline` while it may still return.
-const STOPPING: Duration = Duration::from_millis(100);
+/// What the task that claims and runs the handler hands on.
+enum Step {
+    /// The run ended without a handler's result to record (duplicate,
+    /// conflict, store error...).
+    Ended(Outcome),
+    /// The handler returned under `lease`: its result is to be recorded.
+    Returned(Lease, std::thread::Result<HandlerResult>),
+}
 
-/// A key's run in its task, as the answer at the deadline finds it.
+/// A key's run, as the cut-off finds it: the task claiming and running its
+/// handler, and how far it got.
 struct Started {
     key: String,
     progress: Arc<Mutex<Progress>>,
-    task: AbortHandle,
+    handler: AbortHandle,
 }
 
 /// What the records of one batch share while it runs.
@@ -323,9 +335,7 @@ struct BatchState {
     reports: Mutex<Vec<Option<RecordReport>>>,
     started: Mutex<Vec<Started>>,
     permits: Arc<Semaphore>,
-    /// No record starts after this instant.
-    cutoff: Instant,
-    deadline: Instant,
+    budget: DeadlineBudget,
     deadline_ms: u64,
     request_id: Arc<str>,
 }
@@ -341,17 +351,25 @@ impl Engine {
         &self.inner.claims
     }
 
+    /// The budget of an invocation due at `deadline`, as this engine plans it.
+    pub fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
+        DeadlineBudget::new(deadline, self.inner.options.deadline_margin, self.inner.options.answer_reserve)
+    }
+
     /// Processes one batch and reports every record's fate, in event order.
+    ///
+    /// Finishing writes left unconfirmed by earlier batches are sent again
+    /// first (see [`Claims::resend_unconfirmed`]). The time until the
+    /// deadline is spent as [`DeadlineBudget`] says.
     pub async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> BatchReport {
-        let remaining = invocation.deadline.duration_since(SystemTime::now()).unwrap_or_default();
-        tracing::debug!(records = records.len(), remaining_ms = remaining.as_millis(), "batch received");
-        let deadline = Instant::now() + remaining;
+        let budget = self.budget(invocation.deadline);
+        let left = budget.deadline().saturating_duration_since(Instant::now());
+        tracing::debug!(records = records.len(), remaining_ms = left.as_millis(), "batch received");
         let state = BatchState {
             reports: Mutex::new(vec![None; records.len()]),
             started: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
-            cutoff: deadline.checked_sub(self.inner.options.deadline_margin).unwrap_or(deadline),
-            deadline,
+            budget,
             deadline_ms: epoch_ms(invocation.deadline),
             request_id: invocation.request_id.as_str().into(),
         };
@@ -359,13 +377,26 @@ impl Engine {
         let opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();
         // Declared after `state` and `opened`, which the runs borrow.
         let runs: Runs<'_> = Mutex::new(HashMap::new());
-        let work = join_all(groups.into_iter().map(|group| self.run_group(records, &opened, group, &state, &runs)));
-        if timeout_at(state.cutoff, work).await.is_err() {
-            tracing::warn!("deadline margin reached: answering now; records whose handler has not returned fail");
+        let resent = self.inner.claims.resend_unconfirmed();
+        let groups_run = join_all(groups.iter().map(|group| self.run_group(records, &opened, group, &state, &runs)));
+        let work = join(groups_run, resent);
+        tokio::pin!(work);
+        if timeout_at(budget.cutoff(), &mut work).await.is_err() {
+            let cancelled = cancel_running(&state);
+            self.inner.claims.expedite(budget.writes_by());
+            tracing::warn!(
+                cancelled,
+                wait_ms = budget.writes_left().as_millis(),
+                "deadline margin reached: no handler starts, running handlers are cancelled; \
+                 waiting for the finishing writes of handlers that returned"
+            );
+            if timeout_at(budget.writes_by(), &mut work).await.is_err() {
+                tracing::warn!("answering before every finishing write was confirmed; they go on in the background");
+            }
         }
-        let returned = cut_off_runs(&state).await;
+        let returned = returned_outcomes(&state);
         let reports = std::mem::take(&mut *lock(&state.reports));
-        let report = BatchReport {
+        let mut report = BatchReport {
             records: records
                 .iter()
                 .zip(&opened)
@@ -373,6 +404,7 @@ impl Engine {
                 .map(|((record, opened), report)| report.unwrap_or_else(|| self.unanswered(record, opened, &returned)))
                 .collect(),
         };
+        keep_group_order(&groups, &mut report.records);
         for (opened, report) in opened.iter().zip(&report.records) {
             let body = opened.as_ref().map_or("", |opened| &opened.body);
             log_record(report, self.inner.options.log_bodies.then_some(body));
@@ -392,7 +424,7 @@ impl Engine {
 
     /// The report of a record whose run had not reported when the answer
     /// was due: its handler's outcome if the handler had returned (its
-    /// settling write not confirmed), otherwise a `deadline` failure.
+    /// finishing write not confirmed), otherwise a `deadline` failure.
     fn unanswered(
         &self,
         record: &EventRecord,
@@ -406,8 +438,9 @@ impl Engine {
         {
             tracing::warn!(
                 message_id = record.message_id(), key = %key,
-                "handler succeeded but its completion was not confirmed before the answer was due: \
-                 reported successful; until the write lands the claim stays in progress until its lease ends"
+                "CompletionUnconfirmed: the handler succeeded but its completion was not confirmed before the \
+                 answer was due; reported successful. The write goes on and is sent again by this process; \
+                 until it lands the claim stays in progress"
             );
         }
         RecordReport {
@@ -425,12 +458,12 @@ impl Engine {
         &self,
         records: &'a [EventRecord],
         opened: &'a [Result<Opened<'a>, Failure>],
-        group: Group,
+        group: &Group,
         state: &'a BatchState,
         runs: &Runs<'a>,
     ) {
         let mut failed: Option<&str> = None;
-        for index in group.indices {
+        for &index in &group.indices {
             let record = &records[index];
             let (key, run) = match (failed, &opened[index]) {
                 (Some(message_id), _) => (None, RunResult::failed(Failure::GroupSkipped(message_id.to_owned()))),
@@ -483,44 +516,63 @@ impl Engine {
         (Some(key), result)
     }
 
-    /// The run of a key: once a concurrency permit is free, it is spawned, so
-    /// that records run in parallel on the runtime. Waiting for the permit
-    /// first keeps at most `concurrency` records' copies and tasks alive.
+    /// The run of a key. Once a concurrency permit is free (and the cut-off
+    /// has not come), the claim and the handler run in a task, so that
+    /// records run in parallel on the runtime and the handler can be
+    /// cancelled at the cut-off; the finishing write then runs in a task of
+    /// its own, which nothing cancels. Waiting for the permit first keeps at
+    /// most `concurrency` handlers' copies and tasks alive.
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
         async move {
-            let Ok(permit) = Arc::clone(&state.permits).acquire_owned().await else {
+            let permit = tokio::select! {
+                permit = Arc::clone(&state.permits).acquire_owned() => permit.ok(),
+                () = tokio::time::sleep_until(state.budget.cutoff()) => None,
+            };
+            let Some(permit) = permit.filter(|_| Instant::now() < state.budget.cutoff()) else {
                 return RunResult::failed(Failure::Deadline);
             };
-            if Instant::now() >= state.cutoff {
-                return RunResult::failed(Failure::Deadline);
-            }
-            let record = Record::opened(message, key.clone(), state.deadline);
+            let record = Record::opened(message, key.clone(), state.budget.deadline());
             let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
             let progress = Arc::new(Mutex::new(Progress::Running));
-            let run_progress = Arc::clone(&progress);
-            let task = tokio::spawn(async move {
-                let _permit = permit;
-                let started = Instant::now();
-                let (outcome, claim_latency) = engine.run_key(&record, deadline_ms, &holder, &run_progress).await;
-                RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
+            let started = Instant::now();
+            let handler = tokio::spawn({
+                let (engine, progress) = (engine.clone(), Arc::clone(&progress));
+                async move {
+                    let _permit = permit;
+                    let (step, claim_latency) = engine.claim_and_handle(&record, deadline_ms, &holder, &progress).await;
+                    (record, step, claim_latency)
+                }
             });
-            lock(&state.started).push(Started { key, progress, task: task.abort_handle() });
-            task.await.unwrap_or_else(|error| RunResult::failed(Failure::Panicked(error.to_string())))
+            lock(&state.started).push(Started { key, progress, handler: handler.abort_handle() });
+            let (record, step, claim_latency) = match handler.await {
+                Ok(ran) => ran,
+                Err(error) if error.is_cancelled() => return RunResult::failed(Failure::Deadline),
+                Err(error) => return RunResult::failed(Failure::Panicked(error.to_string())),
+            };
+            let outcome = match step {
+                Step::Ended(outcome) => outcome,
+                Step::Returned(lease, result) => {
+                    let fallback = unrecorded_outcome(&result);
+                    let write = tokio::spawn(async move { engine.record_outcome(&record, &lease, result).await });
+                    write.await.unwrap_or(fallback)
+                }
+            };
+            RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
         }
         .boxed()
         .shared()
     }
 
-    /// Claims the record's key and, if the claim is won, runs the handler and
-    /// records how it ended. Also returns how long the claim took.
-    async fn run_key(
+    /// Claims the record's key and, if the claim is won, runs the handler.
+    /// Also returns how long the claim took.
+    async fn claim_and_handle(
         &self,
         record: &Record,
         deadline_ms: u64,
         holder: &str,
         progress: &Mutex<Progress>,
-    ) -> (Outcome, Duration) {
+    ) -> (Step, Duration) {
         let request = ClaimRequest {
             id: &record.key,
             body: &record.body,
@@ -532,39 +584,39 @@ impl Engine {
         let started = Instant::now();
         let claim = self.inner.claims.claim(&request).await;
         let claim_latency = started.elapsed();
-        (self.after_claim(record, claim, progress).await, claim_latency)
-    }
-
-    async fn after_claim(
-        &self,
-        record: &Record,
-        claim: Result<Claim, StoreError>,
-        progress: &Mutex<Progress>,
-    ) -> Outcome {
         let lease = match claim {
             Ok(Claim::Won(lease)) => lease,
-            Ok(Claim::Duplicate { .. }) => return Outcome::Duplicate,
-            Ok(Claim::Conflict { retry_after }) => return Outcome::Failed(Failure::Conflict { retry_after }),
-            Ok(Claim::FailedBefore { error }) => return Outcome::Failed(Failure::FailedBefore(error)),
-            Ok(Claim::PayloadMismatch) => return Outcome::Failed(Failure::PayloadMismatch),
-            Err(error) => return Outcome::Failed(error.into()),
+            Ok(Claim::Duplicate { .. }) => return (Step::Ended(Outcome::Duplicate), claim_latency),
+            Ok(Claim::Conflict { retry_after }) => {
+                return (Step::Ended(Outcome::Failed(Failure::Conflict { retry_after })), claim_latency);
+            }
+            Ok(Claim::FailedBefore { error }) => {
+                return (Step::Ended(Outcome::Failed(Failure::FailedBefore(error))), claim_latency);
+            }
+            Ok(Claim::PayloadMismatch) => {
+                return (Step::Ended(Outcome::Failed(Failure::PayloadMismatch)), claim_latency);
+            }
+            Err(error) => return (Step::Ended(Outcome::Failed(error.into())), claim_latency),
         };
         // Called inside the caught future, so that a handler that panics while
         // it builds its future (before its first await) is caught as well.
         let result = AssertUnwindSafe(async { self.inner.handler.handle_boxed(record).await }).catch_unwind().await;
         // No await between the handler's return and this: a run cancelled at
-        // the answer either has its handler's outcome here or never returned.
+        // the cut-off either has its handler's outcome here or never returned.
         *lock(progress) = Progress::Returned(unrecorded_outcome(&result));
-        self.record_outcome(record, &lease, result).await
+        (Step::Returned(lease, result), claim_latency)
     }
 
+    /// Writes how the handler ended (completion, failure record, release)
+    /// and says what that makes of the record.
     async fn record_outcome(
         &self,
         record: &Record,
         lease: &Lease,
-        result: std::thread::Result<crate::HandlerResult>,
+        result: std::thread::Result<HandlerResult>,
     ) -> Outcome {
         let claims = &self.inner.claims;
+        let outcome = unrecorded_outcome(&result);
         match result {
             Ok(Ok(output)) => {
                 let recorded = match claims.complete(lease, output.as_ref()).await {
@@ -572,8 +624,8 @@ impl Engine {
                     Err(error) => {
                         tracing::error!(
                             message_id = %record.message_id, key = %record.key, %error,
-                            "handler succeeded but its completion could not be recorded; \
-                             the claim stays in progress until its lease ends"
+                            "CompletionUnconfirmed: the handler succeeded but its completion could not be \
+                             recorded; it is sent again later, and until it lands the claim stays in progress"
                         );
                         false
                     }
@@ -581,17 +633,12 @@ impl Engine {
                 Outcome::Processed { recorded }
             }
             Ok(Err(error)) if error.kind() == ErrorKind::Permanent => {
-                let reason = error.to_string();
-                log_unrecorded(record, claims.fail(lease, &reason).await);
-                Outcome::Failed(Failure::Permanent(reason))
+                log_unrecorded(record, claims.fail(lease, &error.to_string()).await);
+                outcome
             }
-            Ok(Err(error)) => {
+            Ok(Err(_)) | Err(_) => {
                 log_unrecorded(record, claims.release(lease).await);
-                Outcome::Failed(Failure::Retryable(error.to_string()))
-            }
-            Err(panic) => {
-                log_unrecorded(record, claims.release(lease).await);
-                Outcome::Failed(Failure::Panicked(panic_message(panic.as_ref())))
+                outcome
             }
         }
     }
@@ -599,48 +646,64 @@ impl Engine {
 
 /// What a handler's result means for its record before the write that
 /// records it is confirmed: the answer due at the deadline reports this.
-fn unrecorded_outcome(result: &std::thread::Result<crate::HandlerResult>) -> Outcome {
+/// Error texts are capped ([`reason::capped`]).
+fn unrecorded_outcome(result: &std::thread::Result<HandlerResult>) -> Outcome {
+    let text = |error: &dyn std::fmt::Display| reason::capped(&error.to_string()).into_owned();
     match result {
         Ok(Ok(_)) => Outcome::Processed { recorded: false },
-        Ok(Err(error)) if error.kind() == ErrorKind::Permanent => {
-            Outcome::Failed(Failure::Permanent(error.to_string()))
-        }
-        Ok(Err(error)) => Outcome::Failed(Failure::Retryable(error.to_string())),
-        Err(panic) => Outcome::Failed(Failure::Panicked(panic_message(panic.as_ref()))),
+        Ok(Err(error)) if error.kind() == ErrorKind::Permanent => Outcome::Failed(Failure::Permanent(text(error))),
+        Ok(Err(error)) => Outcome::Failed(Failure::Retryable(text(error))),
+        Err(panic) => Outcome::Failed(Failure::Panicked(text(&panic_message(panic.as_ref())))),
     }
 }
 
-/// At the answer: runs whose handler has not returned are cancelled (their
-/// claims keep their leases, and their records fail `deadline`); runs whose
-/// handler returned, also while they were being cancelled, go on with the
-/// write that records it, in the background, and their outcome is returned
-/// by key.
-async fn cut_off_runs(state: &BatchState) -> HashMap<String, Outcome> {
-    let started: Vec<Started> = lock(&state.started).drain(..).collect();
-    let running = |run: &Started| matches!(*lock(&run.progress), Progress::Running);
-    for run in started.iter().filter(|run| running(run)) {
-        run.task.abort();
-    }
-    // A cancelled run stops at its next await; one whose handler is being
-    // polled right now finishes that poll first, and may return.
-    let waiting = Instant::now();
-    while started.iter().any(|run| running(run) && !run.task.is_finished()) && waiting.elapsed() < STOPPING {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    started
-        .into_iter()
-        .filter_map(|run| match std::mem::take(&mut *lock(&run.progress)) {
-            Progress::Returned(outcome) => Some((run.key, outcome)),
+/// At the cut-off: cancels the runs whose handler has not returned (their
+/// claims keep their leases until the leases end). A handler in the middle
+/// of a poll finishes it first, and if it returns then, its outcome counts.
+/// Returns how many were cancelled.
+fn cancel_running(state: &BatchState) -> usize {
+    let started = lock(&state.started);
+    let running = started.iter().filter(|run| matches!(*lock(&run.progress), Progress::Running));
+    running.map(|run| run.handler.abort()).count()
+}
+
+/// The outcome of every key whose handler returned, by key.
+fn returned_outcomes(state: &BatchState) -> HashMap<String, Outcome> {
+    lock(&state.started)
+        .iter()
+        .filter_map(|run| match &*lock(&run.progress) {
+            Progress::Returned(outcome) => Some((run.key.clone(), outcome.clone())),
             Progress::Running => None,
         })
         .collect()
+}
+
+/// FIFO order, whatever path each report took: after the first failed record
+/// of a FIFO group, every later record of the group fails too. (A record
+/// answered at the deadline from another group's run of the same key could
+/// otherwise succeed after its own group's earlier record failed.)
+fn keep_group_order(groups: &[Group], reports: &mut [RecordReport]) {
+    for group in groups.iter().filter(|group| group.fifo) {
+        let mut failed: Option<String> = None;
+        for &index in &group.indices {
+            let report = &mut reports[index];
+            match &failed {
+                None if report.outcome.is_failure() => failed = Some(report.message_id.clone()),
+                Some(first) if !report.outcome.is_failure() => {
+                    report.outcome = Outcome::Failed(Failure::GroupSkipped(first.clone()));
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 fn log_unrecorded(record: &Record, written: Result<Fenced, StoreError>) {
     if let Err(error) = written {
         tracing::error!(
             message_id = %record.message_id, key = %record.key, %error,
-            "could not record the failure; the claim stays in progress until its lease ends"
+            "could not record how the handler ended; it is sent again later, and until it lands the claim \
+             stays in progress"
         );
     }
 }

@@ -60,6 +60,7 @@ compile_error!(
 );
 
 pub mod aws;
+pub mod budget;
 pub mod claim;
 pub mod clock;
 pub mod config;
@@ -71,6 +72,7 @@ pub mod key;
 mod lock;
 pub mod metrics;
 pub mod operator;
+pub mod reason;
 mod record;
 pub mod sqs;
 pub mod store;

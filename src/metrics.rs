@@ -27,6 +27,9 @@ impl Default for MetricsConfig {
 pub struct Extra {
     /// Finishing writes refused because a lease was taken over.
     pub lease_takeovers_refused: u64,
+    /// Finishing writes unconfirmed when first sent that landed when sent
+    /// again (see [`crate::claim::Claims::resend_unconfirmed`]).
+    pub completions_landed_later: u64,
     /// DynamoDB requests made during the invocation, when the store is DynamoDB.
     pub dynamodb_requests: Option<u64>,
     /// What the SQS step did, when there is one.
@@ -77,6 +80,7 @@ pub fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extra, time
         put(name, "Count", labels.iter().map(|label| counts.get(label).copied().unwrap_or(0)).sum::<usize>().into());
     }
     put("LeaseTakeoversRefused", "Count", extra.lease_takeovers_refused.into());
+    put("CompletionsLandedLater", "Count", extra.completions_landed_later.into());
     if let Some(requests) = extra.dynamodb_requests {
         put("DynamoDbRequests", "Count", requests.into());
     }
@@ -156,7 +160,12 @@ mod tests {
         let report = BatchReport { records };
         let redelivery =
             RedeliveryCounts { visibility_changed: 4, visibility_failed: 1, dead_lettered: 2, dead_letter_failed: 3 };
-        let extra = Extra { lease_takeovers_refused: 2, dynamodb_requests: Some(9), redelivery: Some(redelivery) };
+        let extra = Extra {
+            lease_takeovers_refused: 2,
+            completions_landed_later: 3,
+            dynamodb_requests: Some(9),
+            redelivery: Some(redelivery),
+        };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 1)).unwrap();
         let expected = [
             ("Records", 308),
@@ -170,6 +179,7 @@ mod tests {
             ("FailedStoreError", 300),
             ("FailedDeadline", 1),
             ("LeaseTakeoversRefused", 2),
+            ("CompletionsLandedLater", 3),
             ("DynamoDbRequests", 9),
             ("VisibilityChanged", 4),
             ("VisibilityChangeFailed", 1),

@@ -129,6 +129,10 @@ pub enum StoreError {
     /// The record changed under every attempt to claim it.
     #[error("claim record `{0}` kept changing while it was being claimed")]
     Contended(String),
+    /// The store refused the request for what it holds (an item over the
+    /// size limit, a key too long): sending it again cannot succeed.
+    #[error("claim store rejected the request: {0}")]
+    Rejected(String),
 }
 
 impl StoreError {
@@ -161,6 +165,13 @@ pub trait ClaimStore: Send + Sync {
     /// release whose first attempt applied unseen finds it so, and a free key
     /// is what a release wants. Only another holder's record refuses it.
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError>;
+
+    /// The answer of a batch is due by `until`: writes waiting to be sent
+    /// together go out now, and until then without waiting for a free
+    /// request slot. Stores that send each write at once have nothing to do.
+    fn expedite(&self, until: tokio::time::Instant) {
+        let _ = until;
+    }
 
     /// Claims matching `query`, for operators.
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError>;

@@ -464,3 +464,193 @@ async fn a_handler_returning_while_the_answer_is_cut_off_keeps_its_outcome() {
     assert!(matches!(outcome(&report, "busy"), Outcome::Processed { .. }), "{report:?}");
     assert!(failures(&report).is_empty());
 }
+
+/// The memory store, with finishing writes (completion, failure record,
+/// release) answered `delay` late, and the first `failing` of them failing
+/// after they applied nothing, as a store that is down does.
+struct HeldFinish {
+    inner: MemoryStore,
+    delay: Duration,
+    failing: std::sync::atomic::AtomicU32,
+}
+
+impl HeldFinish {
+    fn new(delay: Duration, failing: u32) -> Arc<Self> {
+        Arc::new(Self { inner: MemoryStore::default(), delay, failing: failing.into() })
+    }
+
+    async fn held(&self) -> Result<(), StoreError> {
+        tokio::time::sleep(self.delay).await;
+        let failing = self.failing.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |left| left.checked_sub(1),
+        );
+        if failing.is_ok() { Err(StoreError::unavailable("injected: connection reset")) } else { Ok(()) }
+    }
+
+    async fn status(&self, id: &str) -> Option<ClaimStatus> {
+        self.inner.get(id).await.unwrap().map(|claim| claim.status)
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimStore for HeldFinish {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_free(record, now_ms).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        self.held().await?;
+        self.inner.finish(id, token, finish).await
+    }
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        self.held().await?;
+        self.inner.release(id, token).await
+    }
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.inner.list(query).await
+    }
+    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
+        self.inner.replace_seen(seen, new).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finishing_writes_that_can_land_before_the_deadline_are_waited_for() {
+    // Deadline 2 s, cut-off at 1.2 s. Twenty handlers return at about 1 s; their completions take 250 ms,
+    // so they land after the cut-off and well before the answer reserve. A slow handler is cancelled at
+    // the cut-off, and cancelling it must not cancel the others' writes.
+    let (handler, dir) = demo();
+    let store = HeldFinish::new(Duration::from_millis(250), 0);
+    let options = EngineOptions { deadline_margin: Duration::from_millis(800), ..Default::default() };
+    let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
+    let mut records: Vec<Value> = (0..20).map(|n| message(&format!("m-{n}"), json!({"sleep_ms": 1000}))).collect();
+    records.push(message("slow", json!({"sleep_ms": 60_000})));
+    let report = run(&engine, records, Duration::from_millis(2000)).await;
+    assert_eq!(failures(&report), ["slow"]);
+    for n in 0..20 {
+        let id = format!("m-{n}");
+        assert_eq!(outcome(&report, &id), &Outcome::Processed { recorded: true }, "{id}");
+        // Confirmed before the answer: nothing is left to land after it.
+        assert_eq!(store.status(&format!("test#{id}")).await, Some(ClaimStatus::Completed), "{id}");
+    }
+    assert_eq!(outcome(&report, "slow"), &Outcome::Failed(Failure::Deadline));
+    assert_eq!(store.status("test#slow").await, Some(ClaimStatus::InProgress), "the cut-off run keeps its lease");
+    assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 21);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_failed_is_sent_again_with_the_next_batch_and_lands() {
+    let (handler, _dir) = demo();
+    // Every finishing write fails once (as if cut off by a freeze past the SDK's timeouts), then works.
+    let store = HeldFinish::new(Duration::ZERO, 2);
+    let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
+    let first =
+        run(&engine, vec![message("done", json!({})), message("retry", json!({"fail": "retryable"}))], SECS_30).await;
+    assert_eq!(outcome(&first, "done"), &Outcome::Processed { recorded: false }, "a success all the same");
+    assert_eq!(failures(&first), ["retry"]);
+    assert_eq!(store.status("test#done").await, Some(ClaimStatus::InProgress));
+    assert_eq!(store.status("test#retry").await, Some(ClaimStatus::InProgress), "the release failed too");
+
+    let next = run(&engine, vec![message("other", json!({}))], SECS_30).await;
+    assert!(failures(&next).is_empty());
+    assert_eq!(store.status("test#done").await, Some(ClaimStatus::Completed), "the completion landed");
+    assert_eq!(store.status("test#retry").await, None, "the release landed: a redelivery runs again");
+    let landed = engine.claims().counters().landed_later.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(landed, 2);
+    // Landed writes are forgotten: the batch after sends nothing again.
+    run(&engine, vec![message("third", json!({}))], SECS_30).await;
+    assert_eq!(engine.claims().counters().landed_later.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+const SECS_30: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_still_unconfirmed_as_the_process_leaves_is_landed_first() {
+    let (handler, _dir) = demo();
+    let store = HeldFinish::new(Duration::ZERO, 1);
+    let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
+    run(&engine, vec![message("done", json!({}))], SECS_30).await;
+    assert_eq!(store.status("test#done").await, Some(ClaimStatus::InProgress));
+    let left = engine.claims().land_unconfirmed(tokio::time::Instant::now() + Duration::from_secs(5)).await;
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(store.status("test#done").await, Some(ClaimStatus::Completed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_record_answered_at_the_deadline_from_another_group_keeps_its_groups_order() {
+    // Group 1 is a slow record, then key B; group 2 runs key B at once. At the deadline key B has
+    // succeeded, but group 1's second record comes after a failure of its group: it must fail too.
+    let (handler, _dir) = demo();
+    let options = EngineOptions { deadline_margin: Duration::from_millis(300), ..Default::default() };
+    let engine = Setup { key: "body.k", options, ..Setup::default() }.engine(handler);
+    let records = vec![
+        fifo("g1-slow", "g1", json!({"k": "A", "sleep_ms": 60_000})),
+        fifo("g1-b", "g1", json!({"k": "B"})),
+        fifo("g2-b", "g2", json!({"k": "B"})),
+    ];
+    let report = run(&engine, records, Duration::from_millis(1000)).await;
+    assert_eq!(outcome(&report, "g2-b"), &Outcome::Processed { recorded: true });
+    assert_eq!(outcome(&report, "g1-slow"), &Outcome::Failed(Failure::Deadline));
+    assert_eq!(outcome(&report, "g1-b"), &Outcome::Failed(Failure::GroupSkipped("g1-slow".into())));
+    assert_eq!(failures(&report), ["g1-slow", "g1-b"]);
+}
+
+/// Waits at a barrier before succeeding, unless asked to fail: the barrier
+/// opens only when every waiting record runs at the same time.
+struct Together(tokio::sync::Barrier);
+
+impl Handler for Together {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        if record.body.contains("fail") {
+            return Err(sqs_once::HandlerError::retryable("asked to fail"));
+        }
+        self.0.wait().await;
+        Ok(None)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_queue_tenants_records_run_concurrently_and_fail_alone() {
+    // A standard queue whose messages carry a MessageGroupId: tenant T's first record fails, its five
+    // others must still run, all at once (the barrier opens only then), and tenant U's is untouched.
+    let tenant = |id: &str, group: &str, body: Value| {
+        let mut record = message(id, body);
+        record["attributes"]["MessageGroupId"] = json!(group);
+        record
+    };
+    let mut records = vec![tenant("t-0", "T", json!({"fail": true}))];
+    records.extend((1..6).map(|n| tenant(&format!("t-{n}"), "T", json!({"n": n}))));
+    records.push(tenant("u-0", "U", json!({"fail": false, "n": 0})));
+    let engine = Setup::default().engine(Together(tokio::sync::Barrier::new(5)));
+    // u-0's body mentions "fail" too, on purpose: it fails on its own, T's records are unaffected by it.
+    let report = run(&engine, records, Duration::from_secs(10)).await;
+    assert_eq!(failures(&report), ["t-0", "u-0"]);
+    for n in 1..6 {
+        assert_eq!(outcome(&report, &format!("t-{n}")), &Outcome::Processed { recorded: true });
+    }
+}
+
+/// Fails permanently with a reason of a mebibyte.
+struct HugeReason;
+
+impl Handler for HugeReason {
+    async fn handle(&self, _record: &Record) -> HandlerResult {
+        Err(sqs_once::HandlerError::permanent("x".repeat(1 << 20)))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mebibyte_error_text_is_capped_where_it_is_stored_and_reported() {
+    let store: Arc<dyn ClaimStore> = Arc::new(MemoryStore::default());
+    let engine = Setup { store: store.clone(), ..Setup::default() }.engine(HugeReason);
+    let report = run(&engine, vec![message("huge", json!({}))], SECS_30).await;
+    let Outcome::Failed(Failure::Permanent(reason)) = outcome(&report, "huge") else { panic!("{report:?}") };
+    assert!(reason.len() <= sqs_once::reason::MAX_BYTES && reason.ends_with("more bytes cut]"), "{}", reason.len());
+    let stored = store.get("test#huge").await.unwrap().unwrap();
+    assert_eq!(stored.status, ClaimStatus::Failed);
+    assert_eq!(stored.error.as_deref(), Some(reason.as_str()));
+}

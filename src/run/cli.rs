@@ -20,6 +20,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     BoxHandler, Handler,
+    budget::LEAVING_TIME,
     claim::{ClaimStatus, StoredClaim},
     clock::{Clock, SystemClock},
     config::{Config, StoreChoice},
@@ -95,7 +96,9 @@ enum ClaimsCommand {
         /// Only claims in this state.
         #[arg(long, value_enum)]
         status: Option<StatusArg>,
-        /// Only in-progress claims whose lease has ended: work that crashed.
+        /// Only in-progress claims whose lease has ended: work that crashed or timed out, and work whose
+        /// handler succeeded but whose completion never landed (the `CompletionUnconfirmed` log lines name
+        /// their message ids).
         #[arg(long)]
         stale: bool,
         /// At most this many claims.
@@ -289,6 +292,8 @@ async fn invoke(
     };
     let processed = consumer.process(&records, &invocation).await;
     println!("{}", serde_json::to_string(&processed.response)?);
+    // Writes that did not land before the answer land before the process leaves, if they can.
+    consumer.engine.claims().land_unconfirmed(tokio::time::Instant::now() + LEAVING_TIME).await;
     if metrics {
         let extra = Extra { redelivery: processed.redelivery, ..consumer.extra() };
         eprintln!("{}", emf_line(&config.metrics, &processed.report, extra, SystemClock.now_ms()));

@@ -15,8 +15,11 @@ use std::{
 use aws_lambda_events::sqs::SqsBatchResponse;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::{
+    budget::SHUTDOWN_TIME,
+    claim::Claims,
     clock::{Clock, SystemClock},
     consumer::Consumer,
     engine::Invocation,
@@ -70,7 +73,7 @@ pub async fn run(consumer: Consumer, metrics: MetricsConfig) -> Result<(), lambd
     if let Some(missing) = RUNTIME_VARIABLES.iter().find(|name| std::env::var_os(name).is_none()) {
         return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());
     }
-    shut_down_on_sigterm();
+    shut_down_on_sigterm(Arc::clone(consumer.engine.claims()));
     let function = Arc::new(Function { consumer, metrics, seen: Mutex::new(Extra::default()) });
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let function = Arc::clone(&function);
@@ -98,6 +101,7 @@ impl Function {
         let mut seen = lock(&self.seen);
         let delta = Extra {
             lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
+            completions_landed_later: now.completions_landed_later - seen.completions_landed_later,
             dynamodb_requests: now.dynamodb_requests.map(|total| total - seen.dynamodb_requests.unwrap_or(0)),
             redelivery: None,
         };
@@ -122,15 +126,17 @@ fn deadline(deadline_ms: u64) -> SystemTime {
 }
 
 /// Lambda sends SIGTERM before it shuts an environment down only when an
-/// extension is registered; when it does, leave with a log line instead of
-/// being killed mid-write. Nothing is lost either way: an unfinished claim's
-/// lease ends with its invocation.
-fn shut_down_on_sigterm() {
+/// extension is registered, and then leaves the process 500 ms (2 s with
+/// external extensions) before it kills it. The finishing writes still
+/// unconfirmed are sent again in that time ([`SHUTDOWN_TIME`]); an
+/// unfinished claim's lease ends with its invocation either way.
+fn shut_down_on_sigterm(claims: Arc<Claims>) {
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(mut sigterm) => {
             tokio::spawn(async move {
                 if sigterm.recv().await.is_some() {
                     tracing::info!("SIGTERM: the execution environment is shutting down");
+                    claims.land_unconfirmed(Instant::now() + SHUTDOWN_TIME).await;
                     std::process::exit(0);
                 }
             });

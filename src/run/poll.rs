@@ -31,6 +31,7 @@ use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::{
+    budget::LEAVING_TIME,
     consumer::{Consumer, Processed},
     engine::{Invocation, Outcome},
     lock::lock,
@@ -91,6 +92,10 @@ pub struct PollSummary {
     pub delete_failed: u64,
     /// `ReceiveMessage` calls that failed.
     pub receive_errors: u64,
+    /// Finishing writes still unconfirmed when the poller stopped (sent again
+    /// for up to five seconds first; their claims stay in progress until
+    /// their leases end).
+    pub unconfirmed: u64,
 }
 
 /// Why the poller cannot start.
@@ -184,6 +189,9 @@ impl Poller {
         futures::future::join_all(receivers).await;
         // Every batch holds its permits until it has settled.
         let _all_settled = in_flight.acquire_many(u32::try_from(bound).unwrap_or(u32::MAX)).await;
+        let claims = poller.consumer.engine.claims();
+        let unconfirmed = claims.land_unconfirmed(tokio::time::Instant::now() + LEAVING_TIME).await;
+        lock(&poller.summary).unconfirmed = unconfirmed.len() as u64;
         let summary = *lock(&poller.summary);
         tracing::info!(?summary, "stopped");
         summary

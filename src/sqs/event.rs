@@ -33,17 +33,19 @@ impl EventRecord {
         }
     }
 
-    /// The record's FIFO message group: its `MessageGroupId`, or one shared
-    /// group for a record of a `.fifo` queue that lacks it; `None` for a
-    /// standard queue's record.
+    /// The record's FIFO message group, for a record of a FIFO queue (its
+    /// `eventSourceARN` ends in `.fifo`): its `MessageGroupId`, or one shared
+    /// group when it lacks one. `None` for a standard queue's record, also
+    /// when it carries a `MessageGroupId`: on a standard queue that is a fair
+    /// queue's tenant, not an order.
     pub fn fifo_group(&self) -> Option<&str> {
         let message = match self {
             Self::Message(message) => message,
             Self::Malformed { fifo_group, .. } => return fifo_group.as_deref(),
         };
-        let group_id = message.attributes.get("MessageGroupId").map(String::as_str);
         let fifo_queue = message.event_source_arn.as_deref().is_some_and(|arn| arn.ends_with(".fifo"));
-        group_id.or(fifo_queue.then_some(""))
+        let group_id = message.attributes.get("MessageGroupId").map(String::as_str);
+        fifo_queue.then(|| group_id.unwrap_or_default())
     }
 }
 
@@ -93,7 +95,9 @@ fn parse_record(index: usize, record: Value) -> Result<EventRecord, InvalidEvent
         Some(Value::String(id)) if !id.is_empty() => id.clone(),
         _ => return Err(InvalidEvent::MissingMessageId(index)),
     };
-    let fifo_group = record.pointer("/attributes/MessageGroupId").and_then(Value::as_str).map(str::to_owned);
+    let fifo_queue = fields.get("eventSourceARN").and_then(Value::as_str).is_some_and(|arn| arn.ends_with(".fifo"));
+    let group_id = record.pointer("/attributes/MessageGroupId").and_then(Value::as_str).unwrap_or_default();
+    let fifo_group = fifo_queue.then(|| group_id.to_owned());
     Ok(match serde_json::from_value::<SqsMessage>(record) {
         Ok(message) => EventRecord::Message(Box::new(message)),
         Err(error) => {
@@ -116,6 +120,25 @@ mod tests {
         assert!(parse_event(json!([1, 2])).is_err());
         let kinesis = json!({"Records": [{"eventSource": "aws:kinesis", "messageId": "a"}]});
         assert!(parse_event(kinesis).unwrap_err().to_string().contains("aws:kinesis"));
+    }
+
+    #[test]
+    fn only_a_fifo_queue_has_message_groups() {
+        let record =
+            |arn: &str| json!({"messageId": "m", "eventSourceARN": arn, "attributes": {"MessageGroupId": "tenant-a"}});
+        let groups = |event| -> Vec<Option<String>> {
+            parse_event(event).unwrap().iter().map(|record| record.fifo_group().map(str::to_owned)).collect()
+        };
+        let fifo = json!({"Records": [record("arn:aws:sqs:us-east-1:1:work.fifo")]});
+        assert_eq!(groups(fifo), [Some("tenant-a".to_owned())]);
+        let fair = json!({"Records": [record("arn:aws:sqs:us-east-1:1:work")]});
+        assert_eq!(groups(fair), [None], "a MessageGroupId on a standard queue is a fair-queue tenant");
+        let without_group =
+            json!({"Records": [{"messageId": "m", "eventSourceARN": "arn:aws:sqs:us-east-1:1:w.fifo"}]});
+        assert_eq!(groups(without_group), [Some(String::new())]);
+        let malformed_fair = json!({"Records": [{"messageId": "m", "eventSourceARN": "arn:aws:sqs:us-east-1:1:w", "body": 1,
+                                "attributes": {"MessageGroupId": "t"}}]});
+        assert_eq!(groups(malformed_fair), [None]);
     }
 
     #[test]

@@ -44,6 +44,10 @@ use crate::{
 
 /// SQS keeps at most ten message attributes per message.
 const MAX_ATTRIBUTES: usize = 10;
+
+/// SQS's largest message: the body and every attribute's name, type and
+/// value together.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Dead-letter sends in flight at once.
 const DEAD_LETTER_CONCURRENCY: usize = 16;
 
@@ -376,14 +380,18 @@ fn failed_messages<'a>(records: &'a [EventRecord], report: &'a BatchReport) -> i
 
 /// The dead-letter copy of a failed message: its body and message
 /// attributes, and as many of the `SqsOnce.*` attributes saying why as SQS's
-/// limit of ten leaves room for (the message's own attributes come first).
+/// limits leave room for: ten attributes, the message's own first, and 1 MiB
+/// in all (a message that was near it keeps its body and loses the
+/// explanation). Their values are made what SQS accepts ([`attribute_text`]).
 fn dead_letter(failed: &Failed<'_>, fifo_queue: bool) -> OutgoingMessage {
     let message = failed.message;
+    let body = message.body.clone().unwrap_or_default();
     let mut attributes: HashMap<String, MessageAttributeValue> = message
         .message_attributes
         .iter()
         .filter_map(|(name, attribute)| Some((name.clone(), outgoing_attribute(attribute)?)))
         .collect();
+    let mut size = body.len() + attributes.iter().map(|(name, value)| attribute_size(name, value)).sum::<usize>();
     let message_id = message.message_id.clone().unwrap_or_default();
     let explanation = [
         ("SqsOnce.Error", "String", failed.failure.to_string()),
@@ -393,21 +401,47 @@ fn dead_letter(failed: &Failed<'_>, fifo_queue: bool) -> OutgoingMessage {
         ("SqsOnce.SourceQueue", "String", failed.queue_arn.to_owned()),
     ];
     for (name, data_type, value) in explanation {
-        if attributes.len() >= MAX_ATTRIBUTES {
+        let Ok(value) =
+            MessageAttributeValue::builder().data_type(data_type).string_value(attribute_text(&value)).build()
+        else {
+            continue;
+        };
+        let grown = size + attribute_size(name, &value);
+        if attributes.len() >= MAX_ATTRIBUTES || grown > MAX_MESSAGE_BYTES {
             tracing::warn!(message_id, attribute = name, "no room left for this dead-letter attribute");
             continue;
         }
-        if let Ok(value) = MessageAttributeValue::builder().data_type(data_type).string_value(value).build() {
-            attributes.insert(name.to_owned(), value);
-        }
+        size = grown;
+        attributes.insert(name.to_owned(), value);
     }
     OutgoingMessage {
-        body: message.body.clone().unwrap_or_default(),
+        body,
         attributes,
         group_id: fifo_queue
             .then(|| message.attributes.get("MessageGroupId").cloned().unwrap_or_else(|| "sqs-once".into())),
         deduplication_id: fifo_queue.then_some(message_id),
     }
+}
+
+/// What an attribute counts towards SQS's message size.
+fn attribute_size(name: &str, value: &MessageAttributeValue) -> usize {
+    let binary = value.binary_value.as_ref().map_or(0, |blob| blob.as_ref().len());
+    name.len() + value.data_type.len() + value.string_value.as_deref().map_or(0, str::len) + binary
+}
+
+/// `text` as SQS accepts it in an attribute: capped ([`crate::reason::capped`])
+/// and every character outside the ranges `SendMessage` allows (#x9, #xA, #xD,
+/// #x20 to #xD7FF, #xE000 to #xFFFD, #x10000 to #x10FFFF) replaced by U+FFFD.
+///
+/// ```
+/// use sqs_once::sqs::redelivery::attribute_text;
+///
+/// assert_eq!(attribute_text("bad\u{0}byte\u{FFFF}\tok"), "bad\u{FFFD}byte\u{FFFD}\tok");
+/// assert!(attribute_text(&"x".repeat(1 << 20)).len() <= sqs_once::reason::MAX_BYTES);
+/// ```
+pub fn attribute_text(text: &str) -> String {
+    let allowed = |c: char| matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}');
+    crate::reason::capped(text).chars().map(|c| if allowed(c) { c } else { '\u{FFFD}' }).collect()
 }
 
 #[cfg(test)]

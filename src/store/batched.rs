@@ -12,7 +12,8 @@
 //!
 //! No call waits behind a request that is slow: a request still out after
 //! [`BatchCall::SLOW_AFTER`] (held back, or being retried) gives up its slot,
-//! so the calls behind it go out in the next request.
+//! so the calls behind it go out in the next request. And when an answer is
+//! due ([`Batcher::expedite`]), calls go out at once, slot or no slot.
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -21,7 +22,10 @@ use std::{
 };
 
 use async_trait::async_trait;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::{
+    sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot},
+    time::Instant,
+};
 
 use super::StoreError;
 use crate::lock::lock;
@@ -115,16 +119,38 @@ impl<C: BatchCall> Queue<C> {
 /// # });
 /// ```
 pub struct Batcher<C: BatchCall> {
+    shared: Arc<Shared<C>>,
+}
+
+/// What a batcher and its flushing task share.
+struct Shared<C: BatchCall> {
     call: Arc<C>,
-    queue: Arc<Mutex<Queue<C>>>,
+    queue: Mutex<Queue<C>>,
     slots: Arc<Semaphore>,
+    /// Until this instant, requests go out without waiting for a slot.
+    urgent_until: Mutex<Option<Instant>>,
+    /// Wakes a flush waiting for a slot when the batcher turns urgent.
+    expedited: Notify,
+}
+
+impl<C: BatchCall> Shared<C> {
+    fn urgent(&self) -> bool {
+        lock(&self.urgent_until).is_some_and(|until| Instant::now() < until)
+    }
 }
 
 impl<C: BatchCall> Batcher<C> {
     /// A batcher sending its requests through `call`.
     pub fn new(call: Arc<C>) -> Self {
         let queue = Queue { waiting: VecDeque::new(), flushing: false };
-        Self { call, queue: Arc::new(Mutex::new(queue)), slots: Arc::new(Semaphore::new(C::IN_FLIGHT)) }
+        let shared = Shared {
+            call,
+            queue: Mutex::new(queue),
+            slots: Arc::new(Semaphore::new(C::IN_FLIGHT)),
+            urgent_until: Mutex::new(None),
+            expedited: Notify::new(),
+        };
+        Self { shared: Arc::new(shared) }
     }
 
     /// Sends `input` with whatever else is waiting, and waits for its answer.
@@ -134,38 +160,57 @@ impl<C: BatchCall> Batcher<C> {
     pub async fn submit(&self, input: C::Input) -> Result<C::Output, StoreError> {
         let (answer, answered) = oneshot::channel();
         let start_flushing = {
-            let mut queue = lock(&self.queue);
+            let mut queue = lock(&self.shared.queue);
             queue.waiting.push_back((input, answer));
             !std::mem::replace(&mut queue.flushing, true)
         };
         if start_flushing {
-            let (call, queue, slots) = (Arc::clone(&self.call), Arc::clone(&self.queue), Arc::clone(&self.slots));
-            tokio::spawn(flush(call, queue, slots));
+            tokio::spawn(flush(Arc::clone(&self.shared)));
         }
         answered.await.unwrap_or_else(|_| Err(StoreError::unavailable("a batch request ended without an answer")))
+    }
+
+    /// An answer is due by `until`: what is waiting goes out now, and until
+    /// then every call goes out without waiting for a free slot (requests
+    /// still hold at most [`BatchCall::LIMIT`] calls).
+    pub fn expedite(&self, until: Instant) {
+        *lock(&self.shared.urgent_until) = Some(until);
+        self.shared.expedited.notify_waiters();
     }
 }
 
 impl<C: BatchCall> std::fmt::Debug for Batcher<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batcher").field("waiting", &lock(&self.queue).waiting.len()).finish()
+        f.debug_struct("Batcher").field("waiting", &lock(&self.shared.queue).waiting.len()).finish()
     }
 }
 
-/// Sends requests while calls are waiting, each once a slot is free.
-async fn flush<C: BatchCall>(call: Arc<C>, queue: Arc<Mutex<Queue<C>>>, slots: Arc<Semaphore>) {
+/// Sends requests while calls are waiting, each once a slot is free (or at
+/// once, while the batcher is urgent).
+async fn flush<C: BatchCall>(shared: Arc<Shared<C>>) {
     loop {
-        // The semaphore is never closed, so this waits for a slot and gets it.
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        let slot = if shared.urgent() {
+            Arc::clone(&shared.slots).try_acquire_owned().ok()
+        } else {
+            // Registered before the check below, so an expedite in between still wakes it.
+            let expedited = shared.expedited.notified();
+            tokio::select! {
+                // The semaphore is never closed, so this waits for a slot and gets it.
+                slot = Arc::clone(&shared.slots).acquire_owned() => slot.ok(),
+                () = expedited => None,
+            }
+        };
         // Callers that are ready to run join this request instead of the next.
         tokio::task::yield_now().await;
         let (request, more) = {
-            let mut queue = lock(&queue);
+            let mut queue = lock(&shared.queue);
             let request = queue.next_request();
             queue.flushing = !queue.waiting.is_empty();
             (request, queue.flushing)
         };
-        tokio::spawn(send(Arc::clone(&call), request, slot));
+        if !request.is_empty() {
+            tokio::spawn(send(Arc::clone(&shared.call), request, slot));
+        }
         if !more {
             return;
         }
@@ -174,7 +219,7 @@ async fn flush<C: BatchCall>(call: Arc<C>, queue: Arc<Mutex<Queue<C>>>, slots: A
 
 /// Sends one request and answers its callers; the request gives its slot up
 /// once it has been out [`BatchCall::SLOW_AFTER`].
-async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, slot: OwnedSemaphorePermit) {
+async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, slot: Option<OwnedSemaphorePermit>) {
     let (inputs, answers): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();
     let count = inputs.len();
     let request = call.call(inputs);

@@ -152,6 +152,12 @@ impl ClaimStore for DynamoDbStore {
         self.release_one(id, token).await
     }
 
+    fn expedite(&self, until: tokio::time::Instant) {
+        if let Some(batches) = self.batched() {
+            batches.expedite(until);
+        }
+    }
+
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         if query.status == Some(ClaimStatus::Completed) {
             tracing::warn!("completed claims are not in the {OPEN_INDEX} index: reading the whole table");
@@ -446,8 +452,10 @@ impl DynamoDbStore {
 }
 
 impl DynamoDbStore {
-    /// The claims of one partition of the open-claims index that match
-    /// `query`, at most its limit; `None` when the table has no such index.
+    /// Every claim of one partition of the open-claims index that matches
+    /// `query`; `None` when the table has no such index. Each partition is
+    /// read whole: the index is sorted by id, not by age, so only all of them
+    /// together say which claims are the oldest.
     async fn query_open(&self, partition: String, query: &ClaimQuery) -> Result<Option<Vec<StoredClaim>>, StoreError> {
         let mut items = self
             .client
@@ -461,19 +469,16 @@ impl DynamoDbStore {
             .items()
             .send();
         let mut records = Vec::new();
-        while records.len() < query.limit {
-            match items.next().await {
-                None => break,
-                Some(Ok(item)) => {
+        while let Some(item) = items.next().await {
+            match item {
+                Ok(item) => {
                     let record = self.layout.read_item(&item)?;
                     if query.matches(&record) {
                         records.push(record);
                     }
                 }
-                Some(Err(error)) if error.message().is_some_and(|message| message.contains("index")) => {
-                    return Ok(None);
-                }
-                Some(Err(error)) => return Err(unavailable(error)),
+                Err(error) if no_such_index(&error) => return Ok(None),
+                Err(error) => return Err(unavailable(error)),
             }
         }
         Ok(Some(records))
@@ -488,6 +493,15 @@ impl DynamoDbStore {
         }
         Ok(query.select(records, true))
     }
+}
+
+/// Whether a query failed because the table has no such index (DynamoDB:
+/// `ValidationException`, "The table does not have the specified index"),
+/// as opposed to any other failure that merely mentions the index (access
+/// denied on it, throttling, an index still being built).
+fn no_such_index(error: &impl ProvideErrorMetadata) -> bool {
+    error.code() == Some("ValidationException")
+        && error.message().is_some_and(|message| message.contains("does not have the specified index"))
 }
 
 /// A release refused by its condition: the claim is released if no record

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{TcpListener, TcpStream},
+    sync::watch,
 };
 
 /// What can go wrong, each as a share of requests (of statements, for
@@ -137,6 +138,11 @@ struct State {
     operations: &'static [&'static str],
     random: Mutex<fastrand::Rng>,
     injected: Arc<Injected>,
+    /// How long finishing writes (completions, failure records, releases)
+    /// are held before they are forwarded, in milliseconds.
+    hold_finishing_ms: AtomicU64,
+    /// Bumped by a freeze: held requests are dropped, their connections closed.
+    freezes: watch::Sender<u64>,
 }
 
 impl State {
@@ -177,6 +183,7 @@ impl State {
 pub struct FaultProxy {
     pub url: String,
     pub injected: Arc<Injected>,
+    state: Arc<State>,
 }
 
 impl FaultProxy {
@@ -199,13 +206,55 @@ impl FaultProxy {
             operations,
             random: Mutex::new(fastrand::Rng::with_seed(seed)),
             injected: Arc::clone(&injected),
+            hold_finishing_ms: AtomicU64::new(0),
+            freezes: watch::Sender::new(0),
         });
+        let serving = Arc::clone(&state);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(serve(client, Arc::clone(&state)));
+                tokio::spawn(serve(client, Arc::clone(&serving)));
             }
         });
-        Self { url, injected }
+        Self { url, injected, state }
+    }
+
+    /// A proxy in front of DynamoDB that injects no fault and holds each
+    /// finishing write `hold` before forwarding it, as a slow or throttled
+    /// DynamoDB does at the end of an invocation.
+    pub async fn holding_finishing_writes(hold: Duration) -> Self {
+        let upstream = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").expect("AWS_ENDPOINT_URL_DYNAMODB: run scripts/test");
+        let proxy = Self::start(&upstream, DYNAMODB, FaultMix::default(), &[], 0).await;
+        proxy.hold_finishing(hold);
+        proxy
+    }
+
+    /// Holds each finishing write `hold` from now on.
+    pub fn hold_finishing(&self, hold: Duration) {
+        self.state.hold_finishing_ms.store(u64::try_from(hold.as_millis()).unwrap(), Ordering::SeqCst);
+    }
+
+    /// The client process is frozen: what the proxy holds and has not
+    /// forwarded is dropped, and those connections close, as the sockets of
+    /// a frozen Lambda environment deliver nothing.
+    pub fn freeze(&self) {
+        (self.freezer())();
+    }
+
+    /// [`freeze`](Self::freeze), as a function to call from elsewhere.
+    pub fn freezer(&self) -> impl FnOnce() + Send + 'static {
+        let state = Arc::clone(&self.state);
+        move || state.freezes.send_modify(|freezes| *freezes += 1)
+    }
+}
+
+/// Whether `request` finishes claims: `UpdateItem`, `DeleteItem`, or a batch
+/// holding an `UPDATE` or `DELETE` statement.
+fn finishes(operation: &str, request: &Message) -> bool {
+    let body = String::from_utf8_lossy(&request.body);
+    match operation {
+        "UpdateItem" | "DeleteItem" => true,
+        "BatchExecuteStatement" => body.contains("UPDATE ") || body.contains("DELETE FROM"),
+        _ => false,
     }
 }
 
@@ -216,6 +265,17 @@ async fn serve(client: TcpStream, state: Arc<State>) {
     while let Some(request) = read_message(&mut client).await {
         state.injected.requests.fetch_add(1, Ordering::SeqCst);
         let operation = request.target.rsplit('.').next().unwrap_or_default().to_owned();
+        let hold = state.hold_finishing_ms.load(Ordering::SeqCst);
+        if hold > 0 && finishes(&operation, &request) {
+            let mut freezes = state.freezes.subscribe();
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(hold)) => {}
+                _ = freezes.changed() => {
+                    let _ = client.get_ref().set_zero_linger();
+                    return;
+                }
+            }
+        }
         let fault = state.draw(&operation);
         state.injected.count(fault);
         if std::env::var_os("SQS_ONCE_FAULTS_TRACE").is_some() {

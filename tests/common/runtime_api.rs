@@ -43,6 +43,8 @@ struct State {
     init_errors: Mutex<Vec<Value>>,
     /// The function has asked for its first event: its init phase is over.
     polling: AtomicBool,
+    /// Run when the function next asks for an event: where Lambda freezes it.
+    at_next: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// The server, listening on a free loopback port.
@@ -107,6 +109,13 @@ impl RuntimeApi {
         }
     }
 
+    /// Runs `hook` when the function next asks for an event, after its
+    /// answer, as Lambda freezes an environment there: the hook stops the
+    /// process (SIGSTOP) and drops what its connections had not delivered.
+    pub fn at_next_request(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.state.at_next.lock().unwrap() = Some(Box::new(hook));
+    }
+
     /// Init errors the function reported.
     pub fn init_errors(&self) -> Vec<Value> {
         self.state.init_errors.lock().unwrap().clone()
@@ -137,6 +146,10 @@ async fn serve(stream: TcpStream, queue: Arc<tokio::sync::Mutex<mpsc::UnboundedR
         let reply = match (method.as_str(), segments.as_slice()) {
             ("GET", ["invocation", "next"]) => {
                 state.polling.store(true, Ordering::SeqCst);
+                let hook = state.at_next.lock().unwrap().take();
+                if let Some(hook) = hook {
+                    hook();
+                }
                 let Some(pending) = queue.lock().await.recv().await else { return };
                 let headers = format!(
                     "Lambda-Runtime-Aws-Request-Id: {}\r\nLambda-Runtime-Deadline-Ms: {}\r\n\

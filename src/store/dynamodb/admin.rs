@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::{
     operation::create_table::CreateTableError,
     types::{
         AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection, ProjectionType,
-        ScalarAttributeType, TimeToLiveSpecification,
+        ScalarAttributeType, TimeToLiveSpecification, TimeToLiveStatus,
     },
 };
 
@@ -57,14 +57,40 @@ impl DynamoDbStore {
         self.client.wait_until_table_exists().table_name(&layout.table).wait(Duration::from_secs(120)).await.map_err(
             |error| StoreError::unavailable(format!("table {} did not become active: {error}", layout.table)),
         )?;
+        self.enable_ttl().await?;
+        Ok(created)
+    }
+
+    /// Turns TTL on for the expiry attribute, unless it is on or being
+    /// turned on already: DynamoDB allows one change an hour, so running
+    /// `create-table` again must not ask twice.
+    async fn enable_ttl(&self) -> Result<(), StoreError> {
+        let layout = &self.layout;
+        let expiry = layout.attributes.expiry.as_str();
+        let described = self.client.describe_time_to_live().table_name(&layout.table).send().await;
+        let current = described.map_err(unavailable)?.time_to_live_description;
+        let status = current.as_ref().and_then(|ttl| ttl.time_to_live_status.clone());
+        let attribute = current.as_ref().and_then(|ttl| ttl.attribute_name.as_deref());
+        match status {
+            Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling) if attribute == Some(expiry) => return Ok(()),
+            Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling) => {
+                return Err(StoreError::Rejected(format!(
+                    "table {} has TTL on `{}`, not on the expiry attribute `{expiry}`: set SQS_ONCE_ATTR_EXPIRY to it, \
+                     or change the table's TTL",
+                    layout.table,
+                    attribute.unwrap_or("?"),
+                )));
+            }
+            _ => {}
+        }
         let ttl = TimeToLiveSpecification::builder()
-            .attribute_name(&layout.attributes.expiry)
+            .attribute_name(expiry)
             .enabled(true)
             .build()
             .map_err(StoreError::unavailable)?;
         match self.client.update_time_to_live().table_name(&layout.table).time_to_live_specification(ttl).send().await {
-            Ok(_) => Ok(created),
-            Err(error) if error.message().is_some_and(|message| message.contains("already enabled")) => Ok(created),
+            Ok(_) => Ok(()),
+            Err(error) if error.message().is_some_and(|message| message.contains("already enabled")) => Ok(()),
             Err(error) => Err(unavailable(error)),
         }
     }

@@ -126,8 +126,14 @@ pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounte
     (Client::from_conf(config), counter)
 }
 
-/// An SDK failure as a store error, in one line ([`crate::aws::describe`]).
+/// An SDK failure as a store error, in one line ([`crate::aws::describe`]):
+/// [`StoreError::Rejected`] when DynamoDB refused the request for what it
+/// holds (`ValidationException`: sending it again cannot succeed), else
+/// [`StoreError::Unavailable`].
 pub(super) fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
+    if error.code() == Some("ValidationException") {
+        return StoreError::Rejected(described(&error));
+    }
     StoreError::unavailable(described(&error))
 }
 

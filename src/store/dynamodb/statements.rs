@@ -99,13 +99,24 @@ impl Batches {
         }
     }
 
-    /// A batched call's result, or `None` when it failed because batching was
-    /// refused and the single request must be made instead.
+    /// A batched call's result, or `None` when the single request must be
+    /// made instead: batching was refused, or DynamoDB rejected this
+    /// statement for its data (the single request then says for itself).
     pub(super) fn or_single<T>(&self, result: Result<T, StoreError>) -> Option<Result<T, StoreError>> {
         match result {
+            Err(StoreError::Rejected(reason)) => {
+                tracing::warn!(%reason, "a batched statement was rejected: sending it alone");
+                None
+            }
             Err(_) if self.refused() => None,
             result => Some(result),
         }
+    }
+
+    /// The answer is due by `until`: see [`Batcher::expedite`].
+    pub(super) fn expedite(&self, until: tokio::time::Instant) {
+        self.writes.expedite(until);
+        self.reads.expedite(until);
     }
 }
 
@@ -172,12 +183,16 @@ fn answer(response: Option<BatchStatementResponse>, refused: &AtomicBool) -> Res
             | Code::InternalServerError
             | Code::TransactionConflict,
         ) => Ok(Attempt::Again(reason)),
-        // A statement that DynamoDB does not allow, or does not accept in this
-        // form: the single request it stands for may well be accepted.
-        Some(Code::AccessDenied | Code::ValidationError) => {
+        // A statement that DynamoDB does not allow: the single request it
+        // stands for may well be allowed, and so are those of every record.
+        Some(Code::AccessDenied) => {
             note_refusal(refused, Some(code), error.message.as_deref(), "a PartiQL statement");
             Err(StoreError::unavailable(reason))
         }
+        // Refused for its data (an item over 400 KB, a key too long): this
+        // statement alone is sent again as a single request, and batching
+        // stays on for everyone else.
+        Some(Code::ValidationError) => Err(StoreError::Rejected(reason)),
         _ => Err(StoreError::unavailable(reason)),
     }
 }
@@ -472,8 +487,9 @@ mod tests {
         assert!(outcome(refused_with(Code::AccessDenied)).starts_with("Err("));
         assert!(refused.load(Ordering::Relaxed), "a denied statement turns batching off");
         let refused = AtomicBool::new(false);
-        assert!(format!("{:?}", answer(Some(refused_with(Code::ValidationError)), &refused)).starts_with("Err("));
-        assert!(refused.load(Ordering::Relaxed), "a statement refused in its batched form turns batching off");
+        let rejected = answer(Some(refused_with(Code::ValidationError)), &refused);
+        assert!(matches!(rejected, Err(StoreError::Rejected(_))), "{rejected:?}");
+        assert!(!refused.load(Ordering::Relaxed), "a statement rejected for its data leaves batching on");
     }
 
     #[tokio::test]

@@ -1,0 +1,100 @@
+//! How an invocation spends the time before its deadline.
+//!
+//! Lambda fails a whole batch that has not answered by the deadline, so the
+//! engine plans backwards from it:
+//!
+//! ```text
+//!  start ─────────────── cutoff ──────────── writes_by ──── sqs_by ──── deadline
+//!    handlers start        │ no handler starts;    │ the answer   │ the SQS   │
+//!                          │ running handlers are  │ is computed; │ step ends;│
+//!                          │ cancelled; waiting    │ unconfirmed  │ the answer│
+//!                          │ finishing writes go   │ writes go on │ is posted │
+//!                          │ out at once           │ in the back- │           │
+//!                          │                       │ ground       │           │
+//!                          └─ margin (SQS_ONCE_DEADLINE_MARGIN_MS) ───────────┘
+//! ```
+//!
+//! Between the cut-off and `writes_by`, the answer waits for the finishing
+//! writes (completion, failure record, release) of handlers that returned:
+//! it goes out as soon as every one is confirmed, or at `writes_by`,
+//! whichever is first. What the SQS step and the answer itself need is kept
+//! back from the margin ([`ANSWER_TIME`], and [`SQS_STEP_TIME`] when the
+//! consumer acts on failed records through SQS).
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+/// Kept for posting the answer once everything else is done.
+pub const ANSWER_TIME: Duration = Duration::from_millis(100);
+
+/// Kept for the SQS step (visibility back-off, dead-letter moves) when the
+/// consumer has one: a `ChangeMessageVisibilityBatch` and a `SendMessage`
+/// answer in tens of milliseconds within a Region.
+pub const SQS_STEP_TIME: Duration = Duration::from_millis(150);
+
+/// How long a Lambda function shutting down (SIGTERM) spends sending its
+/// unconfirmed finishing writes again: Lambda kills it 500 ms after the
+/// signal when only internal extensions are registered.
+pub const SHUTDOWN_TIME: Duration = Duration::from_millis(400);
+
+/// How long `invoke` and `poll` wait, as they leave, for unconfirmed
+/// finishing writes sent again: a few of the SDK's attempts.
+pub const LEAVING_TIME: Duration = Duration::from_secs(5);
+
+/// The deadline of one invocation and the instants planned back from it.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use sqs_once::budget::{ANSWER_TIME, DeadlineBudget};
+///
+/// let budget = DeadlineBudget::new(SystemTime::now() + Duration::from_secs(3), Duration::from_millis(500), ANSWER_TIME);
+/// assert!(budget.cutoff() < budget.writes_by() && budget.writes_by() < budget.deadline());
+/// assert_eq!(budget.deadline() - budget.cutoff(), Duration::from_millis(500));
+/// assert_eq!(budget.deadline() - budget.writes_by(), ANSWER_TIME);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadlineBudget {
+    deadline: Instant,
+    margin: Duration,
+    reserve: Duration,
+}
+
+impl DeadlineBudget {
+    /// The budget of an invocation due at `deadline`: handlers stop `margin`
+    /// before it, finishing writes are waited for until `reserve` before it.
+    /// A reserve larger than the margin is cut to it.
+    pub fn new(deadline: SystemTime, margin: Duration, reserve: Duration) -> Self {
+        let remaining = deadline.duration_since(SystemTime::now()).unwrap_or_default();
+        Self { deadline: Instant::now() + remaining, margin, reserve: reserve.min(margin) }
+    }
+
+    /// When the answer is due.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// No handler starts after this, and handlers still running are cancelled.
+    pub fn cutoff(&self) -> Instant {
+        self.before_deadline(self.margin)
+    }
+
+    /// Finishing writes of handlers that returned are waited for until this.
+    pub fn writes_by(&self) -> Instant {
+        self.before_deadline(self.reserve)
+    }
+
+    /// The SQS step that follows the engine ends by this.
+    pub fn sqs_by(&self) -> Instant {
+        self.before_deadline(ANSWER_TIME.min(self.reserve))
+    }
+
+    /// Time left until `writes_by`.
+    pub fn writes_left(&self) -> Duration {
+        self.writes_by().saturating_duration_since(Instant::now())
+    }
+
+    fn before_deadline(&self, by: Duration) -> Instant {
+        self.deadline.checked_sub(by).unwrap_or(self.deadline)
+    }
+}

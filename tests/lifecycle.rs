@@ -1,0 +1,284 @@
+//! Lambda's lifecycle, through the Runtime API with the real `lambda_runtime`
+//! loop: the function is frozen (SIGSTOP) as soon as it asks for its next
+//! event after answering, while DynamoDB (a proxy in front of DynamoDB Local)
+//! holds its finishing writes; the proxy then drops what it had not
+//! forwarded, as a frozen environment's sockets deliver nothing. It is thawed
+//! later, or never, or shut down (SIGTERM). After the lease, a second
+//! environment gets a copy of every message, as SQS standard queues deliver
+//! one now and then even after success.
+//!
+//! Twenty records per batch; their handlers return 500 ms before the
+//! deadline margin (a 1.2 s margin, a 4 s deadline), and each finishing
+//! write is held longer than that, but less than the margin
+//! (`HELD_WITHIN_MARGIN`), or longer than the whole margin
+//! (`HELD_PAST_MARGIN`). The figures each case prints (`lifecycle-report`)
+//! are in bench/RESULTS.md.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use common::{
+    faults::FaultProxy,
+    runtime_api::{Answer, RuntimeApi},
+};
+use serde_json::{Value, json};
+use sqs_once::store::dynamodb::TableKey;
+use tokio::{process::Child, time::Instant};
+
+const DEADLINE: Duration = Duration::from_millis(4000);
+const MARGIN_MS: u64 = 1200;
+/// Handlers return 500 ms before the cut-off (their claims take some of it).
+const HANDLER_MS: u64 = 4000 - MARGIN_MS - 500;
+/// Lands 400 ms after the cut-off, 700 ms before the answer reserve.
+const HELD_WITHIN_MARGIN: Duration = Duration::from_millis(900);
+/// Longer than the margin: not confirmed when the answer is due.
+const HELD_PAST_MARGIN: Duration = Duration::from_millis(2500);
+const RECORDS: usize = 20;
+
+/// One environment: a Runtime API and the function process it serves,
+/// whose standard error goes to a file.
+struct Environment {
+    api: RuntimeApi,
+    process: Child,
+    stderr: std::path::PathBuf,
+}
+
+impl Environment {
+    async fn start(table: &str, dynamodb: &str, batching: bool, lease_margin_ms: u64, log: &Path) -> Self {
+        let api = RuntimeApi::start().await;
+        let envs = [
+            ("SQS_ONCE_TABLE", table.to_owned()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.to_owned()),
+            ("SQS_ONCE_DYNAMODB_BATCHING", batching.to_string()),
+            ("SQS_ONCE_DEADLINE_MARGIN_MS", MARGIN_MS.to_string()),
+            ("SQS_ONCE_LEASE_MARGIN_MS", lease_margin_ms.to_string()),
+            ("SQS_ONCE_DEMO_LOG", log.display().to_string()),
+            // No SQS step: nothing here fails, and the answer reserve is then 100 ms.
+            ("SQS_ONCE_CONFLICT_BACKOFF", "false".to_owned()),
+            ("SQS_ONCE_RETRY_BASE_SECS", "0".to_owned()),
+            ("SQS_ONCE_LOCAL_CACHE", "0".to_owned()),
+        ];
+        let mut process = api.spawn(common::sqs_once_command(), &envs);
+        let stderr = log.with_extension(format!("{}.err", api.address.port()));
+        let mut output = tokio::fs::File::create(&stderr).await.unwrap();
+        let mut piped = process.stderr.take().unwrap();
+        tokio::spawn(async move { tokio::io::copy(&mut piped, &mut output).await });
+        let mut stdout = process.stdout.take().unwrap();
+        tokio::spawn(async move { tokio::io::copy(&mut stdout, &mut tokio::io::sink()).await });
+        api.initialized().await;
+        Self { api, process, stderr }
+    }
+
+    /// What the function logged, for a failure's message.
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Sends `event` with the test deadline and returns the answer's failures.
+    async fn invoke(&self, event: &Value) -> Vec<String> {
+        let (answer, _, _) = self.api.invoke(event, DEADLINE).await.expect("the function answered");
+        let Answer::Response(response) = answer else { panic!("invocation error: {answer:?}") };
+        response["batchItemFailures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Freezes the process at its next request for an event, and the proxy's
+    /// held writes with it.
+    fn freeze_at_answer(&self, proxy: &FaultProxy) {
+        let pid = self.process.id().unwrap();
+        let freeze = proxy.freezer();
+        self.api.at_next_request(move || {
+            signal(pid, "-STOP");
+            freeze();
+        });
+    }
+
+    fn thaw(&self) {
+        signal(self.process.id().unwrap(), "-CONT");
+    }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+fn event(prefix: &str, receive_count: u32, sleep_ms: u64) -> Value {
+    let records: Vec<Value> = (0..RECORDS)
+        .map(|n| {
+            json!({
+                "messageId": format!("{prefix}-{n:02}"), "receiptHandle": format!("rh-{n}-{receive_count}"),
+                "body": json!({ "n": n, "sleep_ms": sleep_ms }).to_string(),
+                "attributes": {"ApproximateReceiveCount": receive_count.to_string()}, "messageAttributes": {},
+                "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:work",
+            })
+        })
+        .collect();
+    json!({ "Records": records })
+}
+
+/// How many times each message id's handler started.
+fn runs(log: &Path) -> HashMap<String, usize> {
+    let mut runs = HashMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        *runs.entry(line.split('\t').nth(1).unwrap().to_owned()).or_default() += 1;
+    }
+    runs
+}
+
+/// What the thawed (or never thawed) first environment does before the copies.
+#[derive(Debug, Clone, Copy)]
+enum AfterFreeze {
+    /// Never thawed (reclaimed without notice).
+    Never,
+    /// Thawed after this long, with DynamoDB answering finishing writes
+    /// `HELD_WITHIN_MARGIN` late again, and invoked once.
+    ThawedAndInvoked(Duration),
+    /// Thawed after this long with DynamoDB answering at once, and sent SIGTERM.
+    ThawedAndStopped(Duration),
+}
+
+struct Case {
+    name: &'static str,
+    batching: bool,
+    held: Duration,
+    after: AfterFreeze,
+    lease_margin_ms: u64,
+}
+
+/// Runs a case; returns how many keys ran again when their copies came after the lease.
+async fn run_case(case: Case) -> usize {
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let table = store.layout().table.clone();
+    let proxy = FaultProxy::holding_finishing_writes(case.held).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("demo.log");
+    let mut first = Environment::start(&table, &proxy.url, case.batching, case.lease_margin_ms, &log).await;
+    first.freeze_at_answer(&proxy);
+    let sent = Instant::now();
+    let deadline_ms = u64::try_from((SystemTime::now() + DEADLINE).duration_since(UNIX_EPOCH).unwrap().as_millis());
+    let failed = first.invoke(&event("m", 1, HANDLER_MS)).await;
+    let answered_ms = sent.elapsed().as_millis();
+    assert!(failed.is_empty(), "{}: handlers returned before the cut-off: {failed:?}\n{}", case.name, first.logs());
+    match case.after {
+        AfterFreeze::Never => {}
+        AfterFreeze::ThawedAndInvoked(after) => {
+            tokio::time::sleep(after).await;
+            proxy.hold_finishing(HELD_WITHIN_MARGIN);
+            first.thaw();
+            let failed = first.invoke(&json!({ "Records": [] })).await;
+            assert!(failed.is_empty());
+        }
+        AfterFreeze::ThawedAndStopped(after) => {
+            tokio::time::sleep(after).await;
+            proxy.hold_finishing(Duration::ZERO);
+            first.thaw();
+            signal(first.process.id().unwrap(), "-TERM");
+            let status = tokio::time::timeout(Duration::from_secs(5), first.process.wait()).await;
+            assert!(status.expect("left within 5 s").unwrap().success(), "{}: exit status", case.name);
+        }
+    }
+    // Copies after the lease, to another environment.
+    let lease_end_ms = deadline_ms.unwrap() + case.lease_margin_ms + 200;
+    let now_ms = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    tokio::time::sleep(Duration::from_millis(lease_end_ms.saturating_sub(now_ms))).await;
+    proxy.hold_finishing(Duration::ZERO);
+    let second = Environment::start(&table, &proxy.url, case.batching, case.lease_margin_ms, &log).await;
+    let failed = second.invoke(&event("m", 2, 0)).await;
+    assert!(failed.is_empty(), "{}: copies: {failed:?}\n{}", case.name, second.logs());
+    let runs = runs(&log);
+    assert_eq!(runs.len(), RECORDS, "{}: every key ran", case.name);
+    let ran_again = runs.values().filter(|count| **count > 1).count();
+    let report = json!({
+        "case": case.name, "writes": if case.batching { "batched" } else { "single" },
+        "held_ms": case.held.as_millis(), "answered_ms": answered_ms, "deadline_ms": DEADLINE.as_millis(),
+        "after_freeze": format!("{:?}", case.after), "ran_again": ran_again, "records": RECORDS,
+    });
+    println!("lifecycle-report {report}");
+    drop(first);
+    ran_again
+}
+
+/// A fresh DynamoDB Local answers its first few thousand requests several
+/// times slower: a few hundred claims first, once per test process.
+async fn warm_up() {
+    static WARM: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    WARM.get_or_init(|| async {
+        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let claims = std::sync::Arc::new(sqs_once::claim::Claims::new(std::sync::Arc::new(store)));
+        let claim = |n: usize| {
+            let claims = std::sync::Arc::clone(&claims);
+            async move {
+                let id = format!("warm-{n}");
+                let request = sqs_once::claim::ClaimRequest {
+                    id: &id,
+                    body: "",
+                    deadline_ms: u64::MAX / 4,
+                    holder: "warm",
+                    attempt: 1,
+                    message_id: &id,
+                };
+                let _ = claims.claim(&request).await;
+            }
+        };
+        futures::future::join_all((0..400).map(claim)).await;
+    })
+    .await;
+}
+
+/// The cases run one at a time: each needs its handlers' claims answered within 300 ms.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn both_ways(name: &'static str, held: Duration, after: AfterFreeze, lease_margin_ms: u64) -> [usize; 2] {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    warm_up().await;
+    let batched = run_case(Case { name, batching: true, held, after, lease_margin_ms });
+    let single = run_case(Case { name, batching: false, held, after, lease_margin_ms });
+    let (batched, single) = futures::future::join(batched, single).await;
+    [batched, single]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_land_within_the_margin_are_confirmed_before_the_answer_and_a_freeze() {
+    let ran_again = both_ways("frozen at the answer", HELD_WITHIN_MARGIN, AfterFreeze::Never, 2000).await;
+    assert_eq!(ran_again, [0, 0], "keys that ran again (batched, single)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thawed_environment_lands_its_unconfirmed_writes_before_the_lease_ends() {
+    let thawed = AfterFreeze::ThawedAndInvoked(Duration::from_millis(1300));
+    let ran_again = both_ways("thawed 1.3 s later", HELD_PAST_MARGIN, thawed, 4000).await;
+    assert_eq!(ran_again, [0, 0], "keys that ran again (batched, single)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_environment_thawed_past_the_sdks_timeouts_still_lands_its_writes() {
+    // Frozen 6.5 s: longer than the SDK's 5 s operation timeout, so its own retries have given up.
+    let thawed = AfterFreeze::ThawedAndInvoked(Duration::from_millis(6500));
+    let ran_again = both_ways("thawed past the SDK timeouts", HELD_PAST_MARGIN, thawed, 9000).await;
+    assert_eq!(ran_again, [0, 0], "keys that ran again (batched, single)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lands_the_unconfirmed_writes_before_the_process_leaves() {
+    let stopped = AfterFreeze::ThawedAndStopped(Duration::from_millis(500));
+    let ran_again = both_ways("SIGTERM after a thaw", HELD_PAST_MARGIN, stopped, 4000).await;
+    assert_eq!(ran_again, [0, 0], "keys that ran again (batched, single)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_held_past_the_margin_and_never_thawed_is_the_window_that_remains() {
+    // What no process can close: the answer is due, the completion has not landed, and the environment
+    // is never run again. Every such key runs again when a copy comes after its lease.
+    let ran_again = both_ways("held past the margin, never thawed", HELD_PAST_MARGIN, AfterFreeze::Never, 2000).await;
+    assert_eq!(ran_again, [RECORDS, RECORDS], "keys that ran again (batched, single)");
+}
