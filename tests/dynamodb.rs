@@ -449,3 +449,70 @@ async fn open_claims_spread_over_index_partitions_and_list_exactly() {
     let completed = items.iter().filter(|item| item["status"] == AttributeValue::S("COMPLETED".into()));
     assert!(completed.clone().count() == 20 && completed.clone().all(|item| !item.contains_key("open_status")));
 }
+
+/// A failed claim of `id`, claimed at `claimed_at_ms`.
+fn failed_claim(id: &str, claimed_at_ms: u64) -> sqs_once::claim::StoredClaim {
+    sqs_once::claim::StoredClaim {
+        id: id.into(),
+        status: ClaimStatus::Failed,
+        expires_at_s: SystemClock.now_ms() / 1000 + 3600,
+        lease_until_ms: None,
+        token: Some(format!("t-{id}")),
+        holder: None,
+        attempt: Some(1),
+        message_id: Some(format!("m-{id}")),
+        claimed_at_ms: Some(claimed_at_ms),
+        updated_at_ms: None,
+        payload_hash: None,
+        result: None,
+        error: Some("asked to fail".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_are_oldest_first_and_exact_when_a_shard_holds_more_than_the_limit() {
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    // 80 failed claims over 16 index shards, about five in each; the later the id, the older the claim,
+    // so reading each shard in id order and cutting it at the limit would find the newest ones.
+    for n in 0..80_u64 {
+        let claim = failed_claim(&format!("k-{n:03}"), 1_000_000 - n);
+        store.put_if_free(&claim, SystemClock.now_ms()).await.unwrap();
+    }
+    let listing = store.list(&ClaimQuery { limit: 3, ..ClaimQuery::default() }).await.unwrap();
+    let ids: Vec<&str> = listing.records.iter().map(|claim| claim.id.as_str()).collect();
+    assert_eq!(ids, ["k-079", "k-078", "k-077"]);
+    assert!(!listing.full_scan);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_table_run_again_leaves_the_ttl_it_turned_on_alone() {
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    // DynamoDB allows one TTL change an hour; a second run must not ask for one.
+    assert!(!store.create_table().await.expect("a second run succeeds"), "the table existed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_failure_that_mentions_the_index_is_an_error_not_a_scan() {
+    let (table, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let scans = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&scans);
+    let denied = common::dynamodb::proxy(move |operation, _| match operation {
+        "Query" => Reply::error(
+            "AccessDeniedException",
+            "User is not authorized to perform: dynamodb:Query on resource: table/claims/index/open-claims",
+        ),
+        "Scan" => {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Reply::Forward
+        }
+        _ => Reply::Forward,
+    })
+    .await;
+    let config =
+        aws_sdk_dynamodb::config::Builder::from(&sqs_once::aws::sdk_config().await).endpoint_url(denied).build();
+    let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::from_conf(config), table.layout().clone());
+    let listed = store.list(&ClaimQuery { limit: 10, ..ClaimQuery::default() }).await;
+    let error = listed.expect_err("an error, not a listing");
+    assert!(error.to_string().contains("AccessDeniedException"), "{error}");
+    assert_eq!(scans.load(std::sync::atomic::Ordering::SeqCst), 0, "no scan of the whole table");
+}

@@ -358,6 +358,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_expedited_batcher_sends_at_once_though_every_slot_is_taken() {
+        // Slow only after a minute: without expediting, the third call waits behind the two hanging requests.
+        let hanging = Arc::new(Hanging::<60_000>::default());
+        let batcher = Arc::new(Batcher::new(Arc::clone(&hanging)));
+        for input in ["a~", "b~"] {
+            let requests = lock(&hanging.0).len();
+            let submitting = Arc::clone(&batcher);
+            tokio::spawn(async move { submitting.submit(input.to_owned()).await });
+            while lock(&hanging.0).len() == requests {
+                tokio::task::yield_now().await;
+            }
+        }
+        let waiting = tokio::spawn({
+            let batcher = Arc::clone(&batcher);
+            async move { batcher.submit("c".to_owned()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "no slot is free yet");
+        batcher.expedite(Instant::now() + Duration::from_secs(10));
+        let answer = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+        assert_eq!(answer.expect("the call went out at once").unwrap().unwrap(), "c");
+        // And calls made while it is urgent do not wait either.
+        let later = tokio::time::timeout(Duration::from_secs(10), batcher.submit("d".to_owned())).await;
+        assert_eq!(later.expect("no wait while urgent").unwrap(), "d");
+    }
+
+    #[tokio::test]
     async fn calls_arriving_during_a_request_gather_for_the_next() {
         let echo = Arc::new(Echo::default());
         let batcher = Arc::new(Batcher::new(Arc::clone(&echo)));
