@@ -358,40 +358,10 @@ async fn the_handler_and_payload_validation_see_the_message_inside_the_envelope(
     assert_eq!(notification.message_attributes["tenant"].value, "t-9");
 }
 
-/// The in-memory store, with every finishing write answered `delay` late.
-struct SlowFinish {
-    inner: MemoryStore,
-    delay: Duration,
-}
-
-#[async_trait::async_trait]
-impl ClaimStore for SlowFinish {
-    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_free(record, now_ms).await
-    }
-    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.finish(id, token, finish).await
-    }
-    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.release(id, token).await
-    }
-    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        self.inner.list(query).await
-    }
-    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
-        self.inner.replace_seen(seen, new).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_late() {
     let (handler, dir) = demo();
-    let store = Arc::new(SlowFinish { inner: MemoryStore::default(), delay: Duration::from_millis(2500) });
+    let store = HeldFinish::new(Duration::from_millis(2500), 0);
     let options = EngineOptions { deadline_margin: Duration::from_millis(300), ..Default::default() };
     let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
     let records = vec![

@@ -340,19 +340,25 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn calls_do_not_wait_behind_requests_that_are_slow() {
-        let hanging = Arc::new(Hanging::<20>::default());
-        let batcher = Arc::new(Batcher::new(Arc::clone(&hanging)));
-        // Both slots are taken by requests that never answer; they give them up after 20 ms.
+    /// Sends two calls that never answer, each in a request of its own, so
+    /// that both slots are taken.
+    async fn take_both_slots<const SLOW_MS: u64>(batcher: &Arc<Batcher<Hanging<SLOW_MS>>>, hanging: &Hanging<SLOW_MS>) {
         for input in ["a~", "b~"] {
             let requests = lock(&hanging.0).len();
-            let submitting = Arc::clone(&batcher);
+            let submitting = Arc::clone(batcher);
             tokio::spawn(async move { submitting.submit(input.to_owned()).await });
             while lock(&hanging.0).len() == requests {
                 tokio::task::yield_now().await;
             }
         }
+    }
+
+    #[tokio::test]
+    async fn calls_do_not_wait_behind_requests_that_are_slow() {
+        let hanging = Arc::new(Hanging::<20>::default());
+        let batcher = Arc::new(Batcher::new(Arc::clone(&hanging)));
+        // Both slots are taken by requests that never answer; they give them up after 20 ms.
+        take_both_slots(&batcher, &hanging).await;
         let answer = tokio::time::timeout(Duration::from_secs(10), batcher.submit("c".to_owned())).await;
         assert_eq!(answer.expect("the call waited behind the slow requests").unwrap(), "c");
     }
@@ -362,14 +368,7 @@ mod tests {
         // Slow only after a minute: without expediting, the third call waits behind the two hanging requests.
         let hanging = Arc::new(Hanging::<60_000>::default());
         let batcher = Arc::new(Batcher::new(Arc::clone(&hanging)));
-        for input in ["a~", "b~"] {
-            let requests = lock(&hanging.0).len();
-            let submitting = Arc::clone(&batcher);
-            tokio::spawn(async move { submitting.submit(input.to_owned()).await });
-            while lock(&hanging.0).len() == requests {
-                tokio::task::yield_now().await;
-            }
-        }
+        take_both_slots(&batcher, &hanging).await;
         let waiting = tokio::spawn({
             let batcher = Arc::clone(&batcher);
             async move { batcher.submit("c".to_owned()).await }
