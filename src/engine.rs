@@ -520,8 +520,9 @@ impl Engine {
     /// has not come), the claim and the handler run in a task, so that
     /// records run in parallel on the runtime and the handler can be
     /// cancelled at the cut-off; the finishing write then runs in a task of
-    /// its own, which nothing cancels. Waiting for the permit first keeps at
-    /// most `concurrency` handlers' copies and tasks alive.
+    /// its own, which nothing cancels. The permit, taken first and held
+    /// until the finishing write is answered, keeps at most `concurrency`
+    /// records' copies, tasks and store requests alive.
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
         async move {
@@ -539,13 +540,12 @@ impl Engine {
             let handler = tokio::spawn({
                 let (engine, progress) = (engine.clone(), Arc::clone(&progress));
                 async move {
-                    let _permit = permit;
                     let (step, claim_latency) = engine.claim_and_handle(&record, deadline_ms, &holder, &progress).await;
-                    (record, step, claim_latency)
+                    (record, step, claim_latency, permit)
                 }
             });
             lock(&state.started).push(Started { key, progress, handler: handler.abort_handle() });
-            let (record, step, claim_latency) = match handler.await {
+            let (record, step, claim_latency, permit) = match handler.await {
                 Ok(ran) => ran,
                 Err(error) if error.is_cancelled() => return RunResult::failed(Failure::Deadline),
                 Err(error) => return RunResult::failed(Failure::Panicked(error.to_string())),
@@ -554,7 +554,11 @@ impl Engine {
                 Step::Ended(outcome) => outcome,
                 Step::Returned(lease, result) => {
                     let fallback = unrecorded_outcome(&result);
-                    let write = tokio::spawn(async move { engine.record_outcome(&record, &lease, result).await });
+                    // The write keeps the run's permit: at most `concurrency` runs and writes are under way.
+                    let write = tokio::spawn(async move {
+                        let _permit = permit;
+                        engine.record_outcome(&record, &lease, result).await
+                    });
                     write.await.unwrap_or(fallback)
                 }
             };

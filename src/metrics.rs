@@ -153,8 +153,14 @@ mod tests {
             record(Outcome::Duplicate, None),
             record(Outcome::Failed(Failure::Conflict { retry_after: Duration::ZERO }), Some(3)),
             record(Outcome::Failed(Failure::Panicked("x".into())), Some(1)),
+            record(Outcome::Failed(Failure::Retryable("x".into())), Some(1)),
             record(Outcome::Failed(Failure::MissingKey("x".into())), None),
             record(Outcome::Failed(Failure::Deadline), None),
+            record(Outcome::Failed(Failure::Permanent("x".into())), Some(1)),
+            record(Outcome::Failed(Failure::FailedBefore(None)), Some(1)),
+            record(Outcome::Failed(Failure::PayloadMismatch), Some(1)),
+            record(Outcome::Failed(Failure::InvalidRecord("x".into())), None),
+            record(Outcome::Failed(Failure::GroupSkipped("m-0".into())), None),
         ];
         records.extend((0..300).map(|n| record(Outcome::Failed(Failure::Store("down".into())), Some(n))));
         let report = BatchReport { records };
@@ -168,16 +174,18 @@ mod tests {
         };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 1)).unwrap();
         let expected = [
-            ("Records", 308),
-            ("Failed", 304),
+            ("Records", 314),
+            ("Failed", 310),
             ("CompletionUnconfirmed", 1),
             ("Processed", 2),
             ("Duplicates", 2),
             ("Conflicts", 1),
-            ("FailedRetryable", 1),
+            ("FailedRetryable", 2),
+            ("FailedPermanent", 4),
             ("FailedMissingKey", 1),
             ("FailedStoreError", 300),
             ("FailedDeadline", 1),
+            ("FailedGroupSkipped", 1),
             ("LeaseTakeoversRefused", 2),
             ("CompletionsLandedLater", 3),
             ("DynamoDbRequests", 9),
@@ -188,6 +196,11 @@ mod tests {
         ];
         for (name, value) in expected {
             assert_eq!(line[name], value, "{name}");
+        }
+        // Every outcome label is counted under exactly one metric.
+        let counted: Vec<&str> = COUNTS.iter().flat_map(|(_, labels)| labels.iter().copied()).collect();
+        for record in &report.records {
+            assert_eq!(counted.iter().filter(|label| **label == record.outcome.label()).count(), 1);
         }
         let latency = line["ClaimLatency"].as_array().unwrap();
         assert_eq!(latency.len(), 100);

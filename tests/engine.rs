@@ -624,3 +624,124 @@ async fn a_mebibyte_error_text_is_capped_where_it_is_stored_and_reported() {
     assert_eq!(stored.status, ClaimStatus::Failed);
     assert_eq!(stored.error.as_deref(), Some(reason.as_str()));
 }
+
+/// While it runs, another holder takes its claim over (as after the lease
+/// ended), through the store's own claim write; then it does what the body
+/// says (the demo's `fail` directive, or success).
+struct TakenOverWhileRunning(Arc<MemoryStore>);
+
+impl Handler for TakenOverWhileRunning {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        let mut claim = self.0.get(&record.key).await.unwrap().expect("our claim");
+        claim.token = Some("the-new-holder".into());
+        claim.holder = Some("another-process".into());
+        let after_the_lease = claim.lease_until_ms.unwrap() + 1;
+        assert_eq!(self.0.put_if_free(&claim, after_the_lease).await.unwrap(), PutOutcome::Claimed);
+        match record.body_json::<Value>()?["fail"].as_str() {
+            Some("permanent") => Err(sqs_once::HandlerError::permanent("asked to fail")),
+            Some(_) => Err(sqs_once::HandlerError::retryable("asked to fail")),
+            None => Ok(None),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finishing_write_refused_after_a_takeover_keeps_the_outcome_and_the_new_holders_claim() {
+    let store = Arc::new(MemoryStore::default());
+    let engine = Setup { store: store.clone(), ..Setup::default() }.engine(TakenOverWhileRunning(store.clone()));
+    let records = vec![
+        message("done", json!({})),
+        message("perm", json!({"fail": "permanent"})),
+        message("retry", json!({"fail": "retryable"})),
+    ];
+    let report = run(&engine, records, SECS_30).await;
+    // A handler that returned success is never reported failed, even when its completion is refused.
+    assert_eq!(failures(&report), ["perm", "retry"]);
+    assert_eq!(outcome(&report, "done"), &Outcome::Processed { recorded: false });
+    assert!(matches!(outcome(&report, "perm"), Outcome::Failed(Failure::Permanent(_))));
+    for id in ["done", "perm", "retry"] {
+        let claim = store.get(&format!("test#{id}")).await.unwrap().expect("not deleted by the old holder");
+        assert_eq!((claim.status, claim.token.as_deref()), (ClaimStatus::InProgress, Some("the-new-holder")), "{id}");
+    }
+    // The refusals are counted, as the LeaseTakeoversRefused metric reports them, and not sent again.
+    assert_eq!(engine.claims().counters().refused.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let left = engine.claims().land_unconfirmed(tokio::time::Instant::now() + Duration::from_secs(1)).await;
+    assert!(left.is_empty(), "a refused write is an answer, not a write to send again: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_groups_run_concurrently_and_a_fifo_arn_alone_makes_a_group() {
+    // Three groups whose first records meet at a barrier: it opens only if the groups run at the same time.
+    let records = vec![fifo("a-0", "A", json!({})), fifo("b-0", "B", json!({})), fifo("c-0", "C", json!({}))];
+    let engine = Setup::default().engine(Together(tokio::sync::Barrier::new(3)));
+    assert!(failures(&run(&engine, records, Duration::from_secs(10)).await).is_empty());
+
+    // Records of a `.fifo` queue without a MessageGroupId keep their order as one group.
+    let ungrouped = |id: &str, body: Value| {
+        let mut record = fifo(id, "-", body);
+        record["attributes"].as_object_mut().unwrap().remove("MessageGroupId");
+        record
+    };
+    let (handler, _dir) = demo();
+    let engine = Setup::default().engine(handler);
+    let records = vec![ungrouped("first", json!({"fail": "retryable"})), ungrouped("second", json!({}))];
+    let report = run(&engine, records, SECS_30).await;
+    assert_eq!(failures(&report), ["first", "second"]);
+    assert!(matches!(outcome(&report, "second"), Outcome::Failed(Failure::GroupSkipped(_))));
+}
+
+/// The memory store, each request held 10 ms, with the most requests ever
+/// under way at once.
+#[derive(Default)]
+struct InFlight {
+    inner: MemoryStore,
+    now_and_most: Mutex<(usize, usize)>,
+}
+
+impl InFlight {
+    async fn gauged<T>(&self, request: impl std::future::Future<Output = T>) -> T {
+        {
+            let mut gauge = self.now_and_most.lock().unwrap();
+            gauge.0 += 1;
+            gauge.1 = gauge.1.max(gauge.0);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let answer = request.await;
+        self.now_and_most.lock().unwrap().0 -= 1;
+        answer
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimStore for InFlight {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        self.gauged(self.inner.put_if_free(record, now_ms)).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
+        self.gauged(self.inner.get(id)).await
+    }
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        self.gauged(self.inner.finish(id, token, finish)).await
+    }
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        self.gauged(self.inner.release(id, token)).await
+    }
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.inner.list(query).await
+    }
+    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
+        self.inner.replace_seen(seen, new).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_and_finishing_writes_together_stay_within_the_concurrency_bound() {
+    let store = Arc::new(InFlight::default());
+    let options = EngineOptions { concurrency: 3, ..EngineOptions::default() };
+    let (handler, _dir) = demo();
+    let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
+    let records = (0..30).map(|n| message(&format!("m{n}"), json!({}))).collect();
+    let report = run(&engine, records, SECS_30).await;
+    assert!(failures(&report).is_empty());
+    assert_eq!(store.now_and_most.lock().unwrap().1, 3, "at most the bound, and reached");
+}
