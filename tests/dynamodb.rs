@@ -516,3 +516,53 @@ async fn a_query_failure_that_mentions_the_index_is_an_error_not_a_scan() {
     assert!(error.to_string().contains("AccessDeniedException"), "{error}");
     assert_eq!(scans.load(std::sync::atomic::Ordering::SeqCst), 0, "no scan of the whole table");
 }
+
+/// Fails permanently with the body's `error` text, if it has one.
+struct FailsWithItsText;
+
+impl Handler for FailsWithItsText {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        match record.body_json::<Value>()?["error"].as_str() {
+            Some(text) => Err(sqs_once::HandlerError::permanent(text.to_owned())),
+            None => Ok(None),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() {
+    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let claims = Claims::with_policy(Arc::new(store.clone()), ClaimPolicy::default(), Arc::new(SystemClock));
+    // Keys stored as they are, so that one can be longer than DynamoDB's 2,048-byte partition key.
+    let keys = KeyDeriver::new("body.key".parse().unwrap(), "test", false, Default::default());
+    let engine = Engine::new(Arc::new(FailsWithItsText), Arc::new(claims), keys, EngineOptions::default());
+    let long_key = "k".repeat(3000);
+    let mut bodies: Vec<Value> = (0..20).map(|n| json!({ "key": format!("ok-{n}") })).collect();
+    bodies.push(json!({ "key": "huge-error", "error": "e".repeat(1 << 20) }));
+    bodies.push(json!({ "key": long_key }));
+    let start = requests.snapshot();
+    let report = run(&engine, &batch(bodies)).await;
+    let first = requests.snapshot();
+    // The long key's claim was refused in its batch (ValidationError), sent alone, and refused again.
+    assert_eq!(first.put - start.put, 1, "{start:?} → {first:?}");
+
+    let failures: Vec<_> = report.response().batch_item_failures.into_iter().map(|f| f.item_identifier).collect();
+    assert_eq!(failures, ["m-0020", "m-0021"], "{report:?}");
+    let huge = store.get("test#huge-error").await.unwrap().expect("the failure was recorded");
+    assert_eq!(huge.status, ClaimStatus::Failed);
+    let error = huge.error.unwrap();
+    assert!(error.len() <= sqs_once::reason::MAX_BYTES && error.ends_with("more bytes cut]"), "{}", error.len());
+    for n in 0..20 {
+        assert_eq!(store.get(&format!("test#ok-{n}")).await.unwrap().unwrap().status, ClaimStatus::Completed);
+    }
+    let long = format!("{:?}", report.records[21].outcome);
+    assert!(long.contains("2048"), "the record says DynamoDB's reason: {long}");
+
+    // Batching is still on: the next batch's claims and completions go out batched.
+    let before = requests.snapshot();
+    let report = run(&engine, &batch((0..10).map(|n| json!({ "key": format!("next-{n}") })))).await;
+    assert_eq!(failed(&report), 0, "{report:?}");
+    let after = requests.snapshot();
+    assert_eq!((after.put - before.put, after.update - before.update), (0, 0), "{before:?} → {after:?}");
+    assert!(after.batch_statement > before.batch_statement);
+}

@@ -5,8 +5,10 @@
 //!
 //! - three `sqs-once invoke` processes (`--timeout 4`) get every pending
 //!   message twice per round, a message leaving the queue once any process
-//!   reports it successful, until none is left: with batched writes and with
-//!   single requests;
+//!   reports it successful, until none is left; then, once every lease has
+//!   ended, a copy of every message again, as SQS standard queues deliver one
+//!   now and then even after success: with batched writes and with single
+//!   requests;
 //! - two `sqs-once poll` processes drain a queue holding duplicates, with
 //!   the SQS server's deletes and visibility changes failing too.
 //!
@@ -82,8 +84,65 @@ async fn invoke(dir: &Path, event: &Path, envs: &[(&str, &str)]) -> Answer {
     Answer { failed, metrics }
 }
 
-/// Three `invoke` processes per round, each message delivered to two of
-/// them, until every message was reported successful by one; the figures.
+/// What the rounds of one drain delivered and counted.
+#[derive(Default)]
+struct Rounds {
+    rounds: u32,
+    deliveries: usize,
+    counted: BTreeMap<&'static str, u64>,
+}
+
+impl Rounds {
+    /// Three `invoke` processes per round, each pending message delivered to
+    /// two of them, until each was reported successful by one (or 40 rounds).
+    /// What is left pending is what never was.
+    async fn drain(
+        &mut self,
+        dir: &Path,
+        pending: &mut BTreeMap<String, String>,
+        shuffle: &mut fastrand::Rng,
+        envs: &[(&str, &str)],
+    ) {
+        let first = self.rounds;
+        while !pending.is_empty() && self.rounds < first + 40 {
+            self.rounds += 1;
+            let mut events = Vec::new();
+            for process in 0..3 {
+                let mut records: Vec<Value> = pending
+                    .iter()
+                    .enumerate()
+                    .filter(|(n, _)| (n + process) % 3 != 0)
+                    .map(|(_, (id, body))| record(id, body, self.rounds))
+                    .collect();
+                shuffle.shuffle(&mut records);
+                self.deliveries += records.len();
+                let path = dir.join(format!("event-{}-{process}.json", self.rounds));
+                std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
+                let delivered: Vec<String> =
+                    records.iter().map(|r| r["messageId"].as_str().unwrap().to_owned()).collect();
+                events.push((path, delivered));
+            }
+            let answers = futures::future::join_all(events.iter().map(|(path, _)| invoke(dir, path, envs))).await;
+            for ((_, delivered), answer) in events.iter().zip(&answers) {
+                for id in delivered.iter().filter(|id| !answer.failed.contains(*id)) {
+                    pending.remove(id);
+                }
+                for metric in ["FailedDeadline", "FailedStoreError", "Conflicts", "CompletionUnconfirmed"] {
+                    *self.counted.entry(metric).or_default() += answer.metrics[metric].as_u64().unwrap_or(0);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// How long after an `invoke --timeout 4` process started the claims it took
+/// stop holding: its deadline plus the default lease margin, and a second more.
+const PAST_THE_LEASE: Duration = Duration::from_secs(4 + 2 + 1);
+
+/// Drains `keys` messages by rounds, then, once every lease has ended,
+/// delivers a copy of each message again (SQS standard queues deliver one now
+/// and then even after success) and drains those copies; the figures.
 async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> Value {
     let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
     let proxy = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, FaultMix::spread(rate), &[], seed).await;
@@ -94,49 +153,28 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
         ("AWS_ENDPOINT_URL_DYNAMODB", proxy.url.as_str()),
         ("SQS_ONCE_DYNAMODB_BATCHING", batching.as_str()),
     ];
-    let mut pending: BTreeMap<String, String> =
+    let messages: BTreeMap<String, String> =
         (0..keys).map(|n| (format!("m-{seed}-{n:05}"), json!({ "n": n }).to_string())).collect();
     let mut shuffle = fastrand::Rng::with_seed(seed);
-    let (mut rounds, mut deliveries) = (0_u32, 0_usize);
-    let mut counted = BTreeMap::<&str, u64>::new();
+    let mut rounds = Rounds::default();
     let started = Instant::now();
-    while !pending.is_empty() && rounds < 40 {
-        rounds += 1;
-        let mut events = Vec::new();
-        for process in 0..3 {
-            let mut records: Vec<Value> = pending
-                .iter()
-                .enumerate()
-                .filter(|(n, _)| (n + process) % 3 != 0)
-                .map(|(_, (id, body))| record(id, body, rounds))
-                .collect();
-            shuffle.shuffle(&mut records);
-            deliveries += records.len();
-            let path = dir.path().join(format!("event-{rounds}-{process}.json"));
-            std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
-            events
-                .push((path, records.iter().map(|r| r["messageId"].as_str().unwrap().to_owned()).collect::<Vec<_>>()));
-        }
-        let answers = futures::future::join_all(events.iter().map(|(path, _)| invoke(dir.path(), path, &envs))).await;
-        for ((_, delivered), answer) in events.iter().zip(&answers) {
-            for id in delivered.iter().filter(|id| !answer.failed.contains(*id)) {
-                pending.remove(id);
-            }
-            for metric in ["FailedDeadline", "FailedStoreError", "Conflicts", "CompletionUnconfirmed"] {
-                *counted.entry(metric).or_default() += answer.metrics[metric].as_u64().unwrap_or(0);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let mut pending = messages.clone();
+    rounds.drain(dir.path(), &mut pending, &mut shuffle, &envs).await;
+    let after_first_drain = (rounds.rounds, runs(&dir.path().join("demo.log")).len());
+    tokio::time::sleep(PAST_THE_LEASE).await;
+    let mut copies = if pending.is_empty() { messages.clone() } else { BTreeMap::new() };
+    rounds.drain(dir.path(), &mut copies, &mut shuffle, &envs).await;
     let runs = runs(&dir.path().join("demo.log"));
     let ran_twice: Vec<_> = runs.iter().filter(|(_, count)| **count > 1).collect();
+    let counted = &rounds.counted;
     let report = json!({
         "writes": if batching == "true" { "batched" } else { "single" }, "keys": keys, "rate": rate, "seed": seed,
-        "rounds": rounds, "deliveries": deliveries, "seconds": started.elapsed().as_secs(),
+        "rounds": rounds.rounds, "rounds_before_copies": after_first_drain.0, "deliveries": rounds.deliveries,
+        "seconds": started.elapsed().as_secs(),
         "deadline": counted["FailedDeadline"], "store_error": counted["FailedStoreError"],
         "conflict": counted["Conflicts"], "completion_unconfirmed": counted["CompletionUnconfirmed"],
         "ran_twice": ran_twice.len(), "never_ran": keys - runs.len(), "left_in_queue": pending.len(),
-        "injected": proxy.injected.report(),
+        "copies_left_in_queue": copies.len(), "injected": proxy.injected.report(),
     });
     println!("faults-report {report}");
     if std::env::var_os("SQS_ONCE_FAULTS_KEEP").is_some() {
@@ -144,8 +182,10 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
     }
     assert!(proxy.injected.total() > 0, "no fault was injected: {report}");
     assert!(pending.is_empty(), "messages never processed: {report}");
+    assert_eq!(after_first_drain.1, keys, "messages that left the queue without their handler running: {report}");
+    assert!(copies.is_empty(), "copies after success never reported successful: {report}");
     assert!(ran_twice.is_empty(), "keys whose handler ran twice: {ran_twice:?}\n{report}");
-    assert_eq!(runs.len(), keys, "messages that left the queue without their handler running: {report}");
+    assert_eq!(runs.len(), keys, "{report}");
     report
 }
 

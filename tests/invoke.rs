@@ -67,13 +67,7 @@ impl Workspace {
 
 fn failures(output: &Output) -> Vec<String> {
     assert!(output.status.success(), "invoke failed: {}", String::from_utf8_lossy(&output.stderr));
-    let response: Value = serde_json::from_slice(&output.stdout).expect("stdout is one JSON object");
-    response["batchItemFailures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
-        .collect()
+    common::failed_ids(&serde_json::from_slice(&output.stdout).expect("stdout is one JSON object"))
 }
 
 fn stderr(output: &Output) -> String {
@@ -264,4 +258,28 @@ fn a_body_that_is_not_the_envelope_fails_alone_with_its_reason() {
     assert!(logged.contains("body is not an SNS notification"), "{logged}");
     assert!(logged.contains("outcome=\"missing_key\""), "{logged}");
     assert!(logged.contains("body.order_id: body is not JSON"), "{logged}");
+}
+
+#[test]
+fn a_key_is_remembered_for_exactly_the_configured_expiry() {
+    let ws = Workspace::new();
+    let event = ws.event("event.json", &[json!({"n": 1})]);
+    let remembered_for = |secs: &str| {
+        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let output = ws.invoke_with(&["invoke", event.to_str().unwrap()], &[("SQS_ONCE_EXPIRES_AFTER_SECS", secs)]);
+        assert_eq!(failures(&output), Vec::<String>::new());
+        let shown =
+            ws.command(&["claims", "show", "m-0000", "--json"]).env("SQS_ONCE_KEY", "messageId").output().unwrap();
+        assert!(shown.status.success(), "{}", stderr(&shown));
+        let claim: Value = serde_json::from_slice::<Value>(&shown.stdout).unwrap()[0].clone();
+        claim["expires_at_s"].as_u64().unwrap() - before
+    };
+    // Remembered for 2 s: the same message is a duplicate until then, and runs again after.
+    assert!((2..=3).contains(&remembered_for("2")));
+    let again = ws.invoke_with(&["invoke", event.to_str().unwrap()], &[("SQS_ONCE_EXPIRES_AFTER_SECS", "2")]);
+    assert_eq!((failures(&again), ws.log().len()), (vec![], 1), "a duplicate within the expiry");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let later = remembered_for("86400");
+    assert_eq!(ws.log().len(), 2, "run again once the key was forgotten");
+    assert!((86_400..=86_401).contains(&later), "{later}");
 }

@@ -10,7 +10,10 @@ use std::{
     time::Duration,
 };
 
-use common::runtime_api::{Answer, RuntimeApi};
+use common::{
+    runtime_api::{Answer, RuntimeApi},
+    sqs::{LARGEST_MESSAGE, body_of_size},
+};
 use serde_json::{Value, json};
 use sqs_once::store::dynamodb::TableKey;
 use tokio::{
@@ -100,12 +103,7 @@ fn sample(name: &str) -> Value {
 
 fn failures(answer: &Answer) -> Vec<String> {
     let Answer::Response(response) = answer else { panic!("expected a response, got {answer:?}") };
-    response["batchItemFailures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["itemIdentifier"].as_str().unwrap().to_owned())
-        .collect()
+    common::failed_ids(response)
 }
 
 fn ids(numbers: &[u32], prefix: &str) -> Vec<String> {
@@ -172,6 +170,18 @@ async fn a_close_deadline_is_answered_in_time_with_the_unfinished_records() {
     let event = batch(&[json!({}), json!({"sleep_ms": 10_000}), json!({}), json!({"sleep_ms": 10_000})]);
     let answer = function.invoke(&event, Duration::from_millis(1200)).await;
     assert_eq!(failures(&answer), ["m-1", "m-3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_the_largest_size_are_handled_and_answered() {
+    let function = Function::start(&[]).await;
+    let full = |fields| serde_json::from_str(&body_of_size(fields, LARGEST_MESSAGE)).unwrap();
+    let event = batch(&[full(json!({"n": 0})), full(json!({"n": 1, "fail": "retryable"})), json!({"n": 2})]);
+    assert_eq!(failures(&function.invoke(&event, SECONDS_30).await), ["m-1"]);
+    // Delivered again: the two that succeeded are duplicates, the one that failed runs again.
+    assert_eq!(failures(&function.invoke(&event, SECONDS_30).await), ["m-1"]);
+    let metrics = function.metrics(2).await;
+    assert_eq!((metrics[1]["Duplicates"].as_u64(), metrics[1]["FailedRetryable"].as_u64()), (Some(2), Some(1)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,12 +83,7 @@ impl Environment {
     async fn invoke(&self, event: &Value) -> Vec<String> {
         let (answer, _, _) = self.api.invoke(event, DEADLINE).await.expect("the function answered");
         let Answer::Response(response) = answer else { panic!("invocation error: {answer:?}") };
-        response["batchItemFailures"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
-            .collect()
+        common::failed_ids(&response)
     }
 
     /// Freezes the process at its next request for an event, and the proxy's

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use common::sqs::Queue;
+use common::sqs::{LARGEST_MESSAGE, Queue, body_of_size};
 use serde_json::{Value, json};
 use sqs_once::store::{
     ClaimStore, DynamoDbStore,
@@ -168,6 +168,22 @@ async fn poll_moves_permanent_failures_to_the_dead_letter_queue_and_out_of_the_s
     let moved = &dead_letters.receive(1).await[0];
     assert_eq!(moved.body.as_deref(), Some(r#"{"fail":"permanent","id":"p"}"#));
     assert_eq!(dead_letters.depth().await, (0, 1));
+}
+
+#[tokio::test]
+async fn poll_takes_messages_of_the_largest_size_and_dead_letters_them_whole() {
+    let (queue, dead_letters) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
+    let consumers = Consumers::new().await;
+    let failing = body_of_size(json!({"id": "full", "fail": "permanent"}), LARGEST_MESSAGE);
+    queue.send_body(&body_of_size(json!({"id": "ok"}), LARGEST_MESSAGE)).await;
+    queue.send_body(&failing).await;
+    let poller = consumers.poll(&queue, &[], &[("SQS_ONCE_DLQ_URL", dead_letters.url())]);
+    until("the queue is drained", Duration::from_secs(30), async || queue.depth().await == (0, 0)).await;
+    let summary = stop(poller).await;
+    assert_eq!((summary["dead_lettered"].as_u64(), summary["deleted"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(consumers.runs(), HashMap::from([("ok".to_owned(), 1), ("full".to_owned(), 1)]));
+    let moved = &dead_letters.receive(1).await[0];
+    assert_eq!(moved.body.as_deref(), Some(failing.as_str()), "the body moved whole");
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use std::{
 };
 
 use aws_sdk_sqs::types::Message;
-use common::sqs::{Queue, now_ms, visible_at};
+use common::sqs::{LARGEST_MESSAGE, Queue, body_of_size, now_ms, visible_at};
 use serde_json::{Value, json};
 
 /// One consumer's world: a claims file, a demo log, events; keys are `body.id`.
@@ -205,6 +205,37 @@ async fn permanent_failures_move_to_the_dead_letter_queue_with_their_reasons() {
     assert_eq!(attribute("SqsOnce.SourceQueue"), queue.info.arn);
     // The claim still says it failed: nothing was marked done that did not complete.
     assert_eq!(world.claim("p")["status"], "FAILED");
+}
+
+#[tokio::test]
+async fn messages_of_the_largest_size_run_once_and_dead_letter_whole() {
+    let (queue, dead_letters) = (Queue::create(false, 60).await, Queue::create(false, 60).await);
+    let world = World::new();
+    let full = |fields| body_of_size(fields, LARGEST_MESSAGE);
+    let bodies = [
+        full(json!({"id": "ok"})),
+        full(json!({"id": "full", "fail": "permanent"})),
+        body_of_size(json!({"id": "near", "fail": "permanent"}), LARGEST_MESSAGE - 4096),
+    ];
+    for body in &bodies {
+        queue.send_body(body).await;
+    }
+    let messages = by_id(&queue.receive(3).await);
+    let dlq = [("SQS_ONCE_DLQ_URL", dead_letters.url())];
+    let output = world.invoke(&queue.event(&messages.values().cloned().collect::<Vec<_>>()), &dlq);
+    let (failures, metrics) = common::invoke_answer(&output);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(2), Some(0)));
+    assert_eq!((world.runs("ok"), world.runs("full"), world.runs("near")), (1, 1, 1));
+
+    let moved = by_id(&dead_letters.receive(2).await);
+    assert_eq!(moved["full"].body.as_deref(), Some(bodies[1].as_str()), "the body moved whole");
+    assert_eq!(moved["near"].body.as_deref(), Some(bodies[2].as_str()));
+    // SQS counts attributes in the 1 MiB: a full message keeps its body and loses the explanation.
+    assert!(moved["full"].message_attributes.is_none(), "{:?}", moved["full"].message_attributes);
+    let near = moved["near"].message_attributes.as_ref().expect("room for the explanation");
+    assert_eq!(near["SqsOnce.Key"].string_value.as_deref(), Some("sqs-once#near"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no room left for this dead-letter attribute"));
 }
 
 #[tokio::test]

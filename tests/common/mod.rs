@@ -37,17 +37,22 @@ pub fn invoke_answer(output: &std::process::Output) -> (std::collections::HashSe
     assert!(output.status.success(), "invoke failed: {stderr}");
     let response: serde_json::Value =
         serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("stdout is not one JSON object: {stderr}"));
-    let failures = response["batchItemFailures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
-        .collect();
+    let failures = failed_ids(&response).into_iter().collect();
     let metrics = stderr
         .lines()
         .find_map(|line| serde_json::from_str::<serde_json::Value>(line).ok().filter(|line| line.get("_aws").is_some()))
         .unwrap_or_else(|| panic!("no metrics line: {stderr}"));
     (failures, metrics)
+}
+
+/// The message ids a partial-batch response names in its `batchItemFailures`, in order.
+pub fn failed_ids(response: &serde_json::Value) -> Vec<String> {
+    response["batchItemFailures"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no batchItemFailures list: {response}"))
+        .iter()
+        .map(|failure| failure["itemIdentifier"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// A store that is down: every request fails.

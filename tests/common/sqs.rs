@@ -85,6 +85,14 @@ impl Queue {
         }
     }
 
+    /// Sends `body` as it is, in a request of its own: a message near SQS's
+    /// 1 MiB limit fills a `SendMessageBatch` alone.
+    pub async fn send_body(&self, body: &str) {
+        let request = self.client.send_message().queue_url(self.url()).message_body(body);
+        let request = if self.info.fifo { request.message_group_id("g") } else { request };
+        request.send().await.expect("send message");
+    }
+
     /// Receives `count` messages, in order of arrival.
     pub async fn receive(&self, count: usize) -> Vec<Message> {
         let mut messages = Vec::new();
@@ -136,6 +144,20 @@ impl Queue {
             count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
         )
     }
+}
+
+/// The largest message SQS takes: 1 MiB, body and message attributes together.
+pub const LARGEST_MESSAGE: usize = 1 << 20;
+
+/// A JSON body of exactly `bytes` bytes: `fields` and a `pad` string that fills it.
+pub fn body_of_size(fields: Value, bytes: usize) -> String {
+    let mut body = fields;
+    body["pad"] = json!("");
+    let pad = bytes - body.to_string().len();
+    body["pad"] = json!("x".repeat(pad));
+    let body = body.to_string();
+    assert_eq!(body.len(), bytes);
+    body
 }
 
 /// When each message becomes visible again (epoch milliseconds), by message
