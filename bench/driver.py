@@ -218,11 +218,15 @@ def write_report(args, results, ceiling_stat, single):
                                          "print(aws_lambda_powertools.__version__, boto3.__version__)"],
                                         capture_output=True, text=True).stdout.split()
     rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                            capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+    command_line = " ".join(["bench/run"] + sys.argv[1:])
     binary_mib = BINARY.stat().st_size / 2**20
     lines = [
         "# Benchmark: sqs-once vs Powertools for AWS Lambda (Python)",
         "",
-        f"Written by `bench/run` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
+        f"Written by `{command_line}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit "
+        f"{commit}. "
         f"Machine: {os.cpu_count()} cores ({cpu}), {memory} memory, {platform.system()} {platform.release()}. "
         f"DynamoDB Local 1.25.1 on the same machine, in memory. {rustc}; Powertools "
         f"{powertools_version[0] if powertools_version else '?'} with boto3 "
