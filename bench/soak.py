@@ -53,7 +53,12 @@ def main():
     def total(reports, field):
         return sum(report[field] for report in reports)
 
+    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                            capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+    command_line = " ".join(["bench/soak"] + sys.argv[1:])
     lines = [SECTION, "",
+             f"Written by `{command_line}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit "
+             f"{commit}. "
              f"`bench/soak` (the drains of `tests/faults.rs`, heavier): {args.keys} keys per drain, seeds "
              f"{', '.join(map(str, seeds))}; three `invoke --timeout 4` processes per round get every pending "
              "message twice, until each was reported successful once; then, once every lease has ended, a copy of "
