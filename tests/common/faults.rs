@@ -48,6 +48,16 @@ pub struct FaultMix {
 }
 
 impl FaultMix {
+    fn request_faults(&self) -> [(Fault, f64); 5] {
+        [
+            (Fault::LostAnswer, self.lost_answer),
+            (Fault::Reset, self.reset),
+            (Fault::ServerError, self.server_error),
+            (Fault::Throttled, self.throttled),
+            (Fault::Slow, self.slow),
+        ]
+    }
+
     /// `rate` of the requests faulty, spread evenly over the five
     /// request-level faults, and `rate` / 5 of batched statements refused.
     pub fn spread(rate: f64) -> Self {
@@ -95,7 +105,11 @@ pub struct Injected {
     pub server_error: AtomicU64,
     pub throttled: AtomicU64,
     pub slow: AtomicU64,
+    /// Statements of a `BatchExecuteStatement`, or entries of an SQS batch
+    /// call, refused on their own.
     pub statement_error: AtomicU64,
+    /// Requests by operation, faulty or not.
+    pub operations: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Injected {
@@ -105,8 +119,31 @@ impl Injected {
         json!({
             "requests": get(&self.requests), "lost_answer": get(&self.lost_answer), "reset": get(&self.reset),
             "server_error": get(&self.server_error), "throttled": get(&self.throttled), "slow": get(&self.slow),
-            "statement_error": get(&self.statement_error),
+            "statement_error": get(&self.statement_error), "operations": *self.operations.lock().unwrap(),
         })
+    }
+
+    /// How many requests of `operation` came.
+    pub fn of(&self, operation: &str) -> u64 {
+        self.operations.lock().unwrap().get(operation).copied().unwrap_or(0)
+    }
+
+    /// The fault kinds of `mix` that were never injected (statement errors
+    /// only where batch calls came, the only requests they apply to).
+    pub fn missing(&self, mix: &FaultMix) -> Vec<&'static str> {
+        let batches = [BATCH_STATEMENTS, SQS_BATCHES].iter().flat_map(|ops| ops.iter()).any(|op| self.of(op) > 0);
+        [
+            ("lost_answer", mix.lost_answer, &self.lost_answer),
+            ("reset", mix.reset, &self.reset),
+            ("server_error", mix.server_error, &self.server_error),
+            ("throttled", mix.throttled, &self.throttled),
+            ("slow", mix.slow, &self.slow),
+            ("statement_error", if batches { mix.statement_error } else { 0.0 }, &self.statement_error),
+        ]
+        .into_iter()
+        .filter(|(_, share, counter)| *share > 0.0 && counter.load(Ordering::SeqCst) == 0)
+        .map(|(name, _, _)| name)
+        .collect()
     }
 
     /// Faults of every kind.
@@ -137,6 +174,12 @@ struct State {
     /// Only these operations are made faulty (all, when empty).
     operations: &'static [&'static str],
     random: Mutex<fastrand::Rng>,
+    /// Each request-level fault of the mix, injected once on the first
+    /// requests, so that every kind is met in every run however few requests
+    /// it makes; then faults are drawn at random.
+    first: Mutex<Vec<Fault>>,
+    /// Whether a statement or batch entry has been refused yet.
+    refused_first: std::sync::atomic::AtomicBool,
     injected: Arc<Injected>,
     /// How long finishing writes (completions, failure records, releases)
     /// are held before they are forwarded, in milliseconds.
@@ -150,17 +193,12 @@ impl State {
         if !self.operations.is_empty() && !self.operations.contains(&operation) {
             return Fault::None;
         }
+        if let Some(fault) = self.first.lock().unwrap().pop() {
+            return fault;
+        }
         let draw = self.random();
-        let mix = self.mix;
-        let faults = [
-            (Fault::LostAnswer, mix.lost_answer),
-            (Fault::Reset, mix.reset),
-            (Fault::ServerError, mix.server_error),
-            (Fault::Throttled, mix.throttled),
-            (Fault::Slow, mix.slow),
-        ];
         let mut bound = 0.0;
-        for (fault, share) in faults {
+        for (fault, share) in self.mix.request_faults() {
             bound += share;
             if draw < bound {
                 return fault;
@@ -205,6 +243,10 @@ impl FaultProxy {
             mix,
             operations,
             random: Mutex::new(fastrand::Rng::with_seed(seed)),
+            first: Mutex::new(
+                mix.request_faults().into_iter().filter(|(_, share)| *share > 0.0).map(|(f, _)| f).collect(),
+            ),
+            refused_first: std::sync::atomic::AtomicBool::new(false),
             injected: Arc::clone(&injected),
             hold_finishing_ms: AtomicU64::new(0),
             freezes: watch::Sender::new(0),
@@ -265,6 +307,7 @@ async fn serve(client: TcpStream, state: Arc<State>) {
     while let Some(request) = read_message(&mut client).await {
         state.injected.requests.fetch_add(1, Ordering::SeqCst);
         let operation = request.target.rsplit('.').next().unwrap_or_default().to_owned();
+        *state.injected.operations.lock().unwrap().entry(operation.clone()).or_default() += 1;
         let hold = state.hold_finishing_ms.load(Ordering::SeqCst);
         if hold > 0 && finishes(&operation, &request) {
             let mut freezes = state.freezes.subscribe();
@@ -291,6 +334,12 @@ async fn serve(client: TcpStream, state: Arc<State>) {
             Fault::Throttled => state.error(400, state.service.throttling, "injected: throughput exceeded"),
             Fault::None if operation == "BatchExecuteStatement" && state.service.returns_refused_items => {
                 match statements(&state, &request, &mut server).await {
+                    Some(answer) => answer,
+                    None => return,
+                }
+            }
+            Fault::None if SQS_BATCHES.contains(&operation.as_str()) => {
+                match entries(&state, &request, &mut server).await {
                     Some(answer) => answer,
                     None => return,
                 }
@@ -324,10 +373,8 @@ async fn statements(state: &State, request: &Message, server: &mut Option<BufRea
     ];
     let mut body: Value = serde_json::from_slice(&request.body).ok()?;
     let statements = body["Statements"].as_array()?.clone();
-    let refused: Vec<Option<&str>> = statements
-        .iter()
-        .map(|_| (state.random() < state.mix.statement_error).then(|| CODES[(state.random() * 5.0) as usize % 5]))
-        .collect();
+    let refused: Vec<Option<&str>> =
+        statements.iter().map(|_| refuse_one(state).then(|| CODES[(state.random() * 5.0) as usize % 5])).collect();
     let kept: Vec<Value> =
         statements.iter().zip(&refused).filter(|(_, code)| code.is_none()).map(|(s, _)| s.clone()).collect();
     let mut answers = if kept.is_empty() {
@@ -362,6 +409,45 @@ async fn statements(state: &State, request: &Message, server: &mut Option<BufRea
         })
         .collect();
     Some(http_response(200, &json!({ "Responses": responses }).to_string()))
+}
+
+/// DynamoDB's batch of statements.
+const BATCH_STATEMENTS: &[&str] = &["BatchExecuteStatement"];
+
+/// The SQS batch calls whose entries succeed or fail one by one.
+const SQS_BATCHES: &[&str] = &["DeleteMessageBatch", "ChangeMessageVisibilityBatch"];
+
+/// Whether this statement or entry is refused on its own: drawn, or the
+/// first of a run (so every run meets the fault).
+fn refuse_one(state: &State) -> bool {
+    let share = state.mix.statement_error;
+    share > 0.0 && (!state.refused_first.swap(true, Ordering::SeqCst) || state.random() < share)
+}
+
+/// An SQS batch call (`DeleteMessageBatch`, `ChangeMessageVisibilityBatch`)
+/// with entries failed on their own, as SQS answers with a 200 and a
+/// `Failed` list (here `InternalError`, not the sender's fault, which no SDK
+/// retries): the other entries are forwarded, and both lists merged.
+async fn entries(state: &State, request: &Message, server: &mut Option<BufReader<TcpStream>>) -> Option<Vec<u8>> {
+    let mut body: Value = serde_json::from_slice(&request.body).ok()?;
+    let entries = body["Entries"].as_array()?.clone();
+    let (refused, kept): (Vec<Value>, Vec<Value>) = entries.into_iter().partition(|_| refuse_one(state));
+    let mut answer = json!({ "Successful": [], "Failed": [] });
+    if !kept.is_empty() {
+        body["Entries"] = Value::Array(kept);
+        let forwarded = forward(state, &request.with_body(&body.to_string()), server).await?;
+        if !forwarded.head.starts_with("HTTP/1.1 200") {
+            return Some(forwarded.raw);
+        }
+        answer = serde_json::from_slice(&forwarded.body).ok()?;
+    }
+    for entry in refused {
+        state.injected.statement_error.fetch_add(1, Ordering::SeqCst);
+        let failed = json!({ "Id": entry["Id"], "SenderFault": false, "Code": "InternalError",
+                             "Message": "injected: entry failed" });
+        answer["Failed"].as_array_mut()?.push(failed);
+    }
+    Some(http_response(200, &answer.to_string()))
 }
 
 /// The item a refused statement met, read now with a consistent `GetItem`:
