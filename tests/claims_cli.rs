@@ -78,7 +78,8 @@ fn text(output: &Output) -> String {
 }
 
 async fn a_crashed_claim_is_found_released_and_run_again(setup: Setup) {
-    let event = setup.event("slow.json", &[("m-crash", json!({"sleep_ms": 60_000}))]);
+    let slow = json!({"sleep_ms": 60_000});
+    let event = setup.event("slow.json", &[("m-crash", slow.clone()), ("m-forced", slow)]);
     let mut crashed = setup
         .command(&["invoke", "--timeout", "4"])
         .arg(&event)
@@ -87,13 +88,24 @@ async fn a_crashed_claim_is_found_released_and_run_again(setup: Setup) {
         .spawn()
         .unwrap();
     let started = tokio::time::Instant::now();
-    while setup.runs_of("m-crash") == 0 {
+    while setup.runs_of("m-crash") == 0 || setup.runs_of("m-forced") == 0 {
         assert!(started.elapsed() < Duration::from_secs(30), "the handler never started");
         assert!(crashed.try_wait().unwrap().is_none(), "invoke exited before its handler started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     crashed.kill().unwrap();
     crashed.wait().unwrap();
+
+    // A live lease is completed or released only with --force, and a completed claim released only so.
+    let refused = setup.run(&["claims", "complete", "m-forced"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("live lease"), "{}", text(&refused));
+    assert_eq!(setup.run(&["claims", "complete", "--force", "m-forced"]).status.code(), Some(0));
+    let shown = setup.run(&["claims", "show", "m-forced", "--json"]);
+    assert_eq!(serde_json::from_slice::<Value>(&shown.stdout).unwrap()[0]["status"], "COMPLETED");
+    assert_eq!(setup.run(&["claims", "release", "m-forced"]).status.code(), Some(2), "completed claims are kept");
+    assert_eq!(setup.run(&["claims", "release", "--force", "m-forced"]).status.code(), Some(0));
+    assert_eq!(setup.run(&["claims", "show", "m-forced"]).status.code(), Some(1), "released: gone");
 
     // The lease (deadline + 0 ms margin) is still live: listed, not stale, not released.
     let open = setup.list(&[]);
@@ -224,4 +236,18 @@ async fn dynamodb_listings_query_the_index_and_scan_with_a_warning_without_it() 
     assert!(output.status.success(), "{}", text(&output));
     assert!(String::from_utf8_lossy(&output.stderr).contains("reading the whole table instead"), "{}", text(&output));
     assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 2, "header and the failed claim");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_be_reached_exits_3_with_one_line() {
+    let setup = Setup::dynamodb().await;
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", nobody.local_addr().unwrap());
+    drop(nobody);
+    for args in [&["claims", "list"][..], &["claims", "release", "k"], &["claims", "complete", "k"]] {
+        let output = setup.command(args).env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint).output().unwrap();
+        assert_eq!(output.status.code(), Some(3), "{args:?}: {}", text(&output));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: one line: {stderr}");
+    }
 }

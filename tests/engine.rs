@@ -414,25 +414,48 @@ async fn a_handler_that_panics_building_its_future_fails_its_record_and_releases
     assert_eq!(store.get("test#good").await.unwrap().map(|claim| claim.status), Some(ClaimStatus::Completed));
 }
 
-/// Blocks its thread (no await) past the answer's cut-off, then succeeds.
+/// Blocks its thread (no await) past the answer's cut-off, then succeeds,
+/// fails or panics as the body's `fail` says.
 struct BlocksThroughTheCutoff(Duration);
 
 impl Handler for BlocksThroughTheCutoff {
-    async fn handle(&self, _record: &Record) -> HandlerResult {
+    async fn handle(&self, record: &Record) -> HandlerResult {
         std::thread::sleep(self.0);
-        Ok(None)
+        match record.body_json::<Value>()?["fail"].as_str() {
+            Some("retryable") => Err(sqs_once::HandlerError::retryable("asked to fail")),
+            Some("permanent") => Err(sqs_once::HandlerError::permanent("asked to fail")),
+            Some(_) => panic!("asked to panic"),
+            None => Ok(None),
+        }
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Six workers: four blocked by the handlers at once, and the timers still driven.
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
 async fn a_handler_returning_while_the_answer_is_cut_off_keeps_its_outcome() {
-    // The cut-off comes at 700 ms, while the handler is still in its poll; it returns at 750 ms. Reported
-    // `deadline`, its record would come back and run again although its side effect happened.
-    let options = EngineOptions { deadline_margin: Duration::from_millis(300), ..Default::default() };
-    let engine = Setup { options, ..Setup::default() }.engine(BlocksThroughTheCutoff(Duration::from_millis(750)));
-    let report = run(&engine, vec![message("busy", json!({}))], Duration::from_millis(1000)).await;
-    assert!(matches!(outcome(&report, "busy"), Outcome::Processed { .. }), "{report:?}");
-    assert!(failures(&report).is_empty());
+    // The cut-off comes at 1.2 s, while the handlers are still in their poll; they return at 1.25 s.
+    // Reported `deadline`, a success would come back and run again although its side effect happened,
+    // and a permanent failure would be tried again.
+    let store = Arc::new(MemoryStore::default());
+    let options = EngineOptions { deadline_margin: Duration::from_millis(800), concurrency: 4, ..Default::default() };
+    let engine = Setup { store: store.clone(), options, ..Setup::default() }
+        .engine(BlocksThroughTheCutoff(Duration::from_millis(1250)));
+    let records = vec![
+        message("busy", json!({})),
+        message("retry", json!({"fail": "retryable"})),
+        message("perm", json!({"fail": "permanent"})),
+        message("boom", json!({"fail": "panic"})),
+    ];
+    let report = run(&engine, records, Duration::from_millis(2000)).await;
+    assert_eq!(outcome(&report, "busy"), &Outcome::Processed { recorded: true }, "{report:?}");
+    assert!(matches!(outcome(&report, "retry"), Outcome::Failed(Failure::Retryable(_))), "{report:?}");
+    assert!(matches!(outcome(&report, "perm"), Outcome::Failed(Failure::Permanent(_))), "{report:?}");
+    assert!(matches!(outcome(&report, "boom"), Outcome::Failed(Failure::Panicked(_))), "{report:?}");
+    // And the store says the same: completed, released, failed, released.
+    let status = async |id: &str| store.get(&format!("test#{id}")).await.unwrap().map(|claim| claim.status);
+    assert_eq!(status("busy").await, Some(ClaimStatus::Completed));
+    assert_eq!((status("retry").await, status("boom").await), (None, None));
+    assert_eq!(status("perm").await, Some(ClaimStatus::Failed));
 }
 
 /// The memory store, with finishing writes (completion, failure record,

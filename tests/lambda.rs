@@ -33,10 +33,13 @@ impl Function {
     /// Starts the function on a fresh claim table, with extra settings.
     async fn start(envs: &[(&str, &str)]) -> Self {
         let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
-        let mut settings = vec![
-            ("SQS_ONCE_TABLE", store.layout().table.clone()),
-            ("AWS_ENDPOINT_URL_DYNAMODB", common::dynamodb::endpoint()),
-        ];
+        Self::start_on(&store.layout().table, envs).await
+    }
+
+    /// Starts the function on the claim table `table`, with extra settings.
+    async fn start_on(table: &str, envs: &[(&str, &str)]) -> Self {
+        let mut settings =
+            vec![("SQS_ONCE_TABLE", table.to_owned()), ("AWS_ENDPOINT_URL_DYNAMODB", common::dynamodb::endpoint())];
         settings.extend(envs.iter().map(|(name, value)| (*name, value.to_string())));
         let api = RuntimeApi::start().await;
         let mut process = api.spawn(common::sqs_once_command(), &settings);
@@ -263,4 +266,46 @@ async fn failed_records_back_off_and_permanent_ones_leave_for_the_dead_letter_qu
     assert_eq!(moved.body.as_deref(), Some(r#"{"fail":"permanent"}"#));
     let retry_at = common::sqs::visible_at()[&id_of("retryable")];
     assert!(retry_at >= before + 3_000 && retry_at <= after + 3_000 + 600 + 2_000, "{}", retry_at - before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_invocations_claim_is_taken_over_by_a_delivery_after_its_lease() {
+    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let table = store.layout().table.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("demo.log").display().to_string();
+    let envs = [("SQS_ONCE_LEASE_MARGIN_MS", "1000"), ("SQS_ONCE_DEMO_LOG", log.as_str())];
+    let event = batch(&[json!({"sleep_ms": 1500})]);
+    let runs = || std::fs::read_to_string(&log).unwrap_or_default().lines().count();
+
+    // The first environment dies (killed, as Lambda ends a crashed or timed-out one) while its handler runs.
+    let mut first = Function::start_on(&table, &envs).await;
+    first.api.initialized().await;
+    let deadline_ms = common::sqs::now_ms() + 3_000;
+    let invoked = first.api.invoke_with_deadline_header(&event, Duration::from_secs(3), deadline_ms);
+    let crash = async {
+        while runs() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        first.process.start_kill().unwrap();
+    };
+    tokio::select! {
+        _ = invoked => panic!("the first environment answered before it was killed"),
+        () = crash => {}
+    }
+    let query = sqs_once::store::ClaimQuery { limit: 10, ..Default::default() };
+    let open = sqs_once::store::ClaimStore::list(&store, &query).await.unwrap().records;
+    let [claim] = open.as_slice() else { panic!("one open claim, the crashed run's: {open:?}") };
+    assert_eq!(claim.lease_until_ms, Some(deadline_ms + 1000), "Lambda mode leases until the deadline plus the margin");
+
+    // A copy delivered to a second environment while the lease is live is a conflict; after it, a takeover.
+    let second = Function::start_on(&table, &envs).await;
+    assert_eq!(failures(&second.invoke(&event, SECONDS_30).await), ["m-0"], "a conflict while the lease is live");
+    while common::sqs::now_ms() <= deadline_ms + 1000 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(failures(&second.invoke(&event, SECONDS_30).await).is_empty(), "taken over after the lease");
+    assert_eq!(runs(), 2, "the crashed run, and the one that took over");
+    let metrics = second.metrics(2).await;
+    assert_eq!((metrics[0]["Conflicts"].as_u64(), metrics[1]["Processed"].as_u64()), (Some(1), Some(1)));
 }
