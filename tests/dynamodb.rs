@@ -83,8 +83,12 @@ async fn four_engines_on_one_batch_run_each_key_once() {
         assert_eq!(labels.iter().filter(|label| **label == "processed").count(), 1, "record {index}: {labels:?}");
         assert!(labels.iter().all(|label| ["processed", "duplicate", "conflict"].contains(label)), "{labels:?}");
     }
+    // The engines raced: several ran handlers, and some met another's live lease.
+    let processed_by =
+        |report: &BatchReport| report.records.iter().filter(|r| r.outcome.label() == "processed").count();
+    let working = reports.iter().filter(|report| processed_by(report) > 0).count();
     let conflicts: usize = reports.iter().map(failed).sum();
-    assert!(conflicts <= 3 * 500);
+    assert!(working >= 2 && conflicts > 0, "no race: {working} engines ran handlers, {conflicts} conflicts");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -378,14 +378,20 @@ async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_la
     let runs = log_lines(&dir.path().join("demo.log"));
     assert_eq!(runs.len(), 3, "every handler started once: {runs:?}");
 
-    // The writes of the handlers that returned go on after the answer; the cut-off run's claim keeps its lease.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // The writes of the handlers that returned go on after the answer and land; the cut-off run's claim
+    // keeps its lease.
     let status = |id: &'static str| {
         let store = store.clone();
         async move { store.inner.get(id).await.unwrap().map(|claim| claim.status) }
     };
-    assert_eq!(status("test#done").await, Some(ClaimStatus::Completed));
-    assert_eq!(status("test#permanent").await, Some(ClaimStatus::Failed));
+    let landed = async {
+        while status("test#done").await != Some(ClaimStatus::Completed)
+            || status("test#permanent").await != Some(ClaimStatus::Failed)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), landed).await.expect("the writes after the answer landed");
     assert_eq!(status("test#slow").await, Some(ClaimStatus::InProgress));
 }
 

@@ -113,10 +113,16 @@ fn the_sample_batch_reports_its_failing_directives_and_reads_stdin() {
 #[test]
 fn two_processes_racing_on_one_batch_run_each_key_once() {
     let ws = Workspace::new();
-    let bodies: Vec<Value> = (0..300).map(|n| json!({"sleep_ms": (n % 3) * 5})).collect();
+    // Ten records at a time, 10 ms each: each process alone would take about 300 ms, so they overlap.
+    let bodies: Vec<Value> = (0..300).map(|_| json!({"sleep_ms": 10})).collect();
     let event = ws.event("event.json", &bodies);
     let spawn = || {
-        ws.command(&["invoke", event.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+        ws.command(&["invoke", event.to_str().unwrap()])
+            .env("SQS_ONCE_CONCURRENCY", "10")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     };
     let (a, b) = (spawn(), spawn());
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
@@ -129,6 +135,10 @@ fn two_processes_racing_on_one_batch_run_each_key_once() {
     assert_eq!(runs.len(), 300, "every key ran once in total");
     // A record one process lost to the other's live claim is failed there, never lost.
     assert!(failed_a.iter().all(|id| !failed_b.contains(id)), "a record failed in both processes");
+    // And the race happened: both processes ran handlers.
+    let processed = |output: &Output| stderr(output).matches("outcome=\"processed\"").count();
+    assert!(processed(&a) > 0 && processed(&b) > 0, "no race: {} and {}", processed(&a), processed(&b));
+    assert_eq!(processed(&a) + processed(&b), 300);
 }
 
 #[test]

@@ -220,7 +220,7 @@ async fn invalid_configuration_fails_the_init_phase_with_one_clear_line() {
     let mut function = Function::start(&[("SQS_ONCE_HANDLER", "nope")]).await;
     let status = tokio::time::timeout(Duration::from_secs(20), function.process.wait()).await.unwrap().unwrap();
     assert!(!status.success());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_for(&function.stderr, |lines| !lines.is_empty()).await;
     let stderr = function.stderr.lock().unwrap().clone();
     assert_eq!(stderr.len(), 1, "{stderr:?}");
     assert!(stderr[0].contains("unknown handler `nope`"), "{stderr:?}");
