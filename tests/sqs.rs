@@ -239,6 +239,42 @@ async fn messages_of_the_largest_size_run_once_and_dead_letter_whole() {
 }
 
 #[tokio::test]
+async fn every_permanent_outcome_moves_to_the_dead_letter_queue() {
+    let (queue, dead_letters) = (Queue::create(false, 60).await, Queue::create(false, 60).await);
+    let world = World::new();
+    let validating = [("SQS_ONCE_VALIDATE_PAYLOAD", "true")];
+    // First deliveries, without a dead-letter queue: `p` fails permanently, `v` completes.
+    queue.send(&[json!({"id": "p", "fail": "permanent"}), json!({"id": "v", "version": 1})]).await;
+    let first = queue.receive(2).await;
+    common::invoke_answer(&world.invoke(&queue.event(&first), &validating));
+    // Later: `p` again (failed before), `v` with another body (payload mismatch), one without a key.
+    queue.send(&[json!({"id": "p", "fail": "permanent"}), json!({"id": "v", "version": 2}), json!({"no_id": 1})]).await;
+    let later = queue.receive(3).await;
+    let dlq = [validating[0], ("SQS_ONCE_DLQ_URL", dead_letters.url())];
+    let (failures, metrics) = common::invoke_answer(&world.invoke(&queue.event(&later), &dlq));
+    assert!(failures.is_empty(), "dead-lettered records are done here: {failures:?}");
+    assert_eq!((metrics["DeadLettered"].as_u64(), metrics["FailedPermanent"].as_u64()), (Some(3), Some(2)));
+    assert_eq!(metrics["FailedMissingKey"].as_u64(), Some(1));
+
+    let moved = dead_letters.receive(3).await;
+    let reasons: HashMap<String, String> = moved
+        .iter()
+        .map(|message| {
+            let error = message.message_attributes.as_ref().unwrap()["SqsOnce.Error"].string_value.clone().unwrap();
+            (message.body.clone().unwrap(), error)
+        })
+        .collect();
+    let reason = |body: Value| reasons.get(&body.to_string()).cloned().unwrap_or_default();
+    assert!(
+        reason(json!({"id": "p", "fail": "permanent"})).starts_with("key failed permanently before"),
+        "{reasons:?}"
+    );
+    assert!(reason(json!({"id": "v", "version": 2})).contains("different body"), "{reasons:?}");
+    assert!(reason(json!({"no_id": 1})).starts_with("no idempotency key"), "{reasons:?}");
+    assert_eq!((world.runs("p"), world.runs("v")), (1, 1), "neither ran again");
+}
+
+#[tokio::test]
 async fn a_failed_dead_letter_send_leaves_the_record_failed() {
     let queue = Queue::create(false, 60).await;
     let world = World::new();

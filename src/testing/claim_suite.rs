@@ -173,6 +173,26 @@ pub async fn a_release_that_finds_the_key_free_is_released(store: Arc<dyn ClaimS
     assert_eq!(m.claims.counters().refused.load(Ordering::SeqCst), 0, "not a takeover");
 }
 
+/// Checks that an operator's write acts only on the claim it saw: a claim
+/// that changed since (its holder completed it) or appeared since is left
+/// alone, so `claims release` and `claims complete` never undo work they did
+/// not see.
+pub async fn an_operators_write_acts_only_on_the_claim_it_saw(store: Arc<dyn ClaimStore>) {
+    let m = Machine::plain(store);
+    let lease = m.win("k-seen").await;
+    let seen = m.stored("k-seen").await;
+    assert_eq!(m.claims.complete(&lease, None).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.store.replace_seen(seen.as_ref(), None).await.unwrap(), Fenced::Refused, "changed since seen");
+    assert_eq!(m.stored("k-seen").await.map(|claim| claim.status), Some(ClaimStatus::Completed));
+    let mut completed = m.stored("k-seen").await.unwrap();
+    completed.error = Some("by hand".into());
+    assert_eq!(m.store.replace_seen(None, Some(&completed)).await.unwrap(), Fenced::Refused, "appeared since");
+    assert_eq!(m.stored("k-seen").await.unwrap().error, None);
+    let current = m.stored("k-seen").await;
+    assert_eq!(m.store.replace_seen(current.as_ref(), None).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.stored("k-seen").await, None);
+}
+
 /// Checks that a permanent failure is kept until it expires.
 pub async fn a_permanent_failure_is_kept_until_it_expires(store: Arc<dyn ClaimStore>) {
     let m = Machine::plain(store);
@@ -369,6 +389,7 @@ macro_rules! claim_suite {
             an_ended_lease_is_taken_over_and_the_old_holder_is_fenced_off,
             a_retryable_failure_releases_the_key,
             a_release_that_finds_the_key_free_is_released,
+            an_operators_write_acts_only_on_the_claim_it_saw,
             a_permanent_failure_is_kept_until_it_expires,
             an_expired_completion_is_claimed_again,
             a_live_lease_outlives_the_record_expiry,
