@@ -5,6 +5,12 @@
 //! "panic"}` fails that way. Each time it runs, before obeying anything, it
 //! appends `<key>\t<messageId>\n` to the file named by `SQS_ONCE_DEMO_LOG`, so
 //! a test can count how often a side effect started.
+//!
+//! On a message's first delivery only (`ApproximateReceiveCount` 1), and
+//! before its side effect starts (so before the log line), `{"fail_first":
+//! "retryable" | "permanent"}` fails that way and `{"stall_first_ms": 10000}`
+//! waits that long: a dependency that is down, or a handler cut off at the
+//! deadline, on one delivery and not the next.
 
 use std::{
     fs::{File, OpenOptions},
@@ -28,6 +34,8 @@ pub struct Demo {
 struct Directives {
     sleep_ms: Option<u64>,
     fail: Option<String>,
+    fail_first: Option<String>,
+    stall_first_ms: Option<u64>,
 }
 
 impl Demo {
@@ -50,21 +58,36 @@ impl Demo {
 
 impl Handler for Demo {
     async fn handle(&self, record: &Record) -> HandlerResult {
+        let directives: Directives = serde_json::from_str(&record.body).unwrap_or_default();
+        if record.receive_count == 1 {
+            if let Some(ms) = directives.stall_first_ms {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            if let Some(kind) = directives.fail_first.as_deref() {
+                return Err(failure(kind));
+            }
+        }
         if let Some(mut log) = self.log.as_ref() {
             // One write per line: with O_APPEND, lines of several processes never interleave.
             log.write_all(format!("{}\t{}\n", record.key, record.message_id).as_bytes())
                 .map_err(|error| HandlerError::retryable(format!("demo log: {error}")))?;
         }
-        let directives: Directives = serde_json::from_str(&record.body).unwrap_or_default();
         if let Some(ms) = directives.sleep_ms {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         match directives.fail.as_deref() {
             None => Ok(None),
-            Some("retryable") => Err(HandlerError::retryable("demo: asked to fail (retryable)")),
-            Some("permanent") => Err(HandlerError::permanent("demo: asked to fail (permanent)")),
-            Some("panic") => panic!("demo: asked to panic"),
-            Some(other) => Err(HandlerError::permanent(format!("demo: unknown directive fail={other:?}"))),
+            Some(kind) => Err(failure(kind)),
         }
+    }
+}
+
+/// The failure a `fail` directive asks for.
+fn failure(kind: &str) -> HandlerError {
+    match kind {
+        "retryable" => HandlerError::retryable("demo: asked to fail (retryable)"),
+        "permanent" => HandlerError::permanent("demo: asked to fail (permanent)"),
+        "panic" => panic!("demo: asked to panic"),
+        other => HandlerError::permanent(format!("demo: unknown directive fail={other:?}")),
     }
 }

@@ -158,6 +158,21 @@ impl Rounds {
     }
 }
 
+/// The body of message `n`: most succeed at once; one in ten takes 200 ms,
+/// one in ten fails (retryable) on its first delivery, and one in fifty
+/// stalls past the deadline on its first delivery, so that its claim is left
+/// in progress and taken over after its lease in a later round. Failing and
+/// stalling happen before the demo handler's side effect starts.
+fn body(n: usize) -> String {
+    match n % 50 {
+        2 => json!({ "n": n, "stall_first_ms": 10_000 }),
+        _ if n.is_multiple_of(10) => json!({ "n": n, "sleep_ms": 200 }),
+        _ if n % 10 == 1 => json!({ "n": n, "fail_first": "retryable" }),
+        _ => json!({ "n": n }),
+    }
+    .to_string()
+}
+
 /// How long after an `invoke --timeout 4` process started the claims it took
 /// stop holding: its deadline plus the default lease margin, and a second more.
 const PAST_THE_LEASE: Duration = Duration::from_secs(4 + 2 + 1);
@@ -177,8 +192,7 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
         ("AWS_ENDPOINT_URL_DYNAMODB", proxy.url.as_str()),
         ("SQS_ONCE_DYNAMODB_BATCHING", batching.as_str()),
     ];
-    let messages: BTreeMap<String, String> =
-        (0..keys).map(|n| (format!("m-{seed}-{n:05}"), json!({ "n": n }).to_string())).collect();
+    let messages: BTreeMap<String, String> = (0..keys).map(|n| (format!("m-{seed}-{n:05}"), body(n))).collect();
     let mut shuffle = fastrand::Rng::with_seed(seed);
     let mut rounds = Rounds::default();
     let started = Instant::now();
@@ -225,6 +239,8 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
         let single_only = of("BatchExecuteStatement") == 0 && of("BatchGetItem") == 0 && of("UpdateItem") > 0;
         assert!(single_only, "single requests only: {report}");
     }
+    // The stalled first deliveries were cut off, and their claims taken over after the lease.
+    assert!(after_first_drain.0 >= 3 && counted["FailedDeadline"] >= (keys / 50) as u64, "no takeover: {report}");
     assert!(pending.is_empty(), "messages never processed: {report}");
     assert_eq!(after_first_drain.1, keys, "messages that left the queue without their handler running: {report}");
     assert!(copies.is_empty(), "copies after success never reported successful: {report}");
