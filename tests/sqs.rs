@@ -274,6 +274,28 @@ async fn every_permanent_outcome_moves_to_the_dead_letter_queue() {
     assert_eq!((world.runs("p"), world.runs("v")), (1, 1), "neither ran again");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_moves_confirmed_by_the_cut_off_count_as_done_and_the_others_stay_failed() {
+    let (queue, dead_letters) = (Queue::create(false, 60).await, Queue::create(false, 60).await);
+    let world = World::new();
+    queue.send(&[json!({"id": "moved", "fail": "permanent"}), json!({"id": "held", "fail": "permanent"})]).await;
+    let messages = by_id(&queue.receive(2).await);
+    // The SQS server answers every call but the dead-letter copy of `held`, which it never answers.
+    let sqs = common::dynamodb::proxy_to(&common::sqs::endpoint(), |operation, request| {
+        let held = operation == "SendMessage" && request["MessageBody"].as_str().is_some_and(|b| b.contains("held"));
+        if held { common::dynamodb::Reply::Hold } else { common::dynamodb::Reply::Forward }
+    })
+    .await;
+    let envs = [("SQS_ONCE_DLQ_URL", dead_letters.url()), ("AWS_ENDPOINT_URL_SQS", sqs.as_str())];
+    let path = world.event_file(&queue.event(&messages.values().cloned().collect::<Vec<_>>()));
+    let output = world.command(&["invoke", "--sqs", "--metrics", "--timeout", "3"], &envs).arg(path).output().unwrap();
+    let (failures, metrics) = common::invoke_answer(&output);
+    assert_eq!(failures, ids([&messages["held"]]), "the unconfirmed move leaves its record failed");
+    assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(1), Some(1)));
+    let moved = dead_letters.receive(1).await;
+    assert_eq!(moved[0].body, messages["moved"].body, "the confirmed move is done");
+}
+
 #[tokio::test]
 async fn a_failed_dead_letter_send_leaves_the_record_failed() {
     let queue = Queue::create(false, 60).await;

@@ -115,10 +115,12 @@ pub mod dynamodb {
 
     /// What a [`proxy`] does with one request.
     pub enum Reply {
-        /// Pass it on to DynamoDB Local and relay its answer.
+        /// Pass it on to the server behind and relay its answer.
         Forward,
         /// Answer it here with this HTTP status and JSON body.
         Answer(u16, String),
+        /// Never answer, the connection kept open: a server that hangs.
+        Hold,
     }
 
     impl Reply {
@@ -135,7 +137,16 @@ pub mod dynamodb {
     /// JSON body, whether it goes on to DynamoDB Local or is answered by a
     /// reply made to measure.
     pub async fn proxy(reply: impl Fn(&str, &serde_json::Value) -> Reply + Send + Sync + 'static) -> String {
-        let upstream = endpoint().trim_start_matches("http://").to_owned();
+        proxy_to(&endpoint(), reply).await
+    }
+
+    /// [`proxy`], in front of another AWS JSON-protocol server at `upstream`
+    /// (`http://host:port`), such as the SQS server.
+    pub async fn proxy_to(
+        upstream: &str,
+        reply: impl Fn(&str, &serde_json::Value) -> Reply + Send + Sync + 'static,
+    ) -> String {
+        let upstream = upstream.trim_start_matches("http://").to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let reply = Arc::new(reply);
@@ -171,6 +182,7 @@ pub mod dynamodb {
             let operation = message.target.rsplit('.').next().unwrap_or_default();
             let request = serde_json::from_slice(&message.body).unwrap_or(serde_json::Value::Null);
             let answer = match reply(operation, &request) {
+                Reply::Hold => return std::future::pending().await,
                 Reply::Answer(status, body) => {
                     let head = format!(
                         "HTTP/1.1 {status} Made To Measure\r\nContent-Type: application/x-amz-json-1.0\r\n\
