@@ -272,30 +272,28 @@ async fn records_run_in_parallel_within_the_concurrency_bound() {
     /// Counts handlers under way; each waits at a barrier of two, which
     /// opens only when two run at once.
     struct Gauge {
-        now_and_most: Mutex<(usize, usize)>,
+        under_way: UnderWay,
         pairs: tokio::sync::Barrier,
     }
     impl Handler for Gauge {
         async fn handle(&self, _record: &Record) -> HandlerResult {
-            {
-                let mut gauge = self.now_and_most.lock().unwrap();
-                gauge.0 += 1;
-                gauge.1 = gauge.1.max(gauge.0);
-            }
-            self.pairs.wait().await;
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            self.now_and_most.lock().unwrap().0 -= 1;
+            self.under_way
+                .during(async {
+                    self.pairs.wait().await;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                })
+                .await;
             Ok(None)
         }
     }
-    let gauge = Arc::new(Gauge { now_and_most: Mutex::new((0, 0)), pairs: tokio::sync::Barrier::new(2) });
+    let gauge = Arc::new(Gauge { under_way: UnderWay::default(), pairs: tokio::sync::Barrier::new(2) });
     let options = EngineOptions { concurrency: 2, ..EngineOptions::default() };
     let engine = Setup { options, ..Setup::default() }.engine(gauge.clone());
     let records = (0..40).map(|n| message(&format!("m{n}"), json!({}))).collect();
     let report = run(&engine, records, Duration::from_secs(10)).await;
     // Every pair met at the barrier (else the deadline fails them), and never more than two ran at once.
     assert!(failures(&report).is_empty(), "{report:?}");
-    assert_eq!(gauge.now_and_most.lock().unwrap().1, 2, "at most the bound");
+    assert_eq!(gauge.under_way.most(), 2, "at most the bound");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,7 +359,7 @@ async fn the_handler_and_payload_validation_see_the_message_inside_the_envelope(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_late() {
     let (handler, dir) = demo();
-    let store = HeldFinish::new(Duration::from_millis(2500), 0);
+    let store = HeldStore::finishing_late(Duration::from_millis(2500), 0);
     let options = EngineOptions { deadline_margin: Duration::from_millis(300), ..Default::default() };
     let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
     let records = vec![
@@ -464,28 +462,69 @@ async fn a_handler_returning_while_the_answer_is_cut_off_keeps_its_outcome() {
     assert_eq!(status("perm").await, Some(ClaimStatus::Failed));
 }
 
-/// The memory store, with finishing writes (completion, failure record,
-/// release) answered `delay` late, and the first `failing` of them failing
-/// after they applied nothing, as a store that is down does.
-struct HeldFinish {
-    inner: MemoryStore,
-    delay: Duration,
-    failing: std::sync::atomic::AtomicU32,
-}
+/// How many things are under way at once, and the most there ever were.
+#[derive(Default)]
+struct UnderWay(Mutex<(usize, usize)>);
 
-impl HeldFinish {
-    fn new(delay: Duration, failing: u32) -> Arc<Self> {
-        Arc::new(Self { inner: MemoryStore::default(), delay, failing: failing.into() })
+impl UnderWay {
+    async fn during<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        {
+            let mut counts = self.0.lock().unwrap();
+            counts.0 += 1;
+            counts.1 = counts.1.max(counts.0);
+        }
+        let output = work.await;
+        self.0.lock().unwrap().0 -= 1;
+        output
     }
 
-    async fn held(&self) -> Result<(), StoreError> {
-        tokio::time::sleep(self.delay).await;
-        let failing = self.failing.fetch_update(
-            std::sync::atomic::Ordering::SeqCst,
-            std::sync::atomic::Ordering::SeqCst,
-            |left| left.checked_sub(1),
-        );
-        if failing.is_ok() { Err(StoreError::unavailable("injected: connection reset")) } else { Ok(()) }
+    fn most(&self) -> usize {
+        self.0.lock().unwrap().1
+    }
+}
+
+/// The memory store with its requests held: every request `every` late, and
+/// finishing writes (completion, failure record, release) `finishing` more,
+/// the first `failing` of those failing after they applied nothing, as a
+/// store that is down does. It counts the requests under way at once.
+#[derive(Default)]
+struct HeldStore {
+    inner: MemoryStore,
+    every: Duration,
+    finishing: Duration,
+    failing: std::sync::atomic::AtomicU32,
+    under_way: UnderWay,
+}
+
+impl HeldStore {
+    fn finishing_late(finishing: Duration, failing: u32) -> Arc<Self> {
+        Arc::new(Self { finishing, failing: failing.into(), ..Self::default() })
+    }
+
+    fn every_request_late(every: Duration) -> Arc<Self> {
+        Arc::new(Self { every, ..Self::default() })
+    }
+
+    async fn request<T>(
+        &self,
+        finishing: bool,
+        request: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.under_way
+            .during(async {
+                tokio::time::sleep(if finishing { self.every + self.finishing } else { self.every }).await;
+                let failing = finishing
+                    && self
+                        .failing
+                        .fetch_update(
+                            std::sync::atomic::Ordering::SeqCst,
+                            std::sync::atomic::Ordering::SeqCst,
+                            |left| left.checked_sub(1),
+                        )
+                        .is_ok();
+                if failing { Err(StoreError::unavailable("injected: connection reset")) } else { request.await }
+            })
+            .await
     }
 
     async fn status(&self, id: &str) -> Option<ClaimStatus> {
@@ -494,20 +533,18 @@ impl HeldFinish {
 }
 
 #[async_trait::async_trait]
-impl ClaimStore for HeldFinish {
+impl ClaimStore for HeldStore {
     async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_free(record, now_ms).await
+        self.request(false, self.inner.put_if_free(record, now_ms)).await
     }
     async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
-        self.inner.get(id).await
+        self.request(false, self.inner.get(id)).await
     }
     async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
-        self.held().await?;
-        self.inner.finish(id, token, finish).await
+        self.request(true, self.inner.finish(id, token, finish)).await
     }
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        self.held().await?;
-        self.inner.release(id, token).await
+        self.request(true, self.inner.release(id, token)).await
     }
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         self.inner.list(query).await
@@ -523,7 +560,7 @@ async fn finishing_writes_that_can_land_before_the_deadline_are_waited_for() {
     // so they land after the cut-off and well before the answer reserve. A slow handler is cancelled at
     // the cut-off, and cancelling it must not cancel the others' writes.
     let (handler, dir) = demo();
-    let store = HeldFinish::new(Duration::from_millis(250), 0);
+    let store = HeldStore::finishing_late(Duration::from_millis(250), 0);
     let options = EngineOptions { deadline_margin: Duration::from_millis(800), ..Default::default() };
     let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
     let mut records: Vec<Value> = (0..20).map(|n| message(&format!("m-{n}"), json!({"sleep_ms": 1000}))).collect();
@@ -545,7 +582,7 @@ async fn finishing_writes_that_can_land_before_the_deadline_are_waited_for() {
 async fn a_write_that_failed_is_sent_again_with_the_next_batch_and_lands() {
     let (handler, _dir) = demo();
     // Every finishing write fails once (as if cut off by a freeze past the SDK's timeouts), then works.
-    let store = HeldFinish::new(Duration::ZERO, 2);
+    let store = HeldStore::finishing_late(Duration::ZERO, 2);
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
     let first =
         run(&engine, vec![message("done", json!({})), message("retry", json!({"fail": "retryable"}))], SECS_30).await;
@@ -570,7 +607,7 @@ const SECS_30: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_still_unconfirmed_as_the_process_leaves_is_landed_first() {
     let (handler, _dir) = demo();
-    let store = HeldFinish::new(Duration::ZERO, 1);
+    let store = HeldStore::finishing_late(Duration::ZERO, 1);
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
     run(&engine, vec![message("done", json!({}))], SECS_30).await;
     assert_eq!(store.status("test#done").await, Some(ClaimStatus::InProgress));
@@ -719,58 +756,14 @@ async fn fifo_groups_run_concurrently_and_a_fifo_arn_alone_makes_a_group() {
     assert!(matches!(outcome(&report, "second"), Outcome::Failed(Failure::GroupSkipped(_))));
 }
 
-/// The memory store, each request held 10 ms, with the most requests ever
-/// under way at once.
-#[derive(Default)]
-struct InFlight {
-    inner: MemoryStore,
-    now_and_most: Mutex<(usize, usize)>,
-}
-
-impl InFlight {
-    async fn gauged<T>(&self, request: impl std::future::Future<Output = T>) -> T {
-        {
-            let mut gauge = self.now_and_most.lock().unwrap();
-            gauge.0 += 1;
-            gauge.1 = gauge.1.max(gauge.0);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let answer = request.await;
-        self.now_and_most.lock().unwrap().0 -= 1;
-        answer
-    }
-}
-
-#[async_trait::async_trait]
-impl ClaimStore for InFlight {
-    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        self.gauged(self.inner.put_if_free(record, now_ms)).await
-    }
-    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
-        self.gauged(self.inner.get(id)).await
-    }
-    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
-        self.gauged(self.inner.finish(id, token, finish)).await
-    }
-    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        self.gauged(self.inner.release(id, token)).await
-    }
-    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        self.inner.list(query).await
-    }
-    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
-        self.inner.replace_seen(seen, new).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_and_finishing_writes_together_stay_within_the_concurrency_bound() {
-    let store = Arc::new(InFlight::default());
+    let store = HeldStore::every_request_late(Duration::from_millis(10));
     let options = EngineOptions { concurrency: 3, ..EngineOptions::default() };
     let (handler, _dir) = demo();
     let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
     let records = (0..30).map(|n| message(&format!("m{n}"), json!({}))).collect();
     let report = run(&engine, records, SECS_30).await;
     assert!(failures(&report).is_empty());
-    assert_eq!(store.now_and_most.lock().unwrap().1, 3, "at most the bound, and reached");
+    assert_eq!(store.under_way.most(), 3, "at most the bound, and reached");
 }
