@@ -239,8 +239,9 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
         let single_only = of("BatchExecuteStatement") == 0 && of("BatchGetItem") == 0 && of("UpdateItem") > 0;
         assert!(single_only, "single requests only: {report}");
     }
-    // The stalled first deliveries were cut off, and their claims taken over after the lease.
-    assert!(after_first_drain.0 >= 3 && counted["FailedDeadline"] >= (keys / 50) as u64, "no takeover: {report}");
+    // The stalled first deliveries were cut off, their claims left in progress: each key then ran once
+    // (asserted below), which only a takeover after the lease allows.
+    assert!(after_first_drain.0 >= 2 && counted["FailedDeadline"] >= (keys / 50) as u64, "no takeover: {report}");
     assert!(pending.is_empty(), "messages never processed: {report}");
     assert_eq!(after_first_drain.1, keys, "messages that left the queue without their handler running: {report}");
     assert!(copies.is_empty(), "copies after success never reported successful: {report}");
