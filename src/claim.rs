@@ -334,6 +334,7 @@ impl Claims {
 
     /// Sends a finishing write, keeping it until the store answers.
     async fn settle(&self, lease: &Lease, ending: Ending) -> Result<Fenced, StoreError> {
+        let ending = Arc::new(ending);
         let ticket = self.unconfirmed.keep(lease, &ending);
         let result = self.send(lease, &ending).await;
         self.answered(ticket, &result);

@@ -14,7 +14,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -49,13 +49,14 @@ impl Ending {
     }
 }
 
-/// A write kept until its answer: its lease, the write, and how often it was
-/// sent again.
+/// A write kept until its answer: its lease, the write (shared with the send
+/// under way, not copied: a completion may carry a large result), and how
+/// often it was sent again.
 #[derive(Debug, Clone)]
 pub(crate) struct Pending {
     pub(crate) ticket: u64,
     pub(crate) lease: Lease,
-    pub(crate) ending: Ending,
+    pub(crate) ending: Arc<Ending>,
     resends: u32,
 }
 
@@ -69,7 +70,7 @@ pub(crate) struct Unconfirmed {
 impl Unconfirmed {
     /// Keeps `ending` of `lease` until [`confirmed`](Self::confirmed);
     /// returns its ticket.
-    pub(crate) fn keep(&self, lease: &Lease, ending: &Ending) -> u64 {
+    pub(crate) fn keep(&self, lease: &Lease, ending: &Arc<Ending>) -> u64 {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed);
         let mut entries = lock(&self.entries);
         if entries.len() >= MAX_ENTRIES
@@ -78,7 +79,7 @@ impl Unconfirmed {
         {
             give_up(&dropped, "too many unconfirmed writes are kept");
         }
-        entries.insert(ticket, Pending { ticket, lease: lease.clone(), ending: ending.clone(), resends: 0 });
+        entries.insert(ticket, Pending { ticket, lease: lease.clone(), ending: Arc::clone(ending), resends: 0 });
         ticket
     }
 
