@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::BoxHandler;
 
 pub mod demo;
+pub mod ledger;
 pub mod orders;
 
 /// Builds a handler at start; a handler that needs a resource it cannot get
@@ -16,8 +17,11 @@ pub mod orders;
 pub type Constructor = fn() -> Result<BoxHandler, String>;
 
 /// Every handler by name, with the function that builds it at start.
-pub const REGISTRY: &[(&str, Constructor)] =
-    &[("demo", || Ok(Arc::new(demo::Demo::from_env()?))), ("orders", || Ok(Arc::new(orders::Orders)))];
+pub const REGISTRY: &[(&str, Constructor)] = &[
+    ("demo", || Ok(Arc::new(demo::Demo::from_env()?))),
+    ("ledger", || Ok(Arc::new(ledger::Ledger::from_env()?))),
+    ("orders", || Ok(Arc::new(orders::Orders))),
+];
 
 /// Why the configured handler could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,7 +52,7 @@ pub const DEFAULT: &str = "demo";
 /// ```
 /// assert!(sqs_once::handlers::build("demo").is_ok());
 /// let error = sqs_once::handlers::build("nope").err().unwrap();
-/// assert!(error.to_string().contains("demo, orders"));
+/// assert!(error.to_string().contains("demo, ledger, orders"));
 /// ```
 pub fn build(name: &str) -> Result<BoxHandler, HandlerSetupError> {
     let (_, constructor) = REGISTRY

@@ -38,8 +38,10 @@ use crate::{
     clock::{Clock, SystemClock, duration_ms},
     key::payload_hash,
     lock::lock,
+    outbox::{OutboxEntry, SENDING_LEASE},
     reason,
-    store::{ClaimStore, Fenced, PutOutcome, StoreError},
+    store::{ClaimStore, Commit, Committed, Fenced, PutOutcome, StoreError},
+    transaction::Staged,
 };
 
 mod stored;
@@ -167,13 +169,31 @@ pub struct ClaimCounters {
     pub landed_later: AtomicU64,
 }
 
-/// A fresh claim token: a random per-process prefix and a counter. Tokens
+/// A fresh token (of a claim, or of an outbox entry's sending lease): a
+/// random per-process prefix and a counter, 32 hexadecimal digits. Tokens
 /// fence writes and are not secrets, so uniqueness is all they need, and this
 /// costs no system call per claim.
-fn claim_token() -> String {
+pub(crate) fn new_token() -> String {
     static PREFIX: LazyLock<u64> = LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A fenced write's answer as a commit's: both are applied or refused.
+fn committed(fenced: Fenced) -> Committed {
+    match fenced {
+        Fenced::Applied => Committed::Applied,
+        Fenced::Refused => Committed::Refused,
+    }
+}
+
+/// A finishing write's answer; only a commit has conditions of its own to
+/// be cancelled by.
+fn fenced(committed: Committed) -> Fenced {
+    match committed {
+        Committed::Applied => Fenced::Applied,
+        Committed::Refused | Committed::Cancelled(_) => Fenced::Refused,
+    }
 }
 
 /// How many times a claim is retried when the record changes under it.
@@ -263,28 +283,49 @@ impl Claims {
 
     /// Marks the lease's claim completed, storing `output` if the policy says so.
     pub async fn complete(&self, lease: &Lease, output: Option<&Value>) -> Result<Fenced, StoreError> {
-        let result = output.filter(|_| self.policy.store_result).and_then(|output| self.storable(lease, output));
-        self.settle(lease, Ending::Finish(self.finish(ClaimStatus::Completed, result, None))).await
+        let finish = self.finish(ClaimStatus::Completed, self.result_of(lease, output), None);
+        self.settle(lease, Ending::Finish(finish)).await.map(fenced)
     }
 
     /// Records a permanent failure of the lease's claim, with `error` as the
     /// reason (capped at [`reason::MAX_BYTES`], the cut marked).
     pub async fn fail(&self, lease: &Lease, error: &str) -> Result<Fenced, StoreError> {
         let error = reason::capped(error).into_owned();
-        self.settle(lease, Ending::Finish(self.finish(ClaimStatus::Failed, None, Some(error)))).await
+        self.settle(lease, Ending::Finish(self.finish(ClaimStatus::Failed, None, Some(error)))).await.map(fenced)
     }
 
     /// Deletes the lease's claim so that a redelivery runs again.
     pub async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
-        self.settle(lease, Ending::Release).await
+        self.settle(lease, Ending::Release).await.map(fenced)
     }
 
-    /// Sends every finishing write not yet confirmed again, each in a task
-    /// of its own, so that a thawed or retried process lands what a freeze
-    /// or a failure cut off. The future ends when each has an answer (or
-    /// failed again, to be sent with the next call); dropping it leaves the
-    /// writes going.
-    pub fn resend_unconfirmed(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+    /// The commit of what a handler staged under `lease` (its writes, an
+    /// outbox entry per message, leased to this run for
+    /// [`SENDING_LEASE`]) with the claim's completion, storing `output` if
+    /// the policy says so. `message_id` is the delivery's.
+    pub fn prepare_commit(&self, lease: &Lease, output: Option<&Value>, staged: Staged, message_id: &str) -> Commit {
+        let finish = self.finish(ClaimStatus::Completed, self.result_of(lease, output), None);
+        let now_ms = finish.finished_at_ms;
+        let (writes, messages) = staged.into_parts();
+        let lease_until_ms = now_ms + duration_ms(SENDING_LEASE);
+        let outbox = OutboxEntry::of_run(&lease.id, &lease.token, message_id, &messages, now_ms, lease_until_ms);
+        Commit { finish, writes, outbox }
+    }
+
+    /// Commits under the lease (see [`ClaimStore::commit`]). Like a
+    /// finishing write, the commit is kept until the store answers it, and
+    /// sent again by [`resend_unconfirmed`](Self::resend_unconfirmed).
+    pub async fn commit(&self, lease: &Lease, commit: Commit) -> Result<Committed, StoreError> {
+        self.settle(lease, Ending::Commit(commit)).await
+    }
+
+    /// Sends every finishing write (and commit) not yet confirmed again,
+    /// each in a task of its own, so that a thawed or retried process lands
+    /// what a freeze or a failure cut off. The future ends when each has an
+    /// answer (or failed again, to be sent with the next call), with the
+    /// outbox entries of each commit that landed, to send; dropping it
+    /// leaves the writes going.
+    pub fn resend_unconfirmed(self: &Arc<Self>) -> impl Future<Output = Vec<Vec<OutboxEntry>>> + Send + 'static {
         let writes: Vec<_> = self
             .unconfirmed
             .to_resend()
@@ -293,9 +334,15 @@ impl Claims {
                 let claims = Arc::clone(self);
                 tokio::spawn(async move {
                     let result = claims.send(&pending.lease, &pending.ending).await;
-                    if claims.answered(pending.ticket, &result) && result.is_ok_and(|fenced| fenced == Fenced::Applied) {
-                        claims.counters.landed_later.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(id = %pending.lease.id, write = pending.ending.name(), "unconfirmed write landed");
+                    let landed = claims.answered(pending.ticket, &result) && matches!(result, Ok(Committed::Applied));
+                    if !landed {
+                        return Vec::new();
+                    }
+                    claims.counters.landed_later.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(id = %pending.lease.id, write = pending.ending.name(), "unconfirmed write landed");
+                    match &*pending.ending {
+                        Ending::Commit(commit) => commit.outbox.clone(),
+                        _ => Vec::new(),
                     }
                 })
             })
@@ -304,7 +351,8 @@ impl Claims {
             tracing::info!(writes = writes.len(), "sending unconfirmed finishing writes again");
         }
         async move {
-            futures::future::join_all(writes).await;
+            let landed = futures::future::join_all(writes).await.into_iter().flatten();
+            landed.filter(|entries| !entries.is_empty()).collect()
         }
     }
 
@@ -333,7 +381,7 @@ impl Claims {
     }
 
     /// Sends a finishing write, keeping it until the store answers.
-    async fn settle(&self, lease: &Lease, ending: Ending) -> Result<Fenced, StoreError> {
+    async fn settle(&self, lease: &Lease, ending: Ending) -> Result<Committed, StoreError> {
         let ending = Arc::new(ending);
         let ticket = self.unconfirmed.keep(lease, &ending);
         let result = self.send(lease, &ending).await;
@@ -342,12 +390,14 @@ impl Claims {
     }
 
     /// One attempt of a finishing write, counted and remembered as its answer says.
-    async fn send(&self, lease: &Lease, ending: &Ending) -> Result<Fenced, StoreError> {
-        let fenced = match ending {
-            Ending::Finish(finish) => self.store.finish(&lease.id, &lease.token, finish).await?,
-            Ending::Release => self.store.release(&lease.id, &lease.token).await?,
+    async fn send(&self, lease: &Lease, ending: &Ending) -> Result<Committed, StoreError> {
+        let (id, token) = (&lease.id, &lease.token);
+        let committed = match ending {
+            Ending::Finish(finish) => committed(self.store.finish(id, token, finish).await?),
+            Ending::Commit(commit) => self.store.commit(id, token, commit).await?,
+            Ending::Release => committed(self.store.release(id, token).await?),
         };
-        if let (Fenced::Applied, Ending::Finish(finish)) = (fenced, ending)
+        if let (Committed::Applied, Some(finish)) = (&committed, ending.finish())
             && finish.status == ClaimStatus::Completed
         {
             let completed = Completed {
@@ -355,17 +405,20 @@ impl Claims {
                 payload_hash: lease.payload_hash.clone(),
                 result: finish.result.clone(),
             };
-            self.cache_insert(&lease.id, completed);
+            self.cache_insert(id, completed);
         }
-        Ok(self.count_refusal(lease, fenced, ending.name()))
+        if committed == Committed::Refused {
+            self.count_refusal(lease, ending.name());
+        }
+        Ok(committed)
     }
 
     /// Forgets the write of `ticket` once the store has answered it for
-    /// good: applied, refused by its fence, or rejected for what it holds.
-    /// Returns whether it was still kept.
-    fn answered(&self, ticket: u64, result: &Result<Fenced, StoreError>) -> bool {
+    /// good: applied, refused by its fence, cancelled by a condition of its
+    /// own, or rejected for what it holds. Returns whether it was still kept.
+    fn answered(&self, ticket: u64, result: &Result<Committed, StoreError>) -> bool {
         match result {
-            Ok(_) | Err(StoreError::Rejected(_)) => self.unconfirmed.confirmed(ticket),
+            Ok(_) | Err(StoreError::Rejected(_) | StoreError::Unsupported(_)) => self.unconfirmed.confirmed(ticket),
             Err(_) => false,
         }
     }
@@ -380,7 +433,7 @@ impl Claims {
             // It must not pass before the lease ends, however long the lease.
             expires_at_s: self.expiry_from(now_ms).max(lease_until_ms.div_ceil(1000) + 1),
             lease_until_ms: Some(lease_until_ms),
-            token: Some(claim_token()),
+            token: Some(new_token()),
             holder: Some(request.holder.to_owned()),
             attempt: Some(request.attempt),
             message_id: Some(request.message_id.to_owned()),
@@ -434,12 +487,14 @@ impl Claims {
         now_ms / 1000 + self.policy.expires_after.as_secs()
     }
 
-    fn count_refusal(&self, lease: &Lease, fenced: Fenced, write: &str) -> Fenced {
-        if fenced == Fenced::Refused {
-            self.counters.refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(id = %lease.id, "{write} refused: the lease was taken over by another holder");
-        }
-        fenced
+    fn count_refusal(&self, lease: &Lease, write: &str) {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(id = %lease.id, "{write} refused: the lease was taken over by another holder");
+    }
+
+    /// The output to store with a completion, if the policy stores outputs.
+    fn result_of(&self, lease: &Lease, output: Option<&Value>) -> Option<String> {
+        output.filter(|_| self.policy.store_result).and_then(|output| self.storable(lease, output))
     }
 
     /// `output` as JSON text, or `None` (with a warning) when it is too large

@@ -23,6 +23,10 @@ use crate::{
 /// function name nor `SQS_ONCE_HANDLER` gives one.
 pub const DEFAULT_KEY_PREFIX: &str = "sqs-once";
 
+/// How often a process that sends through the outbox sweeps it, unless
+/// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.
+pub const DEFAULT_OUTBOX_SWEEP: Duration = Duration::from_secs(60);
+
 /// What `SQS_ONCE_EXPIRES_AFTER_SECS` takes: a key remembered for no time
 /// would not be deduplicated at all.
 const EXPIRES_AFTER: &str = "a positive number of seconds";
@@ -79,6 +83,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// What SQS does with failed records besides redelivering them.
     pub redelivery: RedeliveryPolicy,
+    /// How often a process that sends through the outbox sweeps it for
+    /// entries left unsent (`SQS_ONCE_OUTBOX_SWEEP_SECS`; `None`: never on
+    /// its own).
+    pub outbox_sweep: Option<Duration>,
 }
 
 impl Config {
@@ -182,6 +190,12 @@ impl Config {
             dynamodb_batching: env.flag("SQS_ONCE_DYNAMODB_BATCHING", true)?,
             metrics: env.metrics()?,
             redelivery: env.redelivery()?,
+            outbox_sweep: Some(Duration::from_secs(env.parse(
+                "SQS_ONCE_OUTBOX_SWEEP_SECS",
+                DEFAULT_OUTBOX_SWEEP.as_secs(),
+                "a number of seconds (0 turns the sweep off)",
+            )?))
+            .filter(|every| !every.is_zero()),
         })
     }
 

@@ -19,6 +19,7 @@ use crate::{
     config::{Config, StoreChoice},
     engine::{BatchReport, Engine, Invocation},
     metrics::Extra,
+    outbox::{AwsDestinations, Outbox},
     sqs::Sqs,
     sqs::event::EventRecord,
     sqs::redelivery::{Redelivery, RedeliveryCounts},
@@ -100,7 +101,11 @@ impl Consumer {
         // Loaded once: credentials and region are resolved once for both clients.
         let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
         let (store, dynamodb_requests) = store_with(config, aws.as_ref())?;
-        let claims = Claims::with_policy(store, config.claims.clone(), Arc::new(SystemClock));
+        let claims = Claims::with_policy(Arc::clone(&store), config.claims.clone(), Arc::new(SystemClock));
+        // Messages handlers stage leave through the outbox; a consumer that
+        // sends none never loads the AWS configuration for it.
+        let destinations = aws.as_ref().map_or_else(AwsDestinations::from_env, AwsDestinations::new);
+        let outbox = Outbox::new(store, Arc::new(destinations), Arc::new(SystemClock), config.outbox_sweep);
         let redelivery = aws
             .filter(|_| config.redelivery.is_active())
             .map(|aws| Redelivery::new(config.redelivery.clone(), Sqs::new(&aws)));
@@ -108,7 +113,8 @@ impl Consumer {
         if redelivery.is_some() {
             options.answer_reserve = ANSWER_TIME + SQS_STEP_TIME;
         }
-        let engine = Engine::new(handler, Arc::new(claims), config.key_deriver(), options);
+        let engine =
+            Engine::new(handler, Arc::new(claims), config.key_deriver(), options).with_outbox(Arc::new(outbox));
         Ok(Self { engine, dynamodb_requests, redelivery })
     }
 
@@ -135,12 +141,26 @@ impl Consumer {
 
     /// The counts metrics take from outside the batch report, since start.
     pub fn extra(&self) -> Extra {
+        let outbox = self.engine.outbox().map(|outbox| outbox.counters());
         Extra {
             lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
             completions_landed_later: self.engine.claims().counters().landed_later.load(Ordering::Relaxed),
+            outbox_sent: outbox.map_or(0, |counters| counters.sent.load(Ordering::Relaxed)),
+            outbox_failed: outbox.map_or(0, |counters| counters.failed.load(Ordering::Relaxed)),
             dynamodb_requests: self.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
             redelivery: None,
         }
+    }
+
+    /// Before the process leaves: sends the unconfirmed finishing writes
+    /// again and lets an outbox sweep under way finish, until `until`.
+    /// Returns the ids of the claims whose writes are still unconfirmed.
+    pub async fn leave(&self, until: tokio::time::Instant) -> Vec<String> {
+        let left = self.engine.claims().land_unconfirmed(until).await;
+        if let Some(outbox) = self.engine.outbox() {
+            outbox.finish_sweep(until).await;
+        }
+        left
     }
 }
 

@@ -36,9 +36,11 @@ use crate::{
     envelope::{EnvelopeKind, Opened},
     key::KeyDeriver,
     lock::lock,
+    outbox::Outbox,
     reason,
     sqs::event::EventRecord,
-    store::{Fenced, StoreError},
+    store::{Committed, Fenced, StoreError},
+    transaction::{Refusal, Staged},
 };
 
 /// Tuning of the engine; see the README for the matching settings.
@@ -159,6 +161,22 @@ pub enum Failure {
     /// An earlier record of the same FIFO message group failed.
     #[error("skipped: earlier record {0} of its FIFO message group failed")]
     GroupSkipped(String),
+    /// The handler staged writes, and their commit was not confirmed when
+    /// the answer was due (or failed): it may still land, so the record comes
+    /// back once the claim's lease can have ended, to find the claim
+    /// completed (a duplicate) or to run and commit once.
+    #[error("the handler's transaction was not confirmed committed; delivered again after the lease (in {} ms)", retry_after.as_millis())]
+    Uncommitted {
+        /// Time until the claim's lease can have ended.
+        retry_after: Duration,
+    },
+    /// The handler's transaction was refused because the claim's lease had
+    /// been taken over by another delivery: nothing of this run applied, and
+    /// the other holder's run is the one that counts.
+    #[error(
+        "the claim was taken over after its lease before the handler's transaction committed; nothing of this run applied"
+    )]
+    LeaseLost,
 }
 
 impl Failure {
@@ -176,6 +194,8 @@ impl Failure {
             Self::Store(_) => "store_error",
             Self::Deadline => "deadline",
             Self::GroupSkipped(_) => "group_skipped",
+            Self::Uncommitted { .. } => "uncommitted",
+            Self::LeaseLost => "lease_lost",
         }
     }
 }
@@ -273,11 +293,13 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+#[derive(Clone)]
 struct Inner {
     handler: BoxHandler,
     claims: Arc<Claims>,
     keys: KeyDeriver,
     options: EngineOptions,
+    outbox: Option<Arc<Outbox>>,
 }
 
 /// How a key's run ended.
@@ -317,8 +339,9 @@ enum Step {
     /// The run ended without a handler's result to record (duplicate,
     /// conflict, store error...).
     Ended(Outcome),
-    /// The handler returned under `lease`: its result is to be recorded.
-    Returned(Lease, std::thread::Result<HandlerResult>),
+    /// The handler returned under `lease`: its result is to be recorded,
+    /// with what it staged.
+    Returned(Lease, std::thread::Result<HandlerResult>, Staged),
 }
 
 /// A key's run, as the cut-off finds it: the task claiming and running its
@@ -343,12 +366,26 @@ struct BatchState {
 impl Engine {
     /// An engine running `handler` under `claims`, keying records with `keys`.
     pub fn new(handler: BoxHandler, claims: Arc<Claims>, keys: KeyDeriver, options: EngineOptions) -> Self {
-        Self { inner: Arc::new(Inner { handler, claims, keys, options }) }
+        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox: None }) }
+    }
+
+    /// This engine, sending the messages handlers stage through `outbox`
+    /// once their transactions commit. Without one, they wait in the store
+    /// for a sweep (`sqs-once claims outbox --send`).
+    pub fn with_outbox(self, outbox: Arc<Outbox>) -> Self {
+        let mut inner = Arc::unwrap_or_clone(self.inner);
+        inner.outbox = Some(outbox);
+        Self { inner: Arc::new(inner) }
     }
 
     /// The claim state machine the engine runs on.
     pub fn claims(&self) -> &Arc<Claims> {
         &self.inner.claims
+    }
+
+    /// The outbox the engine sends staged messages through, if it has one.
+    pub fn outbox(&self) -> Option<&Arc<Outbox>> {
+        self.inner.outbox.as_ref()
     }
 
     /// The budget of an invocation due at `deadline`, as this engine plans it.
@@ -378,6 +415,11 @@ impl Engine {
         // Declared after `state` and `opened`, which the runs borrow.
         let runs: Runs<'_> = Mutex::new(HashMap::new());
         let resent = self.inner.claims.resend_unconfirmed();
+        let resent = async {
+            // Commits that landed late send their messages now.
+            let runs = resent.await;
+            join_all(runs.iter().map(|entries| self.deliver(entries))).await;
+        };
         let groups_run = join_all(groups.iter().map(|group| self.run_group(records, &opened, group, &state, &runs)));
         let work = join(groups_run, resent);
         tokio::pin!(work);
@@ -544,7 +586,11 @@ impl Engine {
                     (record, step, claim_latency, permit)
                 }
             });
-            lock(&state.started).push(Started { key, progress, handler: handler.abort_handle() });
+            lock(&state.started).push(Started {
+                key,
+                progress: Arc::clone(&progress),
+                handler: handler.abort_handle(),
+            });
             let (record, step, claim_latency, permit) = match handler.await {
                 Ok(ran) => ran,
                 Err(error) if error.is_cancelled() => return RunResult::failed(Failure::Deadline),
@@ -552,12 +598,12 @@ impl Engine {
             };
             let outcome = match step {
                 Step::Ended(outcome) => outcome,
-                Step::Returned(lease, result) => {
-                    let fallback = unrecorded_outcome(&result);
+                Step::Returned(lease, result, staged) => {
+                    let fallback = unrecorded_outcome(&result, &staged, &lease);
                     // The write keeps the run's permit: at most `concurrency` runs and writes are under way.
                     let write = tokio::spawn(async move {
                         let _permit = permit;
-                        engine.record_outcome(&record, &lease, result).await
+                        engine.record_outcome(&record, &lease, result, staged, &progress).await
                     });
                     write.await.unwrap_or(fallback)
                 }
@@ -605,23 +651,28 @@ impl Engine {
         // Called inside the caught future, so that a handler that panics while
         // it builds its future (before its first await) is caught as well.
         let result = AssertUnwindSafe(async { self.inner.handler.handle_boxed(record).await }).catch_unwind().await;
+        // What the handler staged is committed only if it succeeded.
+        let staged = record.transaction().take();
         // No await between the handler's return and this: a run cancelled at
         // the cut-off either has its handler's outcome here or never returned.
-        *lock(progress) = Progress::Returned(unrecorded_outcome(&result));
-        (Step::Returned(lease, result), claim_latency)
+        *lock(progress) = Progress::Returned(unrecorded_outcome(&result, &staged, &lease));
+        (Step::Returned(lease, result, staged), claim_latency)
     }
 
-    /// Writes how the handler ended (completion, failure record, release)
-    /// and says what that makes of the record.
+    /// Writes how the handler ended (completion, commit, failure record,
+    /// release) and says what that makes of the record.
     async fn record_outcome(
         &self,
         record: &Record,
         lease: &Lease,
         result: std::thread::Result<HandlerResult>,
+        staged: Staged,
+        progress: &Mutex<Progress>,
     ) -> Outcome {
         let claims = &self.inner.claims;
-        let outcome = unrecorded_outcome(&result);
+        let outcome = unrecorded_outcome(&result, &staged, lease);
         match result {
+            Ok(Ok(output)) if !staged.is_empty() => self.commit(record, lease, output, staged, progress).await,
             Ok(Ok(output)) => {
                 let recorded = match claims.complete(lease, output.as_ref()).await {
                     Ok(fenced) => fenced == Fenced::Applied,
@@ -646,14 +697,91 @@ impl Engine {
             }
         }
     }
+
+    /// Commits what the handler staged with the claim's completion. Only a
+    /// confirmed commit makes the record processed, and its messages are
+    /// sent then; a cancelled one is the handler's failure, as the write
+    /// that cancelled it declared.
+    async fn commit(
+        &self,
+        record: &Record,
+        lease: &Lease,
+        output: Option<serde_json::Value>,
+        staged: Staged,
+        progress: &Mutex<Progress>,
+    ) -> Outcome {
+        let claims = &self.inner.claims;
+        let refusals: Vec<Refusal> = staged.writes().iter().map(|write| write.refusal()).collect();
+        let commit = claims.prepare_commit(lease, output.as_ref(), staged, &record.message_id);
+        let entries = commit.outbox.clone();
+        let (message_id, key) = (&record.message_id, &record.key);
+        let outcome = match claims.commit(lease, commit).await {
+            Ok(Committed::Applied) => Outcome::Processed { recorded: true },
+            Ok(Committed::Refused) => Outcome::Failed(Failure::LeaseLost),
+            Ok(Committed::Cancelled(cancellation)) => {
+                let refusal = refusals.get(cancellation.write).cloned().unwrap_or_default();
+                let reason = reason::capped(&format!("{} ({})", refusal.reason, cancellation.reasons)).into_owned();
+                tracing::warn!(%message_id, %key, %reason, "a staged write's condition did not hold: nothing applied");
+                let failed = if refusal.kind == ErrorKind::Permanent {
+                    Failure::Permanent(reason)
+                } else {
+                    Failure::Retryable(reason)
+                };
+                *lock(progress) = Progress::Returned(Outcome::Failed(failed.clone()));
+                let written = match failed {
+                    Failure::Permanent(ref reason) => claims.fail(lease, reason).await,
+                    _ => claims.release(lease).await,
+                };
+                log_unrecorded(record, written);
+                Outcome::Failed(failed)
+            }
+            Err(error @ (StoreError::Rejected(_) | StoreError::Unsupported(_))) => {
+                let reason = reason::capped(&format!("the staged writes cannot be committed: {error}")).into_owned();
+                *lock(progress) = Progress::Returned(Outcome::Failed(Failure::Permanent(reason.clone())));
+                log_unrecorded(record, claims.fail(lease, &reason).await);
+                Outcome::Failed(Failure::Permanent(reason))
+            }
+            Err(error) => {
+                tracing::error!(
+                    %message_id, %key, %error,
+                    "the handler's transaction could not be confirmed: the record is reported failed and comes \
+                     back after the lease; the commit is sent again, and its claim's token refuses it if another \
+                     delivery has taken the key over"
+                );
+                Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease) })
+            }
+        };
+        *lock(progress) = Progress::Returned(outcome.clone());
+        if outcome == (Outcome::Processed { recorded: true }) {
+            self.deliver(&entries).await;
+        }
+        outcome
+    }
+
+    /// Sends a committed run's messages, if the engine has an outbox.
+    async fn deliver(&self, entries: &[crate::outbox::OutboxEntry]) {
+        if let Some(outbox) = &self.inner.outbox
+            && !entries.is_empty()
+        {
+            outbox.deliver(entries).await;
+        }
+    }
+}
+
+/// Time until `lease` has ended, at least a second: when a record whose
+/// commit is unconfirmed may come back.
+fn lease_left(lease: &Lease) -> Duration {
+    Duration::from_millis(lease.lease_until_ms.saturating_sub(epoch_ms(SystemTime::now())).max(1000))
 }
 
 /// What a handler's result means for its record before the write that
-/// records it is confirmed: the answer due at the deadline reports this.
+/// records it is confirmed: the answer due at the deadline reports this. A
+/// handler that staged writes has done nothing until they commit.
 /// Error texts are capped ([`reason::capped`]).
-fn unrecorded_outcome(result: &std::thread::Result<HandlerResult>) -> Outcome {
+fn unrecorded_outcome(result: &std::thread::Result<HandlerResult>, staged: &Staged, lease: &Lease) -> Outcome {
     let text = |error: &dyn std::fmt::Display| reason::capped(&error.to_string()).into_owned();
     match result {
+        Ok(Ok(_)) if !staged.is_empty() => Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease) }),
         Ok(Ok(_)) => Outcome::Processed { recorded: false },
         Ok(Err(error)) if error.kind() == ErrorKind::Permanent => Outcome::Failed(Failure::Permanent(text(error))),
         Ok(Err(error)) => Outcome::Failed(Failure::Retryable(text(error))),

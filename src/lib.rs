@@ -72,11 +72,13 @@ pub mod key;
 mod lock;
 pub mod metrics;
 pub mod operator;
+pub mod outbox;
 pub mod reason;
 mod record;
 pub mod sqs;
 pub mod store;
 pub mod testing;
+pub mod transaction;
 
 #[path = "../handlers/mod.rs"]
 pub mod handlers;

@@ -30,6 +30,10 @@ pub struct Extra {
     /// Finishing writes unconfirmed when first sent that landed when sent
     /// again (see [`crate::claim::Claims::resend_unconfirmed`]).
     pub completions_landed_later: u64,
+    /// Messages the outbox sent.
+    pub outbox_sent: u64,
+    /// Outbox sends that failed or were refused (the entries stay for a sweep).
+    pub outbox_failed: u64,
     /// DynamoDB requests made during the invocation, when the store is DynamoDB.
     pub dynamodb_requests: Option<u64>,
     /// What the SQS step did, when there is one.
@@ -50,6 +54,8 @@ const COUNTS: &[(&str, &[&str])] = &[
     ("FailedStoreError", &["store_error"]),
     ("FailedDeadline", &["deadline"]),
     ("FailedGroupSkipped", &["group_skipped"]),
+    ("FailedUncommitted", &["uncommitted"]),
+    ("FailedLeaseLost", &["lease_lost"]),
 ];
 
 /// The EMF line for one invocation.
@@ -81,6 +87,8 @@ pub fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extra, time
     }
     put("LeaseTakeoversRefused", "Count", extra.lease_takeovers_refused.into());
     put("CompletionsLandedLater", "Count", extra.completions_landed_later.into());
+    put("OutboxSent", "Count", extra.outbox_sent.into());
+    put("OutboxFailed", "Count", extra.outbox_failed.into());
     if let Some(requests) = extra.dynamodb_requests {
         put("DynamoDbRequests", "Count", requests.into());
     }
@@ -161,6 +169,8 @@ mod tests {
             record(Outcome::Failed(Failure::PayloadMismatch), Some(1)),
             record(Outcome::Failed(Failure::InvalidRecord("x".into())), None),
             record(Outcome::Failed(Failure::GroupSkipped("m-0".into())), None),
+            record(Outcome::Failed(Failure::Uncommitted { retry_after: Duration::ZERO }), Some(1)),
+            record(Outcome::Failed(Failure::LeaseLost), Some(1)),
         ];
         records.extend((0..300).map(|n| record(Outcome::Failed(Failure::Store("down".into())), Some(n))));
         let report = BatchReport { records };
@@ -169,13 +179,15 @@ mod tests {
         let extra = Extra {
             lease_takeovers_refused: 2,
             completions_landed_later: 3,
+            outbox_sent: 5,
+            outbox_failed: 6,
             dynamodb_requests: Some(9),
             redelivery: Some(redelivery),
         };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 1)).unwrap();
         let expected = [
-            ("Records", 314),
-            ("Failed", 310),
+            ("Records", 316),
+            ("Failed", 312),
             ("CompletionUnconfirmed", 1),
             ("Processed", 2),
             ("Duplicates", 2),
@@ -186,8 +198,12 @@ mod tests {
             ("FailedStoreError", 300),
             ("FailedDeadline", 1),
             ("FailedGroupSkipped", 1),
+            ("FailedUncommitted", 1),
+            ("FailedLeaseLost", 1),
             ("LeaseTakeoversRefused", 2),
             ("CompletionsLandedLater", 3),
+            ("OutboxSent", 5),
+            ("OutboxFailed", 6),
             ("DynamoDbRequests", 9),
             ("VisibilityChanged", 4),
             ("VisibilityChangeFailed", 1),

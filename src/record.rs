@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::{
     envelope::{Envelope, Opened},
     handler::HandlerError,
+    transaction::Transaction,
 };
 
 /// One SQS message, as the business handler sees it.
@@ -39,6 +40,7 @@ pub struct Record {
     /// The queue's ARN, when the event names it.
     pub event_source_arn: Option<String>,
     deadline: Instant,
+    transaction: Transaction,
 }
 
 impl Record {
@@ -62,6 +64,7 @@ impl Record {
             receive_count: receive_count(message),
             event_source_arn: message.event_source_arn.clone(),
             deadline,
+            transaction: Transaction::default(),
         }
     }
 
@@ -69,6 +72,22 @@ impl Record {
     /// should return a retryable error instead of starting.
     pub fn remaining_time(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Where the handler stages DynamoDB writes and outbox messages, to
+    /// commit in one transaction with the claim's completion when it returns
+    /// success (see [`crate::transaction`]). Copies of the record share it.
+    ///
+    /// ```
+    /// use sqs_once::transaction::{Key, Update};
+    ///
+    /// let record = sqs_once::testing::record(r#"{"account": "a-1"}"#);
+    /// record.transaction().stage(Update::new("ledger", Key::new("pk", "a-1")).add("balance", 5))?;
+    /// assert!(!record.transaction().is_empty());
+    /// # Ok::<(), sqs_once::transaction::StageError>(())
+    /// ```
+    pub fn transaction(&self) -> &Transaction {
+        &self.transaction
     }
 
     /// The body parsed as JSON into `T`; a body that does not parse is a

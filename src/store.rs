@@ -8,10 +8,15 @@
 use async_trait::async_trait;
 
 pub use crate::claim::Finish;
-use crate::claim::{ClaimStatus, StoredClaim};
+use crate::{
+    claim::{ClaimStatus, StoredClaim},
+    outbox::OutboxEntry,
+    transaction::Write,
+};
 
 pub mod batched;
 pub mod dynamodb;
+mod items;
 pub mod memory;
 pub mod sqlite;
 
@@ -37,6 +42,51 @@ pub enum Fenced {
     /// The claim is no longer the caller's (its lease was taken over, or it is
     /// gone): nothing was written.
     Refused,
+}
+
+/// A handler's staged writes and outbox entries, to commit in one
+/// transaction with the completion of its claim (see [`crate::transaction`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    /// The claim's completion.
+    pub finish: Finish,
+    /// The handler's writes, in the order it staged them.
+    pub writes: Vec<Write>,
+    /// The outbox entries of the messages it staged.
+    pub outbox: Vec<OutboxEntry>,
+}
+
+/// The outcome of [`ClaimStore::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// Everything applied: the claim is completed, the writes and the outbox
+    /// entries are in place. Also the answer when an earlier attempt of the
+    /// same commit had applied unseen.
+    Applied,
+    /// The claim is no longer the caller's (its lease was taken over, or it
+    /// is gone): nothing applied.
+    Refused,
+    /// A staged write's own condition did not hold: nothing applied.
+    Cancelled(Cancellation),
+}
+
+/// Which staged write cancelled a commit, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cancellation {
+    /// The write, by its place in [`Commit::writes`].
+    pub write: usize,
+    /// The reason of each action of the transaction, as the store gave
+    /// them (DynamoDB's cancellation reasons, in order).
+    pub reasons: String,
+}
+
+/// Which outbox entries [`ClaimStore::outbox`] lists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxQuery {
+    /// Only entries whose sending lease had ended at this time.
+    pub due_at_ms: Option<u64>,
+    /// At most this many.
+    pub limit: usize,
 }
 
 /// Which claims an operator lists.
@@ -133,6 +183,9 @@ pub enum StoreError {
     /// size limit, a key too long): sending it again cannot succeed.
     #[error("claim store rejected the request: {0}")]
     Rejected(String),
+    /// The store does not do what was asked of it.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl StoreError {
@@ -184,6 +237,36 @@ pub trait ClaimStore: Send + Sync {
         seen: Option<&StoredClaim>,
         record: Option<&StoredClaim>,
     ) -> Result<Fenced, StoreError>;
+
+    /// Applies `commit` atomically, if the in-progress claim `id` still
+    /// carries `token` and every staged write's condition holds: the
+    /// claim's completion, the writes and the outbox entries, or nothing.
+    /// An attempt that meets its own earlier, applied attempt answers
+    /// [`Committed::Applied`]. Stores that cannot refuse with
+    /// [`StoreError::Unsupported`] (the default), and the record fails.
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
+        let _ = (id, token, commit);
+        Err(StoreError::Unsupported("this claim store does not commit staged writes".into()))
+    }
+
+    /// Outbox entries, oldest run first and each run's in order.
+    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+        let _ = query;
+        Ok(Vec::new())
+    }
+
+    /// Gives `entry`'s sending lease to `token` until `lease_until_ms`, if
+    /// the entry is still there under the token it was listed with.
+    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+        let _ = (entry, token, lease_until_ms);
+        Err(StoreError::Unsupported("this claim store keeps no outbox".into()))
+    }
+
+    /// Deletes the sent entry `id`, if it is still leased to `token`.
+    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        let _ = (id, token);
+        Err(StoreError::Unsupported("this claim store keeps no outbox".into()))
+    }
 }
 
 /// The id a [`ClaimStore::replace_seen`] call is about.

@@ -2,9 +2,12 @@
 //!
 //! [`TestConsumer`] runs a handler through the real engine on the in-memory
 //! store, so a test sees what SQS would see: which records fail, which are
-//! duplicates, how often the handler ran. [`event`] and [`message`] build the
-//! input from bodies. [`claim_suite`] is the conformance suite every claim
-//! store passes, for a [`ClaimStore`] of one's own.
+//! duplicates, how often the handler ran, and, for a handler that stages
+//! writes and messages ([`crate::transaction`]), the items its transactions
+//! committed ([`TestConsumer::items`]) and the messages its outbox sent
+//! ([`TestConsumer::sent`]). [`event`] and [`message`] build the input from
+//! bodies. [`claim_suite`] is the conformance suite every claim store
+//! passes, for a [`ClaimStore`] of one's own.
 //!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
@@ -47,12 +50,14 @@
 #![doc = include_str!("../docs/tests.md")]
 
 pub mod claim_suite;
+pub mod commit_suite;
 
 use std::{
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
+use async_trait::async_trait;
 use aws_lambda_events::sqs::SqsMessage;
 
 use crate::{
@@ -61,8 +66,11 @@ use crate::{
     clock::SystemClock,
     engine::{BatchReport, Engine, EngineOptions, Invocation},
     key::{KeyDeriver, KeySpec, OnMissingKey},
+    lock::lock,
+    outbox::{Destinations, Outbox, SendError},
     sqs::event::EventRecord,
     store::{ClaimStore, MemoryStore},
+    transaction::Message,
 };
 
 /// An SQS message with `id` and `body`, received once, from a standard queue.
@@ -112,97 +120,170 @@ pub fn record(body: impl Into<String>) -> Record {
 /// How long each batch may take, unless [`TestConsumer::timeout`] says otherwise.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A message the outbox sent, as a [`Recorded`] destination received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    /// The id it carried (its deduplication id).
+    pub outbox_id: String,
+    /// The message.
+    pub message: Message,
+}
+
+/// Destinations that keep every message sent to them, in order, instead of
+/// sending it: what [`TestConsumer`] sends through.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use sqs_once::{outbox::Destinations, testing::Recorded, transaction::Message};
+///
+/// let recorded = Recorded::default();
+/// recorded.send("id-1", &Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", "hi")).await.unwrap();
+/// assert_eq!(recorded.sent()[0].message.body, "hi");
+/// # });
+/// ```
+#[derive(Debug, Default)]
+pub struct Recorded {
+    sent: Mutex<Vec<Sent>>,
+}
+
+impl Recorded {
+    /// Every message sent so far, in order.
+    pub fn sent(&self) -> Vec<Sent> {
+        lock(&self.sent).clone()
+    }
+}
+
+#[async_trait]
+impl Destinations for Recorded {
+    async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError> {
+        lock(&self.sent).push(Sent { outbox_id: outbox_id.to_owned(), message: message.clone() });
+        Ok(())
+    }
+}
+
 /// A handler behind the real engine and claim state machine, on a store
 /// that lives as long as the consumer (in memory unless [`store`](Self::store)
 /// gives another), keyed by message id unless [`key`](Self::key) says
-/// otherwise. Every [`process`](Self::process) is one invocation.
+/// otherwise. Every [`process`](Self::process) is one invocation. Messages
+/// a handler stages are sent to a [`Recorded`] destination.
 #[derive(Clone)]
 pub struct TestConsumer {
+    setup: Setup,
+    engine: Engine,
+}
+
+/// What a [`TestConsumer`]'s engine is built from.
+#[derive(Clone)]
+struct Setup {
     handler: crate::BoxHandler,
     store: Arc<dyn ClaimStore>,
+    memory: Option<Arc<MemoryStore>>,
+    destinations: Arc<Recorded>,
     key: KeySpec,
     policy: ClaimPolicy,
     options: EngineOptions,
     timeout: Duration,
-    engine: Engine,
+}
+
+impl Setup {
+    fn engine(&self) -> Engine {
+        let claims = Claims::with_policy(Arc::clone(&self.store), self.policy.clone(), Arc::new(SystemClock));
+        let keys = KeyDeriver::new(self.key.clone(), "test", false, OnMissingKey::Fail);
+        let destinations = Arc::clone(&self.destinations) as Arc<dyn Destinations>;
+        let outbox = Outbox::new(Arc::clone(&self.store), destinations, Arc::new(SystemClock), None);
+        Engine::new(Arc::clone(&self.handler), Arc::new(claims), keys, self.options.clone())
+            .with_outbox(Arc::new(outbox))
+    }
 }
 
 impl std::fmt::Debug for TestConsumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestConsumer").field("key", &self.key).field("options", &self.options).finish_non_exhaustive()
+        let setup = &self.setup;
+        f.debug_struct("TestConsumer").field("key", &setup.key).field("options", &setup.options).finish_non_exhaustive()
     }
 }
 
 impl TestConsumer {
     /// `handler` on a fresh in-memory store, keyed by message id.
     pub fn new(handler: impl Handler) -> Self {
-        let handler: crate::BoxHandler = Arc::new(handler);
-        let store: Arc<dyn ClaimStore> = Arc::new(MemoryStore::default());
-        let (key, policy, options) = (KeySpec::default(), ClaimPolicy::default(), EngineOptions::default());
-        let engine = engine(&handler, &store, &key, &policy, &options);
-        Self { handler, store, key, policy, options, timeout: TIMEOUT, engine }
+        let memory = Arc::new(MemoryStore::default());
+        let setup = Setup {
+            handler: Arc::new(handler),
+            store: Arc::clone(&memory) as Arc<dyn ClaimStore>,
+            memory: Some(memory),
+            destinations: Arc::new(Recorded::default()),
+            key: KeySpec::default(),
+            policy: ClaimPolicy::default(),
+            options: EngineOptions::default(),
+            timeout: TIMEOUT,
+        };
+        Self { engine: setup.engine(), setup }
     }
 
     /// Keys records as `SQS_ONCE_KEY` would. Panics on an invalid
     /// specification, as a test should.
     pub fn key(self, spec: &str) -> Self {
         let key = spec.parse().unwrap_or_else(|error| panic!("{error}"));
-        self.rebuilt(|consumer| consumer.key = key)
+        self.rebuilt(|setup| setup.key = key)
     }
 
     /// Runs on `store` instead of a fresh in-memory one.
     pub fn store(self, store: Arc<dyn ClaimStore>) -> Self {
-        self.rebuilt(|consumer| consumer.store = store)
+        self.rebuilt(|setup| {
+            setup.store = store;
+            setup.memory = None;
+        })
     }
 
     /// The claim state machine's tuning (payload validation, stored results).
     pub fn policy(self, policy: ClaimPolicy) -> Self {
-        self.rebuilt(|consumer| consumer.policy = policy)
+        self.rebuilt(|setup| setup.policy = policy)
     }
 
     /// The engine's tuning (concurrency, deadline margin, envelope).
     pub fn options(self, options: EngineOptions) -> Self {
-        self.rebuilt(|consumer| consumer.options = options)
+        self.rebuilt(|setup| setup.options = options)
     }
 
     /// How long each batch may take before its unfinished records fail
     /// `deadline` (30 s unless set).
     pub fn timeout(self, timeout: Duration) -> Self {
-        self.rebuilt(|consumer| consumer.timeout = timeout)
+        self.rebuilt(|setup| setup.timeout = timeout)
     }
 
     /// The store the claims are kept in, to check what it holds.
     pub fn claim_store(&self) -> &Arc<dyn ClaimStore> {
-        &self.store
+        &self.setup.store
+    }
+
+    /// The items the handler's committed transactions left in `table`,
+    /// ordered by key. Panics when the consumer runs on a store of its own
+    /// ([`store`](Self::store)): read that store instead.
+    pub fn items(&self, table: &str) -> Vec<serde_json::Value> {
+        let memory = self.setup.memory.as_ref();
+        memory.expect("items() reads the in-memory store, and this consumer runs on another").items(table)
+    }
+
+    /// The messages the outbox sent, in order.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.setup.destinations.sent()
     }
 
     /// Processes one batch, as one invocation, and reports every record's
     /// fate in event order.
     pub async fn process(&self, records: &[EventRecord]) -> BatchReport {
         let invocation = Invocation {
-            deadline: SystemTime::now() + self.timeout,
+            deadline: SystemTime::now() + self.setup.timeout,
             request_id: format!("test-{}", uuid::Uuid::new_v4().simple()),
         };
         self.engine.process(records, &invocation).await
     }
 
-    fn rebuilt(mut self, change: impl FnOnce(&mut Self)) -> Self {
-        change(&mut self);
-        self.engine = engine(&self.handler, &self.store, &self.key, &self.policy, &self.options);
+    fn rebuilt(mut self, change: impl FnOnce(&mut Setup)) -> Self {
+        change(&mut self.setup);
+        self.engine = self.setup.engine();
         self
     }
-}
-
-fn engine(
-    handler: &crate::BoxHandler,
-    store: &Arc<dyn ClaimStore>,
-    key: &KeySpec,
-    policy: &ClaimPolicy,
-    options: &EngineOptions,
-) -> Engine {
-    let claims = Claims::with_policy(Arc::clone(store), policy.clone(), Arc::new(SystemClock));
-    let keys = KeyDeriver::new(key.clone(), "test", false, OnMissingKey::Fail);
-    Engine::new(Arc::clone(handler), Arc::new(claims), keys, options.clone())
 }
 
 /// The message ids in the batch's `batchItemFailures`, in event order.

@@ -26,23 +26,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::faults::{DYNAMODB, FaultMix, FaultProxy, SQS};
+use common::{
+    faults::{DYNAMODB, FaultMix, FaultProxy, SQS},
+    rounds::{Rounds, seeds, setting},
+};
 use serde_json::{Value, json};
 use sqs_once::store::dynamodb::TableKey;
-
-/// A tuning variable, or `default` when it is not set; one that does not
-/// parse stops the test rather than quietly running the default.
-fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(value) => value.parse().unwrap_or_else(|_| panic!("{name}={value:?} does not parse")),
-        Err(_) => default,
-    }
-}
-
-fn seeds() -> Vec<u64> {
-    let seeds = std::env::var("SQS_ONCE_FAULTS_SEEDS").unwrap_or_else(|_| "7".to_owned());
-    seeds.split(',').map(|seed| seed.trim().parse().expect("SQS_ONCE_FAULTS_SEEDS: comma-separated numbers")).collect()
-}
 
 /// How many times each message id's handler ran, and under which stored
 /// key, from the demo log.
@@ -69,93 +58,6 @@ fn left_unconfirmed(dir: &Path) -> HashSet<String> {
         }
     }
     keys
-}
-
-/// One SQS record as Lambda delivers it.
-fn record(message_id: &str, body: &str, receive_count: u32) -> Value {
-    json!({
-        "messageId": message_id, "receiptHandle": format!("rh-{message_id}-{receive_count}"), "body": body,
-        "attributes": {"ApproximateReceiveCount": receive_count.to_string(), "SentTimestamp": "1700000000000"},
-        "messageAttributes": {}, "md5OfBody": "", "eventSource": "aws:sqs",
-        "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:work", "awsRegion": "us-east-1",
-    })
-}
-
-/// What an `invoke` process answered, and the metrics it printed.
-struct Answer {
-    failed: HashSet<String>,
-    metrics: Value,
-}
-
-async fn invoke(dir: &Path, event: &Path, envs: &[(&str, &str)]) -> Answer {
-    let mut command = tokio::process::Command::from(common::sqs_once_command());
-    let output = command
-        .args(["invoke", "--timeout", "4", "--metrics"])
-        .arg(event)
-        .current_dir(dir)
-        .env_remove("AWS_LAMBDA_RUNTIME_API")
-        .env_remove("SQS_ONCE_STORE")
-        .env("SQS_ONCE_DEMO_LOG", dir.join("demo.log"))
-        .envs(envs.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .unwrap();
-    std::fs::write(event.with_extension("log"), &output.stderr).unwrap();
-    let (failed, metrics) = common::invoke_answer(&output);
-    Answer { failed, metrics }
-}
-
-/// What the rounds of one drain delivered and counted.
-#[derive(Default)]
-struct Rounds {
-    rounds: u32,
-    deliveries: usize,
-    counted: BTreeMap<&'static str, u64>,
-}
-
-impl Rounds {
-    /// Three `invoke` processes per round, each pending message delivered to
-    /// two of them, until each was reported successful by one (or 40 rounds).
-    /// What is left pending is what never was.
-    async fn drain(
-        &mut self,
-        dir: &Path,
-        pending: &mut BTreeMap<String, String>,
-        shuffle: &mut fastrand::Rng,
-        envs: &[(&str, &str)],
-    ) {
-        let first = self.rounds;
-        while !pending.is_empty() && self.rounds < first + 40 {
-            self.rounds += 1;
-            let mut events = Vec::new();
-            for process in 0..3 {
-                let mut records: Vec<Value> = pending
-                    .iter()
-                    .enumerate()
-                    .filter(|(n, _)| (n + process) % 3 != 0)
-                    .map(|(_, (id, body))| record(id, body, self.rounds))
-                    .collect();
-                shuffle.shuffle(&mut records);
-                self.deliveries += records.len();
-                let path = dir.join(format!("event-{}-{process}.json", self.rounds));
-                std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
-                let delivered: Vec<String> =
-                    records.iter().map(|r| r["messageId"].as_str().unwrap().to_owned()).collect();
-                events.push((path, delivered));
-            }
-            let answers = futures::future::join_all(events.iter().map(|(path, _)| invoke(dir, path, envs))).await;
-            for ((_, delivered), answer) in events.iter().zip(&answers) {
-                for id in delivered.iter().filter(|id| !answer.failed.contains(*id)) {
-                    pending.remove(id);
-                }
-                for metric in ["FailedDeadline", "FailedStoreError", "Conflicts", "CompletionUnconfirmed"] {
-                    *self.counted.entry(metric).or_default() += answer.metrics[metric].as_u64().unwrap_or(0);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
 }
 
 /// The body of message `n`: most succeed at once; one in ten takes 200 ms,
@@ -187,10 +89,12 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
     let dir = tempfile::tempdir().unwrap();
     let batched = batching;
     let batching = batching.to_string();
+    let demo_log = dir.path().join("demo.log").display().to_string();
     let envs = [
         ("SQS_ONCE_TABLE", store.layout().table.as_str()),
         ("AWS_ENDPOINT_URL_DYNAMODB", proxy.url.as_str()),
         ("SQS_ONCE_DYNAMODB_BATCHING", batching.as_str()),
+        ("SQS_ONCE_DEMO_LOG", demo_log.as_str()),
     ];
     let messages: BTreeMap<String, String> = (0..keys).map(|n| (format!("m-{seed}-{n:05}"), body(n))).collect();
     let mut shuffle = fastrand::Rng::with_seed(seed);
@@ -207,13 +111,13 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
     let window = left_unconfirmed(dir.path());
     let (in_window, unexplained): (Vec<_>, Vec<_>) =
         ran_twice.into_iter().partition(|(_, (key, _))| window.contains(key));
-    let counted = &rounds.counted;
+    let counted = |metric: &str| rounds.sum(metric);
     let report = json!({
         "writes": if batching == "true" { "batched" } else { "single" }, "keys": keys, "rate": rate, "seed": seed,
         "rounds": rounds.rounds, "rounds_before_copies": after_first_drain.0, "deliveries": rounds.deliveries,
         "seconds": started.elapsed().as_secs(),
-        "deadline": counted["FailedDeadline"], "store_error": counted["FailedStoreError"],
-        "conflict": counted["Conflicts"], "completion_unconfirmed": counted["CompletionUnconfirmed"],
+        "deadline": counted("FailedDeadline"), "store_error": counted("FailedStoreError"),
+        "conflict": counted("Conflicts"), "completion_unconfirmed": counted("CompletionUnconfirmed"),
         "ran_twice": in_window.len() + unexplained.len(), "ran_twice_left_unconfirmed": in_window.len(),
         "left_unconfirmed_at_exit": window.len(), "never_ran": keys - runs.len(), "left_in_queue": pending.len(),
         "copies_left_in_queue": copies.len(), "injected": proxy.injected.report(),
@@ -241,7 +145,7 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
     }
     // The stalled first deliveries were cut off, their claims left in progress: each key then ran once
     // (asserted below), which only a takeover after the lease allows.
-    assert!(after_first_drain.0 >= 2 && counted["FailedDeadline"] >= (keys / 50) as u64, "no takeover: {report}");
+    assert!(after_first_drain.0 >= 2 && counted("FailedDeadline") >= (keys / 50) as u64, "no takeover: {report}");
     assert!(pending.is_empty(), "messages never processed: {report}");
     assert_eq!(after_first_drain.1, keys, "messages that left the queue without their handler running: {report}");
     assert!(copies.is_empty(), "copies after success never reported successful: {report}");

@@ -163,7 +163,9 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
     }
     let event = ws.event("ok.json", &[json!({})]);
     let config_errors = [
-        ("SQS_ONCE_HANDLER", "nope", "registered handlers are demo, orders"),
+        ("SQS_ONCE_HANDLER", "nope", "registered handlers are demo, ledger, orders"),
+        ("SQS_ONCE_HANDLER", "ledger", "handler `ledger` cannot start: SQS_ONCE_LEDGER_TABLE is not set"),
+        ("SQS_ONCE_OUTBOX_SWEEP_SECS", "soon", "SQS_ONCE_OUTBOX_SWEEP_SECS"),
         ("SQS_ONCE_ON_MISSING_KEY", "skip", "expected fail or message-id"),
         ("SQS_ONCE_STORE", "redis", "expected dynamodb, file or memory"),
         ("SQS_ONCE_CONCURRENCY", "0", "SQS_ONCE_CONCURRENCY"),

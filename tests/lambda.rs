@@ -227,7 +227,7 @@ async fn invalid_configuration_fails_the_init_phase_with_one_clear_line() {
     assert!(stderr[0].contains("unknown handler `nope`"), "{stderr:?}");
     let init_errors = function.api.init_errors();
     assert_eq!(init_errors.len(), 1);
-    assert!(init_errors[0]["errorMessage"].as_str().unwrap().contains("registered handlers are demo, orders"));
+    assert!(init_errors[0]["errorMessage"].as_str().unwrap().contains("registered handlers are demo, ledger, orders"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use std::{
 };
 
 use super::{Finish, Lease};
-use crate::lock::lock;
+use crate::{lock::lock, store::Commit};
 
 /// How often a write is sent again before it is given up (logged): a store
 /// that refuses it that often is not coming back within the claim's life.
@@ -34,6 +34,8 @@ const MAX_ENTRIES: usize = 10_000;
 pub(crate) enum Ending {
     /// Completed or failed, recorded with this change.
     Finish(Finish),
+    /// Completed in one transaction with the handler's staged writes.
+    Commit(Commit),
     /// Deleted, so that a redelivery runs again.
     Release,
 }
@@ -44,7 +46,16 @@ impl Ending {
         match self {
             Self::Finish(finish) if finish.status == super::ClaimStatus::Completed => "completion",
             Self::Finish(_) => "failure record",
+            Self::Commit(_) => "commit",
             Self::Release => "release",
+        }
+    }
+
+    /// The change to the claim, unless the claim is deleted.
+    pub(crate) fn finish(&self) -> Option<&Finish> {
+        match self {
+            Self::Finish(finish) | Self::Commit(Commit { finish, .. }) => Some(finish),
+            Self::Release => None,
         }
     }
 }

@@ -28,11 +28,12 @@ use crate::{
     engine::Invocation,
     metrics::{Extra, emf_line},
     operator::{Action, Operator, timestamp},
+    outbox::{AwsDestinations, Outbox},
     poll::{PollOptions, Poller},
     sqs::Sqs,
     sqs::event::parse_event,
     sqs::redelivery::RedeliveryPolicy,
-    store::ClaimQuery,
+    store::{ClaimQuery, ClaimStore, OutboxQuery},
 };
 
 /// Effectively-once processing of SQS batches.
@@ -131,6 +132,18 @@ enum ClaimsCommand {
         /// Also complete a claim whose lease is live.
         #[arg(long)]
         force: bool,
+    },
+    /// List the outbox: messages committed by handlers and not yet sent.
+    Outbox {
+        /// Send those whose sending lease has ended first (no sender is at them), then list what is left.
+        #[arg(long)]
+        send: bool,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// JSON for scripts instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -293,7 +306,7 @@ async fn invoke(
     let processed = consumer.process(&records, &invocation).await;
     println!("{}", serde_json::to_string(&processed.response)?);
     // Writes that did not land before the answer land before the process leaves, if they can.
-    consumer.engine.claims().land_unconfirmed(tokio::time::Instant::now() + LEAVING_TIME).await;
+    consumer.leave(tokio::time::Instant::now() + LEAVING_TIME).await;
     if metrics {
         let extra = Extra { redelivery: processed.redelivery, ..consumer.extra() };
         eprintln!("{}", emf_line(&config.metrics, &processed.report, extra, SystemClock.now_ms()));
@@ -338,7 +351,7 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
     // One request at a time: nothing to batch, and no batch permissions needed.
     config.dynamodb_batching = false;
     let (store, _) = consumer::open_store(&config).await?;
-    let operator = Operator::new(store, Arc::new(SystemClock), config.claims.expires_after);
+    let operator = Operator::new(Arc::clone(&store), Arc::new(SystemClock), config.claims.expires_after);
     // The stored id a target names; `None` when no claim has its message id.
     let id = async |target: Target| -> anyhow::Result<Option<String>> {
         Ok(match (target.id, target.message_id) {
@@ -348,6 +361,7 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
         })
     };
     let action = match command {
+        ClaimsCommand::Outbox { send, limit, json } => return outbox(store, send, limit, json).await,
         ClaimsCommand::List { status, stale, limit, json } => {
             let status = status.map(|status| match status {
                 StatusArg::InProgress => ClaimStatus::InProgress,
@@ -400,6 +414,61 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
     })
 }
 
+/// `claims outbox`: sends what is due if asked, then lists what is left.
+async fn outbox(store: Arc<dyn ClaimStore>, send: bool, limit: usize, json: bool) -> anyhow::Result<Option<ExitCode>> {
+    if send {
+        let destinations = Arc::new(AwsDestinations::from_env());
+        let outbox = Outbox::new(Arc::clone(&store), destinations, Arc::new(SystemClock), None);
+        let sent = outbox.sweep().await?;
+        let failed = outbox.counters().failed.load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!("sent {sent} message(s); {failed} could not be sent and stay in the outbox");
+    }
+    let entries = store.outbox(&OutboxQuery { due_at_ms: None, limit }).await?;
+    let now_ms = SystemClock.now_ms();
+    if json {
+        let rows: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|entry| {
+                serde_json::json!({
+                    "id": entry.id,
+                    "outbox_id": entry.outbox_id(),
+                    "message_id": entry.message_id,
+                    "destination": entry.message.destination,
+                    "due": entry.is_due(now_ms),
+                    "lease_until_ms": entry.lease_until_ms,
+                    "created_at_ms": entry.created_at_ms,
+                    "body": entry.message.body,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::from(rows));
+        return Ok(None);
+    }
+    let mut rows = vec![["ID", "MESSAGE ID", "DESTINATION", "STATE", "CREATED", "BYTES"].map(String::from)];
+    rows.extend(entries.iter().map(|entry| {
+        let state = if entry.is_due(now_ms) { "due" } else { "leased" };
+        [
+            entry.id.clone(),
+            entry.message_id.clone(),
+            entry.message.destination.name().to_owned(),
+            state.to_owned(),
+            timestamp(entry.created_at_ms),
+            entry.message.body.len().to_string(),
+        ]
+    }));
+    print_table(rows);
+    Ok(None)
+}
+
+/// Rows as aligned columns, the first row a header.
+fn print_table<const N: usize>(rows: Vec<[String; N]>) {
+    let widths: Vec<usize> = (0..N).map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0)).collect();
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:width$}")).collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+}
+
 /// Claims as an aligned table, or as JSON.
 fn print_claims(claims: &[StoredClaim], now_ms: u64, json: bool) {
     if json {
@@ -442,12 +511,7 @@ fn print_claims(claims: &[StoredClaim], now_ms: u64, json: bool) {
             claim.error.clone().unwrap_or_else(|| "-".into()),
         ]
     }));
-    let widths: Vec<usize> =
-        (0..rows[0].len()).map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0)).collect();
-    for row in rows {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:width$}")).collect();
-        println!("{}", cells.join("  ").trim_end());
-    }
+    print_table(rows);
 }
 
 /// The event's text, and a name for it in error messages.

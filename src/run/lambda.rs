@@ -102,6 +102,8 @@ impl Function {
         let delta = Extra {
             lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
             completions_landed_later: now.completions_landed_later - seen.completions_landed_later,
+            outbox_sent: now.outbox_sent - seen.outbox_sent,
+            outbox_failed: now.outbox_failed - seen.outbox_failed,
             dynamodb_requests: now.dynamodb_requests.map(|total| total - seen.dynamodb_requests.unwrap_or(0)),
             redelivery: None,
         };

@@ -189,8 +189,7 @@ impl Poller {
         futures::future::join_all(receivers).await;
         // Every batch holds its permits until it has settled.
         let _all_settled = in_flight.acquire_many(u32::try_from(bound).unwrap_or(u32::MAX)).await;
-        let claims = poller.consumer.engine.claims();
-        let unconfirmed = claims.land_unconfirmed(tokio::time::Instant::now() + LEAVING_TIME).await;
+        let unconfirmed = poller.consumer.leave(tokio::time::Instant::now() + LEAVING_TIME).await;
         lock(&poller.summary).unconfirmed = unconfirmed.len() as u64;
         let summary = *lock(&poller.summary);
         tracing::info!(?summary, "stopped");

@@ -151,8 +151,15 @@ impl RedeliveryPolicy {
                 NextDelivery::DeadLetter
             }
             _ if fifo => NextDelivery::AsQueued,
-            Failure::Conflict { retry_after } if self.conflict_backoff => NextDelivery::After(*retry_after),
-            Failure::Retryable(_) | Failure::Panicked(_) | Failure::Store(_) | Failure::Deadline => self
+            // Both wait for a lease: another holder's, or the one whose commit may still land.
+            Failure::Conflict { retry_after } | Failure::Uncommitted { retry_after } if self.conflict_backoff => {
+                NextDelivery::After(*retry_after)
+            }
+            Failure::Retryable(_)
+            | Failure::Panicked(_)
+            | Failure::Store(_)
+            | Failure::Deadline
+            | Failure::LeaseLost => self
                 .retry_backoff
                 .map_or(NextDelivery::AsQueued, |backoff| NextDelivery::After(backoff.delay(receive_count))),
             _ => NextDelivery::AsQueued,

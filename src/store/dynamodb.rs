@@ -33,13 +33,20 @@ use aws_sdk_dynamodb::{
 use futures::StreamExt;
 
 use self::statements::{Batches, Written};
-use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id};
-use crate::claim::{ClaimStatus, StoredClaim};
+use super::{
+    ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxQuery, PutOutcome, StoreError,
+    replaced_id,
+};
+use crate::{
+    claim::{ClaimStatus, StoredClaim},
+    outbox::OutboxEntry,
+};
 
 mod admin;
 mod client;
 mod layout;
 mod statements;
+mod transact;
 
 pub use client::{RequestCounter, RequestCounts, client, client_from};
 pub use layout::{Attributes, OPEN_INDEX, OPEN_SHARDS, OPEN_STATUS, TableKey, TableLayout, open_partition};
@@ -248,6 +255,35 @@ impl ClaimStore for DynamoDbStore {
         };
         Ok(if refused { Fenced::Refused } else { Fenced::Applied })
     }
+
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
+        self.commit_transaction(id, token, commit).await
+    }
+
+    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.outbox_entries(query).await
+    }
+
+    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+        self.take_outbox_entry(entry, token, lease_until_ms).await
+    }
+
+    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        if let Some(batches) = self.batched() {
+            let deleted = batches.write(|| self.layout.delete_outbox(id, token)).await;
+            let deleted = match deleted {
+                Ok(Written::Applied) => Ok(Fenced::Applied),
+                Ok(Written::Refused(returned)) => {
+                    Ok(released_unless(batches.refused_item(id, returned).await?.as_ref()))
+                }
+                Err(error) => Err(error),
+            };
+            if let Some(deleted) = batches.or_single(deleted) {
+                return deleted;
+            }
+        }
+        self.delete_outbox_entry(id, token).await
+    }
 }
 
 impl DynamoDbStore {
@@ -368,46 +404,19 @@ impl DynamoDbStore {
 
     /// One conditional `UpdateItem`.
     async fn finish_one(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
-        let names = &self.layout.attributes;
-        let mut set = vec!["#status = :status", "#expiry = :expiry", "#updated = :updated"];
-        let mut request = self
+        let update = self.layout.finish_update(id, token, finish);
+        let result = self
             .client
             .update_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.layout.key(id)))
-            .condition_expression("#status = :inprogress AND #token = :token")
-            .expression_attribute_names("#status", &names.status)
-            .expression_attribute_names("#expiry", &names.expiry)
-            .expression_attribute_names("#updated", UPDATED_AT)
-            .expression_attribute_names("#lease", &names.lease)
-            .expression_attribute_names("#token", TOKEN)
-            .expression_attribute_names("#open", OPEN_STATUS)
-            .expression_attribute_values(":status", s(finish.status.as_str()))
-            .expression_attribute_values(":expiry", n(finish.expires_at_s))
-            .expression_attribute_values(":updated", n(finish.finished_at_ms))
-            .expression_attribute_values(":inprogress", s(ClaimStatus::InProgress.as_str()))
-            .expression_attribute_values(":token", s(token))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        if let Some(result) = &finish.result {
-            set.push("#data = :data");
-            request = request
-                .expression_attribute_names("#data", &names.data)
-                .expression_attribute_values(":data", s(result));
-        }
-        if let Some(error) = &finish.error {
-            set.push("#error = :error");
-            request =
-                request.expression_attribute_names("#error", ERROR).expression_attribute_values(":error", s(error));
-        }
-        // A failed claim stays in the open-claims index; a completed one leaves it.
-        let remove = if finish.status == ClaimStatus::Failed {
-            set.push("#open = :open");
-            request = request.expression_attribute_values(":open", s(open_partition(finish.status, id)));
-            "#lease"
-        } else {
-            "#lease, #open"
-        };
-        let result = request.update_expression(format!("SET {} REMOVE {remove}", set.join(", "))).send().await;
+            .update_expression(update.update)
+            .condition_expression(update.condition)
+            .set_expression_attribute_names(Some(update.names))
+            .set_expression_attribute_values(Some(update.values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
         match result {
             Ok(_) => Ok(Fenced::Applied),
             Err(error) => match error.into_service_error() {
@@ -457,7 +466,21 @@ impl DynamoDbStore {
     /// read whole: the index is sorted by id, not by age, so only all of them
     /// together say which claims are the oldest.
     async fn query_open(&self, partition: String, query: &ClaimQuery) -> Result<Option<Vec<StoredClaim>>, StoreError> {
-        let mut items = self
+        let Some(items) = self.query_partition(partition).await? else { return Ok(None) };
+        let mut records = Vec::new();
+        for item in &items {
+            let record = self.layout.read_item(item)?;
+            if query.matches(&record) {
+                records.push(record);
+            }
+        }
+        Ok(Some(records))
+    }
+
+    /// Every item of one partition of the open-claims index; `None` when the
+    /// table has no such index.
+    async fn query_partition(&self, partition: String) -> Result<Option<Vec<Item>>, StoreError> {
+        let mut pages = self
             .client
             .query()
             .table_name(&self.layout.table)
@@ -468,30 +491,32 @@ impl DynamoDbStore {
             .into_paginator()
             .items()
             .send();
-        let mut records = Vec::new();
-        while let Some(item) = items.next().await {
+        let mut items = Vec::new();
+        while let Some(item) = pages.next().await {
             match item {
-                Ok(item) => {
-                    let record = self.layout.read_item(&item)?;
-                    if query.matches(&record) {
-                        records.push(record);
-                    }
-                }
+                Ok(item) => items.push(item),
                 Err(error) if no_such_index(&error) => return Ok(None),
                 Err(error) => return Err(unavailable(error)),
             }
         }
-        Ok(Some(records))
+        Ok(Some(items))
     }
 
     /// Lists by reading the whole table: the fallback when no index serves the query.
     async fn scan(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        let mut items = self.client.scan().table_name(&self.layout.table).into_paginator().items().send();
-        let mut records = Vec::new();
-        while let Some(item) = items.next().await {
-            records.push(self.layout.read_item(&item.map_err(unavailable)?)?);
+        let items = self.scan_items().await?;
+        let records = items.iter().filter(|item| !transact::is_outbox(item)).map(|item| self.layout.read_item(item));
+        Ok(query.select(records.collect::<Result<Vec<_>, _>>()?, true))
+    }
+
+    /// Every item of the table, claims and outbox entries.
+    async fn scan_items(&self) -> Result<Vec<Item>, StoreError> {
+        let mut pages = self.client.scan().table_name(&self.layout.table).into_paginator().items().send();
+        let mut items = Vec::new();
+        while let Some(item) = pages.next().await {
+            items.push(item.map_err(unavailable)?);
         }
-        Ok(query.select(records, true))
+        Ok(items)
     }
 }
 

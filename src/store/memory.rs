@@ -1,19 +1,27 @@
 //! An in-process store: for tests and for `SQS_ONCE_STORE=memory`.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{Mutex, MutexGuard},
 };
 
 use async_trait::async_trait;
+use serde_json::Value;
 
-use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
+use super::{
+    ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxQuery, PutOutcome, StoreError,
+    items::{self, Change, Evaluated, Item, Place},
+    replaced_id, unchanged,
+};
 use crate::{
     claim::{ClaimStatus, StoredClaim},
     lock::lock,
+    outbox::OutboxEntry,
 };
 
-/// Claims in a hash map; nothing survives the process.
+/// Claims, the items handlers' staged writes commit to, and the outbox, in
+/// hash maps; nothing survives the process. A commit applies under one lock,
+/// so it is atomic as a DynamoDB transaction is.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -23,22 +31,48 @@ use crate::{
 /// ```
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    records: Mutex<HashMap<String, StoredClaim>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    records: HashMap<String, StoredClaim>,
+    items: HashMap<Place, Item>,
+    outbox: BTreeMap<String, OutboxEntry>,
 }
 
 impl MemoryStore {
-    fn records(&self) -> MutexGuard<'_, HashMap<String, StoredClaim>> {
-        // A panic cannot leave a half-written record behind (every write is a
-        // single map operation), so a poisoned map is still consistent.
-        lock(&self.records)
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic cannot leave a half-written state behind (a commit checks
+        // everything before it changes anything), so a poisoned lock is
+        // still consistent.
+        lock(&self.state)
+    }
+
+    /// The items staged writes committed to `table`, ordered by key: what a
+    /// test of a transactional handler checks.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use sqs_once::store::MemoryStore;
+    ///
+    /// let store = MemoryStore::default();
+    /// assert!(store.items("ledger").is_empty());
+    /// # });
+    /// ```
+    pub fn items(&self, table: &str) -> Vec<Value> {
+        let state = self.state();
+        let mut items: Vec<_> = state.items.iter().filter(|((name, _), _)| name == table).collect();
+        items.sort_by(|left, right| left.0.1.cmp(&right.0.1));
+        items.into_iter().map(|(_, item)| Value::Object(item.clone())).collect()
     }
 
     /// Applies `change` to the in-progress record `id` if it still holds `token`.
     fn fenced(&self, id: &str, token: &str, change: impl FnOnce(&mut HashMap<String, StoredClaim>)) -> Fenced {
-        let mut records = self.records();
-        match records.get(id) {
+        let mut state = self.state();
+        match state.records.get(id) {
             Some(record) if record.status == ClaimStatus::InProgress && record.token.as_deref() == Some(token) => {
-                change(&mut records);
+                change(&mut state.records);
                 Fenced::Applied
             }
             _ => Fenced::Refused,
@@ -49,18 +83,18 @@ impl MemoryStore {
 #[async_trait]
 impl ClaimStore for MemoryStore {
     async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        let mut records = self.records();
-        match records.get(&record.id) {
+        let mut state = self.state();
+        match state.records.get(&record.id) {
             Some(existing) if !existing.is_free(now_ms) => Ok(PutOutcome::Taken(Some(Box::new(existing.clone())))),
             _ => {
-                records.insert(record.id.clone(), record.clone());
+                state.records.insert(record.id.clone(), record.clone());
                 Ok(PutOutcome::Claimed)
             }
         }
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
-        Ok(self.records().get(id).cloned())
+        Ok(self.state().records.get(id).cloned())
     }
 
     async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
@@ -72,7 +106,7 @@ impl ClaimStore for MemoryStore {
     }
 
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        if !self.records().contains_key(id) {
+        if !self.state().records.contains_key(id) {
             return Ok(Fenced::Applied);
         }
         Ok(self.fenced(id, token, |records| {
@@ -81,7 +115,7 @@ impl ClaimStore for MemoryStore {
     }
 
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        Ok(query.select(self.records().values().cloned(), false))
+        Ok(query.select(self.state().records.values().cloned(), false))
     }
 
     async fn replace_seen(
@@ -90,14 +124,73 @@ impl ClaimStore for MemoryStore {
         record: Option<&StoredClaim>,
     ) -> Result<Fenced, StoreError> {
         let Some(id) = replaced_id(seen, record).map(str::to_owned) else { return Ok(Fenced::Refused) };
-        let mut records = self.records();
-        if !unchanged(seen, records.get(&id)) {
+        let mut state = self.state();
+        if !unchanged(seen, state.records.get(&id)) {
             return Ok(Fenced::Refused);
         }
         match record {
-            Some(record) => records.insert(id, record.clone()),
-            None => records.remove(&id),
+            Some(record) => state.records.insert(id, record.clone()),
+            None => state.records.remove(&id),
         };
         Ok(Fenced::Applied)
+    }
+
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
+        let mut state = self.state();
+        let State { records, items, outbox } = &mut *state;
+        let Some(record) = records.get_mut(id).filter(|record| record.token.as_deref() == Some(token)) else {
+            return Ok(Committed::Refused);
+        };
+        match record.status {
+            ClaimStatus::InProgress => {}
+            status if status == commit.finish.status => return Ok(Committed::Applied),
+            _ => return Ok(Committed::Refused),
+        }
+        let changes = match items::evaluate(&commit.writes, |place| Ok(items.get(place).cloned()))? {
+            Evaluated::Apply(changes) => changes,
+            Evaluated::Cancelled(cancellation) => return Ok(Committed::Cancelled(cancellation)),
+        };
+        for change in changes {
+            match change {
+                Change::Put(place, item) => items.insert(place, item),
+                Change::Delete(place) => items.remove(&place),
+            };
+        }
+        record.apply(&commit.finish);
+        outbox.extend(commit.outbox.iter().map(|entry| (entry.id.clone(), entry.clone())));
+        Ok(Committed::Applied)
+    }
+
+    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+        let state = self.state();
+        let due = |entry: &&OutboxEntry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms));
+        let mut entries: Vec<OutboxEntry> = state.outbox.values().filter(due).cloned().collect();
+        entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
+        entries.truncate(query.limit);
+        Ok(entries)
+    }
+
+    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+        let mut state = self.state();
+        Ok(match state.outbox.get_mut(&entry.id) {
+            Some(stored) if stored.token == entry.token => {
+                stored.token = token.to_owned();
+                stored.lease_until_ms = lease_until_ms;
+                Fenced::Applied
+            }
+            _ => Fenced::Refused,
+        })
+    }
+
+    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        let mut state = self.state();
+        Ok(match state.outbox.get(id) {
+            None => Fenced::Applied,
+            Some(stored) if stored.token == token => {
+                state.outbox.remove(id);
+                Fenced::Applied
+            }
+            Some(_) => Fenced::Refused,
+        })
     }
 }

@@ -1,6 +1,11 @@
 //! An embedded, crash-safe store in one SQLite file: the default for the
 //! offline `invoke` command.
 //!
+//! The items handlers' staged writes commit to and the outbox live in the
+//! same file (tables `items` and `outbox`), and a commit is one SQLite
+//! transaction: the claim's completion, the writes and the outbox entries,
+//! or nothing.
+//!
 //! Several processes may share the file: a claim runs in a `BEGIN IMMEDIATE`
 //! transaction, which takes the database's write lock before reading, so two
 //! processes can never both see a key free. WAL mode lets readers proceed
@@ -17,10 +22,15 @@ use std::{
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, replaced_id, unchanged};
+use super::{
+    ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxQuery, PutOutcome, StoreError,
+    items::{self, Change, Evaluated, Item, Place},
+    replaced_id, unchanged,
+};
 use crate::{
     claim::{ClaimStatus, StoredClaim},
     lock::lock,
+    outbox::OutboxEntry,
 };
 
 const SCHEMA: &str = "
@@ -38,6 +48,19 @@ CREATE TABLE IF NOT EXISTS claims (
     result        TEXT,
     error         TEXT,
     message_id    TEXT
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS items (
+    tbl   TEXT NOT NULL,
+    key   TEXT NOT NULL,
+    item  TEXT NOT NULL,
+    PRIMARY KEY (tbl, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS outbox (
+    id           TEXT PRIMARY KEY,
+    token        TEXT NOT NULL,
+    lease_until  INTEGER NOT NULL,
+    created_at   INTEGER NOT NULL,
+    entry        TEXT NOT NULL
 ) WITHOUT ROWID;
 ";
 
@@ -132,24 +155,7 @@ impl ClaimStore for SqliteStore {
 
     async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
         let (id, token, finish) = (id.to_owned(), token.to_owned(), finish.clone());
-        let changed = self
-            .with_connection(move |connection| {
-                connection.execute(
-                    "UPDATE claims SET status = ?1, expires_at = ?2, lease_until = NULL, updated_at = ?3,
-                         result = ?4, error = ?5
-                     WHERE id = ?6 AND token = ?7 AND status = 'INPROGRESS'",
-                    params![
-                        finish.status.as_str(),
-                        finish.expires_at_s,
-                        finish.finished_at_ms,
-                        finish.result,
-                        finish.error,
-                        id,
-                        token
-                    ],
-                )
-            })
-            .await?;
+        let changed = self.with_connection(move |connection| finish_row(connection, &id, &token, &finish)).await?;
         Ok(fenced(changed))
     }
 
@@ -207,6 +213,148 @@ impl ClaimStore for SqliteStore {
             .await?;
         Ok(if applied { Fenced::Applied } else { Fenced::Refused })
     }
+
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
+        let (id, token, commit) = (id.to_owned(), token.to_owned(), commit.clone());
+        self.with_connection(move |connection| {
+            let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let committed = commit_in(&transaction, &id, &token, &commit)?;
+            if matches!(committed, Ok(Committed::Applied)) {
+                transaction.commit()?;
+            }
+            Ok(committed)
+        })
+        .await?
+    }
+
+    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+        let query = *query;
+        let rows = self
+            .with_connection(move |connection| {
+                let mut statement = connection.prepare(
+                    "SELECT entry, token, lease_until FROM outbox WHERE ?1 IS NULL OR lease_until < ?1
+                     ORDER BY created_at, id LIMIT ?2",
+                )?;
+                let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+                let rows = statement.query_map(params![query.due_at_ms, limit], |row| {
+                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, u64>(2)?))
+                })?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(entry, token, lease_until_ms)| {
+                let entry: OutboxEntry = serde_json::from_str(&entry)
+                    .map_err(|error| StoreError::Malformed { id: "outbox".into(), reason: error.to_string() })?;
+                Ok(OutboxEntry { token, lease_until_ms, ..entry })
+            })
+            .collect()
+    }
+
+    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+        let (id, seen, token) = (entry.id.clone(), entry.token.clone(), token.to_owned());
+        let changed = self
+            .with_connection(move |connection| {
+                connection.execute(
+                    "UPDATE outbox SET token = ?1, lease_until = ?2 WHERE id = ?3 AND token = ?4",
+                    params![token, lease_until_ms, id, seen],
+                )
+            })
+            .await?;
+        Ok(fenced(changed))
+    }
+
+    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        let (id, token) = (id.to_owned(), token.to_owned());
+        let changed = self
+            .with_connection(move |connection| {
+                let deleted =
+                    connection.execute("DELETE FROM outbox WHERE id = ?1 AND token = ?2", params![id, token])?;
+                let gone: bool =
+                    connection.query_row("SELECT COUNT(*) = 0 FROM outbox WHERE id = ?1", [&id], |row| row.get(0))?;
+                // No entry to delete counts as deleted, as a release does.
+                Ok(deleted + usize::from(deleted == 0 && gone))
+            })
+            .await?;
+        Ok(fenced(changed))
+    }
+}
+
+/// Records the end of the in-progress claim `id` that still carries `token`;
+/// the rows changed (1, or 0 when refused).
+fn finish_row(connection: &Connection, id: &str, token: &str, finish: &Finish) -> rusqlite::Result<usize> {
+    connection.execute(
+        "UPDATE claims SET status = ?1, expires_at = ?2, lease_until = NULL, updated_at = ?3, result = ?4, error = ?5
+         WHERE id = ?6 AND token = ?7 AND status = 'INPROGRESS'",
+        params![
+            finish.status.as_str(),
+            finish.expires_at_s,
+            finish.finished_at_ms,
+            finish.result,
+            finish.error,
+            id,
+            token
+        ],
+    )
+}
+
+/// [`ClaimStore::commit`] inside an immediate transaction, which the caller
+/// commits when it applied. The outer error is SQLite's, the inner the
+/// store's answer.
+fn commit_in(
+    connection: &Connection,
+    id: &str,
+    token: &str,
+    commit: &Commit,
+) -> rusqlite::Result<Result<Committed, StoreError>> {
+    let claim = match select(connection, id)? {
+        Some(Ok(claim)) => claim,
+        Some(Err(malformed)) => return Ok(Err(malformed)),
+        None => return Ok(Ok(Committed::Refused)),
+    };
+    if claim.token.as_deref() != Some(token) {
+        return Ok(Ok(Committed::Refused));
+    }
+    match claim.status {
+        ClaimStatus::InProgress => {}
+        status if status == commit.finish.status => return Ok(Ok(Committed::Applied)),
+        _ => return Ok(Ok(Committed::Refused)),
+    }
+    let read = |place: &Place| -> Result<Option<Item>, StoreError> {
+        let item: Option<String> = connection
+            .query_row("SELECT item FROM items WHERE tbl = ?1 AND key = ?2", params![place.0, place.1], |row| {
+                row.get(0)
+            })
+            .optional()
+            .map_err(StoreError::unavailable)?;
+        item.map(|item| serde_json::from_str(&item).map_err(StoreError::unavailable)).transpose()
+    };
+    let changes = match items::evaluate(&commit.writes, read) {
+        Ok(Evaluated::Apply(changes)) => changes,
+        Ok(Evaluated::Cancelled(cancellation)) => return Ok(Ok(Committed::Cancelled(cancellation))),
+        Err(error) => return Ok(Err(error)),
+    };
+    for change in changes {
+        match change {
+            Change::Put((table, key), item) => connection.execute(
+                "INSERT OR REPLACE INTO items (tbl, key, item) VALUES (?1, ?2, ?3)",
+                params![table, key, serde_json::Value::Object(item).to_string()],
+            )?,
+            Change::Delete((table, key)) => {
+                connection.execute("DELETE FROM items WHERE tbl = ?1 AND key = ?2", params![table, key])?
+            }
+        };
+    }
+    finish_row(connection, id, token, &commit.finish)?;
+    for entry in &commit.outbox {
+        let text =
+            serde_json::to_string(entry).map_err(|error| rusqlite::Error::ToSqlConversionFailure(error.into()))?;
+        connection.execute(
+            "INSERT INTO outbox (id, token, lease_until, created_at, entry) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![entry.id, entry.token, entry.lease_until_ms, entry.created_at_ms, text],
+        )?;
+    }
+    Ok(Ok(Committed::Applied))
 }
 
 /// Switches the file to WAL and creates the table. Switching the journal mode

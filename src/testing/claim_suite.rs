@@ -21,7 +21,8 @@ use serde_json::json;
 use crate::{
     claim::{Claim, ClaimPolicy, ClaimRequest, ClaimStatus, Claims, Lease, StoredClaim},
     clock::{Clock, ManualClock, SystemClock},
-    store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError},
+    outbox::OutboxEntry,
+    store::{ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxQuery, PutOutcome, StoreError},
 };
 
 /// A start for a manual clock: the current time, rounded down to a second.
@@ -459,6 +460,22 @@ impl ClaimStore for Counting {
     async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
         self.count();
         self.inner.replace_seen(seen, new).await
+    }
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
+        self.count();
+        self.inner.commit(id, token, commit).await
+    }
+    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.count();
+        self.inner.outbox(query).await
+    }
+    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+        self.count();
+        self.inner.take_outbox(entry, token, lease_until_ms).await
+    }
+    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        self.count();
+        self.inner.outbox_sent(id, token).await
     }
 }
 

@@ -58,6 +58,11 @@ impl FaultMix {
         ]
     }
 
+    /// The share of requests it makes faulty.
+    pub fn rate(&self) -> f64 {
+        self.request_faults().iter().map(|(_, share)| share).sum()
+    }
+
     /// `rate` of the requests faulty, spread evenly over the five
     /// request-level faults, and `rate` / 5 of batched statements refused.
     pub fn spread(rate: f64) -> Self {
@@ -289,12 +294,13 @@ impl FaultProxy {
     }
 }
 
-/// Whether `request` finishes claims: `UpdateItem`, `DeleteItem`, or a batch
-/// holding an `UPDATE` or `DELETE` statement.
+/// Whether `request` finishes claims: `UpdateItem`, `DeleteItem`, a
+/// handler's transaction, or a batch holding an `UPDATE` or `DELETE`
+/// statement.
 fn finishes(operation: &str, request: &Message) -> bool {
     let body = String::from_utf8_lossy(&request.body);
     match operation {
-        "UpdateItem" | "DeleteItem" => true,
+        "UpdateItem" | "DeleteItem" | "TransactWriteItems" => true,
         "BatchExecuteStatement" => body.contains("UPDATE ") || body.contains("DELETE FROM"),
         _ => false,
     }

@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod faults;
+pub mod rounds;
 pub mod runtime_api;
 pub mod sqs;
 
@@ -204,6 +205,74 @@ pub mod dynamodb {
             if client.get_mut().write_all(&answer).await.is_err() {
                 return;
             }
+        }
+    }
+
+    /// A store on `layout`'s table whose requests go through `endpoint` (a
+    /// proxy in front of DynamoDB Local).
+    pub async fn store_through(endpoint: &str, layout: TableLayout) -> DynamoDbStore {
+        let config =
+            aws_sdk_dynamodb::config::Builder::from(&sqs_once::aws::sdk_config().await).endpoint_url(endpoint).build();
+        DynamoDbStore::new(aws_sdk_dynamodb::Client::from_conf(config), layout)
+    }
+
+    /// A fresh table for the items handlers write, keyed by the string `pk`,
+    /// as a ledger's accounts are: its name.
+    pub async fn items_table() -> String {
+        use aws_sdk_dynamodb::types::{
+            AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+        };
+        let (client, _) = dynamodb::client().await;
+        let name = format!("items-{}", uuid::Uuid::new_v4().simple());
+        client
+            .create_table()
+            .table_name(&name)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("pk")
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .unwrap(),
+            )
+            .key_schema(KeySchemaElement::builder().attribute_name("pk").key_type(KeyType::Hash).build().unwrap())
+            .send()
+            .await
+            .expect("create the items table");
+        name
+    }
+
+    /// An item of `table` by its `pk`, as JSON (numbers as numbers).
+    pub async fn item(table: &str, pk: &str) -> Option<serde_json::Value> {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        let (client, _) = dynamodb::client().await;
+        let output = client
+            .get_item()
+            .table_name(table)
+            .key("pk", AttributeValue::S(pk.to_owned()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get item");
+        output.item.map(|item| {
+            item.into_iter().map(|(name, value)| (name, json_value(&value))).collect::<serde_json::Map<_, _>>().into()
+        })
+    }
+
+    /// A DynamoDB value as JSON: strings, numbers, booleans, lists and maps.
+    fn json_value(value: &aws_sdk_dynamodb::types::AttributeValue) -> serde_json::Value {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        match value {
+            AttributeValue::S(text) => text.clone().into(),
+            AttributeValue::N(number) => serde_json::from_str(number).expect("a number"),
+            AttributeValue::Bool(flag) => (*flag).into(),
+            AttributeValue::L(values) => values.iter().map(json_value).collect(),
+            AttributeValue::M(map) => map
+                .iter()
+                .map(|(name, value)| (name.clone(), json_value(value)))
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+            _ => serde_json::Value::Null,
         }
     }
 

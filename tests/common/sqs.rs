@@ -61,6 +61,13 @@ impl Queue {
         Self { client, info }
     }
 
+    /// The queue at `url`, which exists.
+    pub async fn existing(url: &str) -> Self {
+        let client = client().await;
+        let info = Sqs::new(&sqs_once::aws::sdk_config().await).queue_info(url).await.expect("queue attributes");
+        Self { client, info }
+    }
+
     pub fn url(&self) -> &str {
         &self.info.url
     }
@@ -114,6 +121,33 @@ impl Queue {
             messages.extend(output.messages.unwrap_or_default());
         }
         assert_eq!(messages.len(), count, "not every message arrived");
+        messages
+    }
+
+    /// Receives and deletes every message until the queue has stayed empty
+    /// for a few long polls.
+    pub async fn drain(&self) -> Vec<Message> {
+        let mut messages = Vec::new();
+        let mut empty_polls = 0;
+        while empty_polls < 3 {
+            let output = self
+                .client
+                .receive_message()
+                .queue_url(self.url())
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .unwrap();
+            let received = output.messages.unwrap_or_default();
+            empty_polls = if received.is_empty() { empty_polls + 1 } else { 0 };
+            for message in &received {
+                let handle = message.receipt_handle().unwrap();
+                self.client.delete_message().queue_url(self.url()).receipt_handle(handle).send().await.unwrap();
+            }
+            messages.extend(received);
+        }
         messages
     }
 

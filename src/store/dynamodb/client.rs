@@ -26,6 +26,7 @@ pub struct RequestCounter {
     scan: AtomicU64,
     batch_statement: AtomicU64,
     batch_get: AtomicU64,
+    transact: AtomicU64,
     other: AtomicU64,
 }
 
@@ -49,6 +50,9 @@ pub struct RequestCounts {
     pub batch_statement: u64,
     /// `BatchGetItem` requests (batched reads after a refused claim).
     pub batch_get: u64,
+    /// `TransactWriteItems` requests (handlers' staged writes committed
+    /// with their claims).
+    pub transact: u64,
     /// Any other request.
     pub other: u64,
 }
@@ -57,7 +61,7 @@ impl RequestCounts {
     /// All requests.
     pub fn total(&self) -> u64 {
         let batched = self.batch_statement + self.batch_get;
-        self.put + self.get + self.update + self.delete + self.query + self.scan + batched + self.other
+        self.put + self.get + self.update + self.delete + self.query + self.scan + batched + self.transact + self.other
     }
 }
 
@@ -73,6 +77,7 @@ impl RequestCounter {
             scan: self.scan.load(Ordering::Relaxed),
             batch_statement: self.batch_statement.load(Ordering::Relaxed),
             batch_get: self.batch_get.load(Ordering::Relaxed),
+            transact: self.transact.load(Ordering::Relaxed),
             other: self.other.load(Ordering::Relaxed),
         }
     }
@@ -103,6 +108,7 @@ impl Intercept for CountRequests {
             Some("Scan") => &self.0.scan,
             Some("BatchExecuteStatement") => &self.0.batch_statement,
             Some("BatchGetItem") => &self.0.batch_get,
+            Some("TransactWriteItems") => &self.0.transact,
             _ => &self.0.other,
         };
         counter.fetch_add(1, Ordering::Relaxed);

@@ -2,12 +2,15 @@
 //! key's shape, the sparse open-claims index, and the item that stores a
 //! claim record.
 
+use std::collections::HashMap;
+
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::Item;
 use crate::{
     claim::{ClaimStatus, StoredClaim},
-    store::StoreError,
+    outbox::OutboxEntry,
+    store::{Finish, StoreError},
 };
 
 /// Names of the attributes a claim is stored in.
@@ -69,19 +72,37 @@ pub const OPEN_SHARDS: u32 = 16;
 /// assert_eq!(partition, open_partition(ClaimStatus::InProgress, "orders#o-1"));
 /// ```
 pub fn open_partition(status: ClaimStatus, id: &str) -> String {
+    sharded(status.as_str(), id)
+}
+
+/// `prefix` and a stable shard of `id` (FNV-1a).
+fn sharded(prefix: &str, id: &str) -> String {
     let hash = id.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
-    shard_of(status, hash % OPEN_SHARDS)
+    format!("{prefix}#{}", hash % OPEN_SHARDS)
 }
 
 /// Every [`OPEN_STATUS`] value claims of `status` can have: the shards, and
 /// the bare status that versions before the sharding wrote.
 pub(super) fn open_partitions(status: ClaimStatus) -> impl Iterator<Item = String> {
-    (0..OPEN_SHARDS).map(move |shard| shard_of(status, shard)).chain([status.as_str().to_owned()])
+    (0..OPEN_SHARDS).map(move |shard| shard_of(status.as_str(), shard)).chain([status.as_str().to_owned()])
 }
 
-pub(super) fn shard_of(status: ClaimStatus, shard: u32) -> String {
-    format!("{}#{shard}", status.as_str())
+/// Every [`OPEN_STATUS`] value of outbox entries.
+pub(super) fn outbox_partitions() -> impl Iterator<Item = String> {
+    (0..OPEN_SHARDS).map(|shard| shard_of(OUTBOX_STATUS, shard))
 }
+
+pub(super) fn shard_of(prefix: &str, shard: u32) -> String {
+    format!("{prefix}#{shard}")
+}
+
+/// The [`OPEN_STATUS`] prefix of outbox entries: unsent messages are open
+/// work too, and the index lists them without reading the table.
+pub(super) const OUTBOX_STATUS: &str = "OUTBOX";
+
+/// The attribute that holds an outbox entry (its message, as JSON); only
+/// outbox items have it.
+pub(super) const OUTBOX: &str = "outbox";
 
 /// The global secondary index on [`OPEN_STATUS`].
 pub const OPEN_INDEX: &str = "open-claims";
@@ -172,6 +193,36 @@ impl TableLayout {
         item
     }
 
+    /// The item that stores an outbox entry: no status and no expiry (the
+    /// table's TTL never deletes an unsent message), in the open-claims
+    /// index under `OUTBOX#<shard>`.
+    pub(super) fn outbox_item(&self, entry: &OutboxEntry) -> Result<Item, StoreError> {
+        let text = serde_json::to_string(entry).map_err(StoreError::unavailable)?;
+        let mut item = self.key(&entry.id);
+        item.extend([
+            (OPEN_STATUS.to_owned(), s(sharded(OUTBOX_STATUS, &entry.id))),
+            (TOKEN.to_owned(), s(&entry.token)),
+            (self.attributes.lease.clone(), n(entry.lease_until_ms)),
+            (MESSAGE_ID.to_owned(), s(&entry.message_id)),
+            (CLAIMED_AT.to_owned(), n(entry.created_at_ms)),
+            (OUTBOX.to_owned(), s(text)),
+        ]);
+        Ok(item)
+    }
+
+    /// The outbox entry `item` stores, its lease as the item holds it.
+    pub(super) fn read_outbox(&self, item: &Item) -> Result<OutboxEntry, StoreError> {
+        let id = text(item, &self.attributes.id).unwrap_or_default();
+        let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
+        let entry = text(item, OUTBOX).ok_or_else(|| malformed("not an outbox entry".into()))?;
+        let entry: OutboxEntry = serde_json::from_str(&entry).map_err(|error| malformed(error.to_string()))?;
+        let lease_until_ms = match item.get(&self.attributes.lease) {
+            Some(AttributeValue::N(value)) => value.parse().map_err(|_| malformed("lease is not a number".into()))?,
+            _ => entry.lease_until_ms,
+        };
+        Ok(OutboxEntry { token: text(item, TOKEN).unwrap_or(entry.token), lease_until_ms, ..entry })
+    }
+
     /// The record `item` stores.
     pub(super) fn read_item(&self, item: &Item) -> Result<StoredClaim, StoreError> {
         let names = &self.attributes;
@@ -203,6 +254,63 @@ impl TableLayout {
             error: text(item, ERROR),
             id,
         })
+    }
+}
+
+/// The conditional `UpdateItem` that finishes a claim, as its parts: the
+/// single request and the claim's action in a transaction send the same.
+#[derive(Debug, Clone)]
+pub(super) struct FinishUpdate {
+    pub(super) update: String,
+    pub(super) condition: &'static str,
+    pub(super) names: HashMap<String, String>,
+    pub(super) values: HashMap<String, AttributeValue>,
+}
+
+impl TableLayout {
+    /// Finishes the in-progress claim `id` under `token` as `finish` says.
+    pub(super) fn finish_update(&self, id: &str, token: &str, finish: &Finish) -> FinishUpdate {
+        let names = &self.attributes;
+        let mut set = vec!["#status = :status", "#expiry = :expiry", "#updated = :updated"];
+        let mut aliases = vec![
+            ("#status", names.status.as_str()),
+            ("#expiry", names.expiry.as_str()),
+            ("#updated", UPDATED_AT),
+            ("#lease", names.lease.as_str()),
+            ("#token", TOKEN),
+            ("#open", OPEN_STATUS),
+        ];
+        let mut values = vec![
+            (":status", s(finish.status.as_str())),
+            (":expiry", n(finish.expires_at_s)),
+            (":updated", n(finish.finished_at_ms)),
+            (":inprogress", s(ClaimStatus::InProgress.as_str())),
+            (":token", s(token)),
+        ];
+        if let Some(result) = &finish.result {
+            set.push("#data = :data");
+            aliases.push(("#data", names.data.as_str()));
+            values.push((":data", s(result)));
+        }
+        if let Some(error) = &finish.error {
+            set.push("#error = :error");
+            aliases.push(("#error", ERROR));
+            values.push((":error", s(error)));
+        }
+        // A failed claim stays in the open-claims index; a completed one leaves it.
+        let remove = if finish.status == ClaimStatus::Failed {
+            set.push("#open = :open");
+            values.push((":open", s(open_partition(finish.status, id))));
+            "#lease"
+        } else {
+            "#lease, #open"
+        };
+        FinishUpdate {
+            update: format!("SET {} REMOVE {remove}", set.join(", ")),
+            condition: "#status = :inprogress AND #token = :token",
+            names: aliases.into_iter().map(|(alias, name)| (alias.to_owned(), name.to_owned())).collect(),
+            values: values.into_iter().map(|(alias, value)| (alias.to_owned(), value)).collect(),
+        }
     }
 }
 

@@ -223,7 +223,7 @@ where
 /// Pauses between attempts, spaced as the SDK spaces its retries: doubling
 /// from [`crate::aws::INITIAL_BACKOFF`] to [`crate::aws::MAX_BACKOFF`], each
 /// between half and all of its step.
-struct Backoff(Duration);
+pub(super) struct Backoff(Duration);
 
 impl Default for Backoff {
     fn default() -> Self {
@@ -232,7 +232,7 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    async fn wait(&mut self) {
+    pub(super) async fn wait(&mut self) {
         tokio::time::sleep(self.0.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
         self.0 = (self.0 * 2).min(crate::aws::MAX_BACKOFF);
     }
@@ -384,17 +384,32 @@ impl TableLayout {
         self.statement(id, text, values)
     }
 
+    /// [`super::DynamoDbStore`]'s deletion of a sent outbox entry, as a statement.
+    pub(super) fn delete_outbox(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
+        let mut values = Vec::new();
+        let mut text = format!("DELETE FROM {}{}", identifier(&self.table), self.of_item(id, &mut values));
+        text += &format!(" AND {} = ?", identifier(TOKEN));
+        values.push(s(token));
+        self.statement(id, text, values)
+    }
+
     /// The `WHERE` clause of a finishing write: the item, still in progress
     /// under `token`.
     fn held_by(&self, id: &str, token: &str, values: &mut Vec<AttributeValue>) -> String {
-        let mut clause = " WHERE".to_owned();
-        for (name, value) in self.key(id) {
-            clause += &format!(" {} = ? AND", identifier(&name));
-            values.push(value);
-        }
-        clause += &format!(" {} = ? AND {} = ?", identifier(&self.attributes.status), identifier(TOKEN));
+        let mut clause = self.of_item(id, values);
+        clause += &format!(" AND {} = ? AND {} = ?", identifier(&self.attributes.status), identifier(TOKEN));
         values.extend([s(ClaimStatus::InProgress.as_str()), s(token)]);
         clause
+    }
+
+    /// `WHERE` the item's key attributes are `id`'s.
+    fn of_item(&self, id: &str, values: &mut Vec<AttributeValue>) -> String {
+        let mut conditions = Vec::new();
+        for (name, value) in self.key(id) {
+            conditions.push(format!("{} = ?", identifier(&name)));
+            values.push(value);
+        }
+        format!(" WHERE {}", conditions.join(" AND "))
     }
 
     fn statement(&self, id: &str, text: String, values: Vec<AttributeValue>) -> Result<Statement, StoreError> {

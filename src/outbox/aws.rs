@@ -1,0 +1,219 @@
+//! Sending outbox messages to SQS, SNS and EventBridge with the AWS SDK.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_config::SdkConfig;
+use aws_sdk_sqs::error::ProvideErrorMetadata;
+
+use super::{Destinations, SendError};
+use crate::{
+    sqs::{OutgoingMessage, Sqs},
+    transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD},
+};
+
+/// Error codes with which a service refuses a message for good, as it
+/// stands: sending it again unchanged cannot succeed until someone acts.
+const REFUSALS: &[&str] = &[
+    "AccessDenied",
+    "Authorization",
+    "NotAuthorized",
+    "NotFound",
+    "NonExistent",
+    "DoesNotExist",
+    "InvalidParameter",
+    "InvalidArgument",
+    "InvalidMessageContents",
+    "MalformedDetail",
+    "Validation",
+    "Kms",
+    "KMS",
+];
+
+/// The SQS, SNS and EventBridge clients of the consumer, built once from the
+/// shared SDK configuration ([`crate::aws::sdk_config`]), so
+/// `AWS_ENDPOINT_URL_SQS`, `AWS_ENDPOINT_URL_SNS` and
+/// `AWS_ENDPOINT_URL_EVENTBRIDGE` point them elsewhere.
+///
+/// ```no_run
+/// # async fn example() {
+/// use std::sync::Arc;
+/// use sqs_once::{clock::SystemClock, outbox::{AwsDestinations, Outbox}, store::MemoryStore};
+///
+/// let destinations = AwsDestinations::new(&sqs_once::aws::sdk_config().await);
+/// let outbox = Outbox::new(Arc::new(MemoryStore::default()), Arc::new(destinations), Arc::new(SystemClock), None);
+/// # }
+/// ```
+#[derive(Debug, Default)]
+pub struct AwsDestinations {
+    clients: tokio::sync::OnceCell<Clients>,
+}
+
+#[derive(Debug)]
+struct Clients {
+    sqs: Sqs,
+    #[cfg(feature = "sns")]
+    sns: aws_sdk_sns::Client,
+    #[cfg(feature = "eventbridge")]
+    eventbridge: aws_sdk_eventbridge::Client,
+}
+
+impl Clients {
+    fn new(config: &SdkConfig) -> Self {
+        Self {
+            sqs: Sqs::new(config),
+            #[cfg(feature = "sns")]
+            sns: aws_sdk_sns::Client::new(config),
+            #[cfg(feature = "eventbridge")]
+            eventbridge: aws_sdk_eventbridge::Client::new(config),
+        }
+    }
+}
+
+impl AwsDestinations {
+    /// The clients, from `config`.
+    pub fn new(config: &SdkConfig) -> Self {
+        Self { clients: tokio::sync::OnceCell::new_with(Some(Clients::new(config))) }
+    }
+
+    /// The clients, from the SDK's default configuration, loaded when the
+    /// first message is sent: a consumer that sends none never loads it.
+    pub fn from_env() -> Self {
+        Self::default()
+    }
+
+    async fn clients(&self) -> &Clients {
+        self.clients.get_or_init(|| async { Clients::new(&crate::aws::sdk_config().await) }).await
+    }
+}
+
+impl Clients {
+    async fn send_sqs(&self, queue_url: &str, outbox_id: &str, message: &Message) -> Result<(), SendError> {
+        let attribute = |value: &str| {
+            aws_sdk_sqs::types::MessageAttributeValue::builder().data_type("String").string_value(value).build()
+        };
+        let attributes = with_outbox_id(message, outbox_id)
+            .map(|(name, value)| Ok((name.to_owned(), attribute(value)?)))
+            .collect::<Result<HashMap<_, _>, aws_sdk_sqs::error::BuildError>>()
+            .map_err(|error| refused(format!("invalid message attribute: {error}")))?;
+        let fifo = message.destination.is_fifo();
+        let outgoing = OutgoingMessage {
+            body: message.body.clone(),
+            attributes,
+            group_id: message.group_id.clone(),
+            deduplication_id: fifo.then(|| outbox_id.to_owned()),
+        };
+        self.sqs.send(queue_url, outgoing).await.map_err(|error| SendError {
+            refused: REFUSALS.iter().any(|code| error.reason.contains(code)),
+            reason: error.to_string(),
+        })
+    }
+
+    #[cfg(feature = "sns")]
+    async fn send_sns(&self, topic_arn: &str, outbox_id: &str, message: &Message) -> Result<(), SendError> {
+        let attribute = |value: &str| {
+            aws_sdk_sns::types::MessageAttributeValue::builder().data_type("String").string_value(value).build()
+        };
+        let attributes = with_outbox_id(message, outbox_id)
+            .map(|(name, value)| Ok((name.to_owned(), attribute(value)?)))
+            .collect::<Result<HashMap<_, _>, aws_sdk_sns::error::BuildError>>()
+            .map_err(|error| refused(format!("invalid message attribute: {error}")))?;
+        self.sns
+            .publish()
+            .topic_arn(topic_arn)
+            .message(&message.body)
+            .set_message_attributes(Some(attributes))
+            .set_message_group_id(message.group_id.clone())
+            .set_message_deduplication_id(message.destination.is_fifo().then(|| outbox_id.to_owned()))
+            .send()
+            .await
+            .map(drop)
+            .map_err(|error| service_error("SNS Publish", error.into_service_error()))
+    }
+
+    #[cfg(feature = "eventbridge")]
+    async fn send_event(
+        &self,
+        (event_bus, source, detail_type): (&str, &str, &str),
+        outbox_id: &str,
+        message: &Message,
+    ) -> Result<(), SendError> {
+        let mut detail: serde_json::Value = serde_json::from_str(&message.body)
+            .map_err(|error| refused(format!("the event's detail is not JSON: {error}")))?;
+        if let Some(fields) = detail.as_object_mut() {
+            fields.insert(OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
+        }
+        let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+            .event_bus_name(event_bus)
+            .source(source)
+            .detail_type(detail_type)
+            .detail(detail.to_string())
+            .build();
+        let output = self
+            .eventbridge
+            .put_events()
+            .entries(entry)
+            .send()
+            .await
+            .map_err(|error| service_error("EventBridge PutEvents", error.into_service_error()))?;
+        match output.entries().first() {
+            Some(result) if result.error_code().is_some() || output.failed_entry_count() > 0 => {
+                let code = result.error_code().unwrap_or("unknown error");
+                Err(SendError {
+                    refused: REFUSALS.iter().any(|refusal| code.contains(refusal)),
+                    reason: format!(
+                        "EventBridge PutEvents: {code}: {}",
+                        result.error_message().unwrap_or("no message")
+                    ),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Destinations for AwsDestinations {
+    async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError> {
+        self.clients().await.send(outbox_id, message).await
+    }
+}
+
+impl Clients {
+    async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError> {
+        match &message.destination {
+            Destination::Sqs { queue_url } => self.send_sqs(queue_url, outbox_id, message).await,
+            #[cfg(feature = "sns")]
+            Destination::Sns { topic_arn } => self.send_sns(topic_arn, outbox_id, message).await,
+            #[cfg(feature = "eventbridge")]
+            Destination::EventBridge { event_bus, source, detail_type } => {
+                self.send_event((event_bus, source, detail_type), outbox_id, message).await
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(refused(format!(
+                "this build sends no message to {}: enable the `{}` feature of sqs-once",
+                other.name(),
+                if matches!(other, Destination::Sns { .. }) { "sns" } else { "eventbridge" }
+            ))),
+        }
+    }
+}
+
+/// The message's attributes, and the outbox id among them.
+fn with_outbox_id<'m>(message: &'m Message, outbox_id: &'m str) -> impl Iterator<Item = (&'m str, &'m str)> {
+    let own = message.attributes.iter().map(|(name, value)| (name.as_str(), value.as_str()));
+    own.chain([(OUTBOX_ID_ATTRIBUTE, outbox_id)])
+}
+
+fn refused(reason: String) -> SendError {
+    SendError { refused: true, reason }
+}
+
+#[cfg(any(feature = "sns", feature = "eventbridge"))]
+fn service_error(operation: &str, error: impl std::error::Error + ProvideErrorMetadata) -> SendError {
+    let code = error.code().unwrap_or_default().to_owned();
+    SendError {
+        refused: REFUSALS.iter().any(|refusal| code.contains(refusal)),
+        reason: format!("{operation}: {}", crate::aws::describe(&error)),
+    }
+}

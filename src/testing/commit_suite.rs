@@ -1,0 +1,278 @@
+//! The commit conformance suite: how a store commits a handler's staged
+//! writes with its claim ([`ClaimStore::commit`]) and keeps the outbox,
+//! written once and run against every store that does (memory, SQLite,
+//! DynamoDB Local). [`commit_suite!`](crate::commit_suite) expands to one
+//! test per case; each function here is one of them, for a store and the
+//! name of a table it may write items to (for DynamoDB, an existing table
+//! whose partition key is the string `pk`).
+//!
+//! The suite reads items back through the contract itself: a commit that
+//! stages only a condition check on an item applies exactly when the
+//! condition holds there.
+
+use std::{sync::Arc, time::Duration};
+
+use serde_json::{Value, json};
+
+use super::claim_suite::Machine;
+use crate::{
+    claim::{ClaimStatus, Lease},
+    clock::Clock,
+    outbox::OutboxEntry,
+    store::{ClaimStore, Committed, Fenced, OutboxQuery, StoreError},
+    transaction::{Check, Condition, Delete, Key, Message, Put, Transaction, Update, Write},
+};
+
+const QUEUE: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/suite";
+
+/// Commits `writes` (and `messages`) under a fresh claim of `id`.
+async fn commit(
+    m: &Machine,
+    id: &str,
+    writes: Vec<Write>,
+    messages: Vec<Message>,
+) -> (Lease, Result<Committed, StoreError>) {
+    let lease = m.win(id).await;
+    let committed = commit_under(m, &lease, writes, messages).await;
+    (lease, committed)
+}
+
+async fn commit_under(
+    m: &Machine,
+    lease: &Lease,
+    writes: Vec<Write>,
+    messages: Vec<Message>,
+) -> Result<Committed, StoreError> {
+    let transaction = Transaction::default();
+    for write in writes {
+        transaction.stage(write).expect("a valid write");
+    }
+    for message in messages {
+        transaction.send(message).expect("a valid message");
+    }
+    let commit = m.claims.prepare_commit(lease, None, transaction.staged(), "m-suite");
+    m.claims.commit(lease, commit).await
+}
+
+/// Whether `condition` holds on the item `pk` of `table`, as a committed
+/// condition check says.
+async fn holds(m: &Machine, table: &str, pk: &str, condition: Condition) -> bool {
+    let id = format!("check-{}", uuid::Uuid::new_v4().simple());
+    match commit(m, &id, vec![Check::new(table, Key::new("pk", pk), condition).into()], Vec::new()).await.1 {
+        Ok(Committed::Applied) => true,
+        Ok(Committed::Cancelled(_)) => false,
+        other => panic!("a condition check answered {other:?}"),
+    }
+}
+
+fn account(pk: &str) -> Key {
+    Key::new("pk", pk)
+}
+
+/// A fresh account id.
+fn fresh(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Checks that a commit applies the writes, the outbox entries and the
+/// claim's completion together, and that the key is then a duplicate.
+pub async fn a_commit_applies_writes_outbox_and_completion_at_once(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let (alice, bob) = (fresh("alice"), fresh("bob"));
+    let writes = vec![
+        Update::new(&table, account(&alice)).add("balance", 5).set_if_absent("opened", "m-1").into(),
+        Put::new(&table, account(&bob)).set("balance", 2).set("tags", json!(["x"])).into(),
+    ];
+    let messages = vec![Message::sqs(QUEUE, "one"), Message::sqs(QUEUE, "two").attribute("kind", "notice")];
+    let (lease, committed) = commit(&m, "k-apply", writes, messages).await;
+    assert_eq!(committed.unwrap(), Committed::Applied);
+    assert!(holds(&m, &table, &alice, Condition::eq("balance", 5).and(Condition::eq("opened", "m-1"))).await);
+    assert!(holds(&m, &table, &bob, Condition::eq("tags", json!(["x"]))).await);
+    assert_eq!(m.stored("k-apply").await.unwrap().status, ClaimStatus::Completed);
+    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    let ours: Vec<&OutboxEntry> = entries.iter().filter(|entry| entry.claim_id == lease.id).collect();
+    let bodies: Vec<&str> = ours.iter().map(|entry| entry.message.body.as_str()).collect();
+    assert_eq!(bodies, ["one", "two"], "in the order staged");
+    assert_eq!(ours[1].message.attributes["kind"], "notice");
+    assert!(ours.iter().all(|entry| entry.token == lease.token && entry.message_id == "m-suite"));
+    assert!(matches!(m.claim("k-apply", "{}", "holder-2").await, crate::claim::Claim::Duplicate { .. }));
+}
+
+/// Checks that a commit sent again (its answer lost, a process thawed) is
+/// applied once.
+pub async fn a_commit_sent_again_applies_once(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let carol = fresh("carol");
+    let lease = m.win("k-again").await;
+    let transaction = Transaction::default();
+    transaction.stage(Update::new(&table, account(&carol)).add("balance", 5)).unwrap();
+    transaction.send(Message::sqs(QUEUE, "once")).unwrap();
+    let commit = m.claims.prepare_commit(&lease, None, transaction.staged(), "m-again");
+    assert_eq!(m.claims.commit(&lease, commit.clone()).await.unwrap(), Committed::Applied);
+    assert_eq!(m.store.commit(&lease.id, &lease.token, &commit).await.unwrap(), Committed::Applied);
+    assert!(holds(&m, &table, &carol, Condition::eq("balance", 5)).await, "added once");
+    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    assert_eq!(entries.iter().filter(|entry| entry.claim_id == lease.id).count(), 1, "one outbox entry");
+}
+
+/// Checks that a commit refused because the claim was taken over after
+/// its lease applies nothing, and the new holder's does.
+pub async fn a_commit_after_a_takeover_applies_nothing(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let dave = fresh("dave");
+    let first = m.win("k-taken").await;
+    m.clock.advance(Duration::from_secs(60));
+    let second = m.win("k-taken").await;
+    let credit = |amount: i64| vec![Update::new(&table, account(&dave)).add("balance", amount).into()];
+    let late = commit_under(&m, &first, credit(100), vec![Message::sqs(QUEUE, "late")]).await;
+    assert_eq!(late.unwrap(), Committed::Refused);
+    assert!(holds(&m, &table, &dave, Condition::not_exists("balance")).await, "nothing of the late commit applied");
+    assert_eq!(commit_under(&m, &second, credit(7), Vec::new()).await.unwrap(), Committed::Applied);
+    assert!(holds(&m, &table, &dave, Condition::eq("balance", 7)).await);
+    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    assert!(entries.iter().all(|entry| entry.claim_id != first.id), "the refused run sent nothing");
+}
+
+/// Checks that a staged write whose condition does not hold cancels the
+/// whole commit, says which write it was, and leaves the claim in progress.
+pub async fn a_condition_that_does_not_hold_cancels_everything(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let (erin, frank) = (fresh("erin"), fresh("frank"));
+    let writes = vec![
+        Update::new(&table, account(&erin)).add("balance", 10).into(),
+        Update::new(&table, account(&frank)).add("balance", -5).condition(Condition::ge("balance", 5)).into(),
+    ];
+    let (_, committed) = commit(&m, "k-cancel", writes, vec![Message::sqs(QUEUE, "never")]).await;
+    let Ok(Committed::Cancelled(cancellation)) = committed else { panic!("not cancelled: {committed:?}") };
+    assert_eq!(cancellation.write, 1, "the second write's condition failed");
+    assert!(cancellation.reasons.contains("ConditionalCheckFailed"), "{}", cancellation.reasons);
+    assert!(holds(&m, &table, &erin, Condition::not_exists("balance")).await, "the first write did not apply");
+    assert_eq!(m.stored("k-cancel").await.unwrap().status, ClaimStatus::InProgress);
+}
+
+/// Checks that conditions judge as DynamoDB judges them: missing
+/// attributes, values of another type, numbers by value, strings by bytes.
+pub async fn conditions_judge_as_dynamodb_does(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let grace = fresh("grace");
+    let item = Put::new(&table, account(&grace))
+        .set("balance", 10)
+        .set("name", "Ann")
+        .set("tags", json!([1, "two"]))
+        .set("flag", true)
+        .set("nothing", Value::Null);
+    assert_eq!(commit(&m, "k-item", vec![item.into()], Vec::new()).await.1.unwrap(), Committed::Applied);
+    let cases = [
+        (Condition::exists("balance"), true),
+        (Condition::not_exists("missing"), true),
+        (Condition::exists("nothing"), true),
+        (Condition::eq("balance", 10), true),
+        (Condition::eq("balance", 10.0), true),
+        (Condition::ge("balance", 10) & Condition::lt("balance", 10.5), true),
+        (Condition::gt("balance", 9.99), true),
+        (Condition::eq("balance", "10"), false),
+        (Condition::ne("balance", "10"), true),
+        (Condition::ge("balance", "1"), false),
+        (Condition::lt("name", 5), false),
+        (Condition::ge("missing", 0), false),
+        (Condition::eq("missing", 0), false),
+        (Condition::ne("missing", 0), true),
+        (Condition::gt("name", "Al"), true),
+        (Condition::lt("name", "ann"), true),
+        (Condition::begins_with("name", "An"), true),
+        (Condition::begins_with("balance", "1"), false),
+        (Condition::eq("tags", json!([1, "two"])), true),
+        (Condition::eq("flag", true), true),
+        (Condition::ne("flag", false), true),
+        (!Condition::exists("balance") | Condition::eq("name", "Ann"), true),
+    ];
+    for (condition, expected) in cases {
+        let judged = holds(&m, &table, &grace, condition.clone()).await;
+        assert_eq!(judged, expected, "{condition:?} on {grace}");
+    }
+    assert!(holds(&m, &table, &fresh("nobody"), Condition::not_exists("pk")).await, "no item: no attributes");
+}
+
+/// Checks that a write DynamoDB refuses for what it holds (adding to a
+/// string) is rejected, and applies nothing.
+pub async fn adding_to_what_is_not_a_number_is_rejected(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let heidi = fresh("heidi");
+    let named = Put::new(&table, account(&heidi)).set("balance", "ten");
+    assert_eq!(commit(&m, "k-named", vec![named.into()], Vec::new()).await.1.unwrap(), Committed::Applied);
+    let add = Update::new(&table, account(&heidi)).add("balance", 1);
+    let other = Update::new(&table, account(&fresh("ivan"))).add("balance", 1);
+    let (_, committed) = commit(&m, "k-add", vec![other.into(), add.into()], Vec::new()).await;
+    assert!(matches!(committed, Err(StoreError::Rejected(_))), "{committed:?}");
+    assert!(holds(&m, &table, &heidi, Condition::eq("balance", "ten")).await);
+}
+
+/// Checks that outbox entries are taken over only once their sending lease
+/// has ended and only under the token they were listed with, and deleted
+/// only by their holder.
+pub async fn outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder(
+    store: Arc<dyn ClaimStore>,
+    table: String,
+) {
+    let m = Machine::plain(store);
+    let writes = vec![Delete::new(&table, account(&fresh("judy"))).into()];
+    let (lease, committed) =
+        commit(&m, "k-outbox", writes, vec![Message::sqs(QUEUE, "a"), Message::sqs(QUEUE, "b")]).await;
+    assert_eq!(committed.unwrap(), Committed::Applied);
+    let ours = |entries: Vec<OutboxEntry>| -> Vec<OutboxEntry> {
+        entries.into_iter().filter(|entry| entry.claim_id == lease.id).collect()
+    };
+    let due = |m: &Machine| OutboxQuery { due_at_ms: Some(m.clock.now_ms()), limit: 100 };
+    assert!(ours(m.store.outbox(&due(&m)).await.unwrap()).is_empty(), "leased to the committing run");
+    m.clock.advance(crate::outbox::SENDING_LEASE + Duration::from_secs(1));
+    let entries = ours(m.store.outbox(&due(&m)).await.unwrap());
+    assert_eq!(entries.len(), 2, "due once the lease has ended");
+    let (first, second) = (&entries[0], &entries[1]);
+    let until = m.clock.now_ms() + 30_000;
+    assert_eq!(m.store.take_outbox(first, "sweeper-1", until).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.store.take_outbox(first, "sweeper-2", until).await.unwrap(), Fenced::Refused, "taken already");
+    assert_eq!(m.store.outbox_sent(&first.id, &lease.token).await.unwrap(), Fenced::Refused, "no longer its holder");
+    assert_eq!(m.store.outbox_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied);
+    assert_eq!(m.store.outbox_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied, "gone counts as deleted");
+    assert_eq!(m.store.outbox_sent(&second.id, &lease.token).await.unwrap(), Fenced::Applied);
+    assert!(ours(m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap()).is_empty());
+}
+
+/// Expands to one `#[tokio::test]` per case of the commit suite, for the
+/// store and items table that `$make` (an async expression, evaluated once
+/// per test) yields as a pair.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use sqs_once::store::{ClaimStore, MemoryStore};
+///
+/// async fn store() -> (Arc<dyn ClaimStore>, String) {
+///     (Arc::new(MemoryStore::default()), "items".to_owned())
+/// }
+///
+/// sqs_once::commit_suite!(store().await);
+/// ```
+#[macro_export]
+macro_rules! commit_suite {
+    ($make:expr) => {
+        $crate::commit_suite!(
+            $make,
+            a_commit_applies_writes_outbox_and_completion_at_once,
+            a_commit_sent_again_applies_once,
+            a_commit_after_a_takeover_applies_nothing,
+            a_condition_that_does_not_hold_cancels_everything,
+            conditions_judge_as_dynamodb_does,
+            adding_to_what_is_not_a_number_is_rejected,
+            outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder,
+        );
+    };
+    ($make:expr, $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let (store, table) = $make;
+                $crate::testing::commit_suite::$name(store, table).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,356 @@
+//! Exactly once for DynamoDB side effects: writes a handler stages commit in
+//! one transaction with its claim's completion, and the messages it sends
+//! leave through an outbox written in that transaction.
+//!
+//! A handler's side effect and the claim's completion are two writes, and
+//! between them lies a window no timing closes: a process frozen, killed or
+//! cut off after the side effect and before the completion leaves the claim
+//! in progress, and a delivery after its lease runs the handler again. When
+//! the side effect is a DynamoDB write, the handler stages it on its
+//! [`Record`](crate::Record) instead of making it:
+//!
+//! ```
+//! use serde::Deserialize;
+//! use sqs_once::{ErrorKind, Handler, HandlerResult, Record, transaction::{Condition, Key, Message, Update}};
+//!
+//! #[derive(Deserialize)]
+//! struct Credit { account: String, amount: i64 }
+//!
+//! struct Ledger;
+//!
+//! impl Handler for Ledger {
+//!     async fn handle(&self, record: &Record) -> HandlerResult {
+//!         let credit: Credit = record.body_json()?;
+//!         let mut update = Update::new("ledger", Key::new("pk", credit.account.as_str())).add("balance", credit.amount);
+//!         if credit.amount < 0 {
+//!             update = update
+//!                 .condition(Condition::ge("balance", -credit.amount))
+//!                 .or_fail(ErrorKind::Permanent, "insufficient balance");
+//!         }
+//!         let transaction = record.transaction();
+//!         transaction.stage(update)?;
+//!         transaction.send(Message::sqs("https://sqs.eu-west-1.amazonaws.com/123456789012/credits", record.body.clone()))?;
+//!         Ok(None)
+//!     }
+//! }
+//! ```
+//!
+//! When the handler returns success, the staged writes, an outbox item per
+//! message and the claim's completion (conditioned on the claim's token)
+//! go out as one `TransactWriteItems`, with the claim's token as its
+//! `ClientRequestToken`: all of it applies, or none. **The commit is the side
+//! effect**, so a record whose commit is not confirmed when the answer is due
+//! is reported failed (`uncommitted`) and delivered again; that delivery finds
+//! the claim completed (the commit landed late: a duplicate) or, after the
+//! lease, runs and commits once while the late commit is refused by the
+//! claim's token. A handler that stages nothing keeps the ordinary path.
+//!
+//! A write whose own condition does not hold cancels the transaction: the
+//! handler fails as the write's [`or_fail`](Update::or_fail) says, with
+//! DynamoDB's cancellation reasons in the record's outcome. A commit refused
+//! because the claim was taken over after its lease applies nothing of the
+//! handler's (`lease_lost`): the new holder's run is the one that counts.
+//!
+//! DynamoDB's limits are checked as the handler stages, before anything is
+//! sent: at most [`MAX_ITEMS`] actions in one transaction (the claim's
+//! completion and each message among them), one action per item, items of
+//! at most [`MAX_ITEM_BYTES`], [`MAX_BYTES`] in all. A breach is a
+//! [`StageError`], which `?` turns into a permanent handler error.
+
+mod message;
+mod write;
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+};
+
+pub use message::{Destination, Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD};
+pub use write::{Action, Check, Comparison, Condition, Delete, Key, Put, Refusal, Target, Update, Write};
+
+/// An item's size as DynamoDB counts it.
+pub(crate) fn item_size(item: &serde_json::Map<String, serde_json::Value>) -> usize {
+    write::attributes_size(item.iter().map(|(name, value)| (name.as_str(), value)))
+}
+
+use crate::{HandlerError, lock::lock};
+
+/// Most actions in one transaction, the claim's completion included
+/// (DynamoDB's limit for `TransactWriteItems`).
+pub const MAX_ITEMS: usize = 100;
+
+/// Most bytes in one transaction (DynamoDB: 4 MB in all); room for the
+/// claim's item, which may carry a stored result, is kept back.
+pub const MAX_BYTES: usize = 4_000_000;
+
+/// Most bytes in one item (DynamoDB: 400 KB).
+pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+/// Most bytes of a message's body: what an outbox item holds beside the
+/// message's other fields, and no more than its destination takes (SNS and
+/// EventBridge take 256 KB).
+const MAX_MESSAGE_BYTES: usize = MAX_ITEM_BYTES - 8 * 1024;
+const MAX_NOTIFICATION_BYTES: usize = 256 * 1024;
+
+/// Message attributes a message may carry of its own: SQS and SNS take ten,
+/// and the outbox id is one.
+const MAX_MESSAGE_ATTRIBUTES: usize = 9;
+
+/// A staging limit a handler would breach, found before anything is sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StageError {
+    /// More than [`MAX_ITEMS`] actions.
+    #[error(
+        "a transaction holds at most {MAX_ITEMS} actions, the claim's completion and each message among them: \
+         {0} is one too many"
+    )]
+    TooManyActions(String),
+    /// Two actions on one item.
+    #[error("{0} is written twice in one transaction: DynamoDB takes one action per item")]
+    SameItem(String),
+    /// More than [`MAX_BYTES`] in all.
+    #[error("the transaction would hold about {0} bytes; DynamoDB takes 4 MB in all, with room for the claim")]
+    TooLarge(usize),
+    /// One item over [`MAX_ITEM_BYTES`].
+    #[error("the {what} would be about {bytes} bytes; a DynamoDB item holds at most 400 KB")]
+    ItemTooLarge {
+        /// Which write or message.
+        what: String,
+        /// Its size.
+        bytes: usize,
+    },
+    /// A key that is not one or two named string or number attributes.
+    #[error("invalid key: {0} (one or two attributes, each a non-empty string or a number)")]
+    InvalidKey(String),
+    /// An update that changes a key attribute.
+    #[error("`{0}` is a key attribute of {1}: DynamoDB does not update key attributes")]
+    KeyAttribute(String, String),
+    /// An update without actions.
+    #[error("the update of {0} changes nothing")]
+    NothingToUpdate(String),
+    /// Attributes that are not a JSON object.
+    #[error("the attributes of a put must serialize to a JSON object: {0}")]
+    NotAnObject(String),
+    /// A message its destination would refuse.
+    #[error("message to {destination}: {reason}")]
+    InvalidMessage {
+        /// The queue, topic or bus.
+        destination: String,
+        /// What it would refuse.
+        reason: String,
+    },
+}
+
+impl From<StageError> for HandlerError {
+    fn from(error: StageError) -> Self {
+        HandlerError::permanent(error)
+    }
+}
+
+/// What a handler staged: its writes and its messages, in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Staged {
+    writes: Vec<Write>,
+    messages: Vec<Message>,
+    bytes: usize,
+    items: HashSet<String>,
+}
+
+impl Staged {
+    /// The staged writes, in order.
+    pub fn writes(&self) -> &[Write] {
+        &self.writes
+    }
+
+    /// The staged messages, in order.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Whether nothing was staged.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.messages.is_empty()
+    }
+
+    /// The writes and the messages.
+    pub fn into_parts(self) -> (Vec<Write>, Vec<Message>) {
+        (self.writes, self.messages)
+    }
+
+    /// Actions this adds to the transaction, the claim's completion not counted.
+    fn actions(&self) -> usize {
+        self.writes.len() + self.messages.len()
+    }
+
+    fn make_room(&self, what: &dyn Fn() -> String, bytes: usize) -> Result<(), StageError> {
+        if self.actions() + 1 >= MAX_ITEMS {
+            return Err(StageError::TooManyActions(what()));
+        }
+        let total = self.bytes + bytes;
+        if total > MAX_BYTES - MAX_ITEM_BYTES {
+            return Err(StageError::TooLarge(total));
+        }
+        Ok(())
+    }
+}
+
+/// Where a handler stages its DynamoDB writes and messages; a record's own
+/// ([`Record::transaction`](crate::Record::transaction)). Staging is cheap
+/// and checks DynamoDB's limits at once; nothing is sent before the handler
+/// returns success.
+///
+/// ```
+/// use sqs_once::transaction::{Key, Message, Put, Transaction};
+///
+/// let transaction = Transaction::default();
+/// transaction.stage(Put::new("orders", Key::new("pk", "o-1")).set("state", "paid"))?;
+/// transaction.send(Message::sns("arn:aws:sns:eu-west-1:123456789012:paid", "o-1"))?;
+/// assert_eq!(transaction.staged().writes().len(), 1);
+///
+/// let twice = transaction.stage(Put::new("orders", Key::new("pk", "o-1")));
+/// assert!(twice.unwrap_err().to_string().contains("written twice"));
+/// # Ok::<(), sqs_once::transaction::StageError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Transaction {
+    staged: Arc<Mutex<Staged>>,
+}
+
+impl Transaction {
+    /// Stages a write, to commit with the claim when the handler succeeds.
+    pub fn stage(&self, write: impl Into<Write>) -> Result<(), StageError> {
+        let write = write.into();
+        let bytes = write.validate()?;
+        let mut staged = lock(&self.staged);
+        staged.make_room(&|| write.describe(), bytes)?;
+        if let Some(target) = write.target() {
+            let item = format!("{}\u{0}{}", target.table, serde_json::to_string(&target.key).unwrap_or_default());
+            if !staged.items.insert(item) {
+                return Err(StageError::SameItem(target.describe()));
+            }
+        }
+        staged.bytes += bytes;
+        staged.writes.push(write);
+        Ok(())
+    }
+
+    /// Stages a message, to leave through the outbox once the transaction
+    /// has committed.
+    pub fn send(&self, message: Message) -> Result<(), StageError> {
+        check_message(&message)?;
+        let bytes = message.size();
+        let mut staged = lock(&self.staged);
+        staged.make_room(&|| format!("message to {}", message.destination.name()), bytes)?;
+        staged.bytes += bytes;
+        staged.messages.push(message);
+        Ok(())
+    }
+
+    /// A copy of what is staged so far.
+    pub fn staged(&self) -> Staged {
+        lock(&self.staged).clone()
+    }
+
+    /// Whether nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        lock(&self.staged).is_empty()
+    }
+
+    /// Takes what was staged, leaving nothing: the engine commits it once.
+    pub(crate) fn take(&self) -> Staged {
+        std::mem::take(&mut lock(&self.staged))
+    }
+}
+
+/// What a message's destination would refuse, found when it is staged.
+fn check_message(message: &Message) -> Result<(), StageError> {
+    let invalid =
+        |reason: String| StageError::InvalidMessage { destination: message.destination.name().into(), reason };
+    let limit = match message.destination {
+        Destination::Sqs { .. } => MAX_MESSAGE_BYTES,
+        Destination::Sns { .. } | Destination::EventBridge { .. } => MAX_NOTIFICATION_BYTES,
+    };
+    if message.body.is_empty() {
+        return Err(invalid("the body is empty".into()));
+    }
+    if message.size() > limit {
+        return Err(invalid(format!("about {} bytes, more than the {limit} bytes it takes", message.size())));
+    }
+    if message.attributes.len() > MAX_MESSAGE_ATTRIBUTES {
+        return Err(invalid(format!("{MAX_MESSAGE_ATTRIBUTES} attributes at most (the outbox id is the tenth)")));
+    }
+    if message.destination.is_fifo() && message.group_id.is_none() {
+        return Err(invalid("a FIFO destination needs a message group (Message::group)".into()));
+    }
+    if let Destination::EventBridge { .. } = message.destination
+        && !serde_json::from_str::<serde_json::Value>(&message.body).is_ok_and(|detail| detail.is_object())
+    {
+        return Err(invalid("an event's detail must be a JSON object".into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUEUE: &str = "https://sqs.us-east-1.amazonaws.com/1/q";
+
+    #[test]
+    fn a_transaction_holds_ninety_nine_actions_beside_the_claim() {
+        let transaction = Transaction::default();
+        for n in 0..90 {
+            transaction.stage(Update::new("t", Key::new("pk", n)).add("n", 1)).unwrap();
+        }
+        for _ in 0..9 {
+            transaction.send(Message::sqs(QUEUE, "m")).unwrap();
+        }
+        let error = transaction.send(Message::sqs(QUEUE, "m")).unwrap_err();
+        assert!(matches!(error, StageError::TooManyActions(_)), "{error}");
+        let error = transaction.stage(Update::new("t", Key::new("pk", 1000)).add("n", 1)).unwrap_err();
+        assert!(matches!(error, StageError::TooManyActions(_)), "{error}");
+        assert_eq!(transaction.staged().actions(), 99);
+    }
+
+    #[test]
+    fn one_action_per_item_and_four_megabytes_in_all() {
+        let transaction = Transaction::default();
+        transaction.stage(Check::new("t", Key::new("pk", "a").and("sk", 1), Condition::exists("pk"))).unwrap();
+        transaction.stage(Delete::new("t", Key::new("pk", "a").and("sk", 2))).unwrap();
+        transaction.stage(Delete::new("u", Key::new("pk", "a").and("sk", 1))).unwrap();
+        let twice = transaction.stage(Update::new("t", Key::new("pk", "a").and("sk", 1)).set("x", 1));
+        assert!(matches!(twice, Err(StageError::SameItem(_))));
+        let big = "x".repeat(390 * 1024);
+        let mut refused = None;
+        for n in 0..20 {
+            if let Err(error) = transaction.stage(Put::new("big", Key::new("pk", n)).set("blob", big.as_str())) {
+                refused = Some((n, error));
+                break;
+            }
+        }
+        let (n, error) = refused.expect("refused before 20 items of 390 KB");
+        assert!(matches!(error, StageError::TooLarge(_)), "{error}");
+        // 4,000,000 bytes less 400 KB kept for the claim: eight items of 390 KB and the small ones.
+        assert_eq!(n, 8, "eight items of 390 KB fit beside the claim's room");
+    }
+
+    #[test]
+    fn messages_their_destination_would_refuse_are_refused_when_staged() {
+        let transaction = Transaction::default();
+        let refused = |message: Message| transaction.send(message).unwrap_err().to_string();
+        assert!(refused(Message::sqs(QUEUE, "")).contains("empty"));
+        assert!(refused(Message::sqs(format!("{QUEUE}.fifo"), "m")).contains("message group"));
+        assert!(refused(Message::event("default", "s", "t", serde_json::json!([1]))).contains("JSON object"));
+        assert!(refused(Message::sns("arn:aws:sns:us-east-1:1:t", "x".repeat(300 * 1024))).contains("bytes"));
+        let crowded = (0..10).fold(Message::sqs(QUEUE, "m"), |message, n| message.attribute(format!("a{n}"), "v"));
+        assert!(refused(crowded).contains("attributes"));
+        transaction.send(Message::sqs(format!("{QUEUE}.fifo"), "m").group("g")).unwrap();
+        assert_eq!(transaction.staged().messages().len(), 1);
+    }
+
+    #[test]
+    fn a_stage_error_is_a_permanent_handler_error() {
+        let error: HandlerError = StageError::NothingToUpdate("t".into()).into();
+        assert_eq!(error.kind(), crate::ErrorKind::Permanent);
+    }
+}

@@ -1,0 +1,375 @@
+//! Exactly once for DynamoDB side effects, proved on the bundled `ledger`
+//! handler (`handlers/ledger.rs`): its credits and debits are staged and
+//! commit in one transaction with their claims, and its notices leave
+//! through the outbox. Against DynamoDB Local and the SQS server:
+//!
+//! - `sqs-once invoke` processes get every pending entry twice per round
+//!   until each was reported successful once, then a copy of each after
+//!   every lease has ended: without faults, and behind proxies that lose
+//!   answers, reset connections, throttle, fail and delay DynamoDB's and
+//!   SQS's answers (`SQS_ONCE_FAULTS_KEYS`, `_RATE` and `_SEEDS` make them
+//!   heavier, as `bench/soak` does);
+//! - a process killed after its handlers returned, while their commits were
+//!   on their way: the commits never land, land before the copies come, or
+//!   land after the copies took the keys over;
+//! - a notice queue that does not exist: the notices wait in the outbox,
+//!   and `sqs-once claims outbox --send` sends them once it does.
+//!
+//! Every time: each account's balance is the sum of its distinct entries,
+//! exactly (overdrafts refused), every entry's notice is sent under one
+//! outbox id, and none is lost. Each drain prints a `ledger-report` line.
+
+mod common;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use common::{
+    faults::{DYNAMODB, FaultMix, FaultProxy, SQS},
+    rounds::{Rounds, record, seeds, setting},
+    sqs::Queue,
+};
+use serde_json::{Value, json};
+use sqs_once::{
+    store::{DynamoDbStore, dynamodb::TableKey},
+    transaction::OUTBOX_ID_ATTRIBUTE,
+};
+
+/// An overdraft: no account can cover it.
+const OVERDRAFT: i64 = -1_000_000_000;
+
+/// How long after an `invoke --timeout 4` process started the claims it took
+/// stop holding: its deadline plus the default lease margin, and a second more.
+const PAST_THE_LEASE: Duration = Duration::from_secs(4 + 2 + 1);
+
+/// The ledger's world: the claim table, the balances, the queue its notices
+/// go to, and the dead-letter queue its overdrafts go to.
+struct World {
+    claims: DynamoDbStore,
+    balances: String,
+    notices: Queue,
+    dead_letters: Queue,
+}
+
+impl World {
+    async fn new() -> Self {
+        let (claims, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let (notices, dead_letters) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
+        Self { claims, balances: common::dynamodb::items_table().await, notices, dead_letters }
+    }
+
+    /// The settings of a ledger consumer whose DynamoDB and SQS requests go
+    /// to `dynamodb` and `sqs`.
+    fn envs(&self, dynamodb: &str, sqs: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("SQS_ONCE_HANDLER", "ledger".into()),
+            ("SQS_ONCE_LEDGER_TABLE", self.balances.clone()),
+            ("SQS_ONCE_LEDGER_NOTIFY_URL", self.notices.url().to_owned()),
+            ("SQS_ONCE_TABLE", self.claims.layout().table.clone()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.into()),
+            ("AWS_ENDPOINT_URL_SQS", sqs.into()),
+            ("SQS_ONCE_DLQ_URL", self.dead_letters.url().to_owned()),
+        ]
+    }
+
+    fn direct(&self) -> Vec<(&'static str, String)> {
+        self.envs(&common::dynamodb::endpoint(), &common::sqs::endpoint())
+    }
+
+    /// Sends what the outbox still holds (`sqs-once claims outbox --send`),
+    /// waiting for entries still leased to a sender that is gone; returns how
+    /// many entries there were at first.
+    fn flush_outbox(&self) -> usize {
+        let mut first = None;
+        let started = Instant::now();
+        loop {
+            let listed = claims_outbox(&self.direct(), &["--send", "--json"]);
+            let left = listed.as_array().unwrap().len();
+            first.get_or_insert(left);
+            if left == 0 {
+                return first.unwrap_or(0);
+            }
+            assert!(started.elapsed() < Duration::from_secs(40), "the outbox keeps {left} entries: {listed}");
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+
+    /// The balance of `account`, if it was ever credited.
+    async fn balance(&self, account: &str) -> Option<i64> {
+        common::dynamodb::item(&self.balances, account).await.map(|item| item["balance"].as_i64().unwrap())
+    }
+
+    /// Every notice the queue received: the entry's message id, and the
+    /// outbox id it carried.
+    async fn notices(&self) -> Vec<(String, String)> {
+        let received = self.notices.drain().await;
+        received
+            .iter()
+            .map(|message| {
+                let notice: Value = serde_json::from_str(message.body().unwrap()).unwrap();
+                let attributes = message.message_attributes().unwrap();
+                let outbox_id = attributes[OUTBOX_ID_ATTRIBUTE].string_value().unwrap().to_owned();
+                (notice["message_id"].as_str().unwrap().to_owned(), outbox_id)
+            })
+            .collect()
+    }
+
+    /// Checks the ledger after `entries` were drained: every balance exact,
+    /// every entry but the overdrafts noticed under one outbox id, nothing
+    /// left in the outbox. Returns the figures.
+    async fn check(&self, entries: &BTreeMap<String, String>) -> Value {
+        let left_in_outbox = self.flush_outbox();
+        let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+        for body in entries.values() {
+            let entry: Value = serde_json::from_str(body).unwrap();
+            if entry["amount"].as_i64().unwrap() != OVERDRAFT {
+                *expected.entry(entry["account"].as_str().unwrap().to_owned()).or_default() +=
+                    entry["amount"].as_i64().unwrap();
+            }
+        }
+        let mut off_by = 0;
+        for (account, balance) in &expected {
+            off_by += (self.balance(account).await.unwrap_or(0) - balance).abs();
+        }
+        let notices = self.notices().await;
+        let mut outbox_ids: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for (message_id, outbox_id) in &notices {
+            outbox_ids.entry(message_id.clone()).or_default().insert(outbox_id.clone());
+        }
+        let overdrafts: BTreeSet<&String> =
+            entries.iter().filter(|(_, body)| body.contains(&OVERDRAFT.to_string())).map(|(id, _)| id).collect();
+        let dead_lettered: BTreeSet<String> = self
+            .dead_letters
+            .drain()
+            .await
+            .iter()
+            .map(|message| {
+                message.message_attributes().unwrap()["SqsOnce.MessageId"].string_value().unwrap().to_owned()
+            })
+            .collect();
+        let lost: Vec<&String> =
+            entries.keys().filter(|id| !overdrafts.contains(id) && !outbox_ids.contains_key(*id)).collect();
+        let distinct: usize = outbox_ids.values().map(BTreeSet::len).sum();
+        let report = json!({
+            "accounts": expected.len(), "balances_off_by": off_by, "notices_received": notices.len(),
+            "notices_distinct": distinct, "notices_duplicated": notices.len() - distinct,
+            "notices_lost": lost.len(), "left_in_outbox_at_the_end": left_in_outbox,
+            "overdrafts": overdrafts.len(), "overdrafts_dead_lettered": dead_lettered.len(),
+        });
+        assert!(overdrafts.iter().all(|id| dead_lettered.contains(*id)), "overdrafts not dead-lettered: {report}");
+        assert_eq!(off_by, 0, "balances off: {report}");
+        assert!(lost.is_empty(), "entries never noticed: {lost:?}\n{report}");
+        assert!(overdrafts.iter().all(|id| !outbox_ids.contains_key(*id)), "an overdraft was noticed: {report}");
+        let twice: Vec<_> = outbox_ids.iter().filter(|(_, ids)| ids.len() > 1).collect();
+        assert!(twice.is_empty(), "entries committed by two runs: {twice:?}\n{report}");
+        report
+    }
+}
+
+/// `sqs-once claims outbox ARGS` with `envs`, its JSON listing.
+fn claims_outbox(envs: &[(&str, String)], args: &[&str]) -> Value {
+    let mut command = common::sqs_once_command();
+    let output = command
+        .args(["claims", "outbox"])
+        .args(args)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("SQS_ONCE_STORE")
+        .envs(envs.iter().map(|(name, value)| (*name, value.as_str())))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "claims outbox failed: {stderr}");
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("not JSON: {stderr}"))
+}
+
+/// `keys` ledger entries over seven accounts; every 25th an overdraft.
+fn entries(keys: usize, seed: u64) -> BTreeMap<String, String> {
+    (0..keys)
+        .map(|n| {
+            let amount = if n % 25 == 7 { OVERDRAFT } else { (n % 50) as i64 + 1 };
+            let body = json!({ "account": format!("acct-{seed}-{}", n % 7), "amount": amount });
+            (format!("m-{seed}-{n:05}"), body.to_string())
+        })
+        .collect()
+}
+
+/// Drains `keys` entries by rounds of `invoke` processes, behind proxies
+/// injecting `dynamodb` faults into every DynamoDB request and `sqs` faults
+/// into the notices sent, then, once every lease has ended, a copy of each
+/// again; checks the ledger and returns the figures.
+async fn drain(keys: usize, dynamodb: FaultMix, sqs: FaultMix, seed: u64) -> Value {
+    let world = World::new().await;
+    let dynamodb_proxy = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, dynamodb, &[], seed).await;
+    let sqs_proxy = FaultProxy::start(&common::sqs::endpoint(), SQS, sqs, &["SendMessage"], seed).await;
+    let envs = world.envs(&dynamodb_proxy.url, &sqs_proxy.url);
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(name, value)| (*name, value.as_str())).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let messages = entries(keys, seed);
+    let mut shuffle = fastrand::Rng::with_seed(seed);
+    let mut rounds = Rounds::default();
+    let started = Instant::now();
+    let mut pending = messages.clone();
+    rounds.drain(dir.path(), &mut pending, &mut shuffle, &envs).await;
+    let rounds_before_copies = rounds.rounds;
+    tokio::time::sleep(PAST_THE_LEASE).await;
+    let mut copies = messages.clone();
+    rounds.drain(dir.path(), &mut copies, &mut shuffle, &envs).await;
+    assert!(pending.is_empty() && copies.is_empty(), "entries never reported successful: {pending:?} {copies:?}");
+    let checked = world.check(&messages).await;
+    let sum = |metric: &str| rounds.sum(metric);
+    let report = json!({
+        "keys": keys, "dynamodb_faults": FaultMix::rate(&dynamodb), "sqs_faults": FaultMix::rate(&sqs), "seed": seed,
+        "rounds": rounds.rounds, "rounds_before_copies": rounds_before_copies, "deliveries": rounds.deliveries,
+        "seconds": started.elapsed().as_secs(),
+        "processed": sum("Processed"), "duplicates": sum("Duplicates"), "uncommitted": sum("FailedUncommitted"),
+        "lease_lost": sum("FailedLeaseLost"), "permanent": sum("FailedPermanent"), "deadline": sum("FailedDeadline"),
+        "store_error": sum("FailedStoreError"), "conflicts": sum("Conflicts"),
+        "commits_landed_later": sum("CompletionsLandedLater"), "outbox_sent": sum("OutboxSent"),
+        "outbox_failed": sum("OutboxFailed"), "checked": checked,
+        "dynamodb_injected": dynamodb_proxy.injected.report(), "sqs_injected": sqs_proxy.injected.report(),
+    });
+    println!("ledger-report {report}");
+    assert!(dynamodb_proxy.injected.missing(&dynamodb).is_empty(), "DynamoDB faults never injected: {report}");
+    assert!(sqs_proxy.injected.missing(&sqs).is_empty(), "SQS faults never injected: {report}");
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_applies_once_under_duplicate_deliveries() {
+    let report = drain(120, FaultMix::default(), FaultMix::default(), 3).await;
+    // Without faults, each entry commits in its first round, and every later delivery is a duplicate.
+    assert_eq!(report["uncommitted"], 0, "{report}");
+    assert_eq!(report["checked"]["notices_duplicated"], 0, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_applies_once_on_a_faulty_network() {
+    for seed in seeds() {
+        let rate = setting("SQS_ONCE_FAULTS_RATE", 0.18);
+        let keys = setting("SQS_ONCE_FAULTS_KEYS", 150);
+        // Notices sent with lost answers, resets, errors, throttling and slow answers: some are sent twice.
+        drain(keys, FaultMix::spread(rate), FaultMix { statement_error: 0.0, ..FaultMix::spread(rate) }, seed).await;
+    }
+}
+
+/// What becomes of commits held by DynamoDB when their process is killed.
+#[derive(Debug, Clone, Copy)]
+enum Held {
+    /// They never arrive (the connections die with the process).
+    Lost,
+    /// They apply 1.5 s later, before the lease ends and the copies come.
+    LandBeforeCopies,
+    /// They apply 10 s later, after the copies took the keys over.
+    LandAfterTakeover,
+}
+
+async fn killed_between_return_and_commit(held: Held) {
+    let world = World::new().await;
+    let hold = match held {
+        Held::LandAfterTakeover => Duration::from_secs(10),
+        _ => Duration::from_millis(1500),
+    };
+    let proxy = FaultProxy::holding_finishing_writes(hold).await;
+    let dir = tempfile::tempdir().unwrap();
+    // Seven entries, one per account, no overdraft.
+    let messages = entries(7, 11);
+    let event = |receive_count: u32| {
+        let records: Vec<Value> = messages.iter().map(|(id, body)| record(id, body, receive_count)).collect();
+        json!({ "Records": records }).to_string()
+    };
+    let path = dir.path().join("first.json");
+    std::fs::write(&path, event(1)).unwrap();
+    let envs = world.envs(&proxy.url, &common::sqs::endpoint());
+    let mut process = tokio::process::Command::from(common::sqs_once_command())
+        .args(["invoke", "--timeout", "4"])
+        .arg(&path)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("SQS_ONCE_STORE")
+        .envs(envs.iter().map(|(name, value)| (*name, value.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    // Every handler has returned once its commit is on its way: then the process dies.
+    while proxy.injected.of("TransactWriteItems") < messages.len() as u64 {
+        assert!(started.elapsed() < Duration::from_secs(20), "the commits never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    process.start_kill().unwrap();
+    process.wait().await.unwrap();
+    if let Held::Lost = held {
+        proxy.freeze();
+    }
+    tokio::time::sleep(PAST_THE_LEASE.saturating_sub(started.elapsed())).await;
+    let copies = dir.path().join("copies.json");
+    std::fs::write(&copies, event(2)).unwrap();
+    let direct = world.direct();
+    let direct: Vec<(&str, &str)> = direct.iter().map(|(name, value)| (*name, value.as_str())).collect();
+    let answer = common::rounds::invoke(dir.path(), &copies, &direct).await;
+    assert!(answer.failed.is_empty(), "{held:?}: copies failed: {:?}", answer.failed);
+    let (processed, duplicates) = (answer.metrics["Processed"].as_u64(), answer.metrics["Duplicates"].as_u64());
+    match held {
+        Held::LandBeforeCopies => assert_eq!(duplicates, Some(7), "{held:?}: the commits had landed"),
+        _ => assert_eq!(processed, Some(7), "{held:?}: the copies took the keys over"),
+    }
+    if let Held::LandAfterTakeover = held {
+        // The held commits arrive now, and their claims' tokens refuse them.
+        tokio::time::sleep(hold.saturating_sub(started.elapsed()) + Duration::from_secs(1)).await;
+    }
+    let report = world.check(&messages).await;
+    println!("ledger-report {}", json!({ "case": format!("{held:?}"), "checked": report }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_before_its_commits_landed_leaves_them_to_the_copies() {
+    killed_between_return_and_commit(Held::Lost).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_that_land_after_their_process_died_make_the_copies_duplicates() {
+    killed_between_return_and_commit(Held::LandBeforeCopies).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_that_land_after_a_takeover_are_refused_by_the_claims_token() {
+    killed_between_return_and_commit(Held::LandAfterTakeover).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_to_a_queue_that_does_not_exist_wait_in_the_outbox() {
+    let world = World::new().await;
+    let missing = format!("{}-later", world.notices.url());
+    let dir = tempfile::tempdir().unwrap();
+    let mut envs = world.direct();
+    envs.retain(|(name, _)| *name != "SQS_ONCE_LEDGER_NOTIFY_URL");
+    envs.push(("SQS_ONCE_LEDGER_NOTIFY_URL", missing.clone()));
+    let path = dir.path().join("event.json");
+    let records = [record("m-q-1", r#"{"account": "q", "amount": 5}"#, 1)];
+    std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
+    let borrowed: Vec<(&str, &str)> = envs.iter().map(|(name, value)| (*name, value.as_str())).collect();
+    let answer = common::rounds::invoke(dir.path(), &path, &borrowed).await;
+    assert!(answer.failed.is_empty(), "the credit committed: the refused notice does not fail it");
+    assert_eq!((answer.metrics["OutboxSent"].as_u64(), answer.metrics["OutboxFailed"].as_u64()), (Some(0), Some(1)));
+    let log = std::fs::read_to_string(path.with_extension("log")).unwrap();
+    assert!(log.contains("OutboxFailed") && log.contains("NonExistentQueue"), "{log}");
+    assert_eq!(world.balance("q").await, Some(5));
+    let listed = claims_outbox(&envs, &["--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["message_id"], "m-q-1");
+    // The queue is created; once the entry's sending lease has ended, the next sweep sends it.
+    let name = missing.rsplit('/').next().unwrap();
+    world.notices.client.create_queue().queue_name(name).send().await.unwrap();
+    let later = Queue::existing(&missing).await;
+    tokio::time::sleep(sqs_once::outbox::SENDING_LEASE + Duration::from_secs(1)).await;
+    assert!(claims_outbox(&envs, &["--send", "--json"]).as_array().unwrap().is_empty(), "sent and deleted");
+    let received = later.drain().await;
+    assert_eq!(received.len(), 1);
+    let notice: Value = serde_json::from_str(received[0].body().unwrap()).unwrap();
+    assert_eq!(notice, json!({ "account": "q", "amount": 5, "message_id": "m-q-1" }));
+}
