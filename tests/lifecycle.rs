@@ -50,8 +50,20 @@ struct Environment {
 
 impl Environment {
     async fn start(table: &str, dynamodb: &str, batching: bool, lease_margin_ms: u64, log: &Path) -> Self {
+        Self::with(table, dynamodb, batching, lease_margin_ms, log, &[]).await
+    }
+
+    /// [`start`](Self::start), with more settings (another handler).
+    async fn with(
+        table: &str,
+        dynamodb: &str,
+        batching: bool,
+        lease_margin_ms: u64,
+        log: &Path,
+        more: &[(&str, String)],
+    ) -> Self {
         let api = RuntimeApi::start().await;
-        let envs = [
+        let mut envs = vec![
             ("SQS_ONCE_TABLE", table.to_owned()),
             ("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.to_owned()),
             ("SQS_ONCE_DYNAMODB_BATCHING", batching.to_string()),
@@ -63,6 +75,7 @@ impl Environment {
             ("SQS_ONCE_RETRY_BASE_SECS", "0".to_owned()),
             ("SQS_ONCE_LOCAL_CACHE", "0".to_owned()),
         ];
+        envs.extend(more.iter().cloned());
         let mut process = api.spawn(common::sqs_once_command(), &envs);
         let stderr = log.with_extension(format!("{}.err", api.address.port()));
         let mut output = tokio::fs::File::create(&stderr).await.unwrap();
@@ -276,4 +289,103 @@ async fn a_write_held_past_the_margin_and_never_thawed_is_the_window_that_remain
     // is never run again. Every such key runs again when a copy comes after its lease.
     let ran_again = both_ways("held past the margin, never thawed", HELD_PAST_MARGIN, AfterFreeze::Never, 2000).await;
     assert_eq!(ran_again, [RECORDS, RECORDS], "keys that ran again (batched, single)");
+}
+
+/// The ledger (`handlers/ledger.rs`) through the same lifecycle: its credits
+/// commit in one transaction with their claims, so a commit cut off by the
+/// freeze is reported failed (`uncommitted`), and the copies after the lease
+/// commit each credit once, whatever becomes of the frozen environment.
+mod ledger {
+    use super::*;
+
+    /// The ledger's settings, its balances in `table`.
+    fn ledger(table: &str) -> Vec<(&'static str, String)> {
+        vec![("SQS_ONCE_HANDLER", "ledger".to_owned()), ("SQS_ONCE_LEDGER_TABLE", table.to_owned())]
+    }
+
+    /// Twenty credits over five accounts, credit n of n + 1.
+    fn credits(receive_count: u32) -> Value {
+        let records: Vec<Value> = (0..RECORDS)
+            .map(|n| {
+                json!({
+                    "messageId": format!("c-{n:02}"), "receiptHandle": format!("rh-{n}-{receive_count}"),
+                    "body": json!({ "account": format!("acct-{}", n % 5), "amount": n + 1 }).to_string(),
+                    "attributes": {"ApproximateReceiveCount": receive_count.to_string()}, "messageAttributes": {},
+                    "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:work",
+                })
+            })
+            .collect();
+        json!({ "Records": records })
+    }
+
+    async fn balances_are_exact(table: &str) {
+        for account in 0..5 {
+            let expected: usize = (0..RECORDS).filter(|n| n % 5 == account).map(|n| n + 1).sum();
+            let item = common::dynamodb::item(table, &format!("acct-{account}")).await;
+            assert_eq!(item.map(|item| item["balance"].as_u64().unwrap()), Some(expected as u64), "acct-{account}");
+        }
+    }
+
+    /// Freezes the first environment at its answer while DynamoDB holds its
+    /// commits `held`, delivers copies after the lease to a second one, and
+    /// then, if `thaw`, thaws the first and invokes it again. Returns the
+    /// first answer's failures and the copies' outcomes.
+    async fn run(held: Duration, thaw: bool) -> (Vec<String>, Value) {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        warm_up().await;
+        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let table = store.layout().table.clone();
+        let balances = common::dynamodb::items_table().await;
+        let proxy = FaultProxy::holding_finishing_writes(held).await;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("demo.log");
+        let first = Environment::with(&table, &proxy.url, true, 2000, &log, &ledger(&balances)).await;
+        first.freeze_at_answer(&proxy);
+        let deadline_ms = u64::try_from((SystemTime::now() + DEADLINE).duration_since(UNIX_EPOCH).unwrap().as_millis());
+        let failed_first = first.invoke(&credits(1)).await;
+        let lease_end_ms = deadline_ms.unwrap() + 2000 + 200;
+        let now_ms = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap();
+        tokio::time::sleep(Duration::from_millis(lease_end_ms.saturating_sub(now_ms))).await;
+        proxy.hold_finishing(Duration::ZERO);
+        let second = Environment::with(&table, &proxy.url, true, 2000, &log, &ledger(&balances)).await;
+        let (answer, _, _) = second.api.invoke(&credits(2), DEADLINE).await.expect("the copies were answered");
+        let Answer::Response(response) = answer else { panic!("invocation error: {answer:?}") };
+        assert!(common::failed_ids(&response).is_empty(), "copies: {response}\n{}", second.logs());
+        if thaw {
+            // The thawed environment sends its unconfirmed commits again: the claims' tokens refuse them.
+            first.thaw();
+            assert!(first.invoke(&json!({ "Records": [] })).await.is_empty());
+            let logs = first.logs();
+            assert!(logs.contains("commit refused: the lease was taken over"), "{logs}");
+        }
+        balances_are_exact(&balances).await;
+        (failed_first, outcomes(&second.logs()))
+    }
+
+    /// How many records of a function's JSON log had each outcome.
+    fn outcomes(log: &str) -> Value {
+        let count = |outcome: &str| log.matches(&format!("\"outcome\":\"{outcome}\"")).count();
+        json!({ "processed": count("processed"), "duplicate": count("duplicate"), "failed": count("uncommitted") })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_cut_off_by_the_freeze_is_reported_failed_and_the_copies_commit_once() {
+        // Held past the deadline: not confirmed when the answer is due.
+        let (failed, outcomes) = run(Duration::from_secs(6), false).await;
+        assert_eq!(failed.len(), RECORDS, "every credit reported failed (uncommitted), none successful");
+        assert_eq!(outcomes["processed"], RECORDS, "the copies took every key over: {outcomes}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thawed_environment_cannot_commit_over_the_copies() {
+        let (failed, _) = run(Duration::from_secs(6), true).await;
+        assert_eq!(failed.len(), RECORDS);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commits_confirmed_before_the_answer_make_the_copies_duplicates() {
+        let (failed, outcomes) = run(HELD_WITHIN_MARGIN, false).await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(outcomes["duplicate"], RECORDS, "{outcomes}");
+    }
 }

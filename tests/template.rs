@@ -108,23 +108,31 @@ fn the_table_matches_the_store_layout() {
     assert_eq!(index["KeySchema"][1]["AttributeName"], attributes.id.as_str());
 }
 
+/// A statement's actions, sorted, and its resource as YAML.
+fn grant(statement: &Value) -> (Vec<&str>, String) {
+    assert_eq!(statement["Effect"], "Allow");
+    let mut actions: Vec<&str> =
+        statement["Action"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    actions.sort();
+    (actions, serde_yaml::to_string(&statement["Resource"]).unwrap())
+}
+
 #[test]
-fn the_role_may_only_claim_on_its_table_and_act_on_failed_records_of_its_queues() {
+fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_given() {
     let template = template();
     let policies = resource(&template, "ConsumerFunction")["Properties"]["Policies"].as_sequence().unwrap();
     assert_eq!(policies.len(), 1, "no policy templates such as DynamoDBCrudPolicy");
     let statements = policies[0]["Statement"].as_sequence().unwrap();
-    let grants: BTreeSet<(Vec<&str>, String)> = statements
-        .iter()
-        .map(|statement| {
-            assert_eq!(statement["Effect"], "Allow");
-            let mut actions: Vec<&str> =
-                statement["Action"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-            actions.sort();
-            (actions, serde_yaml::to_string(&statement["Resource"]).unwrap())
-        })
-        .collect();
+    // Statements granted whatever the handler, and those granted on a condition (`!If [Condition, Statement, !Ref AWS::NoValue]`).
+    let (conditional, always): (Vec<&Value>, Vec<&Value>) =
+        statements.iter().partition(|statement| matches!(statement, Value::Tagged(tagged) if tagged.tag == "If"));
+    let grants: BTreeSet<(Vec<&str>, String)> = always.iter().map(|statement| grant(statement)).collect();
     let on = |target: &str| serde_yaml::to_string(&get_att(target)).unwrap();
+    let sub = |text: &str| {
+        let value =
+            Value::Tagged(Box::new(TaggedValue { tag: serde_yaml::value::Tag::new("Sub"), value: text.into() }));
+        serde_yaml::to_string(&value).unwrap()
+    };
     let expected = BTreeSet::from([
         (
             vec![
@@ -139,15 +147,63 @@ fn the_role_may_only_claim_on_its_table_and_act_on_failed_records_of_its_queues(
             ],
             on("IdempotencyTable.Arn"),
         ),
+        (vec!["dynamodb:Query"], sub(&format!("${{IdempotencyTable.Arn}}/index/{}", dynamodb::OPEN_INDEX))),
         (vec!["sqs:ChangeMessageVisibility"], on("WorkQueue.Arn")),
         (vec!["sqs:SendMessage"], on("DeadLetterQueue.Arn")),
     ]);
     assert_eq!(grants, expected);
+    let given: BTreeSet<(String, Vec<&str>, String)> = conditional
+        .iter()
+        .map(|statement| {
+            let Value::Tagged(tagged) = statement else { unreachable!() };
+            let branches = tagged.value.as_sequence().unwrap();
+            assert_eq!(branches[2], reference("AWS::NoValue"), "nothing granted otherwise");
+            let (actions, resource) = grant(&branches[1]);
+            (branches[0].as_str().unwrap().to_owned(), actions, resource)
+        })
+        .collect();
+    let parameter = |name: &str| serde_yaml::to_string(&reference(name)).unwrap();
+    let expected_given = BTreeSet::from([
+        ("IsLedger".to_owned(), vec!["dynamodb:UpdateItem"], on("LedgerTable.Arn")),
+        ("IsLedger".to_owned(), vec!["sqs:SendMessage"], on("LedgerNoticeQueue.Arn")),
+        (
+            "HasHandlerTables".to_owned(),
+            vec!["dynamodb:ConditionCheckItem", "dynamodb:DeleteItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+            parameter("HandlerTableArns"),
+        ),
+        ("HasHandlerQueues".to_owned(), vec!["sqs:SendMessage"], parameter("HandlerQueueArns")),
+        ("HasHandlerTopics".to_owned(), vec!["sns:Publish"], parameter("HandlerTopicArns")),
+        ("HasHandlerEventBuses".to_owned(), vec!["events:PutEvents"], parameter("HandlerEventBusArns")),
+    ]);
+    assert_eq!(given, expected_given);
+    for name in ["HandlerTableArns", "HandlerQueueArns", "HandlerTopicArns", "HandlerEventBusArns"] {
+        assert_eq!(template["Parameters"][name]["Type"], "CommaDelimitedList", "{name}");
+        assert_eq!(template["Parameters"][name]["Default"], "", "{name}: nothing granted by default");
+    }
     let text = serde_yaml::to_string(policies).unwrap();
     assert!(!text.contains('*'), "no wildcards in the role: {text}");
     // The dead-letter queue the role may send to is the one the function sends to.
     let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
     assert_eq!(variables["SQS_ONCE_DLQ_URL"], reference("DeadLetterQueue"));
+}
+
+#[test]
+fn the_ledger_handler_gets_its_balances_and_notice_queue_from_the_stack() {
+    let template = template();
+    let condition = &template["Conditions"]["IsLedger"];
+    assert_eq!(serde_yaml::to_string(condition).unwrap().trim(), "!Equals\n- !Ref HandlerName\n- ledger");
+    for name in ["LedgerTable", "LedgerNoticeQueue"] {
+        assert_eq!(resource(&template, name)["Condition"], "IsLedger", "{name}");
+    }
+    let table = &resource(&template, "LedgerTable")["Properties"];
+    assert_eq!(table["KeySchema"][0]["AttributeName"], "pk");
+    let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
+    for (name, target) in
+        [("SQS_ONCE_LEDGER_TABLE", "LedgerTable"), ("SQS_ONCE_LEDGER_NOTIFY_URL", "LedgerNoticeQueue")]
+    {
+        let text = serde_yaml::to_string(&variables[name]).unwrap();
+        assert!(text.contains("IsLedger") && text.contains(target) && text.contains("AWS::NoValue"), "{name}: {text}");
+    }
 }
 
 #[test]
@@ -241,6 +297,7 @@ fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
         ),
         (namespace.clone(), "FailedPermanent".to_owned(), function()),
         (namespace.clone(), "FailedStoreError".to_owned(), function()),
+        (namespace.clone(), "OutboxFailed".to_owned(), function()),
         ("AWS/Lambda".to_owned(), "Errors".to_owned(), function()),
     ]);
     assert_eq!(watched, expected);
@@ -318,7 +375,16 @@ fn the_dashboard_graphs_published_metrics_and_shows_every_alarm() {
             }
         }
     }
-    for name in ["Processed", "Duplicates", "Conflicts", "Failed", "FailedPermanent", "FailedStoreError"] {
+    for name in [
+        "Processed",
+        "Duplicates",
+        "Conflicts",
+        "Failed",
+        "FailedPermanent",
+        "FailedStoreError",
+        "FailedUncommitted",
+        "OutboxFailed",
+    ] {
         assert!(graphed.contains(name), "{name} is not on the dashboard");
     }
     let shown: BTreeSet<&str> = widgets

@@ -136,6 +136,7 @@ impl Queue {
                 .queue_url(self.url())
                 .max_number_of_messages(10)
                 .wait_time_seconds(1)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
                 .message_attribute_names("All")
                 .send()
                 .await
