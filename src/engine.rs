@@ -790,13 +790,26 @@ fn unrecorded_outcome(result: &std::thread::Result<HandlerResult>, staged: &Stag
 }
 
 /// At the cut-off: cancels the runs whose handler has not returned (their
-/// claims keep their leases until the leases end). A handler in the middle
-/// of a poll finishes it first, and if it returns then, its outcome counts.
-/// Returns how many were cancelled.
+/// claims keep their leases until the leases end), each logged with its key:
+/// a side effect the handler had begun may be half done, and a delivery
+/// after the lease runs the handler again (what it staged was never
+/// committed). A handler in the middle of a poll finishes it first, and if
+/// it returns then, its outcome counts. Returns how many were cancelled.
 fn cancel_running(state: &BatchState) -> usize {
     let started = lock(&state.started);
-    let running = started.iter().filter(|run| matches!(*lock(&run.progress), Progress::Running));
-    running.map(|run| run.handler.abort()).count()
+    // A run that ended at its claim (a duplicate, a conflict) never left `Running`; its task has finished.
+    let running =
+        started.iter().filter(|run| matches!(*lock(&run.progress), Progress::Running) && !run.handler.is_finished());
+    running
+        .map(|run| {
+            run.handler.abort();
+            tracing::warn!(
+                key = %run.key,
+                "run cancelled at the cut-off: its claim keeps its lease, and a delivery after the lease runs the \
+                 handler again"
+            );
+        })
+        .count()
 }
 
 /// The outcome of every key whose handler returned, by key.

@@ -35,27 +35,11 @@
 //! }
 //! ```
 //!
-//! When the handler returns success, the staged writes, an outbox item per
-//! message and the claim's completion (conditioned on the claim's token)
-//! go out as one `TransactWriteItems`, with the claim's token as its
-//! `ClientRequestToken`: all of it applies, or none. **The commit is the side
-//! effect**, so a record whose commit is not confirmed when the answer is due
-//! is reported failed (`uncommitted`) and delivered again; that delivery finds
-//! the claim completed (the commit landed late: a duplicate) or, after the
-//! lease, runs and commits once while the late commit is refused by the
-//! claim's token. A handler that stages nothing keeps the ordinary path.
+//! When the handler returns success, the writes, an outbox item per message and
+//! the claim's completion commit in one DynamoDB transaction: all of it, or
+//! none. A handler that stages nothing keeps the ordinary path.
 //!
-//! A write whose own condition does not hold cancels the transaction: the
-//! handler fails as the write's [`or_fail`](Update::or_fail) says, with
-//! DynamoDB's cancellation reasons in the record's outcome. A commit refused
-//! because the claim was taken over after its lease applies nothing of the
-//! handler's (`lease_lost`): the new holder's run is the one that counts.
-//!
-//! DynamoDB's limits are checked as the handler stages, before anything is
-//! sent: at most [`MAX_ITEMS`] actions in one transaction (the claim's
-//! completion and each message among them), one action per item, items of
-//! at most [`MAX_ITEM_BYTES`], [`MAX_BYTES`] in all. A breach is a
-//! [`StageError`], which `?` turns into a permanent handler error.
+#![doc = include_str!("../docs/transactions.md")]
 
 mod message;
 mod write;
