@@ -669,12 +669,11 @@ impl Engine {
         staged: Staged,
         progress: &Mutex<Progress>,
     ) -> Outcome {
-        let claims = &self.inner.claims;
         let outcome = unrecorded_outcome(&result, &staged, lease);
         match result {
             Ok(Ok(output)) if !staged.is_empty() => self.commit(record, lease, output, staged, progress).await,
             Ok(Ok(output)) => {
-                let recorded = match claims.complete(lease, output.as_ref()).await {
+                let recorded = match self.inner.claims.complete(lease, output.as_ref()).await {
                     Ok(fenced) => fenced == Fenced::Applied,
                     Err(error) => {
                         tracing::error!(
@@ -687,15 +686,31 @@ impl Engine {
                 };
                 Outcome::Processed { recorded }
             }
-            Ok(Err(error)) if error.kind() == ErrorKind::Permanent => {
-                log_unrecorded(record, claims.fail(lease, &error.to_string()).await);
-                outcome
-            }
-            Ok(Err(_)) | Err(_) => {
-                log_unrecorded(record, claims.release(lease).await);
-                outcome
-            }
+            _ => match outcome {
+                Outcome::Failed(failure) => self.record_failure(record, lease, failure, progress).await,
+                outcome => outcome,
+            },
         }
+    }
+
+    /// Records how a handler failed (its error, its panic, or its staged
+    /// writes refused): a failure record when it is permanent, a release
+    /// otherwise. The answer reports the failure from now on, whether or
+    /// not the write is confirmed in time.
+    async fn record_failure(
+        &self,
+        record: &Record,
+        lease: &Lease,
+        failure: Failure,
+        progress: &Mutex<Progress>,
+    ) -> Outcome {
+        *lock(progress) = Progress::Returned(Outcome::Failed(failure.clone()));
+        let written = match &failure {
+            Failure::Permanent(reason) => self.inner.claims.fail(lease, reason).await,
+            _ => self.inner.claims.release(lease).await,
+        };
+        log_unrecorded(record, written);
+        Outcome::Failed(failure)
     }
 
     /// Commits what the handler staged with the claim's completion. Only a
@@ -722,24 +737,15 @@ impl Engine {
                 let refusal = refusals.get(cancellation.write).cloned().unwrap_or_default();
                 let reason = reason::capped(&format!("{} ({})", refusal.reason, cancellation.reasons)).into_owned();
                 tracing::warn!(%message_id, %key, %reason, "a staged write's condition did not hold: nothing applied");
-                let failed = if refusal.kind == ErrorKind::Permanent {
-                    Failure::Permanent(reason)
-                } else {
-                    Failure::Retryable(reason)
+                let failure = match refusal.kind {
+                    ErrorKind::Permanent => Failure::Permanent(reason),
+                    ErrorKind::Retryable => Failure::Retryable(reason),
                 };
-                *lock(progress) = Progress::Returned(Outcome::Failed(failed.clone()));
-                let written = match failed {
-                    Failure::Permanent(ref reason) => claims.fail(lease, reason).await,
-                    _ => claims.release(lease).await,
-                };
-                log_unrecorded(record, written);
-                Outcome::Failed(failed)
+                self.record_failure(record, lease, failure, progress).await
             }
             Err(error @ (StoreError::Rejected(_) | StoreError::Unsupported(_))) => {
                 let reason = reason::capped(&format!("the staged writes cannot be committed: {error}")).into_owned();
-                *lock(progress) = Progress::Returned(Outcome::Failed(Failure::Permanent(reason.clone())));
-                log_unrecorded(record, claims.fail(lease, &reason).await);
-                Outcome::Failed(Failure::Permanent(reason))
+                self.record_failure(record, lease, Failure::Permanent(reason), progress).await
             }
             Err(error) => {
                 tracing::error!(
