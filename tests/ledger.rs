@@ -262,14 +262,14 @@ enum Held {
     Lost,
     /// They apply 1.5 s later, before the lease ends and the copies come.
     LandBeforeCopies,
-    /// They apply 10 s later, after the copies took the keys over.
+    /// They apply 12 s later, after the copies took the keys over.
     LandAfterTakeover,
 }
 
 async fn killed_between_return_and_commit(held: Held) {
     let world = World::new().await;
     let hold = match held {
-        Held::LandAfterTakeover => Duration::from_secs(10),
+        Held::LandAfterTakeover => Duration::from_secs(12),
         _ => Duration::from_millis(1500),
     };
     let proxy = FaultProxy::holding_finishing_writes(hold).await;
@@ -301,12 +301,14 @@ async fn killed_between_return_and_commit(held: Held) {
         assert!(started.elapsed() < Duration::from_secs(20), "the commits never came");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The process's deadline came before this moment plus its 4 s timeout, and its leases end 2 s after.
+    let seen = Instant::now();
     process.start_kill().unwrap();
     process.wait().await.unwrap();
     if let Held::Lost = held {
         proxy.freeze();
     }
-    tokio::time::sleep(PAST_THE_LEASE.saturating_sub(started.elapsed())).await;
+    tokio::time::sleep(PAST_THE_LEASE.saturating_sub(seen.elapsed())).await;
     let copies = dir.path().join("copies.json");
     std::fs::write(&copies, event(2)).unwrap();
     let direct = world.direct();
@@ -320,7 +322,7 @@ async fn killed_between_return_and_commit(held: Held) {
     }
     if let Held::LandAfterTakeover = held {
         // The held commits arrive now, and their claims' tokens refuse them.
-        tokio::time::sleep(hold.saturating_sub(started.elapsed()) + Duration::from_secs(1)).await;
+        tokio::time::sleep(hold.saturating_sub(seen.elapsed()) + Duration::from_secs(1)).await;
     }
     let report = world.check(&messages).await;
     println!("ledger-report {}", json!({ "case": format!("{held:?}"), "checked": report }));
