@@ -274,4 +274,40 @@ mod dynamodb_answers {
         assert_eq!(committed.unwrap(), Committed::Refused);
         assert!(item(&table, "acct").await.is_none());
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_table_without_the_index_the_outbox_and_the_claims_are_read_whole_and_apart() {
+        use aws_sdk_dynamodb::types::{
+            AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+        };
+        use sqs_once::store::{ClaimQuery, ClaimStore, OutboxQuery, dynamodb::TableLayout};
+        let (client, _) = sqs_once::store::dynamodb::client().await;
+        let table = format!("no-index-{}", uuid::Uuid::new_v4().simple());
+        client
+            .create_table()
+            .table_name(&table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("id")
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .unwrap(),
+            )
+            .key_schema(KeySchemaElement::builder().attribute_name("id").key_type(KeyType::Hash).build().unwrap())
+            .send()
+            .await
+            .unwrap();
+        let store = Arc::new(DynamoDbStore::new(client, TableLayout::new(&table)));
+        let claims = Claims::new(store.clone());
+        let balances = items_table().await;
+        assert_eq!(commit(&claims, "k-1", credit(&balances, "acct", 1)).await.unwrap(), Committed::Applied);
+        let _open = win(&claims, "k-2").await;
+        let entries = store.outbox(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap();
+        assert_eq!(entries.len(), 1, "the outbox entry, found by reading the table");
+        assert_eq!(entries[0].message.body, "notice");
+        let listing = store.list(&ClaimQuery { limit: 10, ..ClaimQuery::default() }).await.unwrap();
+        let ids: Vec<&str> = listing.records.iter().map(|record| record.id.as_str()).collect();
+        assert_eq!((ids, listing.full_scan), (vec!["k-2"], true), "the open claim only, not the outbox entry");
+    }
 }

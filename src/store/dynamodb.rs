@@ -170,22 +170,19 @@ impl ClaimStore for DynamoDbStore {
             tracing::warn!("completed claims are not in the {OPEN_INDEX} index: reading the whole table");
             return self.scan(query).await;
         }
-        // Each partition of the index is read on its own, a few at a time.
         let partitions = query.statuses().into_iter().flat_map(open_partitions);
-        let mut reads =
-            futures::stream::iter(partitions.map(|partition| self.query_open(partition, query))).buffer_unordered(8);
+        let Some(items) = self.query_partitions(partitions).await? else {
+            tracing::warn!(
+                table = %self.layout.table,
+                "the table has no {OPEN_INDEX} index (see create-table or template.yaml): reading the whole table instead"
+            );
+            return self.scan(query).await;
+        };
         let mut records = Vec::new();
-        while let Some(read) = reads.next().await {
-            match read? {
-                Some(found) => records.extend(found),
-                None => {
-                    tracing::warn!(
-                        table = %self.layout.table,
-                        "the table has no {OPEN_INDEX} index (see create-table or template.yaml): \
-                         reading the whole table instead"
-                    );
-                    return self.scan(query).await;
-                }
+        for item in &items {
+            let record = self.layout.read_item(item)?;
+            if query.matches(&record) {
+                records.push(record);
             }
         }
         Ok(query.select(records, false))
@@ -461,20 +458,24 @@ impl DynamoDbStore {
 }
 
 impl DynamoDbStore {
-    /// Every claim of one partition of the open-claims index that matches
-    /// `query`; `None` when the table has no such index. Each partition is
-    /// read whole: the index is sorted by id, not by age, so only all of them
-    /// together say which claims are the oldest.
-    async fn query_open(&self, partition: String, query: &ClaimQuery) -> Result<Option<Vec<StoredClaim>>, StoreError> {
-        let Some(items) = self.query_partition(partition).await? else { return Ok(None) };
-        let mut records = Vec::new();
-        for item in &items {
-            let record = self.layout.read_item(item)?;
-            if query.matches(&record) {
-                records.push(record);
+    /// Every item of these partitions of the open-claims index, each read on
+    /// its own and whole, a few at a time; `None` when the table has no such
+    /// index. (The index is sorted by id, not by age, so only all of a
+    /// status's partitions together say which claims are the oldest.)
+    async fn query_partitions(
+        &self,
+        partitions: impl Iterator<Item = String>,
+    ) -> Result<Option<Vec<Item>>, StoreError> {
+        let mut reads =
+            futures::stream::iter(partitions.map(|partition| self.query_partition(partition))).buffer_unordered(8);
+        let mut items = Vec::new();
+        while let Some(read) = reads.next().await {
+            match read? {
+                Some(found) => items.extend(found),
+                None => return Ok(None),
             }
         }
-        Ok(Some(records))
+        Ok(Some(items))
     }
 
     /// Every item of one partition of the open-claims index; `None` when the

@@ -107,21 +107,27 @@ impl Queue {
             if messages.len() >= count {
                 break;
             }
-            let output = self
-                .client
-                .receive_message()
-                .queue_url(self.url())
-                .max_number_of_messages((count - messages.len()).min(10) as i32)
-                .wait_time_seconds(1)
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .message_attribute_names("All")
-                .send()
-                .await
-                .unwrap();
-            messages.extend(output.messages.unwrap_or_default());
+            messages.extend(self.receive_up_to(count - messages.len()).await);
         }
         assert_eq!(messages.len(), count, "not every message arrived");
         messages
+    }
+
+    /// One long poll of a second for up to `count` (at most 10) messages, with
+    /// all their attributes.
+    async fn receive_up_to(&self, count: usize) -> Vec<Message> {
+        let output = self
+            .client
+            .receive_message()
+            .queue_url(self.url())
+            .max_number_of_messages(count.min(10) as i32)
+            .wait_time_seconds(1)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap();
+        output.messages.unwrap_or_default()
     }
 
     /// Receives and deletes every message until the queue has stayed empty
@@ -130,18 +136,7 @@ impl Queue {
         let mut messages = Vec::new();
         let mut empty_polls = 0;
         while empty_polls < 3 {
-            let output = self
-                .client
-                .receive_message()
-                .queue_url(self.url())
-                .max_number_of_messages(10)
-                .wait_time_seconds(1)
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .message_attribute_names("All")
-                .send()
-                .await
-                .unwrap();
-            let received = output.messages.unwrap_or_default();
+            let received = self.receive_up_to(10).await;
             empty_polls = if received.is_empty() { empty_polls + 1 } else { 0 };
             for message in &received {
                 let handle = message.receipt_handle().unwrap();

@@ -25,7 +25,6 @@ use aws_sdk_dynamodb::{
         TransactWriteItem, Update, error::TransactionCanceledException,
     },
 };
-use futures::StreamExt;
 use serde_json::Value;
 
 use super::{
@@ -414,22 +413,16 @@ impl DynamoDbStore {
     /// [`ClaimStore::outbox`](crate::store::ClaimStore::outbox): the index's
     /// `OUTBOX` partitions, or the whole table when it has no index.
     pub(super) async fn outbox_entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
-        let mut reads = futures::stream::iter(outbox_partitions().map(|partition| self.query_partition(partition)))
-            .buffer_unordered(8);
-        let mut items = Vec::new();
-        while let Some(read) = reads.next().await {
-            match read? {
-                Some(found) => items.extend(found),
-                None => {
-                    tracing::warn!(
-                        table = %self.layout.table,
-                        "the table has no {OPEN_INDEX} index: reading the whole table for outbox entries"
-                    );
-                    items = self.scan_items().await?.into_iter().filter(is_outbox).collect();
-                    break;
-                }
+        let items = match self.query_partitions(outbox_partitions()).await? {
+            Some(items) => items,
+            None => {
+                tracing::warn!(
+                    table = %self.layout.table,
+                    "the table has no {OPEN_INDEX} index: reading the whole table for outbox entries"
+                );
+                self.scan_items().await?.into_iter().filter(is_outbox).collect()
             }
-        }
+        };
         let mut entries = items.iter().map(|item| self.layout.read_outbox(item)).collect::<Result<Vec<_>, _>>()?;
         entries.retain(|entry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms)));
         entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
