@@ -35,14 +35,14 @@ use futures::{StreamExt, stream};
 use serde_json::{Value, json};
 use sqs_once::{
     HandlerError, Record,
-    claim::{ClaimPolicy, ClaimStatus, Claims, StoredClaim},
+    claim::{ClaimPolicy, Claims},
     clock::{Clock, SystemClock},
     engine::{Engine, EngineOptions, Invocation},
+    event::parse_event,
     handler_fn,
     handlers::{demo::Demo, ledger::Ledger},
-    key::KeyDeriver,
-    sqs::event::parse_event,
-    store::{ClaimStore, DynamoDbStore, PutOutcome, dynamodb},
+    key::Keys,
+    store::{ClaimStatus, ClaimStore, DynamoDbStore, PutOutcome, StoredClaim, dynamodb},
 };
 
 #[tokio::main]
@@ -186,7 +186,7 @@ async fn ledger(table: &str, records: usize, concurrency: usize, writes: &str) -
         other => panic!("--writes {other}: expected staged or direct"),
     };
     let claims = Claims::with_policy(Arc::new(store), ClaimPolicy::default(), Arc::new(SystemClock));
-    let keys = KeyDeriver::new(Default::default(), "bench", true, Default::default());
+    let keys = Keys::new("messageId", "bench").expect("a key specification");
     let options = EngineOptions { concurrency, ..EngineOptions::default() };
     let engine = Engine::new(handler, Arc::new(claims), keys, options);
     let batch = uuid::Uuid::new_v4().simple().to_string();
@@ -274,7 +274,7 @@ async fn ceiling(store: &DynamoDbStore, count: usize, concurrency: usize) -> Val
 /// An engine as `sqs-once invoke` builds it: the demo handler, default policy.
 fn engine(store: DynamoDbStore, concurrency: usize) -> Engine {
     let claims = Claims::with_policy(Arc::new(store), ClaimPolicy::default(), Arc::new(SystemClock));
-    let keys = KeyDeriver::new(Default::default(), "bench", true, Default::default());
+    let keys = Keys::new("messageId", "bench").expect("a key specification");
     let options = EngineOptions { concurrency, ..EngineOptions::default() };
     Engine::new(Arc::new(Demo::default()), Arc::new(claims), keys, options)
 }

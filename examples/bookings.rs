@@ -90,8 +90,8 @@ async fn main() -> ExitCode {
 mod tests {
     use super::*;
     use sqs_once::{
-        engine::{Failure, Outcome},
-        sqs::event::EventRecord,
+        event::EventRecord,
+        report::{Failure, Outcome},
         testing::{self, TestConsumer},
     };
 

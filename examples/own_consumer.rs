@@ -57,7 +57,7 @@ async fn main() -> ExitCode {
 mod tests {
     use super::*;
     use sqs_once::{
-        engine::{Failure, Outcome},
+        report::{Failure, Outcome},
         testing::{self, TestConsumer},
     };
 

@@ -80,8 +80,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        engine::{Failure, Outcome},
-        sqs::event::EventRecord,
+        event::EventRecord,
+        report::{Failure, Outcome},
         testing::{self, TestConsumer},
     };
 

@@ -47,6 +47,12 @@ pub fn names() -> Vec<&'static str> {
 /// The handler the bundled binary runs when `SQS_ONCE_HANDLER` is not set.
 pub const DEFAULT: &str = "demo";
 
+/// Builds the handler `SQS_ONCE_HANDLER` names ([`DEFAULT`] when unset).
+pub fn from_env() -> Result<BoxHandler, HandlerSetupError> {
+    let name = std::env::var("SQS_ONCE_HANDLER").ok().filter(|name| !name.trim().is_empty());
+    build(name.as_deref().unwrap_or(DEFAULT))
+}
+
 /// Builds the handler registered as `name`.
 ///
 /// ```

@@ -47,6 +47,41 @@ pub const SHUTDOWN_TIME: Duration = Duration::from_millis(400);
 /// finishing writes sent again: a few of the SDK's attempts.
 pub const LEAVING_TIME: Duration = Duration::from_secs(5);
 
+/// How every invocation's budget is planned: the margin before the
+/// deadline, and whether an SQS step follows the engine (it then keeps
+/// [`SQS_STEP_TIME`] of the margin besides [`ANSWER_TIME`]).
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use sqs_once::budget::Margins;
+///
+/// let margins = Margins { deadline_margin: Duration::from_millis(500), sqs_step: true };
+/// let budget = margins.budget(SystemTime::now() + Duration::from_secs(3));
+/// assert_eq!(budget.deadline() - budget.writes_by(), Duration::from_millis(250));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Margins {
+    /// Before the deadline by this much, no record starts and handlers still
+    /// running are cancelled (`SQS_ONCE_DEADLINE_MARGIN_MS`).
+    pub deadline_margin: Duration,
+    /// Whether the SQS step (back-off, dead-letter moves) follows the engine.
+    pub sqs_step: bool,
+}
+
+impl Default for Margins {
+    fn default() -> Self {
+        Self { deadline_margin: Duration::from_millis(500), sqs_step: false }
+    }
+}
+
+impl Margins {
+    /// The budget of an invocation due at `deadline`.
+    pub fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
+        let reserve = if self.sqs_step { ANSWER_TIME + SQS_STEP_TIME } else { ANSWER_TIME };
+        DeadlineBudget::new(deadline, self.deadline_margin, reserve)
+    }
+}
+
 /// The deadline of one invocation and the instants planned back from it.
 ///
 /// ```

@@ -24,7 +24,7 @@ use std::{
     future::Future,
     num::NonZeroUsize,
     sync::{
-        Arc, LazyLock, Mutex,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -38,16 +38,17 @@ use crate::{
     clock::{Clock, SystemClock, duration_ms},
     key::payload_hash,
     lock::lock,
-    outbox::{OutboxEntry, SENDING_LEASE},
+    outbox::SENDING_LEASE,
     reason,
-    store::{ClaimStore, Commit, Committed, Fenced, PutOutcome, StoreError},
+    store::{
+        ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, OutboxEntry, PutOutcome, StoreError, StoredClaim,
+        new_token,
+    },
     transaction::Staged,
 };
 
-mod stored;
 mod unconfirmed;
 
-pub use stored::{ClaimStatus, Finish, StoredClaim};
 use unconfirmed::{Ending, Unconfirmed};
 
 /// What the state machine needs to know about one claim attempt.
@@ -167,16 +168,6 @@ pub struct ClaimCounters {
     /// Finishing writes that were not confirmed when first sent and landed
     /// when sent again (in a later batch, or before the process left).
     pub landed_later: AtomicU64,
-}
-
-/// A fresh token (of a claim, or of an outbox entry's sending lease): a
-/// random per-process prefix and a counter, 32 hexadecimal digits. Tokens
-/// fence writes and are not secrets, so uniqueness is all they need, and this
-/// costs no system call per claim.
-pub(crate) fn new_token() -> String {
-    static PREFIX: LazyLock<u64> = LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A fenced write's answer as a commit's: both are applied or refused.

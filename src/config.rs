@@ -8,20 +8,30 @@
 use std::{fmt::Display, path::PathBuf, str::FromStr, time::Duration};
 
 use crate::{
+    budget::Margins,
     claim::ClaimPolicy,
     clock::duration_ms,
     engine::EngineOptions,
     envelope::EnvelopeKind,
-    key::{KeyDeriver, KeySpec, OnMissingKey},
+    key::{KeySpec, Keys, OnMissingKey},
     metrics::MetricsConfig,
     sqs::MAX_VISIBILITY,
     sqs::redelivery::{RedeliveryPolicy, RetryBackoff},
     store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
-/// The namespace of stored keys when neither `SQS_ONCE_KEY_PREFIX`, a Lambda
-/// function name nor `SQS_ONCE_HANDLER` gives one.
+/// The namespace of stored keys when neither `SQS_ONCE_KEY_PREFIX` nor a
+/// Lambda function name gives one.
 pub const DEFAULT_KEY_PREFIX: &str = "sqs-once";
+
+/// The variable Lambda sets in its execution environments, and nowhere
+/// else: the address of its Runtime API.
+pub(crate) const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
+
+/// Whether this process runs inside Lambda.
+pub(crate) fn in_lambda() -> bool {
+    std::env::var_os(LAMBDA_RUNTIME_API).is_some()
+}
 
 /// How often a process that sends through the outbox sweeps it, unless
 /// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.
@@ -57,18 +67,10 @@ pub struct ConfigError {
 /// All settings, resolved.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The bundled binary's handler, by its name in the registry of
-    /// `handlers/` (`SQS_ONCE_HANDLER`); a binary built around its own
-    /// handler with [`crate::run`] has no use for it.
-    pub handler: Option<String>,
-    /// Which parts of a message make its key (`SQS_ONCE_KEY`).
-    pub key: KeySpec,
-    /// The namespace of stored keys (`SQS_ONCE_KEY_PREFIX`).
-    pub key_prefix: String,
-    /// Store keys as SHA-256 hashes (`SQS_ONCE_HASH_KEYS`).
-    pub hash_keys: bool,
-    /// What to do with a record without a key (`SQS_ONCE_ON_MISSING_KEY`).
-    pub on_missing_key: OnMissingKey,
+    /// Which parts of a message make its key, and how it is stored
+    /// (`SQS_ONCE_KEY`, `SQS_ONCE_KEY_PREFIX`, `SQS_ONCE_HASH_KEYS`,
+    /// `SQS_ONCE_ON_MISSING_KEY`).
+    pub keys: Keys,
     /// The claim state machine's tuning.
     pub claims: ClaimPolicy,
     /// The batch engine's tuning.
@@ -102,18 +104,16 @@ impl Config {
     ///
     /// let config = Config::from_lookup(|name| (name == "SQS_ONCE_CONCURRENCY").then(|| "8".to_owned())).unwrap();
     /// assert_eq!(config.engine.concurrency, 8);
-    /// assert_eq!(config.key_prefix, "sqs-once");
+    /// assert_eq!(config.keys.prefix(), "sqs-once");
     ///
     /// let error = Config::from_lookup(|name| (name == "SQS_ONCE_ON_MISSING_KEY").then(|| "skip".to_owned()));
     /// assert_eq!(error.unwrap_err().to_string(), r#"invalid SQS_ONCE_ON_MISSING_KEY="skip": expected fail or message-id"#);
     /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = Env(&lookup);
-        let handler = env.text("SQS_ONCE_HANDLER");
         let key_prefix = env
             .text("SQS_ONCE_KEY_PREFIX")
             .or_else(|| env.text("AWS_LAMBDA_FUNCTION_NAME"))
-            .or_else(|| handler.clone())
             .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned());
         let defaults = ClaimPolicy::default();
         let claims = ClaimPolicy {
@@ -143,14 +143,16 @@ impl Config {
                 engine_defaults.concurrency,
                 "a positive number of records",
             )?,
-            deadline_margin: Duration::from_millis(env.parse(
-                "SQS_ONCE_DEADLINE_MARGIN_MS",
-                duration_ms(engine_defaults.deadline_margin),
-                "a number of milliseconds",
-            )?),
+            margins: Margins {
+                deadline_margin: Duration::from_millis(env.parse(
+                    "SQS_ONCE_DEADLINE_MARGIN_MS",
+                    duration_ms(engine_defaults.margins.deadline_margin),
+                    "a number of milliseconds",
+                )?),
+                ..engine_defaults.margins
+            },
             log_bodies: env.flag("SQS_ONCE_LOG_BODIES", engine_defaults.log_bodies)?,
             envelope: env.parse("SQS_ONCE_ENVELOPE", engine_defaults.envelope, "none, sns or eventbridge")?,
-            ..engine_defaults
         };
         if claims.expires_after.is_zero() {
             return Err(env.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));
@@ -167,23 +169,24 @@ impl Config {
             Some("memory") => StoreChoice::Memory,
             Some(_) => return Err(env.invalid("SQS_ONCE_STORE", "dynamodb, file or memory")),
         };
-        if env.text("AWS_LAMBDA_RUNTIME_API").is_some() && !matches!(store, StoreChoice::DynamoDb(_)) {
+        if env.text(LAMBDA_RUNTIME_API).is_some() && !matches!(store, StoreChoice::DynamoDb(_)) {
             return Err(ConfigError {
                 name: "SQS_ONCE_TABLE",
                 value: String::new(),
                 expected: "the name of the DynamoDB claim table: inside Lambda, claims must be kept in DynamoDB".into(),
             });
         }
-        let key = env.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?;
-        if key.reads_envelope() && engine.envelope == EnvelopeKind::None {
+        let spec = env.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?;
+        if spec.reads_envelope() && engine.envelope == EnvelopeKind::None {
             return Err(env.invalid("SQS_ONCE_KEY", "no envelope.<path> part while SQS_ONCE_ENVELOPE is none"));
         }
+        let keys = Keys::of(spec, key_prefix).hashed(env.flag("SQS_ONCE_HASH_KEYS", true)?).on_missing(env.parse(
+            "SQS_ONCE_ON_MISSING_KEY",
+            OnMissingKey::default(),
+            "fail or message-id",
+        )?);
         Ok(Self {
-            handler,
-            key,
-            key_prefix,
-            hash_keys: env.flag("SQS_ONCE_HASH_KEYS", true)?,
-            on_missing_key: env.parse("SQS_ONCE_ON_MISSING_KEY", OnMissingKey::default(), "fail or message-id")?,
+            keys,
             claims,
             engine,
             store,
@@ -197,11 +200,6 @@ impl Config {
             )?))
             .filter(|every| !every.is_zero()),
         })
-    }
-
-    /// The key deriver these settings describe.
-    pub fn key_deriver(&self) -> KeyDeriver {
-        KeyDeriver::new(self.key.clone(), self.key_prefix.clone(), self.hash_keys, self.on_missing_key)
     }
 }
 
@@ -343,7 +341,7 @@ mod tests {
         let partition =
             TableKey::Sorted { partition_attribute: "id".into(), partition_value: "idempotency#payments".into() };
         assert_eq!(layout.key, partition);
-        assert_eq!(sorted.key_prefix, "payments");
+        assert_eq!(sorted.keys.prefix(), "payments");
     }
 
     #[test]

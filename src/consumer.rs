@@ -13,15 +13,15 @@ use aws_lambda_events::sqs::SqsBatchResponse;
 
 use crate::{
     BoxHandler,
-    budget::{ANSWER_TIME, SQS_STEP_TIME},
     claim::Claims,
     clock::SystemClock,
     config::{Config, StoreChoice},
-    engine::{BatchReport, Engine, Invocation},
+    engine::{Engine, Invocation},
+    event::EventRecord,
     metrics::Extra,
     outbox::{AwsDestinations, Outbox},
+    report::BatchReport,
     sqs::Sqs,
-    sqs::event::EventRecord,
     sqs::redelivery::{Redelivery, RedeliveryCounts},
     store::{
         ClaimStore, DynamoDbStore, MemoryStore, SqliteStore, StoreError,
@@ -59,13 +59,13 @@ pub enum StartupError {
 /// use std::sync::Arc;
 /// use sqs_once::{
 ///     claim::{ClaimPolicy, Claims}, clock::SystemClock, consumer::Consumer,
-///     engine::{Engine, EngineOptions}, handlers::orders::Orders, key::{KeyDeriver, OnMissingKey},
+///     engine::{Engine, EngineOptions}, handlers::orders::Orders, key::Keys,
 ///     store::MemoryStore,
 /// };
 ///
 /// let policy = ClaimPolicy { validate_payload: true, ..ClaimPolicy::default() };
 /// let claims = Claims::with_policy(Arc::new(MemoryStore::default()), policy, Arc::new(SystemClock));
-/// let keys = KeyDeriver::new("body.order_id".parse().unwrap(), "orders", true, OnMissingKey::Fail);
+/// let keys = Keys::new("body.order_id", "orders").unwrap();
 /// let options = EngineOptions { concurrency: 16, ..EngineOptions::default() };
 /// let engine = Engine::new(Arc::new(Orders), Arc::new(claims), keys, options);
 /// // No SQS step: failed records come back after the queue's visibility timeout.
@@ -110,11 +110,8 @@ impl Consumer {
             .filter(|_| config.redelivery.is_active())
             .map(|aws| Redelivery::new(config.redelivery.clone(), Sqs::new(&aws)));
         let mut options = config.engine.clone();
-        if redelivery.is_some() {
-            options.answer_reserve = ANSWER_TIME + SQS_STEP_TIME;
-        }
-        let engine =
-            Engine::new(handler, Arc::new(claims), config.key_deriver(), options).with_outbox(Arc::new(outbox));
+        options.margins.sqs_step = redelivery.is_some();
+        let engine = Engine::new(handler, Arc::new(claims), config.keys.clone(), options).with_outbox(Arc::new(outbox));
         Ok(Self { engine, dynamodb_requests, redelivery })
     }
 

@@ -17,7 +17,6 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse};
 use futures::{
     FutureExt,
     future::{BoxFuture, Shared, join, join_all},
@@ -30,16 +29,17 @@ use tokio::{
 
 use crate::{
     BoxHandler, ErrorKind, HandlerResult, Record,
-    budget::{ANSWER_TIME, DeadlineBudget},
+    budget::{DeadlineBudget, Margins},
     claim::{Claim, ClaimRequest, Claims, Lease},
     clock::epoch_ms,
     envelope::{EnvelopeKind, Opened},
-    key::KeyDeriver,
+    event::EventRecord,
+    key::Keys,
     lock::lock,
     outbox::Outbox,
     reason,
-    sqs::event::EventRecord,
-    store::{Committed, Fenced, StoreError},
+    report::{BatchReport, Failure, Outcome, RecordReport},
+    store::{Committed, Fenced, OutboxEntry, StoreError},
     transaction::{Refusal, Staged},
 };
 
@@ -48,14 +48,9 @@ use crate::{
 pub struct EngineOptions {
     /// Records running at once (`SQS_ONCE_CONCURRENCY`).
     pub concurrency: usize,
-    /// Stop starting records, and cancel handlers still running, this long
-    /// before the deadline (`SQS_ONCE_DEADLINE_MARGIN_MS`); see
+    /// How each invocation's time is planned back from its deadline; see
     /// [`DeadlineBudget`].
-    pub deadline_margin: Duration,
-    /// Of that margin, what is kept for the steps after the engine (the SQS
-    /// step, posting the answer); the rest is for finishing writes of
-    /// handlers that returned.
-    pub answer_reserve: Duration,
+    pub margins: Margins,
     /// Include each record's body in its log line (`SQS_ONCE_LOG_BODIES`).
     pub log_bodies: bool,
     /// The envelope message bodies arrive in (`SQS_ONCE_ENVELOPE`).
@@ -64,13 +59,7 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self {
-            concurrency: 64,
-            deadline_margin: Duration::from_millis(500),
-            answer_reserve: ANSWER_TIME,
-            log_bodies: false,
-            envelope: EnvelopeKind::None,
-        }
+        Self { concurrency: 64, margins: Margins::default(), log_bodies: false, envelope: EnvelopeKind::None }
     }
 }
 
@@ -83,180 +72,6 @@ pub struct Invocation {
     pub request_id: String,
 }
 
-/// What became of one record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// The handler ran and succeeded. `recorded` is false when the completed
-    /// state was not confirmed written (the store failed, the lease had been
-    /// taken over, or the answer was due before the store answered); the
-    /// record still succeeded and SQS may delete it.
-    Processed {
-        /// Whether the claim was confirmed completed.
-        recorded: bool,
-    },
-    /// The key had completed before: the handler did not run.
-    Duplicate,
-    /// The record must be delivered again.
-    Failed(Failure),
-}
-
-impl Outcome {
-    /// Whether the record goes into `batchItemFailures`.
-    pub fn is_failure(&self) -> bool {
-        matches!(self, Self::Failed(_))
-    }
-
-    /// Whether the handler succeeded but its completion is not confirmed
-    /// in the store (see [`Outcome::Processed`]).
-    pub fn is_unconfirmed(&self) -> bool {
-        matches!(self, Self::Processed { recorded: false })
-    }
-
-    /// A short label for logs and metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::Processed { .. } => "processed",
-            Self::Duplicate => "duplicate",
-            Self::Failed(failure) => failure.label(),
-        }
-    }
-}
-
-/// Why a record failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Failure {
-    /// The record's fields do not parse.
-    #[error("invalid record: {0}")]
-    InvalidRecord(String),
-    /// No idempotency key could be derived.
-    #[error("no idempotency key: {0}")]
-    MissingKey(String),
-    /// Another holder's lease on the key is live.
-    #[error("key is being processed elsewhere; free in {} ms", retry_after.as_millis())]
-    Conflict {
-        /// Time until that lease can have ended.
-        retry_after: Duration,
-    },
-    /// The handler failed, and another delivery may succeed.
-    #[error("handler failed (retryable): {0}")]
-    Retryable(String),
-    /// The handler failed, and no delivery can succeed.
-    #[error("handler failed (permanent): {0}")]
-    Permanent(String),
-    /// The key failed permanently in an earlier delivery.
-    #[error("key failed permanently before: {}", .0.as_deref().unwrap_or("no reason recorded"))]
-    FailedBefore(Option<String>),
-    /// The key was claimed before with a different body.
-    #[error("key was processed before with a different body (payload validation)")]
-    PayloadMismatch,
-    /// The handler panicked.
-    #[error("handler panicked: {0}")]
-    Panicked(String),
-    /// The claim store failed.
-    #[error("claim store error: {0}")]
-    Store(String),
-    /// The deadline came before the record finished (or started).
-    #[error("not finished before the invocation deadline")]
-    Deadline,
-    /// An earlier record of the same FIFO message group failed.
-    #[error("skipped: earlier record {0} of its FIFO message group failed")]
-    GroupSkipped(String),
-    /// The handler staged writes, and their commit was not confirmed when
-    /// the answer was due (or failed): it may still land, so the record comes
-    /// back once the claim's lease can have ended, to find the claim
-    /// completed (a duplicate) or to run and commit once.
-    #[error("the handler's transaction was not confirmed committed; delivered again after the lease (in {} ms)", retry_after.as_millis())]
-    Uncommitted {
-        /// Time until the claim's lease can have ended.
-        retry_after: Duration,
-    },
-    /// The handler's transaction was refused because the claim's lease had
-    /// been taken over by another delivery: nothing of this run applied, and
-    /// the other holder's run is the one that counts.
-    #[error(
-        "the claim was taken over after its lease before the handler's transaction committed; nothing of this run applied"
-    )]
-    LeaseLost,
-}
-
-impl Failure {
-    /// A short label for logs and metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::InvalidRecord(_) => "invalid_record",
-            Self::MissingKey(_) => "missing_key",
-            Self::Conflict { .. } => "conflict",
-            Self::Retryable(_) => "retryable",
-            Self::Permanent(_) => "permanent",
-            Self::FailedBefore(_) => "failed_before",
-            Self::PayloadMismatch => "payload_mismatch",
-            Self::Panicked(_) => "panicked",
-            Self::Store(_) => "store_error",
-            Self::Deadline => "deadline",
-            Self::GroupSkipped(_) => "group_skipped",
-            Self::Uncommitted { .. } => "uncommitted",
-            Self::LeaseLost => "lease_lost",
-        }
-    }
-}
-
-impl From<StoreError> for Failure {
-    fn from(error: StoreError) -> Self {
-        Self::Store(error.to_string())
-    }
-}
-
-/// The fate of one record of the batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordReport {
-    /// The record's message id.
-    pub message_id: String,
-    /// The stored key, when one was derived.
-    pub key: Option<String>,
-    /// What happened.
-    pub outcome: Outcome,
-    /// Time spent on its key (shared by in-batch duplicates).
-    pub duration: Duration,
-    /// Time the claim took, for the record that made it (in-batch duplicates
-    /// and records that never claimed have none).
-    pub claim_latency: Option<Duration>,
-}
-
-/// The fate of a whole batch, in event order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BatchReport {
-    /// One entry per event record.
-    pub records: Vec<RecordReport>,
-}
-
-impl BatchReport {
-    /// The partial-batch response: each failed record's message id, once.
-    pub fn response(&self) -> SqsBatchResponse {
-        let mut seen = std::collections::HashSet::new();
-        let mut response = SqsBatchResponse::default();
-        response.batch_item_failures = self
-            .records
-            .iter()
-            .filter(|record| record.outcome.is_failure() && seen.insert(record.message_id.as_str()))
-            .map(|record| {
-                let mut failure = BatchItemFailure::default();
-                failure.item_identifier = record.message_id.clone();
-                failure
-            })
-            .collect();
-        response
-    }
-
-    /// How many records had each outcome label.
-    pub fn counts(&self) -> HashMap<&'static str, usize> {
-        let mut counts = HashMap::new();
-        for record in &self.records {
-            *counts.entry(record.outcome.label()).or_default() += 1;
-        }
-        counts
-    }
-}
-
 /// The batch engine. Cheap to clone; build one per process and reuse it.
 ///
 /// ```
@@ -264,7 +79,7 @@ impl BatchReport {
 /// use std::{sync::Arc, time::{Duration, SystemTime}};
 /// use sqs_once::{
 ///     Handler, HandlerResult, Record, claim::Claims, engine::{Engine, EngineOptions, Invocation},
-///     sqs::event::parse_event, key::KeyDeriver, store::MemoryStore,
+///     event::parse_event, key::Keys, store::MemoryStore,
 /// };
 ///
 /// struct Echo;
@@ -273,7 +88,7 @@ impl BatchReport {
 /// }
 ///
 /// let claims = Arc::new(Claims::new(Arc::new(MemoryStore::default())));
-/// let keys = KeyDeriver::new(Default::default(), "echo", true, Default::default());
+/// let keys = Keys::default();
 /// let engine = Engine::new(Arc::new(Echo), claims, keys, EngineOptions::default());
 /// let event = serde_json::json!({"Records": [{"messageId": "m-1", "body": "hi"}]});
 /// let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(5), request_id: "r-1".into() };
@@ -297,7 +112,7 @@ impl std::fmt::Debug for Engine {
 struct Inner {
     handler: BoxHandler,
     claims: Arc<Claims>,
-    keys: KeyDeriver,
+    keys: Keys,
     options: EngineOptions,
     outbox: Option<Arc<Outbox>>,
 }
@@ -365,7 +180,7 @@ struct BatchState {
 
 impl Engine {
     /// An engine running `handler` under `claims`, keying records with `keys`.
-    pub fn new(handler: BoxHandler, claims: Arc<Claims>, keys: KeyDeriver, options: EngineOptions) -> Self {
+    pub fn new(handler: BoxHandler, claims: Arc<Claims>, keys: Keys, options: EngineOptions) -> Self {
         Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox: None }) }
     }
 
@@ -390,7 +205,7 @@ impl Engine {
 
     /// The budget of an invocation due at `deadline`, as this engine plans it.
     pub fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
-        DeadlineBudget::new(deadline, self.inner.options.deadline_margin, self.inner.options.answer_reserve)
+        self.inner.options.margins.budget(deadline)
     }
 
     /// Processes one batch and reports every record's fate, in event order.
@@ -765,7 +580,7 @@ impl Engine {
     }
 
     /// Sends a committed run's messages, if the engine has an outbox.
-    async fn deliver(&self, entries: &[crate::outbox::OutboxEntry]) {
+    async fn deliver(&self, entries: &[OutboxEntry]) {
         if let Some(outbox) = &self.inner.outbox
             && !entries.is_empty()
         {

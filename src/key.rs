@@ -10,7 +10,7 @@ use crate::envelope::Opened;
 
 /// Where one part of a key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
+pub(crate) enum KeySource {
     /// The SQS message id.
     MessageId,
     /// A field of the body parsed as JSON (of the message inside the
@@ -27,30 +27,17 @@ pub enum KeySource {
 }
 
 /// What `SQS_ONCE_KEY` says: one or more sources, joined into one key.
-///
-/// ```
-/// use sqs_once::key::{KeySource, KeySpec};
-///
-/// let spec: KeySpec = "body.order.id,attributes.MessageGroupId".parse().unwrap();
-/// assert_eq!(spec.sources()[0], KeySource::Body(vec!["order".into(), "id".into()]));
-/// assert!("body.".parse::<KeySpec>().is_err());
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeySpec(Vec<KeySource>);
+pub(crate) struct KeySpec(Vec<KeySource>);
 
 impl KeySpec {
     /// The sources, in the order they were given.
-    pub fn sources(&self) -> &[KeySource] {
+    pub(crate) fn sources(&self) -> &[KeySource] {
         &self.0
     }
 
-    /// Whether the key needs the body parsed.
-    pub fn reads_body(&self) -> bool {
-        self.0.iter().any(|source| matches!(source, KeySource::Body(_)))
-    }
-
     /// Whether the key reads the envelope's fields.
-    pub fn reads_envelope(&self) -> bool {
+    pub(crate) fn reads_envelope(&self) -> bool {
         self.0.iter().any(|source| matches!(source, KeySource::Envelope(_)))
     }
 }
@@ -107,7 +94,7 @@ impl fmt::Display for KeySource {
 
 /// Why a record's key could not be derived.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MissingKey {
+pub(crate) enum MissingKey {
     /// The key reads the body, and the body is not JSON.
     #[error("{key_source}: body is not JSON ({reason})")]
     BodyNotJson {
@@ -143,42 +130,76 @@ impl FromStr for OnMissingKey {
     }
 }
 
-/// Turns messages into the ids their claims are stored under:
-/// `<prefix>#<key>`, where `<key>` is the SHA-256 (hex) of the key's canonical
-/// text when hashing is on, or the canonical text itself.
+/// The key settings (`SQS_ONCE_KEY`, `SQS_ONCE_KEY_PREFIX`,
+/// `SQS_ONCE_HASH_KEYS`, `SQS_ONCE_ON_MISSING_KEY`), and how they turn
+/// messages into the ids their claims are stored under: `<prefix>#<key>`,
+/// where `<key>` is the SHA-256 (hex) of the key's canonical text when
+/// hashing is on, or the canonical text itself.
 ///
 /// The canonical text of a one-part key is the part itself (a JSON string
 /// unquoted, any other JSON value serialised with sorted object keys); a
 /// composite key is the JSON array of its parts.
 ///
 /// ```
-/// use sqs_once::{envelope::Opened, key::{KeyDeriver, KeySpec, OnMissingKey}};
-/// # use aws_lambda_events::sqs::SqsMessage;
+/// use sqs_once::key::{Keys, OnMissingKey};
 ///
-/// let deriver = KeyDeriver::new("body.order_id".parse().unwrap(), "orders", false, OnMissingKey::Fail);
-/// let mut message = SqsMessage::default();
-/// message.message_id = Some("m-1".into());
-/// message.body = Some(r#"{"order_id": 42}"#.into());
-/// assert_eq!(deriver.derive(&Opened::plain(&message)).unwrap(), "orders#42");
-/// assert_eq!(deriver.stored_id(&["42".to_owned()]), "orders#42");
+/// let keys = Keys::new("body.order_id", "orders")?.hashed(false).on_missing(OnMissingKey::MessageId);
+/// assert_eq!(keys.stored_id(&["42".to_owned()]), "orders#42");
+/// assert!(Keys::new("body.", "orders").is_err());
+/// # Ok::<(), sqs_once::key::InvalidKeySpec>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct KeyDeriver {
+pub struct Keys {
     spec: KeySpec,
     prefix: String,
     hash: bool,
     on_missing: OnMissingKey,
 }
 
-impl KeyDeriver {
-    /// A deriver for `spec` under `prefix`.
-    pub fn new(spec: KeySpec, prefix: impl Into<String>, hash: bool, on_missing: OnMissingKey) -> Self {
-        Self { spec, prefix: prefix.into(), hash, on_missing }
+impl Default for Keys {
+    /// The message id, under the prefix `sqs-once`, hashed; a record without
+    /// a key fails.
+    fn default() -> Self {
+        Self {
+            spec: KeySpec::default(),
+            prefix: crate::config::DEFAULT_KEY_PREFIX.into(),
+            hash: true,
+            on_missing: OnMissingKey::Fail,
+        }
+    }
+}
+
+impl Keys {
+    /// Keys read from `spec` (as `SQS_ONCE_KEY` takes it), stored under
+    /// `prefix`, hashed; a record without a key fails.
+    pub fn new(spec: &str, prefix: impl Into<String>) -> Result<Self, InvalidKeySpec> {
+        Ok(Self::of(spec.parse()?, prefix.into()))
+    }
+
+    /// Keys read from a parsed `spec`, stored under `prefix`.
+    pub(crate) fn of(spec: KeySpec, prefix: String) -> Self {
+        Self { spec, prefix, ..Self::default() }
+    }
+
+    /// Whether stored keys are SHA-256 hashes (the default), so that no
+    /// message content lands in the table.
+    pub fn hashed(self, hash: bool) -> Self {
+        Self { hash, ..self }
+    }
+
+    /// What a record without a key gets.
+    pub fn on_missing(self, on_missing: OnMissingKey) -> Self {
+        Self { on_missing, ..self }
+    }
+
+    /// The namespace of stored keys.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// The stored id for `message`, falling back to its message id when the
-    /// key is missing and the policy allows it.
-    pub fn derive(&self, message: &Opened<'_>) -> Result<String, MissingKey> {
+    /// key is missing and the settings allow it.
+    pub(crate) fn derive(&self, message: &Opened<'_>) -> Result<String, MissingKey> {
         match self.parts(message) {
             Ok(parts) => Ok(self.stored_id(&parts)),
             Err(missing) => match (self.on_missing, &message.message.message_id) {
@@ -189,8 +210,8 @@ impl KeyDeriver {
     }
 
     /// The stored id for a key given as its parts' canonical texts, in the
-    /// order of the key specification; operators use it to find a claim by
-    /// the key they know.
+    /// order of the key specification: how an operator finds a claim by the
+    /// key they know.
     pub fn stored_id(&self, parts: &[String]) -> String {
         let canonical = match parts {
             [single] => single.clone(),
@@ -266,7 +287,7 @@ fn canonical_text(value: &Value) -> String {
 }
 
 /// SHA-256 (hex) of a message body, stored for payload validation.
-pub fn payload_hash(body: &str) -> String {
+pub(crate) fn payload_hash(body: &str) -> String {
     hex::encode(Sha256::digest(body.as_bytes()))
 }
 
@@ -291,7 +312,7 @@ mod tests {
     /// A deriver of unhashed keys under `p`, deriving from messages without
     /// an envelope.
     fn plain(spec: &str, on_missing: OnMissingKey) -> impl Fn(&SqsMessage) -> Result<String, MissingKey> {
-        let deriver = KeyDeriver::new(spec.parse().unwrap(), "p", false, on_missing);
+        let deriver = Keys::new(spec, "p").unwrap().hashed(false).on_missing(on_missing);
         move |message| deriver.derive(&Opened::plain(message))
     }
 
@@ -318,7 +339,7 @@ mod tests {
 
     #[test]
     fn hashing_hides_the_key_and_is_stable() {
-        let deriver = KeyDeriver::new("body.email".parse().unwrap(), "fn", true, OnMissingKey::Fail);
+        let deriver = Keys::new("body.email", "fn").unwrap();
         let id = deriver.derive(&Opened::plain(&message(r#"{"email":"ann@example.com"}"#))).unwrap();
         assert!(!id.contains("ann"));
         assert_eq!(id, format!("fn#{}", payload_hash("ann@example.com")));
@@ -367,8 +388,7 @@ mod tests {
         });
         let m = message(&sns.to_string());
         let opened = Opened::new(&m, EnvelopeKind::Sns).unwrap();
-        let derive =
-            |spec: &str| KeyDeriver::new(spec.parse().unwrap(), "p", false, OnMissingKey::Fail).derive(&opened);
+        let derive = |spec: &str| Keys::new(spec, "p").unwrap().hashed(false).derive(&opened);
         assert_eq!(derive("body.order_id").unwrap(), "p#o-77");
         assert_eq!(derive("envelope.MessageId").unwrap(), "p#sns-1");
         assert_eq!(derive("envelope.TopicArn, body.order_id").unwrap(), r#"p#["arn:aws:sns:us-east-1:1:t","o-77"]"#);

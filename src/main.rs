@@ -7,5 +7,5 @@ use sqs_once::handlers;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    sqs_once::run_with(|config| handlers::build(config.handler.as_deref().unwrap_or(handlers::DEFAULT))).await
+    sqs_once::run_with(|_| handlers::from_env()).await
 }

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::{engine::BatchReport, sqs::redelivery::RedeliveryCounts};
+use crate::{report::BatchReport, sqs::redelivery::RedeliveryCounts};
 
 /// What to publish (`SQS_ONCE_METRICS*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ const COUNTS: &[(&str, &[&str])] = &[
 /// The EMF line for one invocation.
 ///
 /// ```
-/// use sqs_once::{engine::BatchReport, metrics::{emf_line, Extra, MetricsConfig}};
+/// use sqs_once::{report::BatchReport, metrics::{emf_line, Extra, MetricsConfig}};
 ///
 /// let config = MetricsConfig { dimensions: vec![("FunctionName".into(), "orders".into())], ..Default::default() };
 /// let line = emf_line(&config, &BatchReport::default(), Extra::default(), 1_700_000_000_000);
@@ -140,7 +140,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::engine::{Failure, Outcome, RecordReport};
+    use crate::report::{Failure, Outcome, RecordReport};
 
     fn record(outcome: Outcome, claim_ms: Option<u64>) -> RecordReport {
         RecordReport {

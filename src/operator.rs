@@ -7,9 +7,9 @@
 use std::{sync::Arc, time::Duration};
 
 use crate::{
-    claim::{ClaimStatus, StoredClaim},
     clock::Clock,
     store::{ClaimQuery, ClaimStore, Fenced, Listing, StoreError},
+    store::{ClaimStatus, StoredClaim},
 };
 
 /// The outcome of an operator's action on one claim.

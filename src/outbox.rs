@@ -30,8 +30,6 @@ use std::{
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tokio::{task::JoinHandle, time::Instant};
 
 pub use aws::AwsDestinations;
@@ -39,7 +37,7 @@ pub use aws::AwsDestinations;
 use crate::{
     clock::{Clock, duration_ms},
     lock::lock,
-    store::{ClaimStore, Fenced, OutboxQuery, StoreError},
+    store::{ClaimStore, Fenced, OutboxEntry, OutboxQuery, StoreError, new_token},
     transaction::Message,
 };
 
@@ -57,67 +55,6 @@ const SWEEP_LIMIT: usize = 500;
 
 /// Claims whose entries are sent at once during a sweep.
 const SWEEP_CONCURRENCY: usize = 16;
-
-/// One message in the outbox, as the claim store keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutboxEntry {
-    /// The stored id: the claim's id, its token, and the message's place
-    /// among the run's messages.
-    pub id: String,
-    /// The claim whose run sent it.
-    pub claim_id: String,
-    /// The SQS message id of the delivery whose run sent it.
-    pub message_id: String,
-    /// The message.
-    pub message: Message,
-    /// The sending lease's token; taking the entry over and deleting it are
-    /// conditioned on it.
-    pub token: String,
-    /// End of the sending lease, epoch milliseconds.
-    pub lease_until_ms: u64,
-    /// When the run committed it, epoch milliseconds.
-    pub created_at_ms: u64,
-}
-
-impl OutboxEntry {
-    /// The entries of the messages a run with `token` on claim `claim_id`
-    /// staged, leased to that run until `lease_until_ms`.
-    pub fn of_run(
-        claim_id: &str,
-        token: &str,
-        message_id: &str,
-        messages: &[Message],
-        now_ms: u64,
-        lease_until_ms: u64,
-    ) -> Vec<Self> {
-        messages
-            .iter()
-            .enumerate()
-            .map(|(n, message)| Self {
-                // Zero-padded, so that listing by id keeps a run's messages in order.
-                id: format!("{claim_id}#outbox#{token}#{n:03}"),
-                claim_id: claim_id.to_owned(),
-                message_id: message_id.to_owned(),
-                message: message.clone(),
-                token: token.to_owned(),
-                lease_until_ms,
-                created_at_ms: now_ms,
-            })
-            .collect()
-    }
-
-    /// The id the message carries wherever it is sent, the same however
-    /// often: 64 hexadecimal digits (SHA-256 of the stored id), fit for a
-    /// FIFO deduplication id.
-    pub fn outbox_id(&self) -> String {
-        hex::encode(Sha256::digest(self.id.as_bytes()))
-    }
-
-    /// Whether another sender may take the entry over at `now_ms`.
-    pub fn is_due(&self, now_ms: u64) -> bool {
-        self.lease_until_ms < now_ms
-    }
-}
 
 /// Why a message was not sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -276,7 +213,7 @@ impl Outbox {
         let mut taken = Vec::new();
         for entry in entries {
             let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
-            let token = crate::claim::new_token();
+            let token = new_token();
             match self.store.take_outbox(&entry, &token, lease_until_ms).await {
                 Ok(Fenced::Applied) => taken.push(OutboxEntry { token, lease_until_ms, ..entry }),
                 // Sent and deleted, or taken by another sender, since it was listed.

@@ -1,14 +1,13 @@
-//! The SQS side of the consumer: reading an SQS event ([`event`]), what
-//! becomes of failed records ([`redelivery`]), and the SQS calls the
-//! consumer makes ([`Sqs`]): visibility changes and dead-lettering after a
-//! batch, and, for `poll`, receiving and deleting.
+//! The SQS side of the consumer after the engine has answered: what becomes
+//! of failed records ([`redelivery`]), and the SQS calls the consumer makes
+//! ([`Sqs`]): visibility changes and dead-lettering after a batch, and, for
+//! `poll`, receiving and deleting.
 //!
 //! Batched calls (`ChangeMessageVisibilityBatch`, `DeleteMessageBatch`) take
 //! at most ten entries, so longer lists are split and the parts sent
 //! concurrently. Results come back entry by entry: a caller counts exactly
 //! what happened and what did not.
 
-pub mod event;
 pub mod redelivery;
 
 use std::{collections::HashMap, future::Future, time::Duration};

@@ -7,18 +7,17 @@
 
 use async_trait::async_trait;
 
-pub use crate::claim::Finish;
-use crate::{
-    claim::{ClaimStatus, StoredClaim},
-    outbox::OutboxEntry,
-    transaction::Write,
-};
+use crate::transaction::Write;
 
 pub mod batched;
 pub mod dynamodb;
 mod items;
 pub mod memory;
 pub mod sqlite;
+mod stored;
+
+pub(crate) use stored::new_token;
+pub use stored::{ClaimStatus, Finish, OutboxEntry, StoredClaim};
 
 pub use dynamodb::DynamoDbStore;
 pub use memory::MemoryStore;
@@ -118,7 +117,7 @@ impl ClaimQuery {
     /// at most `limit` of them.
     ///
     /// ```
-    /// use sqs_once::{claim::{StoredClaim, ClaimStatus}, store::ClaimQuery};
+    /// use sqs_once::store::{ClaimQuery, ClaimStatus, StoredClaim};
     ///
     /// let claim = |id: &str, status, claimed_at_ms| StoredClaim {
     ///     id: id.into(), status, expires_at_s: u64::MAX / 1000, lease_until_ms: None, token: None, holder: None,

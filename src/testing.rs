@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
-//! use sqs_once::{Handler, HandlerError, HandlerResult, Record, engine::{Failure, Outcome}, testing};
+//! use sqs_once::{Handler, HandlerError, HandlerResult, Record, report::{Failure, Outcome}, testing};
 //!
 //! #[derive(Default)]
 //! struct Charge(AtomicUsize);
@@ -62,13 +62,14 @@ use aws_lambda_events::sqs::SqsMessage;
 
 use crate::{
     Handler, Record,
-    claim::{ClaimPolicy, Claims},
+    claim::Claims,
     clock::SystemClock,
-    engine::{BatchReport, Engine, EngineOptions, Invocation},
-    key::{KeyDeriver, KeySpec, OnMissingKey},
+    config::Config,
+    engine::{Engine, Invocation},
+    event::EventRecord,
     lock::lock,
     outbox::{Destinations, Outbox, SendError},
-    sqs::event::EventRecord,
+    report::BatchReport,
     store::{ClaimStore, MemoryStore},
     transaction::Message,
 };
@@ -179,27 +180,39 @@ struct Setup {
     store: Arc<dyn ClaimStore>,
     memory: Option<Arc<MemoryStore>>,
     destinations: Arc<Recorded>,
-    key: KeySpec,
-    policy: ClaimPolicy,
-    options: EngineOptions,
+    /// `SQS_ONCE_` settings, later ones winning.
+    settings: Vec<(String, String)>,
     timeout: Duration,
 }
 
+/// What a test consumer's settings are unless the test says otherwise: keys
+/// stored as they are, under `test`, so that a test reads them.
+const TEST_SETTINGS: [(&str, &str); 2] = [("SQS_ONCE_KEY_PREFIX", "test"), ("SQS_ONCE_HASH_KEYS", "false")];
+
 impl Setup {
+    fn config(&self) -> Config {
+        let lookup = |name: &str| {
+            let given = self.settings.iter().rev().find(|(setting, _)| setting == name).map(|(_, value)| value.clone());
+            given.or_else(|| {
+                TEST_SETTINGS.iter().find(|(setting, _)| *setting == name).map(|(_, value)| (*value).to_owned())
+            })
+        };
+        Config::from_lookup(lookup).unwrap_or_else(|error| panic!("{error}"))
+    }
+
     fn engine(&self) -> Engine {
-        let claims = Claims::with_policy(Arc::clone(&self.store), self.policy.clone(), Arc::new(SystemClock));
-        let keys = KeyDeriver::new(self.key.clone(), "test", false, OnMissingKey::Fail);
+        let config = self.config();
+        let claims = Claims::with_policy(Arc::clone(&self.store), config.claims.clone(), Arc::new(SystemClock));
         let destinations = Arc::clone(&self.destinations) as Arc<dyn Destinations>;
         let outbox = Outbox::new(Arc::clone(&self.store), destinations, Arc::new(SystemClock), None);
-        Engine::new(Arc::clone(&self.handler), Arc::new(claims), keys, self.options.clone())
+        Engine::new(Arc::clone(&self.handler), Arc::new(claims), config.keys, config.engine)
             .with_outbox(Arc::new(outbox))
     }
 }
 
 impl std::fmt::Debug for TestConsumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let setup = &self.setup;
-        f.debug_struct("TestConsumer").field("key", &setup.key).field("options", &setup.options).finish_non_exhaustive()
+        f.debug_struct("TestConsumer").field("settings", &self.setup.settings).finish_non_exhaustive()
     }
 }
 
@@ -212,9 +225,7 @@ impl TestConsumer {
             store: Arc::clone(&memory) as Arc<dyn ClaimStore>,
             memory: Some(memory),
             destinations: Arc::new(Recorded::default()),
-            key: KeySpec::default(),
-            policy: ClaimPolicy::default(),
-            options: EngineOptions::default(),
+            settings: Vec::new(),
             timeout: TIMEOUT,
         };
         Self { engine: setup.engine(), setup }
@@ -223,8 +234,25 @@ impl TestConsumer {
     /// Keys records as `SQS_ONCE_KEY` would. Panics on an invalid
     /// specification, as a test should.
     pub fn key(self, spec: &str) -> Self {
-        let key = spec.parse().unwrap_or_else(|error| panic!("{error}"));
-        self.rebuilt(|setup| setup.key = key)
+        self.setting("SQS_ONCE_KEY", spec)
+    }
+
+    /// Runs as the `SQS_ONCE_` variable `name` set to `value` would make it
+    /// run (`SQS_ONCE_VALIDATE_PAYLOAD`, `SQS_ONCE_CONCURRENCY`,
+    /// `SQS_ONCE_DEADLINE_MARGIN_MS`…; see [`crate::config`]). Keys are
+    /// stored unhashed under `test` unless set otherwise. Panics on an
+    /// invalid value, as a test should.
+    ///
+    /// ```
+    /// use sqs_once::{handler_fn, testing::TestConsumer};
+    ///
+    /// let consumer = TestConsumer::new(handler_fn(|_| async { Ok(None) }))
+    ///     .key("body.order_id")
+    ///     .setting("SQS_ONCE_VALIDATE_PAYLOAD", "true");
+    /// ```
+    pub fn setting(self, name: &str, value: &str) -> Self {
+        let (name, value) = (name.to_owned(), value.to_owned());
+        self.rebuilt(|setup| setup.settings.push((name, value)))
     }
 
     /// Runs on `store` instead of a fresh in-memory one.
@@ -233,16 +261,6 @@ impl TestConsumer {
             setup.store = store;
             setup.memory = None;
         })
-    }
-
-    /// The claim state machine's tuning (payload validation, stored results).
-    pub fn policy(self, policy: ClaimPolicy) -> Self {
-        self.rebuilt(|setup| setup.policy = policy)
-    }
-
-    /// The engine's tuning (concurrency, deadline margin, envelope).
-    pub fn options(self, options: EngineOptions) -> Self {
-        self.rebuilt(|setup| setup.options = options)
     }
 
     /// How long each batch may take before its unfinished records fail

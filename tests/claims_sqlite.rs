@@ -60,7 +60,7 @@ async fn a_file_of_an_older_version_gains_the_message_id_column_and_keeps_its_cl
     // Two processes opening it at once add the column once.
     let (a, b) = (SqliteStore::open(&path).unwrap(), SqliteStore::open(&path).unwrap());
     let old = a.get("old").await.unwrap().expect("the old claim is kept");
-    assert_eq!((old.status, old.message_id), (sqs_once::claim::ClaimStatus::Completed, None));
+    assert_eq!((old.status, old.message_id), (sqs_once::store::ClaimStatus::Completed, None));
     let machine = sqs_once::testing::claim_suite::Machine::plain(Arc::new(b));
     machine.win("new").await;
     assert_eq!(machine.stored("new").await.unwrap().message_id.as_deref(), Some("m-new"));

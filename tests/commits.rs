@@ -254,7 +254,7 @@ mod dynamodb_answers {
         let (claims, direct, table) = behind(&common::dynamodb::endpoint()).await;
         let lease = win(&claims, "k-over").await;
         // Another holder takes the claim over (its lease ended early, as a clock on another host says).
-        let stolen = sqs_once::claim::StoredClaim {
+        let stolen = sqs_once::store::StoredClaim {
             token: Some("other".into()),
             ..direct.get("k-over").await.unwrap().unwrap()
         };

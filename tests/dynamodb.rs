@@ -18,21 +18,22 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Value, json};
 use sqs_once::{
     Handler, HandlerResult, Record,
-    claim::{Claim, ClaimPolicy, ClaimRequest, ClaimStatus, Claims},
+    claim::{Claim, ClaimPolicy, ClaimRequest, Claims},
     clock::{Clock, SystemClock},
-    engine::{BatchReport, Engine, EngineOptions, Invocation},
+    engine::{Engine, EngineOptions, Invocation},
+    event::parse_event,
     handlers::demo::Demo,
-    key::KeyDeriver,
-    sqs::event::parse_event,
+    key::Keys,
+    report::BatchReport,
     store::{
-        ClaimQuery, ClaimStore, DynamoDbStore,
+        ClaimQuery, ClaimStatus, ClaimStore, DynamoDbStore,
         dynamodb::{self, RequestCounts, TableKey},
     },
 };
 
 fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> Engine {
     let claims = Claims::with_policy(Arc::new(store), policy, Arc::new(SystemClock));
-    let keys = KeyDeriver::new("body.key".parse().unwrap(), "test", true, Default::default());
+    let keys = Keys::new("body.key", "test").unwrap();
     Engine::new(Arc::new(handler), Arc::new(claims), keys, EngineOptions::default())
 }
 
@@ -371,7 +372,7 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
     let client = aws_sdk_dynamodb::Client::from_conf(config.build());
     let store = DynamoDbStore::new(client, dynamodb::TableLayout::new(table));
     let claims = Claims::with_policy(Arc::new(store), ClaimPolicy::default(), Arc::new(SystemClock));
-    let keys = KeyDeriver::new("body.key".parse().unwrap(), "test", false, Default::default());
+    let keys = Keys::new("body.key", "test").unwrap().hashed(false);
     let dir = tempfile::tempdir().unwrap();
     let handler = Demo::with_log(dir.path().join("demo.log")).unwrap();
     let engine = Engine::new(Arc::new(handler), Arc::new(claims), keys, EngineOptions::default());
@@ -455,8 +456,8 @@ async fn open_claims_spread_over_index_partitions_and_list_exactly() {
 }
 
 /// A failed claim of `id`, claimed at `claimed_at_ms`.
-fn failed_claim(id: &str, claimed_at_ms: u64) -> sqs_once::claim::StoredClaim {
-    sqs_once::claim::StoredClaim {
+fn failed_claim(id: &str, claimed_at_ms: u64) -> sqs_once::store::StoredClaim {
+    sqs_once::store::StoredClaim {
         id: id.into(),
         status: ClaimStatus::Failed,
         expires_at_s: SystemClock.now_ms() / 1000 + 3600,
@@ -538,7 +539,7 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
     let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
     let claims = Claims::with_policy(Arc::new(store.clone()), ClaimPolicy::default(), Arc::new(SystemClock));
     // Keys stored as they are, so that one can be longer than DynamoDB's 2,048-byte partition key.
-    let keys = KeyDeriver::new("body.key".parse().unwrap(), "test", false, Default::default());
+    let keys = Keys::new("body.key", "test").unwrap().hashed(false);
     let engine = Engine::new(Arc::new(FailsWithItsText), Arc::new(claims), keys, EngineOptions::default());
     let long_key = "k".repeat(3000);
     let mut bodies: Vec<Value> = (0..20).map(|n| json!({ "key": format!("ok-{n}") })).collect();

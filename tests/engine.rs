@@ -13,14 +13,18 @@ use std::{
 use serde_json::{Value, json};
 use sqs_once::{
     Handler, HandlerResult, Record,
-    claim::{ClaimPolicy, ClaimStatus, Claims, StoredClaim},
+    budget::Margins,
+    claim::{ClaimPolicy, Claims},
     clock::SystemClock,
-    engine::{BatchReport, Engine, EngineOptions, Failure, Invocation, Outcome},
+    engine::{Engine, EngineOptions, Invocation},
     envelope::{Envelope, EnvelopeKind},
+    event::parse_event,
     handlers::demo::Demo,
-    key::{KeyDeriver, KeySpec, OnMissingKey},
-    sqs::event::parse_event,
-    store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, MemoryStore, PutOutcome, StoreError},
+    key::{Keys, OnMissingKey},
+    report::{BatchReport, Failure, Outcome},
+    store::{
+        ClaimQuery, ClaimStatus, ClaimStore, Fenced, Finish, Listing, MemoryStore, PutOutcome, StoreError, StoredClaim,
+    },
 };
 
 fn message(id: &str, body: Value) -> Value {
@@ -63,8 +67,7 @@ impl Default for Setup {
 impl Setup {
     fn engine(self, handler: impl Handler) -> Engine {
         let claims = Claims::with_policy(self.store, self.policy, Arc::new(SystemClock));
-        let spec: KeySpec = self.key.parse().unwrap();
-        let keys = KeyDeriver::new(spec, "test", false, self.on_missing);
+        let keys = Keys::new(self.key, "test").unwrap().hashed(false).on_missing(self.on_missing);
         Engine::new(Arc::new(handler), Arc::new(claims), keys, self.options)
     }
 }
@@ -198,7 +201,11 @@ async fn a_panic_fails_only_its_record_and_releases_its_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_drains_the_batch_and_fails_what_did_not_finish() {
     let (handler, dir) = demo();
-    let options = EngineOptions { concurrency: 2, deadline_margin: Duration::from_millis(300), ..Default::default() };
+    let options = EngineOptions {
+        concurrency: 2,
+        margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
+        ..Default::default()
+    };
     let engine = Setup { options, ..Setup::default() }.engine(handler);
     let mut records = vec![message("fast-1", json!({})), message("fast-2", json!({}))];
     records.extend((0..4).map(|n| message(&format!("slow-{n}"), json!({"sleep_ms": 60_000}))));
@@ -360,7 +367,10 @@ async fn the_handler_and_payload_validation_see_the_message_inside_the_envelope(
 async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_late() {
     let (handler, dir) = demo();
     let store = HeldStore::finishing_late(Duration::from_millis(2500), 0);
-    let options = EngineOptions { deadline_margin: Duration::from_millis(300), ..Default::default() };
+    let options = EngineOptions {
+        margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
+        ..Default::default()
+    };
     let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
     let records = vec![
         message("done", json!({})),
@@ -441,7 +451,11 @@ async fn a_handler_returning_while_the_answer_is_cut_off_keeps_its_outcome() {
     // Reported `deadline`, a success would come back and run again although its side effect happened,
     // and a permanent failure would be tried again.
     let store = Arc::new(MemoryStore::default());
-    let options = EngineOptions { deadline_margin: Duration::from_millis(800), concurrency: 4, ..Default::default() };
+    let options = EngineOptions {
+        margins: Margins { deadline_margin: Duration::from_millis(800), ..Margins::default() },
+        concurrency: 4,
+        ..Default::default()
+    };
     let engine = Setup { store: store.clone(), options, ..Setup::default() }
         .engine(BlocksThroughTheCutoff(Duration::from_millis(1250)));
     let records = vec![
@@ -561,7 +575,10 @@ async fn finishing_writes_that_can_land_before_the_deadline_are_waited_for() {
     // the cut-off, and cancelling it must not cancel the others' writes.
     let (handler, dir) = demo();
     let store = HeldStore::finishing_late(Duration::from_millis(250), 0);
-    let options = EngineOptions { deadline_margin: Duration::from_millis(800), ..Default::default() };
+    let options = EngineOptions {
+        margins: Margins { deadline_margin: Duration::from_millis(800), ..Margins::default() },
+        ..Default::default()
+    };
     let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
     let mut records: Vec<Value> = (0..20).map(|n| message(&format!("m-{n}"), json!({"sleep_ms": 1000}))).collect();
     records.push(message("slow", json!({"sleep_ms": 60_000})));
@@ -621,7 +638,10 @@ async fn a_fifo_record_answered_at_the_deadline_from_another_group_keeps_its_gro
     // Group 1 is a slow record, then key B; group 2 runs key B at once. At the deadline key B has
     // succeeded, but group 1's second record comes after a failure of its group: it must fail too.
     let (handler, _dir) = demo();
-    let options = EngineOptions { deadline_margin: Duration::from_millis(300), ..Default::default() };
+    let options = EngineOptions {
+        margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
+        ..Default::default()
+    };
     let engine = Setup { key: "body.k", options, ..Setup::default() }.engine(handler);
     let records = vec![
         fifo("g1-slow", "g1", json!({"k": "A", "sleep_ms": 60_000})),

@@ -18,10 +18,10 @@ use sqs_once::{
     claim::Claims,
     clock::SystemClock,
     engine::{Engine, EngineOptions, Invocation},
+    event::EventRecord,
     handler_fn,
-    key::{KeyDeriver, OnMissingKey},
+    key::Keys,
     outbox::{AwsDestinations, Destinations, Outbox},
-    sqs::event::EventRecord,
     store::MemoryStore,
     testing,
     transaction::{Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD},
@@ -67,7 +67,7 @@ async fn engine(messages: Vec<Message>) -> Engine {
         }
     });
     let claims = Arc::new(Claims::new(store.clone()));
-    let keys = KeyDeriver::new(Default::default(), "outbox-test", true, OnMissingKey::Fail);
+    let keys = Keys::new("messageId", "outbox-test").unwrap();
     let destinations: Arc<dyn Destinations> = Arc::new(AwsDestinations::new(&sqs_once::aws::sdk_config().await));
     let outbox = Outbox::new(store, destinations, Arc::new(SystemClock), None);
     Engine::new(Arc::new(handler), claims, keys, EngineOptions::default()).with_outbox(Arc::new(outbox))

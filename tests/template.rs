@@ -7,8 +7,8 @@ use std::{collections::BTreeSet, time::Duration};
 
 use serde_yaml::{Value, value::TaggedValue};
 use sqs_once::{
-    engine::{BatchReport, Outcome, RecordReport},
     metrics::{Extra, MetricsConfig, emf_line},
+    report::{BatchReport, Outcome, RecordReport},
     sqs::redelivery::RedeliveryCounts,
     store::dynamodb::{self, Attributes},
 };

@@ -21,19 +21,19 @@ use clap::{Parser, Subcommand};
 use crate::{
     BoxHandler, Handler,
     budget::LEAVING_TIME,
-    claim::{ClaimStatus, StoredClaim},
     clock::{Clock, SystemClock},
-    config::{Config, StoreChoice},
+    config::{self, Config, StoreChoice},
     consumer::{self, Consumer},
     engine::Invocation,
+    event::parse_event,
     metrics::{Extra, emf_line},
     operator::{Action, Operator, timestamp},
     outbox::{AwsDestinations, Outbox},
     poll::{PollOptions, Poller},
     sqs::Sqs,
-    sqs::event::parse_event,
     sqs::redelivery::RedeliveryPolicy,
     store::{ClaimQuery, ClaimStore, OutboxQuery},
+    store::{ClaimStatus, StoredClaim},
 };
 
 /// Effectively-once processing of SQS batches.
@@ -209,12 +209,12 @@ pub async fn run<H: Handler>(handler: H) -> ExitCode {
 ///
 /// #[tokio::main]
 /// async fn main() -> std::process::ExitCode {
-///     sqs_once::run_with(|config| handlers::build(config.handler.as_deref().unwrap_or(handlers::DEFAULT))).await
+///     sqs_once::run_with(|_| handlers::from_env()).await
 /// }
 /// ```
 pub async fn run_with<E: Display>(build: impl FnOnce(&Config) -> Result<BoxHandler, E>) -> ExitCode {
     let cli = Cli::parse();
-    let lambda = cli.command.is_none() && std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    let lambda = cli.command.is_none() && config::in_lambda();
     // `claims` keeps 1 and 2 for "not found" and "refused".
     let error_code = if matches!(cli.command, Some(Command::Claims(_))) { 3 } else { 1 };
     init_logging(lambda);
@@ -242,7 +242,7 @@ async fn command(cli: Cli, build: impl Build) -> anyhow::Result<Option<ExitCode>
         }
         Some(Command::CreateTable { table }) => create_table(table).await,
         Some(Command::Claims(command)) => claims(command).await,
-        None if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() => lambda(build).await,
+        None if config::in_lambda() => lambda(build).await,
         None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
     }
 }
@@ -357,7 +357,7 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
         Ok(match (target.id, target.message_id) {
             (Some(id), _) => Some(id),
             (None, Some(message_id)) => operator.find_by_message_id(&message_id).await?.map(|claim| claim.id),
-            (None, None) => Some(config.key_deriver().stored_id(&target.key)),
+            (None, None) => Some(config.keys.stored_id(&target.key)),
         })
     };
     let action = match command {

@@ -21,20 +21,17 @@ use crate::{
     budget::SHUTDOWN_TIME,
     claim::Claims,
     clock::{Clock, SystemClock},
+    config::LAMBDA_RUNTIME_API,
     consumer::Consumer,
     engine::Invocation,
+    event::{InvalidEvent, parse_event},
     lock::lock,
     metrics::{Extra, MetricsConfig, emf_line},
-    sqs::event::{InvalidEvent, parse_event},
 };
 
 /// Variables the runtime needs, all set by Lambda itself.
-const RUNTIME_VARIABLES: [&str; 4] = [
-    "AWS_LAMBDA_RUNTIME_API",
-    "AWS_LAMBDA_FUNCTION_NAME",
-    "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
-    "AWS_LAMBDA_FUNCTION_VERSION",
-];
+const RUNTIME_VARIABLES: [&str; 4] =
+    [LAMBDA_RUNTIME_API, "AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_VERSION"];
 
 impl From<InvalidEvent> for Diagnostic {
     fn from(error: InvalidEvent) -> Self {
@@ -151,7 +148,7 @@ fn shut_down_on_sigterm(claims: Arc<Claims>) {
 /// `message` as the init error instead of an anonymous exit. Best effort: the
 /// process exits with the message on standard error either way.
 pub(crate) fn report_init_error(error_type: &str, message: &str) {
-    let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API") else { return };
+    let Ok(api) = std::env::var(LAMBDA_RUNTIME_API) else { return };
     let body = json!({ "errorType": error_type, "errorMessage": message }).to_string();
     let request = format!(
         "POST /2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {api}\r\nLambda-Runtime-Function-Error-Type: {error_type}\r\n\

@@ -33,9 +33,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use crate::{
     budget::LEAVING_TIME,
     consumer::{Consumer, Processed},
-    engine::{Invocation, Outcome},
+    engine::Invocation,
+    event::EventRecord,
     lock::lock,
-    sqs::event::EventRecord,
+    report::Outcome,
     sqs::{QueueInfo, Sqs, SqsError, event_message},
 };
 

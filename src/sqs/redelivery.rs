@@ -35,10 +35,10 @@ use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 
 use crate::{
-    engine::{BatchReport, Failure, Outcome},
+    event::EventRecord,
     lock::{into_inner, lock},
     record::receive_count,
-    sqs::event::EventRecord,
+    report::{BatchReport, Failure, Outcome},
     sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
 };
 
@@ -131,7 +131,7 @@ impl RedeliveryPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sqs_once::{engine::Failure, sqs::redelivery::{NextDelivery, RedeliveryPolicy}};
+    /// use sqs_once::{report::Failure, sqs::redelivery::{NextDelivery, RedeliveryPolicy}};
     ///
     /// let policy = RedeliveryPolicy { conflict_backoff: true, ..RedeliveryPolicy::none() };
     /// let conflict = Failure::Conflict { retry_after: Duration::from_secs(4) };
@@ -197,7 +197,7 @@ pub struct RedeliveryCounts {
 /// A [`RedeliveryPolicy`] carried out through SQS.
 ///
 /// ```no_run
-/// # async fn example(records: Vec<sqs_once::sqs::event::EventRecord>, report: sqs_once::engine::BatchReport) {
+/// # async fn example(records: Vec<sqs_once::event::EventRecord>, report: sqs_once::report::BatchReport) {
 /// use std::time::Duration;
 /// use sqs_once::{sqs::redelivery::{Redelivery, RedeliveryPolicy, RetryBackoff}, sqs::Sqs};
 ///

@@ -34,12 +34,8 @@ use futures::StreamExt;
 
 use self::statements::{Batches, Written};
 use super::{
-    ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxQuery, PutOutcome, StoreError,
-    replaced_id,
-};
-use crate::{
-    claim::{ClaimStatus, StoredClaim},
-    outbox::OutboxEntry,
+    ClaimQuery, ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxEntry, OutboxQuery,
+    PutOutcome, StoreError, StoredClaim, replaced_id,
 };
 
 mod admin;

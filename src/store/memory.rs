@@ -9,15 +9,12 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{
-    ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxQuery, PutOutcome, StoreError,
+    ClaimQuery, ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxEntry, OutboxQuery,
+    PutOutcome, StoreError, StoredClaim,
     items::{self, Change, Evaluated, Item, Place},
     replaced_id, unchanged,
 };
-use crate::{
-    claim::{ClaimStatus, StoredClaim},
-    lock::lock,
-    outbox::OutboxEntry,
-};
+use crate::lock::lock;
 
 /// Claims, the items handlers' staged writes commit to, and the outbox, in
 /// hash maps; nothing survives the process. A commit applies under one lock,

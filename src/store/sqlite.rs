@@ -23,15 +23,12 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{
-    ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxQuery, PutOutcome, StoreError,
+    ClaimQuery, ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxEntry, OutboxQuery,
+    PutOutcome, StoreError, StoredClaim,
     items::{self, Change, Evaluated, Item, Place},
     replaced_id, unchanged,
 };
-use crate::{
-    claim::{ClaimStatus, StoredClaim},
-    lock::lock,
-    outbox::OutboxEntry,
-};
+use crate::lock::lock;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS claims (

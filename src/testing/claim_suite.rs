@@ -19,10 +19,12 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use crate::{
-    claim::{Claim, ClaimPolicy, ClaimRequest, ClaimStatus, Claims, Lease, StoredClaim},
+    claim::{Claim, ClaimPolicy, ClaimRequest, Claims, Lease},
     clock::{Clock, ManualClock, SystemClock},
-    outbox::OutboxEntry,
-    store::{ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxQuery, PutOutcome, StoreError},
+    store::{
+        ClaimQuery, ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxEntry, OutboxQuery,
+        PutOutcome, StoreError, StoredClaim,
+    },
 };
 
 /// A start for a manual clock: the current time, rounded down to a second.

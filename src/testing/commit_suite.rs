@@ -16,10 +16,9 @@ use serde_json::{Value, json};
 
 use super::claim_suite::Machine;
 use crate::{
-    claim::{ClaimStatus, Lease},
+    claim::Lease,
     clock::Clock,
-    outbox::OutboxEntry,
-    store::{ClaimStore, Committed, Fenced, OutboxQuery, StoreError},
+    store::{ClaimStatus, ClaimStore, Committed, Fenced, OutboxEntry, OutboxQuery, StoreError},
     transaction::{Check, Condition, Delete, Key, Message, Put, Transaction, Update, Write},
 };
 

@@ -10,10 +10,7 @@ pub mod runtime_api;
 pub mod sqs;
 
 use async_trait::async_trait;
-use sqs_once::{
-    claim::StoredClaim,
-    store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError},
-};
+use sqs_once::store::{ClaimQuery, ClaimStore, Fenced, Finish, Listing, PutOutcome, StoreError, StoredClaim};
 
 /// The `sqs-once` binary under test, as a command to add arguments to: the one
 /// cargo built for the tests, or the artifact named by `SQS_ONCE_TEST_BINARY`

@@ -7,11 +7,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::Item;
-use crate::{
-    claim::{ClaimStatus, StoredClaim},
-    outbox::OutboxEntry,
-    store::{Finish, StoreError},
-};
+use crate::store::{ClaimStatus, Finish, OutboxEntry, StoreError, StoredClaim};
 
 /// Names of the attributes a claim is stored in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +61,7 @@ pub const OPEN_SHARDS: u32 = 16;
 /// of its id (FNV-1a, so every process and version agrees).
 ///
 /// ```
-/// use sqs_once::{claim::ClaimStatus, store::dynamodb::open_partition};
+/// use sqs_once::store::{ClaimStatus, dynamodb::open_partition};
 ///
 /// let partition = open_partition(ClaimStatus::InProgress, "orders#o-1");
 /// assert!(partition.starts_with("INPROGRESS#"));

@@ -31,12 +31,9 @@ use aws_sdk_dynamodb::{
 };
 
 use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, described, n, open_partition, s, text};
-use crate::{
-    claim::ClaimStatus,
-    store::{
-        Finish, StoreError,
-        batched::{BatchCall, Batcher},
-    },
+use crate::store::{
+    ClaimStatus, Finish, StoreError,
+    batched::{BatchCall, Batcher},
 };
 
 /// Requests of each kind on the wire at once. Two keep the records of a

@@ -34,9 +34,7 @@ use super::{
     statements::Backoff,
 };
 use crate::{
-    claim::ClaimStatus,
-    outbox::OutboxEntry,
-    store::{Cancellation, Commit, Committed, Fenced, OutboxQuery, StoreError},
+    store::{Cancellation, ClaimStatus, Commit, Committed, Fenced, OutboxEntry, OutboxQuery, StoreError},
     transaction::{Action, Condition, Write},
 };
 

@@ -63,7 +63,7 @@ pub enum InvalidEvent {
 /// Splits an SQS event into its records.
 ///
 /// ```
-/// use sqs_once::sqs::event::{parse_event, EventRecord};
+/// use sqs_once::event::{parse_event, EventRecord};
 ///
 /// let event = serde_json::json!({"Records": [
 ///     {"messageId": "m-1", "body": "not json", "eventSource": "aws:sqs"},
