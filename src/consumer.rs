@@ -81,9 +81,9 @@ pub struct Consumer {
     pub redelivery: Option<Redelivery>,
 }
 
-/// One batch, processed.
+/// What a batch comes to: the engine's report and the answer Lambda returns.
 #[derive(Debug, Clone)]
-pub struct Processed {
+pub struct Answer {
     /// Every record's fate, as the engine saw it.
     pub report: BatchReport,
     /// The partial-batch response: the engine's failures less the records
@@ -117,7 +117,7 @@ impl Consumer {
 
     /// Processes a batch, then carries out the redelivery policy on its
     /// failures.
-    pub async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> Processed {
+    pub async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> Answer {
         let report = self.engine.process(records, invocation).await;
         self.redeliver(records, report, invocation.deadline).await
     }
@@ -127,13 +127,13 @@ impl Consumer {
     /// (less the time to post the answer): when SQS is slow or down, the
     /// engine's own answer stands, which is correct on its own (failed
     /// records come back after the queue's timeout).
-    pub async fn redeliver(&self, records: &[EventRecord], report: BatchReport, deadline: SystemTime) -> Processed {
+    pub async fn redeliver(&self, records: &[EventRecord], report: BatchReport, deadline: SystemTime) -> Answer {
         let Some(redelivery) = &self.redelivery else {
-            return Processed { response: report.response(), report, redelivery: None };
+            return Answer { response: report.response(), report, redelivery: None };
         };
         let sqs_by = self.engine.budget(deadline).sqs_by();
         let (response, counts) = redelivery.apply(records, &report, sqs_by).await;
-        Processed { response, report, redelivery: Some(counts) }
+        Answer { response, report, redelivery: Some(counts) }
     }
 
     /// The counts metrics take from outside the batch report, since start.

@@ -414,11 +414,11 @@ impl Engine {
             let outcome = match step {
                 Step::Ended(outcome) => outcome,
                 Step::Returned(lease, result, staged) => {
-                    let fallback = unrecorded_outcome(&result, &staged, &lease);
+                    let fallback = provisional_outcome(&result, &staged, &lease);
                     // The write keeps the run's permit: at most `concurrency` runs and writes are under way.
                     let write = tokio::spawn(async move {
                         let _permit = permit;
-                        engine.record_outcome(&record, &lease, result, staged, &progress).await
+                        engine.write_ending(&record, &lease, result, staged, &progress).await
                     });
                     write.await.unwrap_or(fallback)
                 }
@@ -470,13 +470,13 @@ impl Engine {
         let staged = record.transaction().take();
         // No await between the handler's return and this: a run cancelled at
         // the cut-off either has its handler's outcome here or never returned.
-        *lock(progress) = Progress::Returned(unrecorded_outcome(&result, &staged, &lease));
+        *lock(progress) = Progress::Returned(provisional_outcome(&result, &staged, &lease));
         (Step::Returned(lease, result, staged), claim_latency)
     }
 
     /// Writes how the handler ended (completion, commit, failure record,
     /// release) and says what that makes of the record.
-    async fn record_outcome(
+    async fn write_ending(
         &self,
         record: &Record,
         lease: &Lease,
@@ -484,11 +484,11 @@ impl Engine {
         staged: Staged,
         progress: &Mutex<Progress>,
     ) -> Outcome {
-        let outcome = unrecorded_outcome(&result, &staged, lease);
+        let outcome = provisional_outcome(&result, &staged, lease);
         match result {
             Ok(Ok(output)) if !staged.is_empty() => self.commit(record, lease, output, staged, progress).await,
             Ok(Ok(output)) => {
-                let recorded = match self.inner.claims.complete(lease, output.as_ref()).await {
+                let confirmed = match self.inner.claims.complete(lease, output.as_ref()).await {
                     Ok(fenced) => fenced == Fenced::Applied,
                     Err(error) => {
                         tracing::error!(
@@ -499,10 +499,10 @@ impl Engine {
                         false
                     }
                 };
-                Outcome::Processed { recorded }
+                Outcome::Processed { confirmed }
             }
             _ => match outcome {
-                Outcome::Failed(failure) => self.record_failure(record, lease, failure, progress).await,
+                Outcome::Failed(failure) => self.write_failure(record, lease, failure, progress).await,
                 outcome => outcome,
             },
         }
@@ -512,7 +512,7 @@ impl Engine {
     /// writes refused): a failure record when it is permanent, a release
     /// otherwise. The answer reports the failure from now on, whether or
     /// not the write is confirmed in time.
-    async fn record_failure(
+    async fn write_failure(
         &self,
         record: &Record,
         lease: &Lease,
@@ -524,7 +524,7 @@ impl Engine {
             Failure::Permanent(reason) => self.inner.claims.fail(lease, reason).await,
             _ => self.inner.claims.release(lease).await,
         };
-        log_unrecorded(record, written);
+        log_unwritten(record, written);
         Outcome::Failed(failure)
     }
 
@@ -546,7 +546,7 @@ impl Engine {
         let entries = commit.outbox.clone();
         let (message_id, key) = (&record.message_id, &record.key);
         let outcome = match claims.commit(lease, commit).await {
-            Ok(Committed::Applied) => Outcome::Processed { recorded: true },
+            Ok(Committed::Applied) => Outcome::Processed { confirmed: true },
             Ok(Committed::Refused) => Outcome::Failed(Failure::LeaseLost),
             Ok(Committed::Cancelled(cancellation)) => {
                 let refusal = refusals.get(cancellation.write).cloned().unwrap_or_default();
@@ -556,11 +556,11 @@ impl Engine {
                     ErrorKind::Permanent => Failure::Permanent(reason),
                     ErrorKind::Retryable => Failure::Retryable(reason),
                 };
-                self.record_failure(record, lease, failure, progress).await
+                self.write_failure(record, lease, failure, progress).await
             }
             Err(error @ (StoreError::Rejected(_) | StoreError::Unsupported(_))) => {
                 let reason = reason::capped(&format!("the staged writes cannot be committed: {error}")).into_owned();
-                self.record_failure(record, lease, Failure::Permanent(reason), progress).await
+                self.write_failure(record, lease, Failure::Permanent(reason), progress).await
             }
             Err(error) => {
                 tracing::error!(
@@ -573,7 +573,7 @@ impl Engine {
             }
         };
         *lock(progress) = Progress::Returned(outcome.clone());
-        if outcome == (Outcome::Processed { recorded: true }) {
+        if outcome == (Outcome::Processed { confirmed: true }) {
             self.deliver(&entries).await;
         }
         outcome
@@ -599,11 +599,11 @@ fn lease_left(lease: &Lease) -> Duration {
 /// records it is confirmed: the answer due at the deadline reports this. A
 /// handler that staged writes has done nothing until they commit.
 /// Error texts are capped ([`reason::capped`]).
-fn unrecorded_outcome(result: &std::thread::Result<HandlerResult>, staged: &Staged, lease: &Lease) -> Outcome {
+fn provisional_outcome(result: &std::thread::Result<HandlerResult>, staged: &Staged, lease: &Lease) -> Outcome {
     let text = |error: &dyn std::fmt::Display| reason::capped(&error.to_string()).into_owned();
     match result {
         Ok(Ok(_)) if !staged.is_empty() => Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease) }),
-        Ok(Ok(_)) => Outcome::Processed { recorded: false },
+        Ok(Ok(_)) => Outcome::Processed { confirmed: false },
         Ok(Err(error)) if error.kind() == ErrorKind::Permanent => Outcome::Failed(Failure::Permanent(text(error))),
         Ok(Err(error)) => Outcome::Failed(Failure::Retryable(text(error))),
         Err(panic) => Outcome::Failed(Failure::Panicked(text(&panic_message(panic.as_ref())))),
@@ -664,7 +664,7 @@ fn keep_group_order(groups: &[Group], reports: &mut [RecordReport]) {
     }
 }
 
-fn log_unrecorded(record: &Record, written: Result<Fenced, StoreError>) {
+fn log_unwritten(record: &Record, written: Result<Fenced, StoreError>) {
     if let Err(error) = written {
         tracing::error!(
             message_id = %record.message_id, key = %record.key, %error,

@@ -85,11 +85,10 @@ pub mod transaction;
 #[path = "../handlers/mod.rs"]
 pub mod handlers;
 
-mod run;
+mod cli;
+pub mod lambda;
+pub mod poll;
 
+pub use cli::{run, run_with};
 pub use handler::{BoxHandler, DynHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
 pub use record::Record;
-pub use run::{
-    cli::{run, run_with},
-    lambda, poll,
-};

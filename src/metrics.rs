@@ -155,8 +155,8 @@ mod tests {
     #[test]
     fn every_outcome_is_counted_under_its_metric() {
         let mut records = vec![
-            record(Outcome::Processed { recorded: true }, Some(4)),
-            record(Outcome::Processed { recorded: false }, None),
+            record(Outcome::Processed { confirmed: true }, Some(4)),
+            record(Outcome::Processed { confirmed: false }, None),
             record(Outcome::Duplicate, Some(2)),
             record(Outcome::Duplicate, None),
             record(Outcome::Failed(Failure::Conflict { retry_after: Duration::ZERO }), Some(3)),

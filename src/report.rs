@@ -12,13 +12,13 @@ use crate::store::StoreError;
 /// What became of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The handler ran and succeeded. `recorded` is false when the completed
-    /// state was not confirmed written (the store failed, the lease had been
-    /// taken over, or the answer was due before the store answered); the
-    /// record still succeeded and SQS may delete it.
+    /// The handler ran and succeeded. `confirmed` is false when the
+    /// completed state was not confirmed written (the store failed, the lease
+    /// had been taken over, or the answer was due before the store answered);
+    /// the record still succeeded and SQS may delete it.
     Processed {
         /// Whether the claim was confirmed completed.
-        recorded: bool,
+        confirmed: bool,
     },
     /// The key had completed before: the handler did not run.
     Duplicate,
@@ -35,7 +35,7 @@ impl Outcome {
     /// Whether the handler succeeded but its completion is not confirmed
     /// in the store (see [`Outcome::Processed`]).
     pub fn is_unconfirmed(&self) -> bool {
-        matches!(self, Self::Processed { recorded: false })
+        matches!(self, Self::Processed { confirmed: false })
     }
 
     /// A short label for logs and metrics.

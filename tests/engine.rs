@@ -349,7 +349,7 @@ async fn the_handler_and_payload_validation_see_the_message_inside_the_envelope(
     ];
     let report = run(&engine, records, Duration::from_secs(30)).await;
     assert_eq!(failures(&report), ["changed"]);
-    assert_eq!(outcome(&report, "republished"), &Outcome::Processed { recorded: true });
+    assert_eq!(outcome(&report, "republished"), &Outcome::Processed { confirmed: true });
     assert_eq!(outcome(&report, "changed"), &Outcome::Failed(Failure::PayloadMismatch));
     let runs = handler.0.lock().unwrap().clone();
     assert_eq!(runs.len(), 1);
@@ -379,7 +379,7 @@ async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_la
     ];
     let report = run(&engine, records, Duration::from_millis(1200)).await;
     // The handler succeeded: its completion is not confirmed yet, and it is a success all the same.
-    assert_eq!(outcome(&report, "done"), &Outcome::Processed { recorded: false });
+    assert_eq!(outcome(&report, "done"), &Outcome::Processed { confirmed: false });
     assert!(matches!(outcome(&report, "permanent"), Outcome::Failed(Failure::Permanent(_))));
     assert_eq!(outcome(&report, "slow"), &Outcome::Failed(Failure::Deadline));
     assert_eq!(failures(&report), ["permanent", "slow"]);
@@ -465,7 +465,7 @@ async fn a_handler_returning_while_the_answer_is_cut_off_keeps_its_outcome() {
         message("boom", json!({"fail": "panic"})),
     ];
     let report = run(&engine, records, Duration::from_millis(2000)).await;
-    assert_eq!(outcome(&report, "busy"), &Outcome::Processed { recorded: true }, "{report:?}");
+    assert_eq!(outcome(&report, "busy"), &Outcome::Processed { confirmed: true }, "{report:?}");
     assert!(matches!(outcome(&report, "retry"), Outcome::Failed(Failure::Retryable(_))), "{report:?}");
     assert!(matches!(outcome(&report, "perm"), Outcome::Failed(Failure::Permanent(_))), "{report:?}");
     assert!(matches!(outcome(&report, "boom"), Outcome::Failed(Failure::Panicked(_))), "{report:?}");
@@ -586,7 +586,7 @@ async fn finishing_writes_that_can_land_before_the_deadline_are_waited_for() {
     assert_eq!(failures(&report), ["slow"]);
     for n in 0..20 {
         let id = format!("m-{n}");
-        assert_eq!(outcome(&report, &id), &Outcome::Processed { recorded: true }, "{id}");
+        assert_eq!(outcome(&report, &id), &Outcome::Processed { confirmed: true }, "{id}");
         // Confirmed before the answer: nothing is left to land after it.
         assert_eq!(store.status(&format!("test#{id}")).await, Some(ClaimStatus::Completed), "{id}");
     }
@@ -603,7 +603,7 @@ async fn a_write_that_failed_is_sent_again_with_the_next_batch_and_lands() {
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
     let first =
         run(&engine, vec![message("done", json!({})), message("retry", json!({"fail": "retryable"}))], SECS_30).await;
-    assert_eq!(outcome(&first, "done"), &Outcome::Processed { recorded: false }, "a success all the same");
+    assert_eq!(outcome(&first, "done"), &Outcome::Processed { confirmed: false }, "a success all the same");
     assert_eq!(failures(&first), ["retry"]);
     assert_eq!(store.status("test#done").await, Some(ClaimStatus::InProgress));
     assert_eq!(store.status("test#retry").await, Some(ClaimStatus::InProgress), "the release failed too");
@@ -649,7 +649,7 @@ async fn a_fifo_record_answered_at_the_deadline_from_another_group_keeps_its_gro
         fifo("g2-b", "g2", json!({"k": "B"})),
     ];
     let report = run(&engine, records, Duration::from_millis(1000)).await;
-    assert_eq!(outcome(&report, "g2-b"), &Outcome::Processed { recorded: true });
+    assert_eq!(outcome(&report, "g2-b"), &Outcome::Processed { confirmed: true });
     assert_eq!(outcome(&report, "g1-slow"), &Outcome::Failed(Failure::Deadline));
     assert_eq!(outcome(&report, "g1-b"), &Outcome::Failed(Failure::GroupSkipped("g1-slow".into())));
     assert_eq!(failures(&report), ["g1-slow", "g1-b"]);
@@ -686,7 +686,7 @@ async fn a_fair_queue_tenants_records_run_concurrently_and_fail_alone() {
     let report = run(&engine, records, Duration::from_secs(10)).await;
     assert_eq!(failures(&report), ["t-0", "u-0"]);
     for n in 1..6 {
-        assert_eq!(outcome(&report, &format!("t-{n}")), &Outcome::Processed { recorded: true });
+        assert_eq!(outcome(&report, &format!("t-{n}")), &Outcome::Processed { confirmed: true });
     }
 }
 
@@ -743,7 +743,7 @@ async fn a_finishing_write_refused_after_a_takeover_keeps_the_outcome_and_the_ne
     let report = run(&engine, records, SECS_30).await;
     // A handler that returned success is never reported failed, even when its completion is refused.
     assert_eq!(failures(&report), ["perm", "retry"]);
-    assert_eq!(outcome(&report, "done"), &Outcome::Processed { recorded: false });
+    assert_eq!(outcome(&report, "done"), &Outcome::Processed { confirmed: false });
     assert!(matches!(outcome(&report, "perm"), Outcome::Failed(Failure::Permanent(_))));
     for id in ["done", "perm", "retry"] {
         let claim = store.get(&format!("test#{id}")).await.unwrap().expect("not deleted by the old holder");

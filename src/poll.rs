@@ -32,7 +32,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::{
     budget::LEAVING_TIME,
-    consumer::{Consumer, Processed},
+    consumer::{Answer, Consumer},
     engine::Invocation,
     event::EventRecord,
     lock::lock,
@@ -250,19 +250,19 @@ impl Poller {
             report = self.consumer.engine.process(&records, &invocation) => report,
             never = self.keep_invisible(&records) => match never {},
         };
-        let processed = self.consumer.redeliver(&records, report, deadline).await;
-        let (deleted, delete_failed) = self.delete_settled(&records, &processed).await;
+        let answer = self.consumer.redeliver(&records, report, deadline).await;
+        let (deleted, delete_failed) = self.delete_settled(&records, &answer).await;
         let mut summary = lock(&self.summary);
         summary.received += records.len() as u64;
-        for record in &processed.report.records {
+        for record in &answer.report.records {
             match record.outcome {
                 Outcome::Processed { .. } => summary.processed += 1,
                 Outcome::Duplicate => summary.duplicates += 1,
                 Outcome::Failed(_) => {}
             }
         }
-        summary.failed += processed.response.batch_item_failures.len() as u64;
-        summary.dead_lettered += processed.redelivery.map_or(0, |counts| counts.dead_lettered);
+        summary.failed += answer.response.batch_item_failures.len() as u64;
+        summary.dead_lettered += answer.redelivery.map_or(0, |counts| counts.dead_lettered);
         summary.deleted += deleted;
         summary.delete_failed += delete_failed;
     }
@@ -287,9 +287,9 @@ impl Poller {
 
     /// Deletes every record that is not in the response's failures; returns
     /// how many were deleted and how many were not.
-    async fn delete_settled(&self, records: &[EventRecord], processed: &Processed) -> (u64, u64) {
+    async fn delete_settled(&self, records: &[EventRecord], answer: &Answer) -> (u64, u64) {
         let failed: HashSet<&str> =
-            processed.response.batch_item_failures.iter().map(|failure| failure.item_identifier.as_str()).collect();
+            answer.response.batch_item_failures.iter().map(|failure| failure.item_identifier.as_str()).collect();
         let settled: Vec<&str> =
             records.iter().filter(|record| !failed.contains(record.message_id())).filter_map(receipt_handle).collect();
         let results = self.sqs.delete(&self.queue.url, &settled).await;
