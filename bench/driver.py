@@ -102,7 +102,7 @@ def powertools(table, event_path, size, fifo):
 
 def in_process(table, event_path, size, passes):
     """The engine inside the harness: `passes` runs of one event through one engine."""
-    command = ["cargo", "bench", "-q", "--locked", "--bench", "throughput", "--", "engine", "--table", table,
+    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--", "engine", "--table", table,
                "--event", str(event_path), "--concurrency", str(CONCURRENCY), "--passes", str(passes)]
     lines = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout.splitlines()
     results = [json.loads(line) for line in lines if line.startswith("{")]
@@ -123,7 +123,7 @@ def sample(run, size, failed, requests, handler_seconds):
 
 
 def ceiling(requests):
-    command = ["cargo", "bench", "-q", "--locked", "--bench", "throughput", "--", "ceiling", "--table",
+    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--", "ceiling", "--table",
                create_table(), "--requests", str(requests), "--concurrency", str(CONCURRENCY)]
     output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     result = json.loads(output.splitlines()[-1])

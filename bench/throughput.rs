@@ -34,16 +34,14 @@ use aws_sdk_dynamodb::{
 use futures::{StreamExt, stream};
 use serde_json::{Value, json};
 use sqs_once::{
-    HandlerError, Record,
-    claim::{ClaimPolicy, Claims},
-    clock::{Clock, SystemClock},
-    engine::{Engine, EngineOptions, Invocation},
+    Handler, HandlerError, Record,
+    config::Config,
+    consumer::{Consumer, Invocation},
     event::parse_event,
     handler_fn,
-    handlers::{demo::Demo, ledger::Ledger},
-    key::Keys,
-    store::{ClaimStatus, ClaimStore, DynamoDbStore, PutOutcome, StoredClaim, dynamodb},
+    store::{ClaimStatus, ClaimStore, DynamoDbStore, PutOutcome, StoredClaim, TableLayout},
 };
+use sqs_once_app::handlers::{demo::Demo, ledger::Ledger};
 
 #[tokio::main]
 async fn main() {
@@ -53,24 +51,25 @@ async fn main() {
         let at = args.iter().position(|arg| *arg == flag).unwrap_or_else(|| panic!("{flag} is required"));
         args[at + 1].clone()
     };
-    let (client, requests) = dynamodb::client().await;
-    let store = DynamoDbStore::new(client, dynamodb::TableLayout::new(option("table")));
+    let actions = Arc::new(Actions::default());
+    let store = DynamoDbStore::new(counted_client(&actions).await, TableLayout::new(option("table")));
+    let requests = || actions.requests.load(Ordering::Relaxed);
     let concurrency: usize = option("concurrency").parse().unwrap();
     match args.first().map(String::as_str) {
         Some("ceiling") => {
             // The ceiling is the server's rate of single conditional writes.
             let store = store.batching(false);
             let mut result = ceiling(&store, option("requests").parse().unwrap(), concurrency).await;
-            result["requests"] = requests.snapshot().total().into();
+            result["requests"] = requests().into();
             println!("{result}");
         }
         Some("engine") => {
-            let engine = engine(store, concurrency);
+            let consumer = consumer(store, Demo::default(), concurrency).await;
             let event: Value = serde_json::from_str(&std::fs::read_to_string(option("event")).unwrap()).unwrap();
             for _ in 0..option("passes").parse().unwrap() {
-                let before = requests.snapshot().total();
-                let mut result = run(&engine, event.clone()).await;
-                result["requests"] = (requests.snapshot().total() - before).into();
+                let before = requests();
+                let mut result = run(&consumer, event.clone()).await;
+                result["requests"] = (requests() - before).into();
                 println!("{result}");
             }
         }
@@ -134,9 +133,8 @@ impl Intercept for CountActions {
 
 /// A client counting its requests and write actions into `actions`.
 async fn counted_client(actions: &Arc<Actions>) -> aws_sdk_dynamodb::Client {
-    let config = aws_sdk_dynamodb::config::Builder::from(&sqs_once::aws::sdk_config().await)
-        .interceptor(CountActions(Arc::clone(actions)))
-        .build();
+    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let config = aws_sdk_dynamodb::config::Builder::from(&aws).interceptor(CountActions(Arc::clone(actions))).build();
     aws_sdk_dynamodb::Client::from_conf(config)
 }
 
@@ -154,7 +152,7 @@ fn cpu_seconds() -> f64 {
 async fn ledger(table: &str, records: usize, concurrency: usize, writes: &str) -> Value {
     let actions = Arc::new(Actions::default());
     let client = counted_client(&actions).await;
-    let store = DynamoDbStore::new(client.clone(), dynamodb::TableLayout::new(table));
+    let store = DynamoDbStore::new(client.clone(), TableLayout::new(table));
     store.create_table().await.unwrap();
     let balances = format!("{table}-balances");
     let key = KeySchemaElement::builder().attribute_name("pk").key_type(KeyType::Hash).build().unwrap();
@@ -162,11 +160,11 @@ async fn ledger(table: &str, records: usize, concurrency: usize, writes: &str) -
         AttributeDefinition::builder().attribute_name("pk").attribute_type(ScalarAttributeType::S).build().unwrap();
     let created = client.create_table().table_name(&balances).billing_mode(BillingMode::PayPerRequest);
     created.key_schema(key).attribute_definitions(attribute).send().await.unwrap();
-    let handler: sqs_once::BoxHandler = match writes {
-        "staged" => Arc::new(Ledger::new(&balances, None)),
+    let consumer = match writes {
+        "staged" => consumer(store, Ledger::new(&balances, None), concurrency).await,
         "direct" => {
             let (client, balances) = (client.clone(), balances.clone());
-            Arc::new(handler_fn(move |record: Record| {
+            let direct = handler_fn(move |record: Record| {
                 let (client, balances) = (client.clone(), balances.clone());
                 async move {
                     let entry: Value = record.body_json()?;
@@ -181,14 +179,11 @@ async fn ledger(table: &str, records: usize, concurrency: usize, writes: &str) -
                         .map_err(|error| HandlerError::retryable(error.to_string()))?;
                     Ok(None)
                 }
-            }))
+            });
+            consumer(store, direct, concurrency).await
         }
         other => panic!("--writes {other}: expected staged or direct"),
     };
-    let claims = Claims::with_policy(Arc::new(store), ClaimPolicy::default(), Arc::new(SystemClock));
-    let keys = Keys::new("messageId", "bench").expect("a key specification");
-    let options = EngineOptions { concurrency, ..EngineOptions::default() };
-    let engine = Engine::new(handler, Arc::new(claims), keys, options);
     let batch = uuid::Uuid::new_v4().simple().to_string();
     let event: Vec<Value> = (0..records)
         .map(|n| {
@@ -207,7 +202,7 @@ async fn ledger(table: &str, records: usize, concurrency: usize, writes: &str) -
         counter.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
     }
     let cpu = cpu_seconds();
-    let mut result = run(&engine, json!({ "Records": event })).await;
+    let mut result = run(&consumer, json!({ "Records": event })).await;
     let cpu = cpu_seconds() - cpu;
     let delta = |after: &AtomicU64, before: &AtomicU64| after.load(Ordering::Relaxed) - before.load(Ordering::Relaxed);
     let requests = delta(&actions.requests, &before.requests);
@@ -240,7 +235,7 @@ async fn ledger(table: &str, records: usize, concurrency: usize, writes: &str) -
 
 async fn ceiling(store: &DynamoDbStore, count: usize, concurrency: usize) -> Value {
     let run = uuid::Uuid::new_v4().simple().to_string();
-    let now_ms = SystemClock.now_ms();
+    let now_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
     let started = Instant::now();
     let claimed = stream::iter(0..count)
         .map(|n| {
@@ -271,25 +266,31 @@ async fn ceiling(store: &DynamoDbStore, count: usize, concurrency: usize) -> Val
             "per_second": claimed as f64 / elapsed.as_secs_f64() })
 }
 
-/// An engine as `sqs-once invoke` builds it: the demo handler, default policy.
-fn engine(store: DynamoDbStore, concurrency: usize) -> Engine {
-    let claims = Claims::with_policy(Arc::new(store), ClaimPolicy::default(), Arc::new(SystemClock));
-    let keys = Keys::new("messageId", "bench").expect("a key specification");
-    let options = EngineOptions { concurrency, ..EngineOptions::default() };
-    Engine::new(Arc::new(Demo::default()), Arc::new(claims), keys, options)
+/// A consumer as `sqs-once invoke` builds one around `handler`, on `store`:
+/// default settings, keys under `bench`, nothing asked of SQS.
+async fn consumer(store: DynamoDbStore, handler: impl Handler, concurrency: usize) -> Consumer {
+    let config = Config::from_lookup(|name| match name {
+        "SQS_ONCE_CONCURRENCY" => Some(concurrency.to_string()),
+        "SQS_ONCE_KEY_PREFIX" => Some("bench".to_owned()),
+        "SQS_ONCE_CONFLICT_BACKOFF" => Some("false".to_owned()),
+        "SQS_ONCE_RETRY_BASE_SECS" => Some("0".to_owned()),
+        _ => None,
+    })
+    .expect("the settings");
+    Consumer::with_store(&config, handler, Arc::new(store)).await
 }
 
-/// One pass of `event` through `engine`, timed.
-async fn run(engine: &Engine, event: Value) -> Value {
+/// One pass of `event` through `consumer`, timed.
+async fn run(consumer: &Consumer, event: Value) -> Value {
     let records = parse_event(event).unwrap();
     let count = records.len();
     let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(900), request_id: "bench".into() };
     let started = Instant::now();
-    let report = engine.process(&records, &invocation).await;
+    let answer = consumer.process(&records, &invocation).await;
     let elapsed = started.elapsed();
     json!({
         "records": count,
-        "failed": report.response().batch_item_failures.len(),
+        "failed": answer.response.batch_item_failures.len(),
         "seconds": elapsed.as_secs_f64(),
         "per_second": count as f64 / elapsed.as_secs_f64(),
     })

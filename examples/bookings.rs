@@ -82,8 +82,7 @@ impl Bookings {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    sqs_once::run_with(|_| Bookings::from_env().map(|bookings| std::sync::Arc::new(bookings) as sqs_once::BoxHandler))
-        .await
+    sqs_once::run_with(async || Bookings::from_env()).await
 }
 
 #[cfg(test)]

@@ -13,27 +13,20 @@ use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 
 /// Attempts per request, the first included. Throttling and 5xx answers are
 /// retried with jittered exponential back-off between these bounds.
-pub const MAX_ATTEMPTS: u32 = 3;
+pub(crate) const MAX_ATTEMPTS: u32 = 3;
 /// First retry back-off.
-pub const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
+pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest retry back-off.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// Time to open a connection.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Time for one attempt of a request.
-pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time for a request, retries included.
-pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The shared configuration, with this module's retry and timeout settings.
-///
-/// ```no_run
-/// # async fn example() {
-/// let config = sqs_once::aws::sdk_config().await;
-/// let sqs = aws_sdk_sqs::Client::new(&config);
-/// # }
-/// ```
-pub async fn sdk_config() -> SdkConfig {
+pub(crate) async fn sdk_config() -> SdkConfig {
     let retries = RetryConfig::standard()
         .with_max_attempts(MAX_ATTEMPTS)
         .with_initial_backoff(INITIAL_BACKOFF)
@@ -43,7 +36,7 @@ pub async fn sdk_config() -> SdkConfig {
 
 /// This module's timeouts; `long_poll` widens the attempt and operation
 /// limits for a call that waits that long on purpose (SQS long polling).
-pub fn timeouts(long_poll: Option<Duration>) -> TimeoutConfig {
+pub(crate) fn timeouts(long_poll: Option<Duration>) -> TimeoutConfig {
     let wait = long_poll.unwrap_or_default();
     TimeoutConfig::builder()
         .connect_timeout(CONNECT_TIMEOUT)
@@ -55,14 +48,7 @@ pub fn timeouts(long_poll: Option<Duration>) -> TimeoutConfig {
 /// An SDK failure in one line: the error code and message when the service
 /// answered, else the whole cause chain, since the SDK's own `Display` says
 /// only "service error" or "dispatch failure".
-///
-/// ```
-/// use aws_sdk_sqs::{error::ErrorMetadata, operation::get_queue_url::GetQueueUrlError};
-///
-/// let refused = GetQueueUrlError::generic(ErrorMetadata::builder().code("AccessDenied").message("no").build());
-/// assert_eq!(sqs_once::aws::describe(&refused), "AccessDenied: no");
-/// ```
-pub fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
+pub(crate) fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
     if let (Some(code), Some(message)) = (error.code(), error.message()) {
         return format!("{code}: {message}");
     }
@@ -76,4 +62,17 @@ pub fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) -> Stri
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_names_the_code_and_message() {
+        use aws_sdk_sqs::{error::ErrorMetadata, operation::get_queue_url::GetQueueUrlError};
+
+        let refused = GetQueueUrlError::generic(ErrorMetadata::builder().code("AccessDenied").message("no").build());
+        assert_eq!(describe(&refused), "AccessDenied: no");
+    }
 }

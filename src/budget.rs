@@ -29,38 +29,30 @@ use tokio::time::Instant;
 /// `tests/lifecycle.rs`: the answer reaches the Runtime API about 20 ms
 /// after `writes_by`, natively and for the arm64 build under emulation; the
 /// rest is room for a loaded host.
-pub const ANSWER_TIME: Duration = Duration::from_millis(100);
+pub(crate) const ANSWER_TIME: Duration = Duration::from_millis(100);
 
 /// Kept for the SQS step (visibility back-off, dead-letter moves) when the
 /// consumer has one. Measured: 11 ms for nine visibility changes and a
 /// dead-letter move against a local SQS server (moto); in a Region a
 /// `ChangeMessageVisibilityBatch` or `SendMessage` answers in tens of
 /// milliseconds, so this leaves room for one retry.
-pub const SQS_STEP_TIME: Duration = Duration::from_millis(150);
+pub(crate) const SQS_STEP_TIME: Duration = Duration::from_millis(150);
 
 /// How long a Lambda function shutting down (SIGTERM) spends sending its
 /// unconfirmed finishing writes again: Lambda kills it 500 ms after the
 /// signal when only internal extensions are registered.
-pub const SHUTDOWN_TIME: Duration = Duration::from_millis(400);
+pub(crate) const SHUTDOWN_TIME: Duration = Duration::from_millis(400);
 
 /// How long `invoke` and `poll` wait, as they leave, for unconfirmed
 /// finishing writes sent again: a few of the SDK's attempts.
-pub const LEAVING_TIME: Duration = Duration::from_secs(5);
+#[cfg(feature = "cli")]
+pub(crate) const LEAVING_TIME: Duration = Duration::from_secs(5);
 
 /// How every invocation's budget is planned: the margin before the
 /// deadline, and whether an SQS step follows the engine (it then keeps
 /// [`SQS_STEP_TIME`] of the margin besides [`ANSWER_TIME`]).
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use sqs_once::budget::Margins;
-///
-/// let margins = Margins { deadline_margin: Duration::from_millis(500), sqs_step: true };
-/// let budget = margins.budget(SystemTime::now() + Duration::from_secs(3));
-/// assert_eq!(budget.deadline() - budget.writes_by(), Duration::from_millis(250));
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Margins {
+pub(crate) struct Margins {
     /// Before the deadline by this much, no record starts and handlers still
     /// running are cancelled (`SQS_ONCE_DEADLINE_MARGIN_MS`).
     pub deadline_margin: Duration,
@@ -76,25 +68,15 @@ impl Default for Margins {
 
 impl Margins {
     /// The budget of an invocation due at `deadline`.
-    pub fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
+    pub(crate) fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
         let reserve = if self.sqs_step { ANSWER_TIME + SQS_STEP_TIME } else { ANSWER_TIME };
         DeadlineBudget::new(deadline, self.deadline_margin, reserve)
     }
 }
 
 /// The deadline of one invocation and the instants planned back from it.
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use sqs_once::budget::{ANSWER_TIME, DeadlineBudget};
-///
-/// let budget = DeadlineBudget::new(SystemTime::now() + Duration::from_secs(3), Duration::from_millis(500), ANSWER_TIME);
-/// assert!(budget.cutoff() < budget.writes_by() && budget.writes_by() < budget.deadline());
-/// assert_eq!(budget.deadline() - budget.cutoff(), Duration::from_millis(500));
-/// assert_eq!(budget.deadline() - budget.writes_by(), ANSWER_TIME);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeadlineBudget {
+pub(crate) struct DeadlineBudget {
     deadline: Instant,
     margin: Duration,
     reserve: Duration,
@@ -104,37 +86,58 @@ impl DeadlineBudget {
     /// The budget of an invocation due at `deadline`: handlers stop `margin`
     /// before it, finishing writes are waited for until `reserve` before it.
     /// A reserve larger than the margin is cut to it.
-    pub fn new(deadline: SystemTime, margin: Duration, reserve: Duration) -> Self {
+    pub(crate) fn new(deadline: SystemTime, margin: Duration, reserve: Duration) -> Self {
         let remaining = deadline.duration_since(SystemTime::now()).unwrap_or_default();
         Self { deadline: Instant::now() + remaining, margin, reserve: reserve.min(margin) }
     }
 
     /// When the answer is due.
-    pub fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         self.deadline
     }
 
     /// No handler starts after this, and handlers still running are cancelled.
-    pub fn cutoff(&self) -> Instant {
+    pub(crate) fn cutoff(&self) -> Instant {
         self.before_deadline(self.margin)
     }
 
     /// Finishing writes of handlers that returned are waited for until this.
-    pub fn writes_by(&self) -> Instant {
+    pub(crate) fn writes_by(&self) -> Instant {
         self.before_deadline(self.reserve)
     }
 
     /// The SQS step that follows the engine ends by this.
-    pub fn sqs_by(&self) -> Instant {
+    pub(crate) fn sqs_by(&self) -> Instant {
         self.before_deadline(ANSWER_TIME.min(self.reserve))
     }
 
     /// Time left until `writes_by`.
-    pub fn writes_left(&self) -> Duration {
+    pub(crate) fn writes_left(&self) -> Duration {
         self.writes_by().saturating_duration_since(Instant::now())
     }
 
     fn before_deadline(&self, by: Duration) -> Instant {
         self.deadline.checked_sub(by).unwrap_or(self.deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_cuts_off_before_it_writes_and_writes_before_the_deadline() {
+        let budget =
+            DeadlineBudget::new(SystemTime::now() + Duration::from_secs(3), Duration::from_millis(500), ANSWER_TIME);
+        assert!(budget.cutoff() < budget.writes_by() && budget.writes_by() < budget.deadline());
+        assert_eq!(budget.deadline() - budget.cutoff(), Duration::from_millis(500));
+        assert_eq!(budget.deadline() - budget.writes_by(), ANSWER_TIME);
+    }
+
+    #[test]
+    fn the_sqs_step_takes_its_share_of_the_margin() {
+        let margins = Margins { deadline_margin: Duration::from_millis(500), sqs_step: true };
+        let budget = margins.budget(SystemTime::now() + Duration::from_secs(3));
+        assert_eq!(budget.deadline() - budget.writes_by(), Duration::from_millis(250));
     }
 }

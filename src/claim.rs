@@ -35,7 +35,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::{
-    clock::{Clock, SystemClock, duration_ms},
+    clock::{Clock, duration_ms},
     key::payload_hash,
     lock::lock,
     outbox::SENDING_LEASE,
@@ -53,7 +53,7 @@ use unconfirmed::{Ending, Unconfirmed};
 
 /// What the state machine needs to know about one claim attempt.
 #[derive(Debug, Clone, Copy)]
-pub struct ClaimRequest<'a> {
+pub(crate) struct ClaimRequest<'a> {
     /// The stored key.
     pub id: &'a str,
     /// The message body (hashed when payload validation is on).
@@ -71,7 +71,7 @@ pub struct ClaimRequest<'a> {
 
 /// A claim that was won: the right to run the handler until `lease_until_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
+pub(crate) struct Lease {
     /// The stored key.
     pub id: String,
     /// The token the finishing writes are conditioned on.
@@ -95,7 +95,7 @@ impl Lease {
 
 /// The outcome of [`Claims::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// The key was free and is now ours: run the handler.
     Won(Lease),
     /// The key completed before: a duplicate, not run again.
@@ -119,7 +119,7 @@ pub enum Claim {
 
 /// Tuning of the state machine; see the README for the matching settings.
 #[derive(Debug, Clone)]
-pub struct ClaimPolicy {
+pub(crate) struct ClaimPolicy {
     /// How long a finished key is remembered (`SQS_ONCE_EXPIRES_AFTER_SECS`).
     pub expires_after: Duration,
     /// How long after the invocation deadline a lease lasts.
@@ -158,7 +158,7 @@ struct Completed {
 
 /// Counters of what the state machine saw, for metrics.
 #[derive(Debug, Default)]
-pub struct ClaimCounters {
+pub(crate) struct ClaimCounters {
     /// Finishing writes refused because the lease had been taken over.
     pub refused: AtomicU64,
     /// Duplicates answered from the local cache, without a store request.
@@ -191,20 +191,7 @@ fn fenced(committed: Committed) -> Fenced {
 const CONTENDED_RETRIES: usize = 2;
 
 /// The claim state machine over a [`ClaimStore`].
-///
-/// ```
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use std::sync::Arc;
-/// use sqs_once::{claim::{Claim, ClaimRequest, Claims}, store::MemoryStore};
-///
-/// let claims = Claims::new(Arc::new(MemoryStore::default()));
-/// let request = ClaimRequest { id: "orders#o-1", body: "{}", deadline_ms: u64::MAX / 2, holder: "me", attempt: 1, message_id: "m-1" };
-/// let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("key was free") };
-/// claims.complete(&lease, None).await.unwrap();
-/// assert_eq!(claims.claim(&request).await.unwrap(), Claim::Duplicate { result: None });
-/// # });
-/// ```
-pub struct Claims {
+pub(crate) struct Claims {
     store: Arc<dyn ClaimStore>,
     clock: Arc<dyn Clock>,
     policy: ClaimPolicy,
@@ -221,29 +208,30 @@ impl std::fmt::Debug for Claims {
 
 impl Claims {
     /// The state machine over `store`, with the default policy and the system clock.
-    pub fn new(store: Arc<dyn ClaimStore>) -> Self {
-        Self::with_policy(store, ClaimPolicy::default(), Arc::new(SystemClock))
+    #[cfg(test)]
+    pub(crate) fn new(store: Arc<dyn ClaimStore>) -> Self {
+        Self::with_policy(store, ClaimPolicy::default(), Arc::new(crate::clock::SystemClock))
     }
 
     /// The state machine over `store`, with `policy`, reading time from `clock`.
-    pub fn with_policy(store: Arc<dyn ClaimStore>, policy: ClaimPolicy, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn with_policy(store: Arc<dyn ClaimStore>, policy: ClaimPolicy, clock: Arc<dyn Clock>) -> Self {
         let cache = NonZeroUsize::new(policy.local_cache_entries).map(|size| Mutex::new(LruCache::new(size)));
         Self { store, clock, policy, cache, counters: ClaimCounters::default(), unconfirmed: Unconfirmed::default() }
     }
 
     /// The policy in force.
-    pub fn policy(&self) -> &ClaimPolicy {
+    pub(crate) fn policy(&self) -> &ClaimPolicy {
         &self.policy
     }
 
     /// What the state machine counted so far.
-    pub fn counters(&self) -> &ClaimCounters {
+    pub(crate) fn counters(&self) -> &ClaimCounters {
         &self.counters
     }
 
     /// Claims `request.id`: one conditional write, plus one strongly
     /// consistent read only when the store could not say who holds the key.
-    pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+    pub(crate) async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let payload_hash = self.policy.validate_payload.then(|| payload_hash(request.body));
         if let Some(completed) = self.cached(request.id) {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
@@ -273,20 +261,20 @@ impl Claims {
     }
 
     /// Marks the lease's claim completed, storing `output` if the policy says so.
-    pub async fn complete(&self, lease: &Lease, output: Option<&Value>) -> Result<Fenced, StoreError> {
+    pub(crate) async fn complete(&self, lease: &Lease, output: Option<&Value>) -> Result<Fenced, StoreError> {
         let finish = self.finish(ClaimStatus::Completed, self.result_of(lease, output), None);
         self.settle(lease, Ending::Finish(finish)).await.map(fenced)
     }
 
     /// Records a permanent failure of the lease's claim, with `error` as the
     /// reason (capped at [`reason::MAX_BYTES`], the cut marked).
-    pub async fn fail(&self, lease: &Lease, error: &str) -> Result<Fenced, StoreError> {
+    pub(crate) async fn fail(&self, lease: &Lease, error: &str) -> Result<Fenced, StoreError> {
         let error = reason::capped(error).into_owned();
         self.settle(lease, Ending::Finish(self.finish(ClaimStatus::Failed, None, Some(error)))).await.map(fenced)
     }
 
     /// Deletes the lease's claim so that a redelivery runs again.
-    pub async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
         self.settle(lease, Ending::Release).await.map(fenced)
     }
 
@@ -294,7 +282,13 @@ impl Claims {
     /// outbox entry per message, leased to this run for
     /// [`SENDING_LEASE`]) with the claim's completion, storing `output` if
     /// the policy says so. `message_id` is the delivery's.
-    pub fn prepare_commit(&self, lease: &Lease, output: Option<&Value>, staged: Staged, message_id: &str) -> Commit {
+    pub(crate) fn prepare_commit(
+        &self,
+        lease: &Lease,
+        output: Option<&Value>,
+        staged: Staged,
+        message_id: &str,
+    ) -> Commit {
         let finish = self.finish(ClaimStatus::Completed, self.result_of(lease, output), None);
         let now_ms = finish.finished_at_ms;
         let (writes, messages) = staged.into_parts();
@@ -306,7 +300,7 @@ impl Claims {
     /// Commits under the lease (see [`ClaimStore::commit`]). Like a
     /// finishing write, the commit is kept until the store answers it, and
     /// sent again by [`resend_unconfirmed`](Self::resend_unconfirmed).
-    pub async fn commit(&self, lease: &Lease, commit: Commit) -> Result<Committed, StoreError> {
+    pub(crate) async fn commit(&self, lease: &Lease, commit: Commit) -> Result<Committed, StoreError> {
         self.settle(lease, Ending::Commit(commit)).await
     }
 
@@ -316,7 +310,7 @@ impl Claims {
     /// answer (or failed again, to be sent with the next call), with the
     /// outbox entries of each commit that landed, to send; dropping it
     /// leaves the writes going.
-    pub fn resend_unconfirmed(self: &Arc<Self>) -> impl Future<Output = Vec<Vec<OutboxEntry>>> + Send + 'static {
+    pub(crate) fn resend_unconfirmed(self: &Arc<Self>) -> impl Future<Output = Vec<Vec<OutboxEntry>>> + Send + 'static {
         let writes: Vec<_> = self
             .unconfirmed
             .to_resend()
@@ -351,7 +345,7 @@ impl Claims {
     /// waits for them until `until`. Returns the ids of the claims whose
     /// writes are still unconfirmed (logged): they stay in progress until
     /// their leases end.
-    pub async fn land_unconfirmed(self: &Arc<Self>, until: Instant) -> Vec<String> {
+    pub(crate) async fn land_unconfirmed(self: &Arc<Self>, until: Instant) -> Vec<String> {
         let _ = tokio::time::timeout_at(until, self.resend_unconfirmed()).await;
         let left = self.unconfirmed.ids();
         if !left.is_empty() {
@@ -367,7 +361,7 @@ impl Claims {
     /// The answer is due: finishing writes waiting to be sent go out now,
     /// and until `until` without waiting for room (see
     /// [`ClaimStore::expedite`]).
-    pub fn expedite(&self, until: Instant) {
+    pub(crate) fn expedite(&self, until: Instant) {
         self.store.expedite(until);
     }
 

@@ -1,14 +1,14 @@
 //! The command line every consumer binary shares, so that a crate of one's
-//! own gets all of it from [`run`](crate::run): the Lambda function when
-//! `AWS_LAMBDA_RUNTIME_API` is set, otherwise the offline `invoke`, the `poll`
-//! consumer, and the operator's `create-table` and `claims` commands.
+//! own gets all of it from [`run`](crate::run): the offline `invoke`, the
+//! `poll` consumer, and the operator's `create-table` and `claims` commands,
+//! and the Lambda function when `AWS_LAMBDA_RUNTIME_API` is set and no
+//! command is given.
 //!
 //! This is the binary's edge: errors are reported with their context here,
 //! as one line on standard error and an exit code.
 
 use std::{
-    fmt::Display,
-    io::{IsTerminal, Read},
+    io::Read,
     path::PathBuf,
     process::ExitCode,
     sync::Arc,
@@ -19,19 +19,20 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
 use crate::{
-    BoxHandler, Handler,
     budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
     config::{self, Config, StoreChoice},
     consumer::{self, Consumer},
     engine::Invocation,
     event::parse_event,
+    logging,
     metrics::{Extra, emf_line},
     operator::{Action, Operator, timestamp},
     outbox::{AwsDestinations, Outbox},
     poll::{PollOptions, Poller},
     sqs::Sqs,
     sqs::redelivery::RedeliveryPolicy,
+    start::BuildHandler,
     store::{ClaimQuery, ClaimStore, OutboxQuery},
     store::{ClaimStatus, StoredClaim},
 };
@@ -170,56 +171,15 @@ enum StatusArg {
     Completed,
 }
 
-/// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
-/// function inside Lambda, otherwise the command line (`invoke`, `poll`,
-/// `claims`, `create-table`), with the same settings, output and exit codes.
-///
-/// A consumer crate of one's own is then, besides its handler:
-///
-/// ```no_run
-/// use sqs_once::{Handler, HandlerResult, Record};
-///
-/// struct MyHandler;
-///
-/// impl Handler for MyHandler {
-///     async fn handle(&self, record: &Record) -> HandlerResult {
-///         println!("{}", record.body);
-///         Ok(None)
-///     }
-/// }
-///
-/// #[tokio::main]
-/// async fn main() -> std::process::ExitCode {
-///     sqs_once::run(MyHandler).await
-/// }
-/// ```
-pub async fn run<H: Handler>(handler: H) -> ExitCode {
-    run_with(move |_: &Config| Ok::<BoxHandler, std::convert::Infallible>(Arc::new(handler))).await
-}
-
-/// [`run`], with the handler built from the settings once they are read,
-/// and only by the commands that run it (`claims` and `create-table` do not).
-/// An error building it stops the start with its message: inside Lambda it
-/// is reported as the init error.
-///
-/// The bundled binary chooses its handler by `SQS_ONCE_HANDLER` this way:
-///
-/// ```no_run
-/// use sqs_once::handlers;
-///
-/// #[tokio::main]
-/// async fn main() -> std::process::ExitCode {
-///     sqs_once::run_with(|_| handlers::from_env()).await
-/// }
-/// ```
-pub async fn run_with<E: Display>(build: impl FnOnce(&Config) -> Result<BoxHandler, E>) -> ExitCode {
+/// Parses the command line and runs its command; `handler` is awaited only
+/// by the commands that run one.
+pub(crate) async fn main(handler: BuildHandler<'_>) -> ExitCode {
     let cli = Cli::parse();
     let lambda = cli.command.is_none() && config::in_lambda();
     // `claims` keeps 1 and 2 for "not found" and "refused".
     let error_code = if matches!(cli.command, Some(Command::Claims(_))) { 3 } else { 1 };
-    init_logging(lambda);
-    let build = |config: &Config| build(config).map_err(|error| anyhow::anyhow!("{error}"));
-    match command(cli, build).await {
+    logging::init(lambda);
+    match command(cli, handler).await {
         Ok(code) => code.unwrap_or(ExitCode::SUCCESS),
         Err(error) => {
             eprintln!("sqs-once: {error:#}");
@@ -228,48 +188,28 @@ pub async fn run_with<E: Display>(build: impl FnOnce(&Config) -> Result<BoxHandl
     }
 }
 
-/// How a command builds the handler, if it runs one.
-trait Build: FnOnce(&Config) -> anyhow::Result<BoxHandler> {}
-impl<F: FnOnce(&Config) -> anyhow::Result<BoxHandler>> Build for F {}
-
-async fn command(cli: Cli, build: impl Build) -> anyhow::Result<Option<ExitCode>> {
+async fn command(cli: Cli, handler: BuildHandler<'_>) -> anyhow::Result<Option<ExitCode>> {
     match cli.command {
-        Some(Command::Invoke { file, timeout, metrics, sqs }) => invoke(file, timeout, metrics, sqs, build).await,
+        Some(Command::Invoke { file, timeout, metrics, sqs }) => invoke(file, timeout, metrics, sqs, handler).await,
         Some(Command::Poll { queue_url, receivers, max_in_flight, wait_secs, timeout }) => {
             let timeout = timeout.map(seconds).transpose()?;
             let options = PollOptions { receivers, max_in_flight, wait: Duration::from_secs(wait_secs), timeout };
-            poll(queue_url, options, build).await
+            poll(queue_url, options, handler).await
         }
         Some(Command::CreateTable { table }) => create_table(table).await,
         Some(Command::Claims(command)) => claims(command).await,
-        None if config::in_lambda() => lambda(build).await,
+        None if config::in_lambda() => {
+            crate::lambda::start(handler).await.map_err(anyhow::Error::msg)?;
+            Ok(None)
+        }
         None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
     }
 }
 
-/// The settings and the consumer they describe around the handler `build` makes.
-async fn consumer(config: &Config, build: impl Build) -> anyhow::Result<Consumer> {
-    let handler = build(config)?;
-    Ok(Consumer::new(config, handler).await?)
-}
-
-/// The Lambda function. Configuration and clients are built once, before the
-/// loop; an error there fails the init phase with one clear line.
-async fn lambda(build: impl Build) -> anyhow::Result<Option<ExitCode>> {
-    let started = async {
-        let config = Config::from_env()?;
-        let consumer = consumer(&config, build).await?;
-        anyhow::Ok((config, consumer))
-    };
-    let (config, consumer) = match started.await {
-        Ok(started) => started,
-        Err(error) => {
-            crate::lambda::report_init_error("Runtime.ConfigError", &format!("{error:#}"));
-            return Err(error);
-        }
-    };
-    crate::lambda::run(consumer, config.metrics).await.map_err(|error| anyhow::anyhow!(error))?;
-    Ok(None)
+/// The consumer `config` describes around the handler.
+async fn consumer(config: &Config, handler: BuildHandler<'_>) -> anyhow::Result<Consumer> {
+    let handler = handler.await.map_err(anyhow::Error::msg)?;
+    Ok(Consumer::assemble(config, handler).await?)
 }
 
 /// A positive `--timeout`.
@@ -285,7 +225,7 @@ async fn invoke(
     timeout: f64,
     metrics: bool,
     sqs: bool,
-    build: impl Build,
+    handler: BuildHandler<'_>,
 ) -> anyhow::Result<Option<ExitCode>> {
     let timeout = seconds(timeout)?;
     let (name, text) = read_event(file)?;
@@ -298,7 +238,7 @@ async fn invoke(
         // Offline events carry made-up receipt handles: leave SQS alone.
         config.redelivery = RedeliveryPolicy::none();
     }
-    let consumer = consumer(&config, build).await?;
+    let consumer = consumer(&config, handler).await?;
     let invocation = Invocation {
         deadline: SystemTime::now() + timeout,
         request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
@@ -309,16 +249,16 @@ async fn invoke(
     consumer.leave(tokio::time::Instant::now() + LEAVING_TIME).await;
     if metrics {
         let extra = Extra { redelivery: processed.redelivery, ..consumer.extra() };
-        eprintln!("{}", emf_line(&config.metrics, &processed.report, extra, SystemClock.now_ms()));
+        eprintln!("{}", emf_line(&consumer.metrics, &processed.report, extra, SystemClock.now_ms()));
     }
     Ok(None)
 }
 
 /// `poll`: runs until SIGINT or SIGTERM, then prints what it did as JSON.
-async fn poll(queue_url: String, options: PollOptions, build: impl Build) -> anyhow::Result<Option<ExitCode>> {
+async fn poll(queue_url: String, options: PollOptions, handler: BuildHandler<'_>) -> anyhow::Result<Option<ExitCode>> {
     let shutdown = crate::poll::interrupted();
     let config = Config::from_env()?;
-    let consumer = consumer(&config, build).await?;
+    let consumer = consumer(&config, handler).await?;
     let sqs = match &consumer.redelivery {
         Some(redelivery) => redelivery.sqs().clone(),
         None => Sqs::new(&crate::aws::sdk_config().await),
@@ -528,34 +468,4 @@ fn read_event(file: Option<PathBuf>) -> anyhow::Result<(String, String)> {
             Ok(("standard input".to_owned(), text))
         }
     }
-}
-
-/// Logs go to standard error, so standard output carries only the answer (and,
-/// in Lambda, the metrics). In Lambda, `AWS_LAMBDA_LOG_FORMAT=JSON` switches to
-/// JSON lines and `AWS_LAMBDA_LOG_LEVEL` sets the level; `SQS_ONCE_LOG`, then
-/// `RUST_LOG`, take precedence as a full filter.
-fn init_logging(lambda: bool) {
-    let lambda_level = lambda.then(|| std::env::var("AWS_LAMBDA_LOG_LEVEL").ok()).flatten();
-    let filter = ["SQS_ONCE_LOG", "RUST_LOG"]
-        .iter()
-        .find_map(|name| tracing_subscriber::EnvFilter::try_from_env(name).ok())
-        .unwrap_or_else(|| {
-            // Lambda's levels are TRACE to FATAL; tracing's stop at ERROR.
-            let level = match lambda_level.map(|level| level.to_ascii_lowercase()).as_deref() {
-                Some(level @ ("trace" | "debug" | "info" | "warn" | "error")) => level.to_owned(),
-                Some("fatal") => "error".to_owned(),
-                _ => "info".to_owned(),
-            };
-            tracing_subscriber::EnvFilter::new(format!("{level},aws_config=error"))
-        });
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
-    if lambda && std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|format| format.eq_ignore_ascii_case("json")) {
-        // A subscriber the program installed before stays.
-        let _ = logs.json().flatten_event(true).with_span_list(false).try_init();
-    } else {
-        let _ = logs.with_ansi(std::io::stderr().is_terminal()).try_init();
-    }
-    // A handler's panic fails only its record, and the engine logs it there;
-    // one line here says where it happened, without a backtrace per record.
-    std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
 }

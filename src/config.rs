@@ -5,7 +5,7 @@
 //!
 #![doc = include_str!("../docs/configuration.md")]
 
-use std::{fmt::Display, path::PathBuf, str::FromStr, time::Duration};
+use std::{fmt::Display, str::FromStr, time::Duration};
 
 use crate::{
     budget::Margins,
@@ -22,7 +22,7 @@ use crate::{
 
 /// The namespace of stored keys when neither `SQS_ONCE_KEY_PREFIX` nor a
 /// Lambda function name gives one.
-pub const DEFAULT_KEY_PREFIX: &str = "sqs-once";
+pub(crate) const DEFAULT_KEY_PREFIX: &str = "sqs-once";
 
 /// The variable Lambda sets in its execution environments, and nowhere
 /// else: the address of its Runtime API.
@@ -35,7 +35,14 @@ pub(crate) fn in_lambda() -> bool {
 
 /// How often a process that sends through the outbox sweeps it, unless
 /// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.
-pub const DEFAULT_OUTBOX_SWEEP: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_OUTBOX_SWEEP: Duration = Duration::from_secs(60);
+
+/// What `SQS_ONCE_STORE` takes.
+const STORES: &str = if cfg!(feature = "sqlite") {
+    "dynamodb, file or memory"
+} else {
+    "dynamodb or memory (file needs the sqlite feature)"
+};
 
 /// What `SQS_ONCE_EXPIRES_AFTER_SECS` takes: a key remembered for no time
 /// would not be deduplicated at all.
@@ -43,11 +50,13 @@ const EXPIRES_AFTER: &str = "a positive number of seconds";
 
 /// Where claims are kept (`SQS_ONCE_STORE`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreChoice {
+#[allow(clippy::large_enum_variant, reason = "one value per process")]
+pub(crate) enum StoreChoice {
     /// In process memory; nothing survives the process.
     Memory,
     /// A SQLite file, shared safely by concurrent processes.
-    File(PathBuf),
+    #[cfg(feature = "sqlite")]
+    File(std::path::PathBuf),
     /// A DynamoDB table: the production store.
     DynamoDb(TableLayout),
 }
@@ -64,31 +73,32 @@ pub struct ConfigError {
     pub expected: String,
 }
 
-/// All settings, resolved.
+/// All settings, resolved: what [`Consumer`](crate::consumer::Consumer)
+/// is built from. The settings are documented above.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Which parts of a message make its key, and how it is stored
     /// (`SQS_ONCE_KEY`, `SQS_ONCE_KEY_PREFIX`, `SQS_ONCE_HASH_KEYS`,
     /// `SQS_ONCE_ON_MISSING_KEY`).
-    pub keys: Keys,
+    pub(crate) keys: Keys,
     /// The claim state machine's tuning.
-    pub claims: ClaimPolicy,
+    pub(crate) claims: ClaimPolicy,
     /// The batch engine's tuning.
-    pub engine: EngineOptions,
+    pub(crate) engine: EngineOptions,
     /// Where claims are kept.
-    pub store: StoreChoice,
+    pub(crate) store: StoreChoice,
     /// Whether the DynamoDB store sends the writes of concurrent records
     /// together (`SQS_ONCE_DYNAMODB_BATCHING`, default on; see
     /// [`crate::store::DynamoDbStore::batching`]).
-    pub dynamodb_batching: bool,
+    pub(crate) dynamodb_batching: bool,
     /// The metrics published per Lambda invocation.
-    pub metrics: MetricsConfig,
+    pub(crate) metrics: MetricsConfig,
     /// What SQS does with failed records besides redelivering them.
-    pub redelivery: RedeliveryPolicy,
+    pub(crate) redelivery: RedeliveryPolicy,
     /// How often a process that sends through the outbox sweeps it for
     /// entries left unsent (`SQS_ONCE_OUTBOX_SWEEP_SECS`; `None`: never on
     /// its own).
-    pub outbox_sweep: Option<Duration>,
+    pub(crate) outbox_sweep: Option<Duration>,
 }
 
 impl Config {
@@ -102,9 +112,7 @@ impl Config {
     /// ```
     /// use sqs_once::config::Config;
     ///
-    /// let config = Config::from_lookup(|name| (name == "SQS_ONCE_CONCURRENCY").then(|| "8".to_owned())).unwrap();
-    /// assert_eq!(config.engine.concurrency, 8);
-    /// assert_eq!(config.keys.prefix(), "sqs-once");
+    /// assert!(Config::from_lookup(|name| (name == "SQS_ONCE_CONCURRENCY").then(|| "8".to_owned())).is_ok());
     ///
     /// let error = Config::from_lookup(|name| (name == "SQS_ONCE_ON_MISSING_KEY").then(|| "skip".to_owned()));
     /// assert_eq!(error.unwrap_err().to_string(), r#"invalid SQS_ONCE_ON_MISSING_KEY="skip": expected fail or message-id"#);
@@ -163,11 +171,14 @@ impl Config {
         let store = match env.text("SQS_ONCE_STORE").as_deref() {
             None if env.text("SQS_ONCE_TABLE").is_some() => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
             Some("dynamodb") => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
-            None | Some("file") => StoreChoice::File(PathBuf::from(
+            #[cfg(feature = "sqlite")]
+            None | Some("file") => StoreChoice::File(std::path::PathBuf::from(
                 env.text("SQS_ONCE_STORE_PATH").unwrap_or_else(|| ".sqs-once/claims.db".into()),
             )),
+            #[cfg(not(feature = "sqlite"))]
+            None => StoreChoice::Memory,
             Some("memory") => StoreChoice::Memory,
-            Some(_) => return Err(env.invalid("SQS_ONCE_STORE", "dynamodb, file or memory")),
+            Some(_) => return Err(env.invalid("SQS_ONCE_STORE", STORES)),
         };
         if env.text(LAMBDA_RUNTIME_API).is_some() && !matches!(store, StoreChoice::DynamoDb(_)) {
             return Err(ConfigError {

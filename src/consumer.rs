@@ -11,21 +11,24 @@ use std::{
 use aws_config::SdkConfig;
 use aws_lambda_events::sqs::SqsBatchResponse;
 
+pub use crate::{engine::Invocation, sqs::redelivery::RedeliveryCounts};
+
 use crate::{
-    BoxHandler,
+    Handler,
     claim::Claims,
     clock::SystemClock,
     config::{Config, StoreChoice},
-    engine::{Engine, Invocation},
+    engine::Engine,
     event::EventRecord,
-    metrics::Extra,
+    handler::BoxHandler,
+    metrics::{Extra, MetricsConfig},
     outbox::{AwsDestinations, Outbox},
     report::BatchReport,
     sqs::Sqs,
-    sqs::redelivery::{Redelivery, RedeliveryCounts},
+    sqs::redelivery::Redelivery,
     store::{
-        ClaimStore, DynamoDbStore, MemoryStore, SqliteStore, StoreError,
-        dynamodb::{self, RequestCounter, TableLayout},
+        ClaimStore, DynamoDbStore, MemoryStore, StoreError,
+        dynamodb::{self, RequestCounter},
     },
 };
 
@@ -37,48 +40,37 @@ pub enum StartupError {
     Store(#[from] StoreError),
 }
 
-/// A consumer: assembled from the settings with [`Consumer::new`], or in
-/// code from its parts, with no environment at all.
+/// The engine around a handler, the claim store and keys the settings
+/// choose, and the SQS step after each batch: what the Lambda function runs,
+/// for a program that serves batches its own way.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use std::sync::Arc;
-/// use sqs_once::{config::Config, consumer::Consumer, handlers::orders::Orders};
+/// use std::time::{Duration, SystemTime};
+/// use sqs_once::{config::Config, consumer::{Consumer, Invocation}, event::parse_event, handler_fn};
 ///
 /// let config = Config::from_lookup(|name| match name {
 ///     "SQS_ONCE_STORE" => Some("memory".to_owned()),
 ///     _ => None,
-/// }).unwrap();
-/// let consumer = Consumer::new(&config, Arc::new(Orders)).await.unwrap();
+/// })
+/// .unwrap();
+/// let consumer = Consumer::new(&config, handler_fn(|_| async { Ok(None) })).await.unwrap();
+/// let event = serde_json::json!({ "Records": [{ "messageId": "m-1", "body": "{}" }] });
+/// let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(30), request_id: "r-1".into() };
+/// let answer = consumer.process(&parse_event(event).unwrap(), &invocation).await;
+/// assert!(answer.response.batch_item_failures.is_empty());
 /// # });
-/// ```
-///
-/// From its parts: the store, the key and the tuning chosen in code.
-///
-/// ```
-/// use std::sync::Arc;
-/// use sqs_once::{
-///     claim::{ClaimPolicy, Claims}, clock::SystemClock, consumer::Consumer,
-///     engine::{Engine, EngineOptions}, handlers::orders::Orders, key::Keys,
-///     store::MemoryStore,
-/// };
-///
-/// let policy = ClaimPolicy { validate_payload: true, ..ClaimPolicy::default() };
-/// let claims = Claims::with_policy(Arc::new(MemoryStore::default()), policy, Arc::new(SystemClock));
-/// let keys = Keys::new("body.order_id", "orders").unwrap();
-/// let options = EngineOptions { concurrency: 16, ..EngineOptions::default() };
-/// let engine = Engine::new(Arc::new(Orders), Arc::new(claims), keys, options);
-/// // No SQS step: failed records come back after the queue's visibility timeout.
-/// let consumer = Consumer { engine, dynamodb_requests: None, redelivery: None };
 /// ```
 #[derive(Debug, Clone)]
 pub struct Consumer {
     /// The engine: handler, claims, keys.
-    pub engine: Engine,
+    pub(crate) engine: Engine,
     /// DynamoDB requests made so far, when the store is DynamoDB.
-    pub dynamodb_requests: Option<Arc<RequestCounter>>,
+    pub(crate) dynamodb_requests: Option<Arc<RequestCounter>>,
     /// What SQS does with failed records, unless the policy asks nothing.
-    pub redelivery: Option<Redelivery>,
+    pub(crate) redelivery: Option<Redelivery>,
+    /// The metrics published after each batch.
+    pub(crate) metrics: MetricsConfig,
 }
 
 /// What a batch comes to: the engine's report and the answer Lambda returns.
@@ -96,11 +88,28 @@ pub struct Answer {
 impl Consumer {
     /// The consumer `config` describes around `handler`: its store, keys and
     /// tuning, and the SQS step when the redelivery policy asks for one.
-    pub async fn new(config: &Config, handler: BoxHandler) -> Result<Self, StartupError> {
+    pub async fn new(config: &Config, handler: impl Handler) -> Result<Self, StartupError> {
+        Self::assemble(config, Arc::new(handler)).await
+    }
+
+    /// [`new`](Self::new), with the claims kept in `store` whatever the
+    /// settings say of the store: for a [`ClaimStore`] of one's own.
+    pub async fn with_store(config: &Config, handler: impl Handler, store: Arc<dyn ClaimStore>) -> Self {
+        let aws = if config.redelivery.is_active() { Some(crate::aws::sdk_config().await) } else { None };
+        Self::around(config, Arc::new(handler), (store, None), aws)
+    }
+
+    /// [`new`](Self::new), for a handler chosen at run time.
+    pub(crate) async fn assemble(config: &Config, handler: BoxHandler) -> Result<Self, StartupError> {
         let needs_aws = matches!(config.store, StoreChoice::DynamoDb(_)) || config.redelivery.is_active();
-        // Loaded once: credentials and region are resolved once for both clients.
+        // Loaded once: credentials and region are resolved once for every client.
         let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
-        let (store, dynamodb_requests) = store_with(config, aws.as_ref())?;
+        let store = store_with(config, aws.as_ref())?;
+        Ok(Self::around(config, handler, store, aws))
+    }
+
+    fn around(config: &Config, handler: BoxHandler, store: CountedStore, aws: Option<SdkConfig>) -> Self {
+        let (store, dynamodb_requests) = store;
         let claims = Claims::with_policy(Arc::clone(&store), config.claims.clone(), Arc::new(SystemClock));
         // Messages handlers stage leave through the outbox; a consumer that
         // sends none never loads the AWS configuration for it.
@@ -112,7 +121,7 @@ impl Consumer {
         let mut options = config.engine.clone();
         options.margins.sqs_step = redelivery.is_some();
         let engine = Engine::new(handler, Arc::new(claims), config.keys.clone(), options).with_outbox(Arc::new(outbox));
-        Ok(Self { engine, dynamodb_requests, redelivery })
+        Self { engine, dynamodb_requests, redelivery, metrics: config.metrics.clone() }
     }
 
     /// Processes a batch, then carries out the redelivery policy on its
@@ -122,12 +131,11 @@ impl Consumer {
         self.redeliver(records, report, invocation.deadline).await
     }
 
-    /// The redelivery step of [`process`](Self::process), for callers that
-    /// run the engine themselves. It is best effort and ends by `deadline`
-    /// (less the time to post the answer): when SQS is slow or down, the
-    /// engine's own answer stands, which is correct on its own (failed
-    /// records come back after the queue's timeout).
-    pub async fn redeliver(&self, records: &[EventRecord], report: BatchReport, deadline: SystemTime) -> Answer {
+    /// The redelivery step of [`process`](Self::process). It is best effort
+    /// and ends by `deadline` (less the time to post the answer): when SQS is
+    /// slow or down, the engine's own answer stands, which is correct on its
+    /// own (failed records come back after the queue's timeout).
+    pub(crate) async fn redeliver(&self, records: &[EventRecord], report: BatchReport, deadline: SystemTime) -> Answer {
         let Some(redelivery) = &self.redelivery else {
             return Answer { response: report.response(), report, redelivery: None };
         };
@@ -137,7 +145,7 @@ impl Consumer {
     }
 
     /// The counts metrics take from outside the batch report, since start.
-    pub fn extra(&self) -> Extra {
+    pub(crate) fn extra(&self) -> Extra {
         let outbox = self.engine.outbox().map(|outbox| outbox.counters());
         Extra {
             lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
@@ -162,10 +170,11 @@ impl Consumer {
 }
 
 /// A claim store, and the counter of its requests when it is DynamoDB.
-pub type CountedStore = (Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>);
+pub(crate) type CountedStore = (Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>);
 
 /// The store `config` chooses, and its request counter if it is DynamoDB.
-pub async fn open_store(config: &Config) -> Result<CountedStore, StartupError> {
+#[cfg(feature = "cli")]
+pub(crate) async fn open_store(config: &Config) -> Result<CountedStore, StartupError> {
     let aws = match config.store {
         StoreChoice::DynamoDb(_) => Some(crate::aws::sdk_config().await),
         _ => None,
@@ -181,14 +190,16 @@ fn store_with(config: &Config, aws: Option<&SdkConfig>) -> Result<CountedStore, 
             let store = DynamoDbStore::new(client, layout.clone()).batching(config.dynamodb_batching);
             (Arc::new(store), Some(requests))
         }
-        (StoreChoice::File(path), _) => (Arc::new(SqliteStore::open(path)?), None),
+        #[cfg(feature = "sqlite")]
+        (StoreChoice::File(path), _) => (Arc::new(crate::store::SqliteStore::open(path)?), None),
         _ => (Arc::new(MemoryStore::default()), None),
     })
 }
 
 /// A DynamoDB store on `layout`, with a client built from the SDK's default
 /// configuration chain, and the counter of its requests.
-pub async fn dynamodb_store(layout: TableLayout) -> (DynamoDbStore, Arc<RequestCounter>) {
+#[cfg(feature = "cli")]
+pub(crate) async fn dynamodb_store(layout: crate::store::TableLayout) -> (DynamoDbStore, Arc<RequestCounter>) {
     let (client, requests) = dynamodb::client().await;
     (DynamoDbStore::new(client, layout), requests)
 }

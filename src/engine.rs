@@ -28,12 +28,13 @@ use tokio::{
 };
 
 use crate::{
-    BoxHandler, ErrorKind, HandlerResult, Record,
+    ErrorKind, HandlerResult, Record,
     budget::{DeadlineBudget, Margins},
     claim::{Claim, ClaimRequest, Claims, Lease},
     clock::epoch_ms,
     envelope::{EnvelopeKind, Opened},
     event::EventRecord,
+    handler::BoxHandler,
     key::Keys,
     lock::lock,
     outbox::Outbox,
@@ -45,7 +46,7 @@ use crate::{
 
 /// Tuning of the engine; see the README for the matching settings.
 #[derive(Debug, Clone)]
-pub struct EngineOptions {
+pub(crate) struct EngineOptions {
     /// Records running at once (`SQS_ONCE_CONCURRENCY`).
     pub concurrency: usize,
     /// How each invocation's time is planned back from its deadline; see
@@ -73,31 +74,8 @@ pub struct Invocation {
 }
 
 /// The batch engine. Cheap to clone; build one per process and reuse it.
-///
-/// ```
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use std::{sync::Arc, time::{Duration, SystemTime}};
-/// use sqs_once::{
-///     Handler, HandlerResult, Record, claim::Claims, engine::{Engine, EngineOptions, Invocation},
-///     event::parse_event, key::Keys, store::MemoryStore,
-/// };
-///
-/// struct Echo;
-/// impl Handler for Echo {
-///     async fn handle(&self, _record: &Record) -> HandlerResult { Ok(None) }
-/// }
-///
-/// let claims = Arc::new(Claims::new(Arc::new(MemoryStore::default())));
-/// let keys = Keys::default();
-/// let engine = Engine::new(Arc::new(Echo), claims, keys, EngineOptions::default());
-/// let event = serde_json::json!({"Records": [{"messageId": "m-1", "body": "hi"}]});
-/// let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(5), request_id: "r-1".into() };
-/// let report = engine.process(&parse_event(event).unwrap(), &invocation).await;
-/// assert!(report.response().batch_item_failures.is_empty());
-/// # });
-/// ```
 #[derive(Clone)]
-pub struct Engine {
+pub(crate) struct Engine {
     inner: Arc<Inner>,
 }
 
@@ -180,31 +158,31 @@ struct BatchState {
 
 impl Engine {
     /// An engine running `handler` under `claims`, keying records with `keys`.
-    pub fn new(handler: BoxHandler, claims: Arc<Claims>, keys: Keys, options: EngineOptions) -> Self {
+    pub(crate) fn new(handler: BoxHandler, claims: Arc<Claims>, keys: Keys, options: EngineOptions) -> Self {
         Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox: None }) }
     }
 
     /// This engine, sending the messages handlers stage through `outbox`
     /// once their transactions commit. Without one, they wait in the store
     /// for a sweep (`sqs-once claims outbox --send`).
-    pub fn with_outbox(self, outbox: Arc<Outbox>) -> Self {
+    pub(crate) fn with_outbox(self, outbox: Arc<Outbox>) -> Self {
         let mut inner = Arc::unwrap_or_clone(self.inner);
         inner.outbox = Some(outbox);
         Self { inner: Arc::new(inner) }
     }
 
     /// The claim state machine the engine runs on.
-    pub fn claims(&self) -> &Arc<Claims> {
+    pub(crate) fn claims(&self) -> &Arc<Claims> {
         &self.inner.claims
     }
 
     /// The outbox the engine sends staged messages through, if it has one.
-    pub fn outbox(&self) -> Option<&Arc<Outbox>> {
+    pub(crate) fn outbox(&self) -> Option<&Arc<Outbox>> {
         self.inner.outbox.as_ref()
     }
 
     /// The budget of an invocation due at `deadline`, as this engine plans it.
-    pub fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
+    pub(crate) fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
         self.inner.options.margins.budget(deadline)
     }
 
@@ -213,7 +191,7 @@ impl Engine {
     /// Finishing writes left unconfirmed by earlier batches are sent again
     /// first (see [`Claims::resend_unconfirmed`]). The time until the
     /// deadline is spent as [`DeadlineBudget`] says.
-    pub async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> BatchReport {
+    pub(crate) async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> BatchReport {
         let budget = self.budget(invocation.deadline);
         let left = budget.deadline().saturating_duration_since(Instant::now());
         tracing::debug!(records = records.len(), remaining_ms = left.as_millis(), "batch received");
@@ -723,3 +701,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -15,16 +15,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// Which envelope message bodies arrive in (`SQS_ONCE_ENVELOPE`).
-///
-/// ```
-/// use sqs_once::envelope::EnvelopeKind;
-///
-/// assert_eq!("sns".parse::<EnvelopeKind>().unwrap(), EnvelopeKind::Sns);
-/// assert_eq!(EnvelopeKind::default(), EnvelopeKind::None);
-/// assert!("kinesis".parse::<EnvelopeKind>().is_err());
-/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum EnvelopeKind {
+pub(crate) enum EnvelopeKind {
     /// The body is the message itself (a direct send, or SNS with raw
     /// message delivery on).
     #[default]
@@ -126,44 +118,26 @@ pub struct EventBridgeEvent {
 /// A body that is not the configured envelope.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("body is not {expected}: {reason}")]
-pub struct InvalidEnvelope {
+pub(crate) struct InvalidEnvelope {
     expected: &'static str,
     reason: String,
 }
 
 /// An SQS message with its envelope opened: the view that keys, payload
 /// validation, logs and the handler read.
-///
-/// ```
-/// use sqs_once::envelope::{Envelope, EnvelopeKind, Opened};
-/// # use aws_lambda_events::sqs::SqsMessage;
-///
-/// let mut message = SqsMessage::default();
-/// message.body = Some(serde_json::json!({
-///     "Type": "Notification", "MessageId": "sns-1", "TopicArn": "arn:aws:sns:eu-west-1:123456789012:orders",
-///     "Message": "{\"order_id\":\"o-77\"}", "Timestamp": "2026-11-23T10:00:00.000Z",
-/// }).to_string());
-///
-/// let opened = Opened::new(&message, EnvelopeKind::Sns).unwrap();
-/// assert_eq!(opened.body, r#"{"order_id":"o-77"}"#);
-/// assert!(matches!(&opened.envelope, Some(Envelope::Sns(sns)) if sns.message_id == "sns-1"));
-///
-/// // Without an envelope the body is the message itself.
-/// assert_eq!(Opened::plain(&message).body, message.body.as_deref().unwrap());
-/// ```
 #[derive(Debug, Clone)]
-pub struct Opened<'m> {
+pub(crate) struct Opened<'m> {
     /// The message as SQS delivered it.
-    pub message: &'m SqsMessage,
+    pub(crate) message: &'m SqsMessage,
     /// The publisher's message: the body, or what the envelope wraps.
-    pub body: Cow<'m, str>,
+    pub(crate) body: Cow<'m, str>,
     /// The envelope's fields, when there is an envelope.
-    pub envelope: Option<Envelope>,
+    pub(crate) envelope: Option<Envelope>,
 }
 
 impl<'m> Opened<'m> {
     /// Opens `message`'s body as an envelope of `kind`.
-    pub fn new(message: &'m SqsMessage, kind: EnvelopeKind) -> Result<Self, InvalidEnvelope> {
+    pub(crate) fn new(message: &'m SqsMessage, kind: EnvelopeKind) -> Result<Self, InvalidEnvelope> {
         let text = message.body.as_deref().unwrap_or_default();
         let (body, envelope) = match kind {
             EnvelopeKind::None => return Ok(Self::plain(message)),
@@ -186,7 +160,7 @@ impl<'m> Opened<'m> {
     }
 
     /// `message` as it is, with no envelope.
-    pub fn plain(message: &'m SqsMessage) -> Self {
+    pub(crate) fn plain(message: &'m SqsMessage) -> Self {
         Self { message, body: Cow::Borrowed(message.body.as_deref().unwrap_or_default()), envelope: None }
     }
 }
@@ -301,5 +275,33 @@ mod tests {
         let opened = Opened::new(&message, EnvelopeKind::None).unwrap();
         assert!(matches!(opened.body, Cow::Borrowed(_)));
         assert!(opened.envelope.is_none());
+    }
+
+    #[test]
+    fn an_sns_envelope_opens_and_a_plain_message_is_itself() {
+        use aws_lambda_events::sqs::SqsMessage;
+
+        let mut message = SqsMessage::default();
+        message.body = Some(
+            serde_json::json!({
+                "Type": "Notification", "MessageId": "sns-1", "TopicArn": "arn:aws:sns:eu-west-1:123456789012:orders",
+                "Message": "{\"order_id\":\"o-77\"}", "Timestamp": "2026-11-23T10:00:00.000Z",
+            })
+            .to_string(),
+        );
+
+        let opened = Opened::new(&message, EnvelopeKind::Sns).unwrap();
+        assert_eq!(opened.body, r#"{"order_id":"o-77"}"#);
+        assert!(matches!(&opened.envelope, Some(Envelope::Sns(sns)) if sns.message_id == "sns-1"));
+
+        // Without an envelope the body is the message itself.
+        assert_eq!(Opened::plain(&message).body, message.body.as_deref().unwrap());
+    }
+
+    #[test]
+    fn envelope_kinds_parse_by_name() {
+        assert_eq!("sns".parse::<EnvelopeKind>().unwrap(), EnvelopeKind::Sns);
+        assert_eq!(EnvelopeKind::default(), EnvelopeKind::None);
+        assert!("kinesis".parse::<EnvelopeKind>().is_err());
     }
 }

@@ -20,8 +20,7 @@ pub type HandlerResult = Result<Option<Value>, HandlerError>;
 /// [`HandlerError::permanent`] for ones it cannot (the failure is recorded and
 /// later deliveries are not run again). A panic counts as retryable.
 ///
-/// A complete handler; [`run`](crate::run) makes a binary of it, or it is
-/// registered under a name in `handlers/mod.rs` for the bundled binary:
+/// A complete handler; [`run`](crate::run) makes a binary of it:
 ///
 /// ```
 /// use serde::Deserialize;
@@ -47,9 +46,7 @@ pub type HandlerResult = Result<Option<Value>, HandlerError>;
 ///     }
 /// }
 ///
-/// # let mut message = aws_lambda_events::sqs::SqsMessage::default();
-/// # message.body = Some(r#"{"order_id":"o-1","parcels":2}"#.into());
-/// # let record = Record::new(&message, "k".into(), tokio::time::Instant::now());
+/// # let record = sqs_once::testing::record(r#"{"order_id":"o-1","parcels":2}"#);
 /// # let output = tokio::runtime::Runtime::new().unwrap().block_on(ShipOrder.handle(&record));
 /// # assert_eq!(output.unwrap().unwrap()["label"], "1Z999");
 /// ```
@@ -104,12 +101,13 @@ where
     }
 }
 
-/// A type-erased, shareable handler, as the registry hands them out.
-pub type BoxHandler = Arc<dyn DynHandler>;
+/// A type-erased, shareable handler, so that the engine and the command
+/// line are compiled once, not once per handler type.
+pub(crate) type BoxHandler = Arc<dyn DynHandler>;
 
 /// Object-safe form of [`Handler`], implemented for every handler, so that a
 /// handler chosen at run time can drive the engine.
-pub trait DynHandler: Send + Sync + 'static {
+pub(crate) trait DynHandler: Send + Sync + 'static {
     /// [`Handler::handle`] with its future boxed.
     fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult>;
 }

@@ -53,7 +53,7 @@ impl Default for KeySpec {
 #[error(
     "invalid key source `{0}`: expected messageId, body.<path>, envelope.<path>, attributes.<Name> or messageAttributes.<Name>, comma-separated for a composite key"
 )]
-pub struct InvalidKeySpec(String);
+pub(crate) struct InvalidKeySpec(String);
 
 impl FromStr for KeySpec {
     type Err = InvalidKeySpec;
@@ -110,7 +110,7 @@ pub(crate) enum MissingKey {
 
 /// How a record with no derivable key is treated (`SQS_ONCE_ON_MISSING_KEY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnMissingKey {
+pub(crate) enum OnMissingKey {
     /// Report the record failed with the reason logged.
     #[default]
     Fail,
@@ -139,17 +139,8 @@ impl FromStr for OnMissingKey {
 /// The canonical text of a one-part key is the part itself (a JSON string
 /// unquoted, any other JSON value serialised with sorted object keys); a
 /// composite key is the JSON array of its parts.
-///
-/// ```
-/// use sqs_once::key::{Keys, OnMissingKey};
-///
-/// let keys = Keys::new("body.order_id", "orders")?.hashed(false).on_missing(OnMissingKey::MessageId);
-/// assert_eq!(keys.stored_id(&["42".to_owned()]), "orders#42");
-/// assert!(Keys::new("body.", "orders").is_err());
-/// # Ok::<(), sqs_once::key::InvalidKeySpec>(())
-/// ```
 #[derive(Debug, Clone)]
-pub struct Keys {
+pub(crate) struct Keys {
     spec: KeySpec,
     prefix: String,
     hash: bool,
@@ -172,7 +163,8 @@ impl Default for Keys {
 impl Keys {
     /// Keys read from `spec` (as `SQS_ONCE_KEY` takes it), stored under
     /// `prefix`, hashed; a record without a key fails.
-    pub fn new(spec: &str, prefix: impl Into<String>) -> Result<Self, InvalidKeySpec> {
+    #[cfg(test)]
+    pub(crate) fn new(spec: &str, prefix: impl Into<String>) -> Result<Self, InvalidKeySpec> {
         Ok(Self::of(spec.parse()?, prefix.into()))
     }
 
@@ -183,17 +175,18 @@ impl Keys {
 
     /// Whether stored keys are SHA-256 hashes (the default), so that no
     /// message content lands in the table.
-    pub fn hashed(self, hash: bool) -> Self {
+    pub(crate) fn hashed(self, hash: bool) -> Self {
         Self { hash, ..self }
     }
 
     /// What a record without a key gets.
-    pub fn on_missing(self, on_missing: OnMissingKey) -> Self {
+    pub(crate) fn on_missing(self, on_missing: OnMissingKey) -> Self {
         Self { on_missing, ..self }
     }
 
     /// The namespace of stored keys.
-    pub fn prefix(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn prefix(&self) -> &str {
         &self.prefix
     }
 
@@ -212,7 +205,7 @@ impl Keys {
     /// The stored id for a key given as its parts' canonical texts, in the
     /// order of the key specification: how an operator finds a claim by the
     /// key they know.
-    pub fn stored_id(&self, parts: &[String]) -> String {
+    pub(crate) fn stored_id(&self, parts: &[String]) -> String {
         let canonical = match parts {
             [single] => single.clone(),
             _ => Value::from(parts.to_vec()).to_string(),
@@ -405,5 +398,12 @@ mod tests {
         {
             assert!(spec.parse::<KeySpec>().is_err(), "{spec:?} parsed");
         }
+    }
+
+    #[test]
+    fn keys_are_stored_under_their_prefix() {
+        let keys = Keys::new("body.order_id", "orders").unwrap().hashed(false).on_missing(OnMissingKey::MessageId);
+        assert_eq!(keys.stored_id(&["42".to_owned()]), "orders#42");
+        assert!(Keys::new("body.", "orders").is_err());
     }
 }

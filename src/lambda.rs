@@ -21,12 +21,13 @@ use crate::{
     budget::SHUTDOWN_TIME,
     claim::Claims,
     clock::{Clock, SystemClock},
-    config::LAMBDA_RUNTIME_API,
+    config::{Config, LAMBDA_RUNTIME_API},
     consumer::Consumer,
     engine::Invocation,
     event::{InvalidEvent, parse_event},
     lock::lock,
-    metrics::{Extra, MetricsConfig, emf_line},
+    metrics::{Extra, emf_line},
+    start::BuildHandler,
 };
 
 /// Variables the runtime needs, all set by Lambda itself.
@@ -42,36 +43,48 @@ impl From<InvalidEvent> for Diagnostic {
 /// The function's state across invocations of one warm process.
 struct Function {
     consumer: Consumer,
-    metrics: MetricsConfig,
     /// Counters at the end of the previous invocation, to publish deltas.
     seen: Mutex<Extra>,
 }
 
+/// Starts the function: reads the settings, builds the handler and the
+/// consumer once, before the loop, so that clients and configuration are
+/// shared by every invocation of the warm process, then serves invocations.
+/// An error before the loop is reported to the Runtime API as the init error.
+pub(crate) async fn start(handler: BuildHandler<'_>) -> Result<(), String> {
+    let started = async {
+        let config = Config::from_env().map_err(|error| error.to_string())?;
+        let handler = handler.await?;
+        Consumer::assemble(&config, handler).await.map_err(|error| with_causes(&error))
+    };
+    let consumer = match started.await {
+        Ok(consumer) => consumer,
+        Err(error) => {
+            report_init_error("Runtime.ConfigError", &error);
+            return Err(error);
+        }
+    };
+    run(consumer).await.map_err(|error| error.to_string())
+}
+
+/// An error and its causes on one line, as the init error shows it.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        line = format!("{line}: {error}");
+        cause = error.source();
+    }
+    line
+}
+
 /// Serves invocations from the Lambda Runtime API until the process ends.
-///
-/// `consumer` is built once, before the loop, so clients and configuration
-/// are shared by every invocation of the warm process. [`crate::run`] does
-/// this, and the rest a binary needs around it (logging as Lambda asks, the
-/// init error reported, the command line outside Lambda); to serve the loop
-/// alone:
-///
-/// ```no_run
-/// use std::sync::Arc;
-/// use sqs_once::{config::Config, consumer::Consumer, handlers::orders::Orders, lambda};
-///
-/// #[tokio::main]
-/// async fn main() -> Result<(), lambda_runtime::Error> {
-///     let config = Config::from_env()?;
-///     let consumer = Consumer::new(&config, Arc::new(Orders)).await?;
-///     lambda::run(consumer, config.metrics).await
-/// }
-/// ```
-pub async fn run(consumer: Consumer, metrics: MetricsConfig) -> Result<(), lambda_runtime::Error> {
+async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
     if let Some(missing) = RUNTIME_VARIABLES.iter().find(|name| std::env::var_os(name).is_none()) {
         return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());
     }
     shut_down_on_sigterm(Arc::clone(consumer.engine.claims()));
-    let function = Arc::new(Function { consumer, metrics, seen: Mutex::new(Extra::default()) });
+    let function = Arc::new(Function { consumer, seen: Mutex::new(Extra::default()) });
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let function = Arc::clone(&function);
         async move { function.invoke(event).await }
@@ -85,9 +98,10 @@ impl Function {
         let records = parse_event(payload).inspect_err(|error| tracing::error!(%error, "invocation failed"))?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
         let processed = self.consumer.process(&records, &invocation).await;
-        if self.metrics.enabled {
+        let metrics = &self.consumer.metrics;
+        if metrics.enabled {
             let extra = Extra { redelivery: processed.redelivery, ..self.delta() };
-            println!("{}", emf_line(&self.metrics, &processed.report, extra, SystemClock.now_ms()));
+            println!("{}", emf_line(metrics, &processed.report, extra, SystemClock.now_ms()));
         }
         Ok(processed.response)
     }

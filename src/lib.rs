@@ -3,7 +3,7 @@
 //! SQS delivers every message at least once. `sqs-once` turns that into
 //! *effectively once*: each record of a batch gets an idempotency key, the
 //! key is claimed with an atomic conditional write in a [`store`], and only
-//! the claim's winner runs the business [`Handler`]. The [`engine`] answers
+//! the claim's winner runs the business [`Handler`]. The consumer answers
 //! with a partial-batch response listing exactly the records SQS must
 //! deliver again.
 //!
@@ -29,24 +29,33 @@
 //! }
 //! ```
 //!
-//! The pieces, from the inside out:
+//! What a crate of one's own uses, from the inside out:
 //!
 //! - [`Handler`]: the business logic for one [`Record`] ([`handler_fn`]
-//!   makes one of a closure);
-//! - [`claim`]: the claim state machine, written once for every store;
-//! - [`store`]: where claims live (memory, a SQLite file, DynamoDB);
-//! - [`key`]: which part of a message identifies it, and [`envelope`]: the
-//!   SNS or EventBridge envelope a message may arrive in;
-//! - [`engine`]: fans a batch out, keeps FIFO order and the deadline;
-//! - [`sqs`]: the SQS side: reading an event one record at a time
-//!   ([`sqs::event`]), when failed records come back or leave for the
-//!   dead-letter queue ([`sqs::redelivery`]), and the SQS calls;
-//! - [`consumer`]: the engine, the store and the SQS step, assembled from
-//!   the [`config`] (the `SQS_ONCE_` settings);
-//! - [`lambda`] and [`poll`]: the Lambda function, and the same consumer
-//!   polling a queue itself; [`run`] serves either, with the command line;
-//! - [`testing`]: running a handler through the real engine in a test, and
-//!   the conformance suite for claim stores.
+//!   makes one of a closure), failing with a retryable or permanent
+//!   [`HandlerError`];
+//! - [`transaction`]: DynamoDB writes and messages a handler stages, which
+//!   commit in one transaction with its claim, so they happen exactly once;
+//! - [`run`] and [`run_with`]: the Lambda function inside Lambda, and the
+//!   command line outside it (`invoke`, `poll`, `claims`, `create-table`);
+//! - [`config`]: the `SQS_ONCE_` settings, and [`consumer`]: the engine,
+//!   the claim store and the SQS step they describe, for a program that
+//!   serves batches its own way ([`event`] reads them);
+//! - [`report`]: each record's fate, and the partial-batch response;
+//! - [`envelope`]: the SNS or EventBridge envelope a message may arrive in;
+//! - [`store`]: where claims live (DynamoDB, a SQLite file, memory), and
+//!   the [`ClaimStore`](store::ClaimStore) trait for a store of one's own;
+//! - `testing` (feature `testing`): a handler through the real engine in a
+//!   test, and the conformance suites a store passes.
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `cli` | yes | the command line around the Lambda function; without it a binary is the function alone |
+//! | `sqlite` | yes | the SQLite claim store, `invoke`'s default |
+//! | `sns`, `eventbridge` | yes | staged messages to SNS topics and EventBridge buses (SQS queues need nothing) |
+//! | `testing` | no | `sqs_once::testing`, `claim_suite!` and `commit_suite!` |
 
 // The engine isolates a handler's panic in its record by catching the unwind;
 // with `panic = "abort"` one panicking record would kill the process and fail
@@ -59,36 +68,38 @@ compile_error!(
      panic = \"abort\" unless the profile says otherwise)"
 );
 
-pub mod aws;
-pub mod budget;
-pub mod claim;
-pub mod clock;
+mod aws;
+mod budget;
+mod claim;
+#[cfg(feature = "cli")]
+mod cli;
+mod clock;
 pub mod config;
 pub mod consumer;
-pub mod engine;
+mod engine;
 pub mod envelope;
 pub mod event;
 mod handler;
-pub mod key;
+mod key;
+mod lambda;
 mod lock;
-pub mod metrics;
-pub mod operator;
-pub mod outbox;
-pub mod reason;
+mod logging;
+mod metrics;
+#[cfg(feature = "cli")]
+mod operator;
+mod outbox;
+#[cfg(feature = "cli")]
+mod poll;
+mod reason;
 mod record;
 pub mod report;
-pub mod sqs;
+mod sqs;
+mod start;
 pub mod store;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod transaction;
 
-#[path = "../handlers/mod.rs"]
-pub mod handlers;
-
-mod cli;
-pub mod lambda;
-pub mod poll;
-
-pub use cli::{run, run_with};
-pub use handler::{BoxHandler, DynHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
+pub use handler::{ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
 pub use record::Record;
+pub use start::{run, run_with};

@@ -7,7 +7,7 @@ use crate::{report::BatchReport, sqs::redelivery::RedeliveryCounts};
 
 /// What to publish (`SQS_ONCE_METRICS*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MetricsConfig {
+pub(crate) struct MetricsConfig {
     /// Whether to print the EMF line at all.
     pub enabled: bool,
     /// The CloudWatch namespace.
@@ -24,7 +24,7 @@ impl Default for MetricsConfig {
 
 /// Counts that come from outside the batch report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Extra {
+pub(crate) struct Extra {
     /// Finishing writes refused because a lease was taken over.
     pub lease_takeovers_refused: u64,
     /// Finishing writes unconfirmed when first sent that landed when sent
@@ -59,18 +59,7 @@ const COUNTS: &[(&str, &[&str])] = &[
 ];
 
 /// The EMF line for one invocation.
-///
-/// ```
-/// use sqs_once::{report::BatchReport, metrics::{emf_line, Extra, MetricsConfig}};
-///
-/// let config = MetricsConfig { dimensions: vec![("FunctionName".into(), "orders".into())], ..Default::default() };
-/// let line = emf_line(&config, &BatchReport::default(), Extra::default(), 1_700_000_000_000);
-/// let value: serde_json::Value = serde_json::from_str(&line).unwrap();
-/// assert_eq!(value["Records"], 0);
-/// assert_eq!(value["FunctionName"], "orders");
-/// assert_eq!(value["_aws"]["CloudWatchMetrics"][0]["Namespace"], "sqs-once");
-/// ```
-pub fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extra, timestamp_ms: u64) -> String {
+pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extra, timestamp_ms: u64) -> String {
     let counts = report.counts();
     let mut values = Map::new();
     let mut metrics = Vec::new();
@@ -223,5 +212,30 @@ mod tests {
         assert_eq!((latency[0].as_f64(), latency[99].as_f64()), (Some(0.0), Some(299.0)));
         let declared = line["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().unwrap();
         assert!(declared.iter().all(|metric| line.get(metric["Name"].as_str().unwrap()).is_some()));
+    }
+
+    #[test]
+    fn an_emf_line_names_its_namespace_and_dimensions() {
+        let config = MetricsConfig { dimensions: vec![("FunctionName".into(), "orders".into())], ..Default::default() };
+        let line = emf_line(&config, &BatchReport::default(), Extra::default(), 1_700_000_000_000);
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["Records"], 0);
+        assert_eq!(value["FunctionName"], "orders");
+        assert_eq!(value["_aws"]["CloudWatchMetrics"][0]["Namespace"], "sqs-once");
+    }
+
+    #[test]
+    fn every_metric_published_is_documented_and_every_documented_one_published() {
+        let redelivery = Some(RedeliveryCounts::default());
+        let extra = Extra { dynamodb_requests: Some(1), redelivery, ..Extra::default() };
+        let report = BatchReport { records: vec![record(Outcome::Duplicate, Some(1))] };
+        let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 0)).unwrap();
+        let published: std::collections::BTreeSet<String> = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|metric| metric["Name"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(published, testkit::documented_metrics());
     }
 }

@@ -14,7 +14,7 @@ use crate::{
 
 /// The outcome of an operator's action on one claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Done; the text says what was done.
     Done(String),
     /// No claim has that key.
@@ -24,18 +24,7 @@ pub enum Action {
 }
 
 /// Claims, as an operator sees them.
-///
-/// ```
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use std::sync::Arc;
-/// use sqs_once::{clock::SystemClock, operator::{Action, Operator}, store::MemoryStore};
-///
-/// let operator = Operator::new(Arc::new(MemoryStore::default()), Arc::new(SystemClock), std::time::Duration::from_secs(3600));
-/// assert_eq!(operator.release("orders#o-1", false).await.unwrap(), Action::NotFound);
-/// assert!(matches!(operator.complete("orders#o-1", false).await.unwrap(), Action::Done(_)));
-/// # });
-/// ```
-pub struct Operator {
+pub(crate) struct Operator {
     store: Arc<dyn ClaimStore>,
     clock: Arc<dyn Clock>,
     expires_after: Duration,
@@ -49,22 +38,22 @@ impl std::fmt::Debug for Operator {
 
 impl Operator {
     /// Operations on `store`; claims completed by hand are remembered for `expires_after`.
-    pub fn new(store: Arc<dyn ClaimStore>, clock: Arc<dyn Clock>, expires_after: Duration) -> Self {
+    pub(crate) fn new(store: Arc<dyn ClaimStore>, clock: Arc<dyn Clock>, expires_after: Duration) -> Self {
         Self { store, clock, expires_after }
     }
 
     /// The current time, for `--stale` listings.
-    pub fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }
 
     /// Claims matching `query`.
-    pub async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+    pub(crate) async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         self.store.list(query).await
     }
 
     /// The claim stored as `id`.
-    pub async fn show(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
+    pub(crate) async fn show(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         self.store.get(id).await
     }
 
@@ -72,21 +61,7 @@ impl Operator {
     /// claims (in progress, failed) are looked up first, as the DynamoDB
     /// store's index serves them; completed ones after, which on DynamoDB
     /// reads the whole table.
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// use std::{sync::Arc, time::Duration};
-    /// use sqs_once::{claim::{ClaimRequest, Claims}, clock::SystemClock, operator::Operator, store::MemoryStore};
-    ///
-    /// let store = Arc::new(MemoryStore::default());
-    /// let request = ClaimRequest { id: "orders#o-1", body: "{}", deadline_ms: u64::MAX / 2, holder: "h", attempt: 1, message_id: "m-7" };
-    /// Claims::new(store.clone()).claim(&request).await.unwrap();
-    /// let operator = Operator::new(store, Arc::new(SystemClock), Duration::from_secs(3600));
-    /// assert_eq!(operator.find_by_message_id("m-7").await.unwrap().unwrap().id, "orders#o-1");
-    /// assert!(operator.find_by_message_id("m-8").await.unwrap().is_none());
-    /// # });
-    /// ```
-    pub async fn find_by_message_id(&self, message_id: &str) -> Result<Option<StoredClaim>, StoreError> {
+    pub(crate) async fn find_by_message_id(&self, message_id: &str) -> Result<Option<StoredClaim>, StoreError> {
         for status in [None, Some(ClaimStatus::Completed)] {
             let query =
                 ClaimQuery { status, message_id: Some(message_id.to_owned()), limit: 1, ..ClaimQuery::default() };
@@ -100,7 +75,7 @@ impl Operator {
     /// Deletes a failed or stale claim so that a redelivery runs again. A live
     /// lease (someone is running it) and a completed claim (it would run twice)
     /// are refused unless `force`.
-    pub async fn release(&self, id: &str, force: bool) -> Result<Action, StoreError> {
+    pub(crate) async fn release(&self, id: &str, force: bool) -> Result<Action, StoreError> {
         let Some(seen) = self.store.get(id).await? else { return Ok(Action::NotFound) };
         if let Some(reason) = self.busy(&seen).filter(|_| !force) {
             return Ok(Action::Refused(format!("{reason}; pass --force to release it anyway")));
@@ -112,7 +87,7 @@ impl Operator {
     /// Marks a key completed by hand (the work was done elsewhere), so that
     /// deliveries until it expires are duplicates. A live lease is refused
     /// unless `force`; a key with no claim gets a completed one.
-    pub async fn complete(&self, id: &str, force: bool) -> Result<Action, StoreError> {
+    pub(crate) async fn complete(&self, id: &str, force: bool) -> Result<Action, StoreError> {
         let seen = self.store.get(id).await?;
         if let Some(seen) = &seen {
             if seen.status == ClaimStatus::Completed {
@@ -172,11 +147,7 @@ fn describe(claim: &StoredClaim) -> String {
 }
 
 /// Epoch milliseconds as an ISO 8601 UTC time, to the second.
-///
-/// ```
-/// assert_eq!(sqs_once::operator::timestamp(1_700_000_000_000), "2023-11-14T22:13:20Z");
-/// ```
-pub fn timestamp(epoch_ms: u64) -> String {
+pub(crate) fn timestamp(epoch_ms: u64) -> String {
     let seconds = epoch_ms / 1000;
     let (days, time) = (seconds / 86_400, seconds % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
@@ -190,4 +161,51 @@ pub fn timestamp(epoch_ms: u64) -> String {
     let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", time / 3600, time % 3600 / 60, time % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        claim::{ClaimRequest, Claims},
+        clock::SystemClock,
+        store::MemoryStore,
+    };
+
+    #[test]
+    fn timestamps_are_utc_seconds() {
+        assert_eq!(timestamp(1_700_000_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    #[tokio::test]
+    async fn a_claim_is_found_by_its_message_id() {
+        use std::{sync::Arc, time::Duration};
+
+        let store = Arc::new(MemoryStore::default());
+        let request = ClaimRequest {
+            id: "orders#o-1",
+            body: "{}",
+            deadline_ms: u64::MAX / 2,
+            holder: "h",
+            attempt: 1,
+            message_id: "m-7",
+        };
+        Claims::new(store.clone()).claim(&request).await.unwrap();
+        let operator = Operator::new(store, Arc::new(SystemClock), Duration::from_secs(3600));
+        assert_eq!(operator.find_by_message_id("m-7").await.unwrap().unwrap().id, "orders#o-1");
+        assert!(operator.find_by_message_id("m-8").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn releasing_nothing_is_not_found_and_completing_by_hand_is_done() {
+        use std::sync::Arc;
+
+        let operator = Operator::new(
+            Arc::new(MemoryStore::default()),
+            Arc::new(SystemClock),
+            std::time::Duration::from_secs(3600),
+        );
+        assert_eq!(operator.release("orders#o-1", false).await.unwrap(), Action::NotFound);
+        assert!(matches!(operator.complete("orders#o-1", false).await.unwrap(), Action::Done(_)));
+    }
 }

@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use tokio::{task::JoinHandle, time::Instant};
 
-pub use aws::AwsDestinations;
+pub(crate) use aws::AwsDestinations;
 
 use crate::{
     clock::{Clock, duration_ms},
@@ -44,7 +44,7 @@ use crate::{
 /// How long a sender holds an entry: the send and the deletion, each within
 /// the SDK's operation timeout, with room to spare. A sender frozen or
 /// stopped longer than this leaves the entry to the next sweep.
-pub const SENDING_LEASE: Duration = Duration::from_secs(15);
+pub(crate) const SENDING_LEASE: Duration = Duration::from_secs(15);
 
 /// A send starts only while this much of its lease is left: a send (the SDK's
 /// operation timeout) ends before another sender can take the entry over.
@@ -59,7 +59,7 @@ const SWEEP_CONCURRENCY: usize = 16;
 /// Why a message was not sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
-pub struct SendError {
+pub(crate) struct SendError {
     /// The destination refused the message for good as it stands (no
     /// permission, no such queue, an invalid message); otherwise it failed
     /// and may take it later.
@@ -71,14 +71,14 @@ pub struct SendError {
 /// Where outbox messages go: the AWS services ([`AwsDestinations`]), or a
 /// recorder in tests ([`crate::testing::Recorded`]).
 #[async_trait]
-pub trait Destinations: Send + Sync {
+pub(crate) trait Destinations: Send + Sync {
     /// Sends `message`, carrying `outbox_id` as its deduplication id.
     async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError>;
 }
 
 /// Counts of what the outbox did, for metrics.
 #[derive(Debug, Default)]
-pub struct OutboxCounters {
+pub(crate) struct OutboxCounters {
     /// Messages sent (and their entries deleted, or left for a sweep to delete).
     pub sent: AtomicU64,
     /// Sends that failed or were refused; their entries stay for a later sweep.
@@ -86,7 +86,7 @@ pub struct OutboxCounters {
 }
 
 /// Sends outbox entries and takes over those left unsent.
-pub struct Outbox {
+pub(crate) struct Outbox {
     store: Arc<dyn ClaimStore>,
     destinations: Arc<dyn Destinations>,
     clock: Arc<dyn Clock>,
@@ -106,7 +106,7 @@ impl Outbox {
     /// An outbox over `store`'s entries, sending to `destinations`, sweeping
     /// for entries left unsent at most every `sweep_every` (`None`: only when
     /// asked, as `claims outbox --send` does).
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<dyn ClaimStore>,
         destinations: Arc<dyn Destinations>,
         clock: Arc<dyn Clock>,
@@ -124,7 +124,7 @@ impl Outbox {
     }
 
     /// What the outbox counted so far.
-    pub fn counters(&self) -> &OutboxCounters {
+    pub(crate) fn counters(&self) -> &OutboxCounters {
         &self.counters
     }
 
@@ -136,14 +136,14 @@ impl Outbox {
     /// A process that sends through the outbox also sweeps it for entries
     /// left unsent (by itself or by a process that is gone), in the
     /// background, at most once per sweep interval.
-    pub async fn deliver(self: &Arc<Self>, entries: &[OutboxEntry]) -> usize {
+    pub(crate) async fn deliver(self: &Arc<Self>, entries: &[OutboxEntry]) -> usize {
         let sent = self.send_in_order(entries).await;
         self.sweep_in_background();
         sent
     }
 
     /// Starts a sweep in a task of its own, if one is due.
-    pub fn sweep_in_background(self: &Arc<Self>) {
+    pub(crate) fn sweep_in_background(self: &Arc<Self>) {
         if !self.sweep_due() {
             return;
         }
@@ -157,7 +157,7 @@ impl Outbox {
     }
 
     /// Before the process leaves: waits for a sweep under way, until `until`.
-    pub async fn finish_sweep(&self, until: Instant) {
+    pub(crate) async fn finish_sweep(&self, until: Instant) {
         let sweep = lock(&self.sweeping).take();
         if let Some(sweep) = sweep {
             let _ = tokio::time::timeout_at(until, sweep).await;
@@ -190,7 +190,7 @@ impl Outbox {
     /// Takes over the entries whose sending lease has ended (at most a few
     /// hundred per call) and sends them, the entries of one run in order.
     /// Returns how many were sent.
-    pub async fn sweep(&self) -> Result<usize, StoreError> {
+    pub(crate) async fn sweep(&self) -> Result<usize, StoreError> {
         let now_ms = self.clock.now_ms();
         let due = self.store.outbox(&OutboxQuery { due_at_ms: Some(now_ms), limit: SWEEP_LIMIT }).await?;
         if due.is_empty() {

@@ -46,16 +46,8 @@ const RECEIVE_LIMIT: usize = 10;
 const RECEIVE_RETRY: Duration = Duration::from_secs(1);
 
 /// Tuning of the poller; `sqs-once poll --help` shows the matching flags.
-///
-/// ```
-/// use std::time::Duration;
-/// use sqs_once::poll::PollOptions;
-///
-/// let options = PollOptions { receivers: 4, timeout: Some(Duration::from_secs(120)), ..Default::default() };
-/// assert_eq!(options.max_in_flight, 100);
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PollOptions {
+pub(crate) struct PollOptions {
     /// `ReceiveMessage` calls in flight at once.
     pub receivers: usize,
     /// Messages received and not yet settled, at most.
@@ -75,7 +67,7 @@ impl Default for PollOptions {
 
 /// What a run of the poller did, printed when it stops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct PollSummary {
+pub(crate) struct PollSummary {
     /// Messages received.
     pub received: u64,
     /// Records whose handler ran and succeeded.
@@ -101,7 +93,7 @@ pub struct PollSummary {
 
 /// Why the poller cannot start.
 #[derive(Debug, thiserror::Error)]
-pub enum PollError {
+pub(crate) enum PollError {
     /// The queue's attributes could not be read.
     #[error("cannot read the queue's attributes")]
     Queue(#[from] SqsError),
@@ -111,22 +103,7 @@ pub enum PollError {
 }
 
 /// A long-running consumer of one queue.
-///
-/// ```no_run
-/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::sync::Arc;
-/// use sqs_once::{config::Config, consumer::Consumer, handlers::orders::Orders, poll::{self, PollOptions, Poller}, sqs::Sqs};
-///
-/// let config = Config::from_env()?;
-/// let consumer = Consumer::new(&config, Arc::new(Orders)).await?;
-/// let sqs = Sqs::new(&sqs_once::aws::sdk_config().await);
-/// let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
-/// let poller = Poller::new(consumer, sqs, url, PollOptions::default()).await?;
-/// let summary = poller.run(poll::interrupted()).await;
-/// println!("{}", serde_json::to_string(&summary)?);
-/// # Ok(()) }
-/// ```
-pub struct Poller {
+pub(crate) struct Poller {
     consumer: Consumer,
     sqs: Sqs,
     queue: QueueInfo,
@@ -151,7 +128,12 @@ impl std::fmt::Debug for Poller {
 
 impl Poller {
     /// A poller of `queue_url`, after reading the queue's attributes.
-    pub async fn new(consumer: Consumer, sqs: Sqs, queue_url: &str, options: PollOptions) -> Result<Self, PollError> {
+    pub(crate) async fn new(
+        consumer: Consumer,
+        sqs: Sqs,
+        queue_url: &str,
+        options: PollOptions,
+    ) -> Result<Self, PollError> {
         let queue = sqs.queue_info(queue_url).await?;
         let timeout = options.timeout.unwrap_or(queue.visibility_timeout);
         if timeout.is_zero() {
@@ -176,7 +158,7 @@ impl Poller {
 
     /// Polls until `shutdown` completes, then finishes the messages in flight
     /// and returns what it did.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> PollSummary {
+    pub(crate) async fn run(self, shutdown: impl Future<Output = ()>) -> PollSummary {
         let poller = Arc::new(self);
         let bound = poller.options.max_in_flight.max(1);
         let in_flight = Arc::new(Semaphore::new(bound));
@@ -317,7 +299,7 @@ fn receipt_handle(record: &EventRecord) -> Option<&str> {
 ///
 /// The handlers are installed when this is called, not when the future is
 /// first polled, so a signal that comes while the poller starts is not lost.
-pub fn interrupted() -> impl Future<Output = ()> + Send + 'static {
+pub(crate) fn interrupted() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let signals =
         signal(SignalKind::terminate()).and_then(|terminate| Ok((terminate, signal(SignalKind::interrupt())?)));

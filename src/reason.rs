@@ -9,20 +9,11 @@
 use std::borrow::Cow;
 
 /// The longest reason kept, in bytes of UTF-8.
-pub const MAX_BYTES: usize = 2048;
+pub(crate) const MAX_BYTES: usize = 2048;
 
 /// `text` cut to [`MAX_BYTES`] on a character boundary, with how much was
 /// cut said at its end.
-///
-/// ```
-/// use sqs_once::reason::{MAX_BYTES, capped};
-///
-/// assert_eq!(capped("timed out"), "timed out");
-/// let long = "é".repeat(MAX_BYTES);
-/// let cut = capped(&long);
-/// assert!(cut.len() <= MAX_BYTES && cut.ends_with(&format!("[{} more bytes cut]", long.len() - cut.find(" …").unwrap())));
-/// ```
-pub fn capped(text: &str) -> Cow<'_, str> {
+pub(crate) fn capped(text: &str) -> Cow<'_, str> {
     if text.len() <= MAX_BYTES {
         return Cow::Borrowed(text);
     }
@@ -30,4 +21,20 @@ pub fn capped(text: &str) -> Cow<'_, str> {
     let room = MAX_BYTES - " … [18446744073709551615 more bytes cut]".len();
     let end = (0..=room).rev().find(|end| text.is_char_boundary(*end)).unwrap_or(0);
     Cow::Owned(format!("{} … [{} more bytes cut]", &text[..end], text.len() - end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_reason_is_capped_on_a_character_boundary() {
+        assert_eq!(capped("timed out"), "timed out");
+        let long = "é".repeat(MAX_BYTES);
+        let cut = capped(&long);
+        assert!(
+            cut.len() <= MAX_BYTES
+                && cut.ends_with(&format!("[{} more bytes cut]", long.len() - cut.find(" …").unwrap()))
+        );
+    }
 }

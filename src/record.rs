@@ -46,13 +46,14 @@ pub struct Record {
 impl Record {
     /// A record for `message`, claimed under `key`, that must finish by
     /// `deadline`; its body is the message's body as it is.
-    pub fn new(message: &SqsMessage, key: String, deadline: Instant) -> Self {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn new(message: &SqsMessage, key: String, deadline: Instant) -> Self {
         Self::opened(&Opened::plain(message), key, deadline)
     }
 
     /// A record for a message whose envelope has been opened: its body is
     /// the message inside.
-    pub fn opened(opened: &Opened<'_>, key: String, deadline: Instant) -> Self {
+    pub(crate) fn opened(opened: &Opened<'_>, key: String, deadline: Instant) -> Self {
         let message = opened.message;
         Self {
             message_id: message.message_id.clone().unwrap_or_default(),
@@ -94,19 +95,17 @@ impl Record {
     /// permanent error, since redelivering the same bytes cannot fix it.
     ///
     /// ```
-    /// # use sqs_once::Record;
-    /// # use aws_lambda_events::sqs::SqsMessage;
-    /// #[derive(serde::Deserialize)]
-    /// struct Order { id: u64 }
+    /// use sqs_once::{ErrorKind, testing};
     ///
-    /// let mut message = SqsMessage::default();
-    /// message.message_id = Some("m-1".into());
-    /// message.body = Some(r#"{"id": 7}"#.into());
-    /// let record = Record::new(&message, "orders#m-1".into(), tokio::time::Instant::now());
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let order: Order = record.body_json().unwrap();
+    /// #[derive(Debug, serde::Deserialize)]
+    /// struct Order {
+    ///     id: u64,
+    /// }
+    ///
+    /// let order: Order = testing::record(r#"{"id": 7}"#).body_json().unwrap();
     /// assert_eq!(order.id, 7);
-    /// # });
+    /// let error = testing::record("not json").body_json::<Order>().unwrap_err();
+    /// assert_eq!(error.kind(), ErrorKind::Permanent);
     /// ```
     pub fn body_json<T: DeserializeOwned>(&self) -> Result<T, HandlerError> {
         serde_json::from_str(&self.body).map_err(|e| HandlerError::permanent(format!("body does not parse: {e}")))

@@ -1,30 +1,29 @@
 //! The SQS side of the consumer after the engine has answered: what becomes
 //! of failed records ([`redelivery`]), and the SQS calls the consumer makes
 //! ([`Sqs`]): visibility changes and dead-lettering after a batch, and, for
-//! `poll`, receiving and deleting.
+//! `poll`, receiving and deleting ([`receiving`]).
 //!
 //! Batched calls (`ChangeMessageVisibilityBatch`, `DeleteMessageBatch`) take
 //! at most ten entries, so longer lists are split and the parts sent
 //! concurrently. Results come back entry by entry: a caller counts exactly
 //! what happened and what did not.
 
-pub mod redelivery;
+#[cfg(feature = "cli")]
+mod receiving;
+pub(crate) mod redelivery;
+
+#[cfg(feature = "cli")]
+pub(crate) use receiving::{QueueInfo, event_message};
 
 use std::{collections::HashMap, future::Future, time::Duration};
 
 use aws_config::SdkConfig;
-use aws_lambda_events::{
-    encodings::Base64Data,
-    sqs::{SqsMessage, SqsMessageAttribute},
-};
+use aws_lambda_events::sqs::SqsMessageAttribute;
 use aws_sdk_sqs::{
     Client,
     error::{BuildError, ProvideErrorMetadata},
     primitives::Blob,
-    types::{
-        BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
-        MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
-    },
+    types::{BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue},
 };
 use futures::future::join_all;
 
@@ -32,12 +31,12 @@ use futures::future::join_all;
 const BATCH_LIMIT: usize = 10;
 
 /// The longest visibility timeout SQS accepts: 12 hours.
-pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
+pub(crate) const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
 
 /// An SQS call that failed, or a batch entry that SQS refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("SQS {operation} failed: {reason}")]
-pub struct SqsError {
+pub(crate) struct SqsError {
     /// The API operation.
     pub operation: &'static str,
     /// Why, as the SDK or SQS put it.
@@ -59,22 +58,9 @@ impl SqsError {
     }
 }
 
-/// What a queue is, as `poll` needs to know it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueInfo {
-    /// The queue URL.
-    pub url: String,
-    /// The queue ARN, given to records as their `eventSourceARN`.
-    pub arn: String,
-    /// The queue's default visibility timeout.
-    pub visibility_timeout: Duration,
-    /// Whether it is a FIFO queue.
-    pub fifo: bool,
-}
-
 /// A message to send.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct OutgoingMessage {
+pub(crate) struct OutgoingMessage {
     /// The body.
     pub body: String,
     /// Message attributes (SQS takes at most ten).
@@ -86,47 +72,22 @@ pub struct OutgoingMessage {
 }
 
 /// An SQS client as the consumer uses it.
-///
-/// ```no_run
-/// # async fn example() {
-/// use sqs_once::sqs::Sqs;
-///
-/// let sqs = Sqs::new(&sqs_once::aws::sdk_config().await);
-/// let url = Sqs::queue_url("arn:aws:sqs:eu-west-1:123456789012:orders").unwrap();
-/// let info = sqs.queue_info(&url).await.unwrap();
-/// println!("{} waits {:?}", info.arn, info.visibility_timeout);
-/// # }
-/// ```
 #[derive(Debug, Clone)]
-pub struct Sqs {
+pub(crate) struct Sqs {
     client: Client,
 }
 
 impl Sqs {
     /// A client from the shared SDK configuration ([`crate::aws::sdk_config`]),
     /// so `AWS_ENDPOINT_URL_SQS` points it at another server.
-    pub fn new(config: &SdkConfig) -> Self {
+    pub(crate) fn new(config: &SdkConfig) -> Self {
         Self { client: Client::new(config) }
     }
 
     /// The URL of the queue with `arn`, as SQS forms it. SQS takes the URL in
     /// the request body and routes by the client's endpoint, so the canonical
     /// form serves a custom endpoint too.
-    ///
-    /// ```
-    /// use sqs_once::sqs::Sqs;
-    ///
-    /// assert_eq!(
-    ///     Sqs::queue_url("arn:aws:sqs:eu-west-1:123456789012:orders.fifo").as_deref(),
-    ///     Some("https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo"),
-    /// );
-    /// assert_eq!(
-    ///     Sqs::queue_url("arn:aws-cn:sqs:cn-north-1:123456789012:q").as_deref(),
-    ///     Some("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/q"),
-    /// );
-    /// assert_eq!(Sqs::queue_url("arn:aws:dynamodb:eu-west-1:123456789012:table/t"), None);
-    /// ```
-    pub fn queue_url(arn: &str) -> Option<String> {
+    pub(crate) fn queue_url(arn: &str) -> Option<String> {
         let mut parts = arn.split(':');
         let (Some("arn"), Some(partition), Some("sqs"), Some(region), Some(account), Some(name), None) =
             (parts.next(), parts.next(), parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
@@ -140,35 +101,14 @@ impl Sqs {
         Some(format!("https://sqs.{region}.{suffix}/{account}/{name}"))
     }
 
-    /// The queue's ARN, visibility timeout and type.
-    pub async fn queue_info(&self, queue_url: &str) -> Result<QueueInfo, SqsError> {
-        const OPERATION: &str = "GetQueueAttributes";
-        let output = self
-            .client
-            .get_queue_attributes()
-            .queue_url(queue_url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .attribute_names(QueueAttributeName::VisibilityTimeout)
-            .attribute_names(QueueAttributeName::FifoQueue)
-            .send()
-            .await
-            .map_err(|error| SqsError::new(OPERATION, error))?;
-        let attributes = output.attributes().cloned().unwrap_or_default();
-        let attribute = |name: QueueAttributeName| attributes.get(&name).cloned();
-        let missing = |what: &str| SqsError { operation: OPERATION, reason: format!("the answer lacks {what}") };
-        let arn = attribute(QueueAttributeName::QueueArn).ok_or_else(|| missing("QueueArn"))?;
-        let visibility_timeout = attribute(QueueAttributeName::VisibilityTimeout)
-            .and_then(|seconds| seconds.parse().ok())
-            .map(Duration::from_secs)
-            .ok_or_else(|| missing("VisibilityTimeout"))?;
-        let fifo = attribute(QueueAttributeName::FifoQueue).is_some_and(|fifo| fifo == "true");
-        Ok(QueueInfo { url: queue_url.to_owned(), arn, visibility_timeout, fifo })
-    }
-
     /// Sets each message's visibility timeout, counted from now, to its
     /// duration in whole seconds (rounded up, at most [`MAX_VISIBILITY`]).
     /// One result per change, in order.
-    pub async fn change_visibility(&self, queue_url: &str, changes: &[(&str, Duration)]) -> Vec<Result<(), SqsError>> {
+    pub(crate) async fn change_visibility(
+        &self,
+        queue_url: &str,
+        changes: &[(&str, Duration)],
+    ) -> Vec<Result<(), SqsError>> {
         const OPERATION: &str = "ChangeMessageVisibilityBatch";
         let entry = |id, (receipt_handle, visibility): &(&str, Duration)| {
             ChangeMessageVisibilityBatchRequestEntry::builder()
@@ -184,21 +124,8 @@ impl Sqs {
         .await
     }
 
-    /// Deletes messages by receipt handle. One result per message, in order.
-    pub async fn delete(&self, queue_url: &str, receipt_handles: &[&str]) -> Vec<Result<(), SqsError>> {
-        const OPERATION: &str = "DeleteMessageBatch";
-        let entry = |id, receipt_handle: &&str| {
-            DeleteMessageBatchRequestEntry::builder().id(id).receipt_handle(*receipt_handle).build()
-        };
-        in_batches(OPERATION, receipt_handles, entry, |entries| async move {
-            let call = self.client.delete_message_batch().queue_url(queue_url).set_entries(Some(entries));
-            call.send().await.map(|output| output.failed).map_err(|error| SqsError::new(OPERATION, error))
-        })
-        .await
-    }
-
     /// Sends one message.
-    pub async fn send(&self, queue_url: &str, message: OutgoingMessage) -> Result<(), SqsError> {
+    pub(crate) async fn send(&self, queue_url: &str, message: OutgoingMessage) -> Result<(), SqsError> {
         self.client
             .send_message()
             .queue_url(queue_url)
@@ -210,27 +137,6 @@ impl Sqs {
             .await
             .map(drop)
             .map_err(|error| SqsError::new("SendMessage", error))
-    }
-
-    /// Receives up to `max` (at most 10) messages with all their attributes,
-    /// waiting up to `wait` for the first (long polling).
-    pub async fn receive(&self, queue_url: &str, max: usize, wait: Duration) -> Result<Vec<Message>, SqsError> {
-        let max = i32::try_from(max.clamp(1, BATCH_LIMIT)).unwrap_or(1);
-        let wait_seconds = i32::try_from(wait.as_secs()).unwrap_or(20);
-        let timeouts = aws_sdk_sqs::config::Builder::default().timeout_config(crate::aws::timeouts(Some(wait)));
-        self.client
-            .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(max)
-            .wait_time_seconds(wait_seconds)
-            .message_system_attribute_names(MessageSystemAttributeName::All)
-            .message_attribute_names("All")
-            .customize()
-            .config_override(timeouts)
-            .send()
-            .await
-            .map(|output| output.messages.unwrap_or_default())
-            .map_err(|error| SqsError::new("ReceiveMessage", error))
     }
 }
 
@@ -279,86 +185,9 @@ fn visibility_seconds(visibility: Duration) -> i32 {
     seconds as i32
 }
 
-/// A received message as a Lambda event record of `queue`, so that `poll`
-/// feeds the engine exactly what Lambda would.
-///
-/// ```
-/// use std::time::Duration;
-/// use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
-/// use sqs_once::sqs::{QueueInfo, event_message};
-///
-/// let queue = QueueInfo {
-///     url: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders".into(),
-///     arn: "arn:aws:sqs:eu-west-1:123456789012:orders".into(),
-///     visibility_timeout: Duration::from_secs(30),
-///     fifo: false,
-/// };
-/// let message = Message::builder()
-///     .message_id("m-1")
-///     .receipt_handle("rh-1")
-///     .body("{}")
-///     .attributes(MessageSystemAttributeName::ApproximateReceiveCount, "2")
-///     .build();
-/// let record = event_message(message, &queue);
-/// assert_eq!(record.attributes["ApproximateReceiveCount"], "2");
-/// assert_eq!(record.event_source_arn.as_deref(), Some("arn:aws:sqs:eu-west-1:123456789012:orders"));
-/// assert_eq!(record.aws_region.as_deref(), Some("eu-west-1"));
-/// ```
-pub fn event_message(message: Message, queue: &QueueInfo) -> SqsMessage {
-    let mut record = SqsMessage::default();
-    record.attributes = message
-        .attributes
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, value)| (name.as_str().to_owned(), value))
-        .collect();
-    record.message_attributes = message
-        .message_attributes
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, value)| (name, event_attribute(value)))
-        .collect();
-    record.message_id = message.message_id;
-    record.receipt_handle = message.receipt_handle;
-    record.body = message.body;
-    record.md5_of_body = message.md5_of_body;
-    record.md5_of_message_attributes = message.md5_of_message_attributes;
-    record.event_source = Some("aws:sqs".into());
-    record.aws_region = queue.arn.split(':').nth(3).map(str::to_owned);
-    record.event_source_arn = Some(queue.arn.clone());
-    record
-}
-
-fn event_attribute(value: MessageAttributeValue) -> SqsMessageAttribute {
-    let mut attribute = SqsMessageAttribute::default();
-    attribute.data_type = Some(value.data_type);
-    attribute.string_value = value.string_value;
-    attribute.binary_value = value.binary_value.map(base64_data);
-    attribute.string_list_values = value.string_list_values.unwrap_or_default();
-    attribute.binary_list_values = value.binary_list_values.unwrap_or_default().into_iter().map(base64_data).collect();
-    attribute
-}
-
-fn base64_data(blob: Blob) -> Base64Data {
-    let mut data = Base64Data::default();
-    *data = blob.into_inner();
-    data
-}
-
 /// A message attribute of an event record, as SQS takes it in `SendMessage`;
 /// `None` if it has no data type, which SQS requires.
-///
-/// ```
-/// use aws_lambda_events::sqs::SqsMessageAttribute;
-/// use sqs_once::sqs::outgoing_attribute;
-///
-/// let mut attribute = SqsMessageAttribute::default();
-/// attribute.data_type = Some("Number".into());
-/// attribute.string_value = Some("42".into());
-/// assert_eq!(outgoing_attribute(&attribute).unwrap().string_value(), Some("42"));
-/// assert!(outgoing_attribute(&SqsMessageAttribute::default()).is_none());
-/// ```
-pub fn outgoing_attribute(attribute: &SqsMessageAttribute) -> Option<MessageAttributeValue> {
+pub(crate) fn outgoing_attribute(attribute: &SqsMessageAttribute) -> Option<MessageAttributeValue> {
     MessageAttributeValue::builder()
         .set_data_type(attribute.data_type.clone())
         .set_string_value(attribute.string_value.clone())
@@ -401,5 +230,29 @@ mod tests {
         let failed: Vec<usize> = (0..23).filter(|index| results[*index].is_err()).collect();
         assert_eq!(failed, [3].into_iter().chain(10..20).collect::<Vec<_>>());
         assert_eq!(results[3].as_ref().unwrap_err().reason, "Refused: no message");
+    }
+
+    #[test]
+    fn an_attribute_without_a_type_is_not_sent() {
+        use aws_lambda_events::sqs::SqsMessageAttribute;
+
+        let mut attribute = SqsMessageAttribute::default();
+        attribute.data_type = Some("Number".into());
+        attribute.string_value = Some("42".into());
+        assert_eq!(outgoing_attribute(&attribute).unwrap().string_value(), Some("42"));
+        assert!(outgoing_attribute(&SqsMessageAttribute::default()).is_none());
+    }
+
+    #[test]
+    fn a_queue_url_follows_from_its_arn_in_every_partition() {
+        assert_eq!(
+            Sqs::queue_url("arn:aws:sqs:eu-west-1:123456789012:orders.fifo").as_deref(),
+            Some("https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo"),
+        );
+        assert_eq!(
+            Sqs::queue_url("arn:aws-cn:sqs:cn-north-1:123456789012:q").as_deref(),
+            Some("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/q"),
+        );
+        assert_eq!(Sqs::queue_url("arn:aws:dynamodb:eu-west-1:123456789012:table/t"), None);
     }
 }

@@ -1,26 +1,32 @@
 //! Where claims live: the [`ClaimStore`] trait and its implementations.
 //!
 //! A store knows nothing of SQS or handlers. It offers the few atomic
-//! operations the claim state machine in [`crate::claim`] is built from, and
-//! each store performs them atomically in its own way: a mutex in memory, an
-//! immediate transaction in SQLite, a conditional write in DynamoDB.
+//! operations the claim state machine is built from, and each store performs
+//! them atomically in its own way: a mutex in memory, an immediate
+//! transaction in SQLite, a conditional write in DynamoDB. The state machine
+//! itself (who wins a key, when a lease ends, what a duplicate gets) is
+//! written once above them, so a store of one's own inherits it; the
+//! conformance suite (`claim_suite!`, feature `testing`) proves a store
+//! keeps its part.
 
 use async_trait::async_trait;
 
 use crate::transaction::Write;
 
-pub mod batched;
-pub mod dynamodb;
+mod batched;
+pub(crate) mod dynamodb;
 mod items;
-pub mod memory;
-pub mod sqlite;
+mod memory;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 mod stored;
 
 pub(crate) use stored::new_token;
 pub use stored::{ClaimStatus, Finish, OutboxEntry, StoredClaim};
 
-pub use dynamodb::DynamoDbStore;
+pub use dynamodb::{Attributes, DynamoDbStore, TableKey, TableLayout};
 pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
 /// The outcome of [`ClaimStore::put_if_free`].
@@ -269,12 +275,12 @@ pub trait ClaimStore: Send + Sync {
 }
 
 /// The id a [`ClaimStore::replace_seen`] call is about.
-pub fn replaced_id<'r>(seen: Option<&'r StoredClaim>, record: Option<&'r StoredClaim>) -> Option<&'r str> {
+pub(crate) fn replaced_id<'r>(seen: Option<&'r StoredClaim>, record: Option<&'r StoredClaim>) -> Option<&'r str> {
     seen.or(record).map(|record| record.id.as_str())
 }
 
 /// Whether `current` is still the record an operator saw as `seen`.
-pub fn unchanged(seen: Option<&StoredClaim>, current: Option<&StoredClaim>) -> bool {
+pub(crate) fn unchanged(seen: Option<&StoredClaim>, current: Option<&StoredClaim>) -> bool {
     match (seen, current) {
         (None, None) => true,
         (Some(seen), Some(current)) => seen.status == current.status && seen.token == current.token,

@@ -49,7 +49,11 @@
 //!
 #![doc = include_str!("../docs/tests.md")]
 
+// The suites' tests, one function each, are what `claim_suite!` and
+// `commit_suite!` expand to calls of; the macros are their documentation.
+#[doc(hidden)]
 pub mod claim_suite;
+#[doc(hidden)]
 pub mod commit_suite;
 
 use std::{
@@ -121,7 +125,7 @@ pub fn record(body: impl Into<String>) -> Record {
 /// How long each batch may take, unless [`TestConsumer::timeout`] says otherwise.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A message the outbox sent, as a [`Recorded`] destination received it.
+/// A message a [`TestConsumer`]'s outbox sent: kept, not sent anywhere.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sent {
     /// The id it carried (its deduplication id).
@@ -132,24 +136,14 @@ pub struct Sent {
 
 /// Destinations that keep every message sent to them, in order, instead of
 /// sending it: what [`TestConsumer`] sends through.
-///
-/// ```
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use sqs_once::{outbox::Destinations, testing::Recorded, transaction::Message};
-///
-/// let recorded = Recorded::default();
-/// recorded.send("id-1", &Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", "hi")).await.unwrap();
-/// assert_eq!(recorded.sent()[0].message.body, "hi");
-/// # });
-/// ```
 #[derive(Debug, Default)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     sent: Mutex<Vec<Sent>>,
 }
 
 impl Recorded {
     /// Every message sent so far, in order.
-    pub fn sent(&self) -> Vec<Sent> {
+    pub(crate) fn sent(&self) -> Vec<Sent> {
         lock(&self.sent).clone()
     }
 }
@@ -166,7 +160,7 @@ impl Destinations for Recorded {
 /// that lives as long as the consumer (in memory unless [`store`](Self::store)
 /// gives another), keyed by message id unless [`key`](Self::key) says
 /// otherwise. Every [`process`](Self::process) is one invocation. Messages
-/// a handler stages are sent to a [`Recorded`] destination.
+/// a handler stages are kept, not sent: [`sent`](Self::sent) lists them.
 #[derive(Clone)]
 pub struct TestConsumer {
     setup: Setup,
@@ -176,7 +170,7 @@ pub struct TestConsumer {
 /// What a [`TestConsumer`]'s engine is built from.
 #[derive(Clone)]
 struct Setup {
-    handler: crate::BoxHandler,
+    handler: crate::handler::BoxHandler,
     store: Arc<dyn ClaimStore>,
     memory: Option<Arc<MemoryStore>>,
     destinations: Arc<Recorded>,

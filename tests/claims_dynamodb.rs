@@ -6,10 +6,10 @@ mod common;
 
 use std::sync::Arc;
 
-use sqs_once::store::{ClaimStore, dynamodb::TableKey};
+use sqs_once::store::{ClaimStore, TableKey};
 
 async fn store() -> Arc<dyn ClaimStore> {
-    Arc::new(common::dynamodb::fresh_table(TableKey::Partition).await.0)
+    Arc::new(common::fresh_table(TableKey::Partition).await)
 }
 
 sqs_once::claim_suite!(store().await);
@@ -19,7 +19,7 @@ mod sort_key_table {
     use super::*;
 
     async fn store() -> Arc<dyn ClaimStore> {
-        Arc::new(common::dynamodb::fresh_table(common::dynamodb::sorted()).await.0)
+        Arc::new(common::fresh_table(common::sorted()).await)
     }
 
     sqs_once::claim_suite!(store().await);
@@ -30,7 +30,7 @@ mod single_requests {
     use super::*;
 
     async fn store() -> Arc<dyn ClaimStore> {
-        Arc::new(common::dynamodb::fresh_table(TableKey::Partition).await.0.batching(false))
+        Arc::new(common::fresh_table(TableKey::Partition).await.batching(false))
     }
 
     sqs_once::claim_suite!(store().await);

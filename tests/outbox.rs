@@ -1,35 +1,26 @@
-//! The outbox's destinations, end to end on the SQS server (moto, which
-//! answers SNS and EventBridge too): a handler's staged messages reach an SQS
-//! queue, a FIFO queue, an SNS topic and an EventBridge bus (both delivering
-//! to queues), each carrying its outbox id where a receiver can key on it;
-//! a FIFO queue drops a second send of one entry by its deduplication id; and
-//! a downstream sqs-once consumer keyed on the outbox id runs once for two
-//! copies of a message.
+//! The outbox end to end on the SQS server (moto, which answers SNS and
+//! EventBridge too): a consumer's handler stages messages, and they reach an
+//! SQS queue, a FIFO queue, an SNS topic and an EventBridge bus (both
+//! delivering to queues), each carrying its outbox id where a receiver can
+//! key on it.
 
-mod common;
-
-use std::{sync::Arc, time::Duration};
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_sqs::types::Message as SqsMessage;
-use common::sqs::Queue;
 use serde_json::{Value, json};
 use sqs_once::{
     Record,
-    claim::Claims,
-    clock::SystemClock,
-    engine::{Engine, EngineOptions, Invocation},
-    event::EventRecord,
-    handler_fn,
-    key::Keys,
-    outbox::{AwsDestinations, Destinations, Outbox},
-    store::MemoryStore,
-    testing,
+    config::Config,
+    consumer::{Consumer, Invocation},
+    event::parse_event,
+    handler_fn, testing,
     transaction::{Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD},
 };
+use testkit::sqs::Queue;
 
 /// An SNS topic delivering raw messages to `queue`; its ARN.
 async fn topic_to(queue: &Queue) -> String {
-    let sns = aws_sdk_sns::Client::new(&sqs_once::aws::sdk_config().await);
+    let sns = aws_sdk_sns::Client::new(&testkit::aws_config().await);
     let name = format!("t-{}", uuid::Uuid::new_v4().simple());
     let topic = sns.create_topic().name(name).send().await.unwrap().topic_arn.unwrap();
     sns.subscribe()
@@ -45,7 +36,7 @@ async fn topic_to(queue: &Queue) -> String {
 
 /// A rule on the default bus delivering events of `source` to `queue`.
 async fn rule_to(queue: &Queue, source: &str) {
-    let events = aws_sdk_eventbridge::Client::new(&sqs_once::aws::sdk_config().await);
+    let events = aws_sdk_eventbridge::Client::new(&testkit::aws_config().await);
     let rule = format!("r-{}", uuid::Uuid::new_v4().simple());
     let pattern = json!({ "source": [source] }).to_string();
     events.put_rule().name(&rule).event_pattern(pattern).event_bus_name("default").send().await.unwrap();
@@ -53,10 +44,9 @@ async fn rule_to(queue: &Queue, source: &str) {
     events.put_targets().rule(&rule).targets(target).send().await.unwrap();
 }
 
-/// An engine on the memory store sending through the AWS destinations, whose
+/// A consumer on the memory store, as the settings describe one, whose
 /// handler stages `messages` for every record.
-async fn engine(messages: Vec<Message>) -> Engine {
-    let store = Arc::new(MemoryStore::default());
+async fn consumer(messages: Vec<Message>) -> Consumer {
     let handler = handler_fn(move |record: Record| {
         let messages = messages.clone();
         async move {
@@ -66,18 +56,19 @@ async fn engine(messages: Vec<Message>) -> Engine {
             Ok(None)
         }
     });
-    let claims = Arc::new(Claims::new(store.clone()));
-    let keys = Keys::new("messageId", "outbox-test").unwrap();
-    let destinations: Arc<dyn Destinations> = Arc::new(AwsDestinations::new(&sqs_once::aws::sdk_config().await));
-    let outbox = Outbox::new(store, destinations, Arc::new(SystemClock), None);
-    Engine::new(Arc::new(handler), claims, keys, EngineOptions::default()).with_outbox(Arc::new(outbox))
+    let config = Config::from_lookup(|name| match name {
+        "SQS_ONCE_STORE" => Some("memory".to_owned()),
+        _ => std::env::var(name).ok(),
+    })
+    .unwrap();
+    Consumer::new(&config, handler).await.unwrap()
 }
 
-async fn process(engine: &Engine, records: &[EventRecord]) {
-    let invocation =
-        Invocation { deadline: std::time::SystemTime::now() + Duration::from_secs(20), request_id: "r".into() };
-    let report = engine.process(records, &invocation).await;
-    assert!(testing::failures(&report).is_empty(), "{report:?}");
+async fn process(consumer: &Consumer, body: &str) {
+    let event = json!({ "Records": [{ "messageId": "m-1", "body": body, "eventSource": "aws:sqs" }] });
+    let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(20), request_id: "r".into() };
+    let answer = consumer.process(&parse_event(event).unwrap(), &invocation).await;
+    assert!(testing::failures(&answer.report).is_empty(), "{:?}", answer.report);
 }
 
 fn attribute<'m>(message: &'m SqsMessage, name: &str) -> Option<&'m str> {
@@ -95,14 +86,14 @@ async fn messages_reach_queues_topics_and_buses_with_their_outbox_id() {
     let topic = topic_to(&from_topic).await;
     let source = format!("shop.{}", uuid::Uuid::new_v4().simple());
     rule_to(&from_bus, &source).await;
-    let engine = engine(vec![
+    let consumer = consumer(vec![
         Message::sqs(direct.url(), "to the queue").attribute("kind", "direct"),
         Message::sqs(fifo.url(), "to the fifo queue").group("g-1"),
         Message::sns(&topic, "to the topic").attribute("kind", "published"),
         Message::event("default", &source, "OrderPaid", json!({ "order": "o-1" })),
     ])
     .await;
-    process(&engine, &testing::event(["paid"])).await;
+    process(&consumer, "paid").await;
 
     let (queued, fifo_queued, published, events) =
         tokio::join!(direct.drain(), fifo.drain(), from_topic.drain(), from_bus.drain());
@@ -141,40 +132,4 @@ async fn messages_reach_queues_topics_and_buses_with_their_outbox_id() {
     ]
     .into();
     assert_eq!(ids.len(), 4);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fifo_queue_drops_an_entry_sent_twice_and_a_downstream_consumer_runs_it_once() {
-    let fifo = Queue::create(true, 30).await;
-    let destinations = AwsDestinations::new(&sqs_once::aws::sdk_config().await);
-    let message = Message::sqs(fifo.url(), "once").group("g");
-    // A sender that stopped between its send and the entry's deletion: the next sender sends it again.
-    destinations.send("a-stable-outbox-id", &message).await.unwrap();
-    destinations.send("a-stable-outbox-id", &message).await.unwrap();
-    assert_eq!(fifo.drain().await.len(), 1, "deduplicated by the outbox id");
-
-    // On a standard queue both copies arrive; a downstream consumer keyed on the outbox id runs once.
-    let standard = Queue::create(false, 30).await;
-    let message = Message::sqs(standard.url(), "once");
-    destinations.send("another-outbox-id", &message).await.unwrap();
-    destinations.send("another-outbox-id", &message).await.unwrap();
-    let copies = standard.drain().await;
-    assert_eq!(copies.len(), 2);
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&runs);
-    let downstream = testing::TestConsumer::new(handler_fn(move |_| {
-        let counted = Arc::clone(&counted);
-        async move {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok(None)
-        }
-    }))
-    .key(&format!("messageAttributes.{OUTBOX_ID_ATTRIBUTE}"));
-    let records: Vec<EventRecord> = copies
-        .iter()
-        .map(|message| EventRecord::Message(Box::new(sqs_once::sqs::event_message(message.clone(), &standard.info))))
-        .collect();
-    let report = downstream.process(&records).await;
-    assert!(testing::failures(&report).is_empty());
-    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "two copies, one run");
 }

@@ -4,12 +4,13 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use aws_config::SdkConfig;
+#[cfg(any(feature = "sns", feature = "eventbridge"))]
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
 use super::{Destinations, SendError};
 use crate::{
     sqs::{OutgoingMessage, Sqs},
-    transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD},
+    transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE},
 };
 
 /// Error codes with which a service refuses a message for good, as it
@@ -34,18 +35,8 @@ const REFUSALS: &[&str] = &[
 /// shared SDK configuration ([`crate::aws::sdk_config`]), so
 /// `AWS_ENDPOINT_URL_SQS`, `AWS_ENDPOINT_URL_SNS` and
 /// `AWS_ENDPOINT_URL_EVENTBRIDGE` point them elsewhere.
-///
-/// ```no_run
-/// # async fn example() {
-/// use std::sync::Arc;
-/// use sqs_once::{clock::SystemClock, outbox::{AwsDestinations, Outbox}, store::MemoryStore};
-///
-/// let destinations = AwsDestinations::new(&sqs_once::aws::sdk_config().await);
-/// let outbox = Outbox::new(Arc::new(MemoryStore::default()), Arc::new(destinations), Arc::new(SystemClock), None);
-/// # }
-/// ```
 #[derive(Debug, Default)]
-pub struct AwsDestinations {
+pub(crate) struct AwsDestinations {
     clients: tokio::sync::OnceCell<Clients>,
 }
 
@@ -72,13 +63,13 @@ impl Clients {
 
 impl AwsDestinations {
     /// The clients, from `config`.
-    pub fn new(config: &SdkConfig) -> Self {
+    pub(crate) fn new(config: &SdkConfig) -> Self {
         Self { clients: tokio::sync::OnceCell::new_with(Some(Clients::new(config))) }
     }
 
     /// The clients, from the SDK's default configuration, loaded when the
     /// first message is sent: a consumer that sends none never loads it.
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         Self::default()
     }
 
@@ -141,7 +132,7 @@ impl Clients {
         let mut detail: serde_json::Value = serde_json::from_str(&message.body)
             .map_err(|error| refused(format!("the event's detail is not JSON: {error}")))?;
         if let Some(fields) = detail.as_object_mut() {
-            fields.insert(OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
+            fields.insert(crate::transaction::OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
         }
         let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
             .event_bus_name(event_bus)
@@ -215,5 +206,51 @@ fn service_error(operation: &str, error: impl std::error::Error + ProvideErrorMe
     SendError {
         refused: REFUSALS.iter().any(|refusal| code.contains(refusal)),
         reason: format!("{operation}: {}", crate::aws::describe(&error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use testkit::sqs::Queue;
+
+    use super::*;
+    use crate::{
+        event::parse_event,
+        handler_fn,
+        testing::{TestConsumer, failures},
+    };
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fifo_queue_drops_an_entry_sent_twice_and_a_downstream_consumer_runs_it_once() {
+        let fifo = Queue::create(true, 30).await;
+        let destinations = AwsDestinations::new(&crate::aws::sdk_config().await);
+        let message = Message::sqs(fifo.url(), "once").group("g");
+        // A sender that stopped between its send and the entry's deletion: the next sender sends it again.
+        destinations.send("a-stable-outbox-id", &message).await.unwrap();
+        destinations.send("a-stable-outbox-id", &message).await.unwrap();
+        assert_eq!(fifo.drain().await.len(), 1, "deduplicated by the outbox id");
+
+        // On a standard queue both copies arrive; a downstream consumer keyed on the outbox id runs once.
+        let standard = Queue::create(false, 30).await;
+        let message = Message::sqs(standard.url(), "once");
+        destinations.send("another-outbox-id", &message).await.unwrap();
+        destinations.send("another-outbox-id", &message).await.unwrap();
+        let copies = standard.drain().await;
+        assert_eq!(copies.len(), 2);
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let downstream = TestConsumer::new(handler_fn(move |_| {
+            let counted = Arc::clone(&counted);
+            async move {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(None)
+            }
+        }))
+        .key(&format!("messageAttributes.{OUTBOX_ID_ATTRIBUTE}"));
+        let report = downstream.process(&parse_event(standard.event(&copies)).unwrap()).await;
+        assert!(failures(&report).is_empty());
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "two copies, one run");
     }
 }

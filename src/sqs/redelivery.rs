@@ -47,13 +47,13 @@ const MAX_ATTRIBUTES: usize = 10;
 
 /// SQS's largest message: the body and every attribute's name, type and
 /// value together.
-pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Dead-letter sends in flight at once.
 const DEAD_LETTER_CONCURRENCY: usize = 16;
 
 /// Exponential back-off of retryable failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryBackoff {
+pub(crate) struct RetryBackoff {
     /// Delay after the first delivery (`SQS_ONCE_RETRY_BASE_SECS`).
     pub base: Duration,
     /// Longest delay (`SQS_ONCE_RETRY_MAX_SECS`).
@@ -68,17 +68,7 @@ impl Default for RetryBackoff {
 
 impl RetryBackoff {
     /// `min(max, base × 2^(receive_count − 1))`.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use sqs_once::sqs::redelivery::RetryBackoff;
-    ///
-    /// let backoff = RetryBackoff { base: Duration::from_secs(5), max: Duration::from_secs(60) };
-    /// assert_eq!(backoff.delay(1), Duration::from_secs(5));
-    /// assert_eq!(backoff.delay(3), Duration::from_secs(20));
-    /// assert_eq!(backoff.delay(40), Duration::from_secs(60));
-    /// ```
-    pub fn delay(&self, receive_count: u32) -> Duration {
+    pub(crate) fn delay(&self, receive_count: u32) -> Duration {
         let doublings = receive_count.saturating_sub(1).min(31);
         self.base.saturating_mul(1 << doublings).min(self.max)
     }
@@ -88,7 +78,7 @@ impl RetryBackoff {
 /// the settings' default: conflicts and retryable failures backed off, no
 /// dead-letter queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedeliveryPolicy {
+pub(crate) struct RedeliveryPolicy {
     /// Make a conflicting record visible when the lease can have ended
     /// (`SQS_ONCE_CONFLICT_BACKOFF`).
     pub conflict_backoff: bool,
@@ -100,7 +90,7 @@ pub struct RedeliveryPolicy {
 
 /// What becomes of one failed record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NextDelivery {
+pub(crate) enum NextDelivery {
     /// The queue's own visibility timeout applies.
     AsQueued,
     /// It becomes visible again after at least this long.
@@ -118,28 +108,18 @@ impl Default for RedeliveryPolicy {
 impl RedeliveryPolicy {
     /// A policy that asks nothing of SQS: failed records come back after
     /// the queue's visibility timeout.
-    pub fn none() -> Self {
+    #[cfg(feature = "cli")]
+    pub(crate) fn none() -> Self {
         Self { conflict_backoff: false, retry_backoff: None, dead_letter_queue: None }
     }
 
     /// Whether the policy asks anything of SQS.
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.conflict_backoff || self.retry_backoff.is_some() || self.dead_letter_queue.is_some()
     }
 
     /// The next delivery of a record that failed with `failure`, before jitter.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use sqs_once::{report::Failure, sqs::redelivery::{NextDelivery, RedeliveryPolicy}};
-    ///
-    /// let policy = RedeliveryPolicy { conflict_backoff: true, ..RedeliveryPolicy::none() };
-    /// let conflict = Failure::Conflict { retry_after: Duration::from_secs(4) };
-    /// assert_eq!(policy.next_delivery(&conflict, 1, false), NextDelivery::After(Duration::from_secs(4)));
-    /// // FIFO records keep the queue's timing.
-    /// assert_eq!(policy.next_delivery(&conflict, 1, true), NextDelivery::AsQueued);
-    /// ```
-    pub fn next_delivery(&self, failure: &Failure, receive_count: u32, fifo: bool) -> NextDelivery {
+    pub(crate) fn next_delivery(&self, failure: &Failure, receive_count: u32, fifo: bool) -> NextDelivery {
         match failure {
             Failure::Permanent(_)
             | Failure::FailedBefore(_)
@@ -168,15 +148,7 @@ impl RedeliveryPolicy {
 }
 
 /// `delay` plus up to a fifth of it, and up to one second more, at random.
-///
-/// ```
-/// use std::time::Duration;
-/// use sqs_once::sqs::redelivery::with_jitter;
-///
-/// let jittered = with_jitter(Duration::from_secs(10));
-/// assert!(jittered >= Duration::from_secs(10) && jittered <= Duration::from_secs(13));
-/// ```
-pub fn with_jitter(delay: Duration) -> Duration {
+pub(crate) fn with_jitter(delay: Duration) -> Duration {
     let spread = delay / 5 + Duration::from_secs(1);
     delay + spread.mul_f64(fastrand::f64())
 }
@@ -195,24 +167,8 @@ pub struct RedeliveryCounts {
 }
 
 /// A [`RedeliveryPolicy`] carried out through SQS.
-///
-/// ```no_run
-/// # async fn example(records: Vec<sqs_once::event::EventRecord>, report: sqs_once::report::BatchReport) {
-/// use std::time::Duration;
-/// use sqs_once::{sqs::redelivery::{Redelivery, RedeliveryPolicy, RetryBackoff}, sqs::Sqs};
-///
-/// let policy = RedeliveryPolicy {
-///     conflict_backoff: true,
-///     retry_backoff: Some(RetryBackoff { base: Duration::from_secs(5), max: Duration::from_secs(900) }),
-///     dead_letter_queue: Some("https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq".into()),
-/// };
-/// let redelivery = Redelivery::new(policy, Sqs::new(&sqs_once::aws::sdk_config().await));
-/// let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-/// let (response, counts) = redelivery.apply(&records, &report, deadline).await;
-/// # }
-/// ```
 #[derive(Debug, Clone)]
-pub struct Redelivery {
+pub(crate) struct Redelivery {
     policy: RedeliveryPolicy,
     sqs: Sqs,
 }
@@ -230,17 +186,13 @@ struct Failed<'a> {
 
 impl Redelivery {
     /// Carries out `policy` with `sqs`.
-    pub fn new(policy: RedeliveryPolicy, sqs: Sqs) -> Self {
+    pub(crate) fn new(policy: RedeliveryPolicy, sqs: Sqs) -> Self {
         Self { policy, sqs }
     }
 
-    /// The policy carried out.
-    pub fn policy(&self) -> &RedeliveryPolicy {
-        &self.policy
-    }
-
     /// The SQS client it calls through.
-    pub fn sqs(&self) -> &Sqs {
+    #[cfg(feature = "cli")]
+    pub(crate) fn sqs(&self) -> &Sqs {
         &self.sqs
     }
 
@@ -251,7 +203,7 @@ impl Redelivery {
     ///
     /// Gives up at `deadline`: calls not answered by then count as failed,
     /// and their records keep the queue's timing and stay in the response.
-    pub async fn apply(
+    pub(crate) async fn apply(
         &self,
         records: &[EventRecord],
         report: &BatchReport,
@@ -439,14 +391,7 @@ fn attribute_size(name: &str, value: &MessageAttributeValue) -> usize {
 /// `text` as SQS accepts it in an attribute: capped ([`crate::reason::capped`])
 /// and every character outside the ranges `SendMessage` allows (#x9, #xA, #xD,
 /// #x20 to #xD7FF, #xE000 to #xFFFD, #x10000 to #x10FFFF) replaced by U+FFFD.
-///
-/// ```
-/// use sqs_once::sqs::redelivery::attribute_text;
-///
-/// assert_eq!(attribute_text("bad\u{0}byte\u{FFFF}\tok"), "bad\u{FFFD}byte\u{FFFD}\tok");
-/// assert!(attribute_text(&"x".repeat(1 << 20)).len() <= sqs_once::reason::MAX_BYTES);
-/// ```
-pub fn attribute_text(text: &str) -> String {
+pub(crate) fn attribute_text(text: &str) -> String {
     let allowed = |c: char| matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}');
     crate::reason::capped(text).chars().map(|c| if allowed(c) { c } else { '\u{FFFD}' }).collect()
 }
@@ -552,5 +497,34 @@ mod tests {
         assert_eq!(outgoing.attributes["SqsOnce.MessageId"].string_value(), Some("m-1"));
         assert!(!outgoing.attributes.contains_key("SqsOnce.ReceiveCount"));
         assert!(dead_letter(&failed, false).group_id.is_none());
+    }
+
+    #[test]
+    fn attribute_text_is_what_sqs_accepts() {
+        assert_eq!(attribute_text("bad\u{0}byte\u{FFFF}\tok"), "bad\u{FFFD}byte\u{FFFD}\tok");
+        assert!(attribute_text(&"x".repeat(1 << 20)).len() <= crate::reason::MAX_BYTES);
+    }
+
+    #[test]
+    fn jitter_adds_up_to_thirty_percent() {
+        let jittered = with_jitter(Duration::from_secs(10));
+        assert!(jittered >= Duration::from_secs(10) && jittered <= Duration::from_secs(13));
+    }
+
+    #[test]
+    fn a_conflict_comes_back_when_the_lease_ends_unless_fifo() {
+        let policy = RedeliveryPolicy { conflict_backoff: true, ..RedeliveryPolicy::none() };
+        let conflict = Failure::Conflict { retry_after: Duration::from_secs(4) };
+        assert_eq!(policy.next_delivery(&conflict, 1, false), NextDelivery::After(Duration::from_secs(4)));
+        // FIFO records keep the queue's timing.
+        assert_eq!(policy.next_delivery(&conflict, 1, true), NextDelivery::AsQueued);
+    }
+
+    #[test]
+    fn retries_back_off_exponentially_up_to_the_maximum() {
+        let backoff = RetryBackoff { base: Duration::from_secs(5), max: Duration::from_secs(60) };
+        assert_eq!(backoff.delay(1), Duration::from_secs(5));
+        assert_eq!(backoff.delay(3), Duration::from_secs(20));
+        assert_eq!(backoff.delay(40), Duration::from_secs(60));
     }
 }

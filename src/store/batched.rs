@@ -32,7 +32,7 @@ use crate::lock::lock;
 
 /// One kind of batch request.
 #[async_trait]
-pub trait BatchCall: Send + Sync + 'static {
+pub(super) trait BatchCall: Send + Sync + 'static {
     /// What one caller asks for.
     type Input: Send + 'static;
     /// What one caller gets back.
@@ -87,38 +87,7 @@ impl<C: BatchCall> Queue<C> {
 
 /// Gathers concurrent calls into requests of a [`BatchCall`]. It runs on a
 /// Tokio runtime with timers (see [`BatchCall::SLOW_AFTER`]).
-///
-/// ```
-/// # // One thread, so that all 30 calls are waiting before the first request goes.
-/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-/// use std::sync::{Arc, Mutex};
-/// use sqs_once::store::{StoreError, batched::{BatchCall, Batcher}};
-///
-/// /// Doubles numbers, remembering how many were sent in each request.
-/// #[derive(Default)]
-/// struct Double(Mutex<Vec<usize>>);
-///
-/// #[async_trait::async_trait]
-/// impl BatchCall for Double {
-///     type Input = String;
-///     type Output = u64;
-///     const LIMIT: usize = 25;
-///     const IN_FLIGHT: usize = 4;
-///     fn item(input: &String) -> &str { input }
-///     async fn call(&self, inputs: Vec<String>) -> Vec<Result<u64, StoreError>> {
-///         self.0.lock().unwrap().push(inputs.len());
-///         inputs.iter().map(|input| Ok(input.parse::<u64>().unwrap() * 2)).collect()
-///     }
-/// }
-///
-/// let double = Arc::new(Double::default());
-/// let batcher = Batcher::new(Arc::clone(&double));
-/// let answers = futures::future::join_all((0..30).map(|n| batcher.submit(n.to_string()))).await;
-/// assert_eq!(answers[29].as_ref().unwrap(), &58);
-/// assert_eq!(*double.0.lock().unwrap(), [25, 5]); // 30 calls, 2 requests
-/// # });
-/// ```
-pub struct Batcher<C: BatchCall> {
+pub(super) struct Batcher<C: BatchCall> {
     shared: Arc<Shared<C>>,
 }
 
@@ -141,7 +110,7 @@ impl<C: BatchCall> Shared<C> {
 
 impl<C: BatchCall> Batcher<C> {
     /// A batcher sending its requests through `call`.
-    pub fn new(call: Arc<C>) -> Self {
+    pub(super) fn new(call: Arc<C>) -> Self {
         let queue = Queue { waiting: VecDeque::new(), flushing: false };
         let shared = Shared {
             call,
@@ -157,7 +126,7 @@ impl<C: BatchCall> Batcher<C> {
     ///
     /// Requests run in tasks of their own, so a caller that stops waiting
     /// never takes the other inputs of its request down with it.
-    pub async fn submit(&self, input: C::Input) -> Result<C::Output, StoreError> {
+    pub(super) async fn submit(&self, input: C::Input) -> Result<C::Output, StoreError> {
         let (answer, answered) = oneshot::channel();
         let start_flushing = {
             let mut queue = lock(&self.shared.queue);
@@ -173,7 +142,7 @@ impl<C: BatchCall> Batcher<C> {
     /// An answer is due by `until`: what is waiting goes out now, and until
     /// then every call goes out without waiting for a free slot (requests
     /// still hold at most [`BatchCall::LIMIT`] calls).
-    pub fn expedite(&self, until: Instant) {
+    pub(super) fn expedite(&self, until: Instant) {
         *lock(&self.shared.urgent_until) = Some(until);
         self.shared.expedited.notify_waiters();
     }
@@ -399,5 +368,36 @@ mod tests {
         assert_eq!(first.await.unwrap().unwrap(), "x");
         assert!(later.iter().all(Result::is_ok));
         assert_eq!(lock(&echo.0).iter().map(Vec::len).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn concurrent_calls_share_requests_of_at_most_the_limit() {
+        // `tokio::test` runs on one thread, so that all 30 calls are waiting
+        // before the first request goes.
+
+        /// Doubles numbers, remembering how many were sent in each request.
+        #[derive(Default)]
+        struct Double(Mutex<Vec<usize>>);
+
+        #[async_trait::async_trait]
+        impl BatchCall for Double {
+            type Input = String;
+            type Output = u64;
+            const LIMIT: usize = 25;
+            const IN_FLIGHT: usize = 4;
+            fn item(input: &String) -> &str {
+                input
+            }
+            async fn call(&self, inputs: Vec<String>) -> Vec<Result<u64, StoreError>> {
+                self.0.lock().unwrap().push(inputs.len());
+                inputs.iter().map(|input| Ok(input.parse::<u64>().unwrap() * 2)).collect()
+            }
+        }
+
+        let double = Arc::new(Double::default());
+        let batcher = Batcher::new(Arc::clone(&double));
+        let answers = futures::future::join_all((0..30).map(|n| batcher.submit(n.to_string()))).await;
+        assert_eq!(answers[29].as_ref().unwrap(), &58);
+        assert_eq!(*double.0.lock().unwrap(), [25, 5]); // 30 calls, 2 requests
     }
 }

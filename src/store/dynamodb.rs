@@ -44,8 +44,11 @@ mod layout;
 mod statements;
 mod transact;
 
-pub use client::{RequestCounter, RequestCounts, client, client_from};
-pub use layout::{Attributes, OPEN_INDEX, OPEN_SHARDS, OPEN_STATUS, TableKey, TableLayout, open_partition};
+#[cfg(any(test, feature = "cli"))]
+pub(crate) use client::client;
+pub(crate) use client::{RequestCounter, client_from};
+pub use layout::{Attributes, TableKey, TableLayout};
+pub(crate) use layout::{OPEN_INDEX, OPEN_STATUS, open_partition};
 
 use client::{described, unavailable};
 use layout::{ERROR, TOKEN, UPDATED_AT, n, open_partitions, s, text};
@@ -53,16 +56,21 @@ use layout::{ERROR, TOKEN, UPDATED_AT, n, open_partitions, s, text};
 /// A DynamoDB item: attribute names and values.
 type Item = HashMap<String, AttributeValue>;
 
-/// Claims in a DynamoDB table.
+/// Claims in a DynamoDB table: the production store, which
+/// `SQS_ONCE_TABLE` chooses. Built in code, it takes a client of one's own
+/// (another endpoint, other credentials):
 ///
 /// ```no_run
-/// # async fn example() {
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
-/// use sqs_once::{claim::Claims, store::dynamodb::{self, DynamoDbStore, TableLayout}};
+/// use sqs_once::{config::Config, consumer::Consumer, handler_fn, store::{DynamoDbStore, TableLayout}};
 ///
-/// let (client, _requests) = dynamodb::client().await;
-/// let store = DynamoDbStore::new(client, TableLayout::new("idempotency"));
-/// let claims = Claims::new(Arc::new(store));
+/// let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+/// let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&aws), TableLayout::new("idempotency"));
+/// store.create_table().await?;
+/// let handler = handler_fn(|_| async { Ok(None) });
+/// let consumer = Consumer::with_store(&Config::from_env()?, handler, Arc::new(store)).await;
+/// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone)]
@@ -532,3 +540,6 @@ fn no_such_index(error: &impl ProvideErrorMetadata) -> bool {
 fn released_unless(old: Option<&Item>) -> Fenced {
     if old.is_some() { Fenced::Refused } else { Fenced::Applied }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -19,13 +19,6 @@ use crate::lock::lock;
 /// Claims, the items handlers' staged writes commit to, and the outbox, in
 /// hash maps; nothing survives the process. A commit applies under one lock,
 /// so it is atomic as a DynamoDB transaction is.
-///
-/// ```
-/// use std::sync::Arc;
-/// use sqs_once::{claim::Claims, store::MemoryStore};
-///
-/// let claims = Claims::new(Arc::new(MemoryStore::default()));
-/// ```
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     state: Mutex<State>,

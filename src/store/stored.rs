@@ -61,7 +61,8 @@ impl ClaimStatus {
 /// One claim, as every store holds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredClaim {
-    /// The stored key (prefix and key, see [`crate::key::Keys`]).
+    /// The stored key: the key prefix and the key, hashed unless
+    /// `SQS_ONCE_HASH_KEYS=false`.
     pub id: String,
     /// Where the claim stands.
     pub status: ClaimStatus,

@@ -30,7 +30,7 @@ use crate::{
 /// A start for a manual clock: the current time, rounded down to a second.
 /// Real time, because DynamoDB Local's TTL sweeper deletes records whose
 /// expiry is past in real time.
-pub fn now_s_ms() -> u64 {
+pub(crate) fn now_s_ms() -> u64 {
     SystemClock.now_ms() / 1000 * 1000
 }
 const MARGIN: Duration = Duration::from_secs(2);
@@ -38,22 +38,22 @@ const MARGIN: Duration = Duration::from_secs(2);
 /// A state machine over `store` with a manual clock at `t0`, no local cache
 /// unless `policy` says otherwise.
 #[allow(missing_debug_implementations)]
-pub struct Machine {
+pub(crate) struct Machine {
     /// When the clock started.
-    pub t0: u64,
+    pub(crate) t0: u64,
     /// The state machine, counting its requests to the store.
-    pub claims: Claims,
+    pub(crate) claims: Claims,
     /// The clock the state machine reads.
-    pub clock: Arc<ManualClock>,
+    pub(crate) clock: Arc<ManualClock>,
     /// The store under test, for reading what it holds.
-    pub store: Arc<dyn ClaimStore>,
+    pub(crate) store: Arc<dyn ClaimStore>,
     /// The requests the state machine made.
-    pub counting: Arc<Counting>,
+    pub(crate) counting: Arc<Counting>,
 }
 
 impl Machine {
     /// A state machine over `store` with `policy`.
-    pub fn new(store: Arc<dyn ClaimStore>, policy: ClaimPolicy) -> Self {
+    pub(crate) fn new(store: Arc<dyn ClaimStore>, policy: ClaimPolicy) -> Self {
         let t0 = now_s_ms();
         let clock = Arc::new(ManualClock::new(t0));
         let counting = Counting::new(store.clone());
@@ -62,17 +62,17 @@ impl Machine {
     }
 
     /// The invocation deadline the tests claim under: 30 s after `t0`.
-    pub fn deadline(&self) -> u64 {
+    pub(crate) fn deadline(&self) -> u64 {
         self.t0 + 30_000
     }
 
     /// A state machine over `store` with the suite's policy ([`policy`]).
-    pub fn plain(store: Arc<dyn ClaimStore>) -> Self {
+    pub(crate) fn plain(store: Arc<dyn ClaimStore>) -> Self {
         Self::new(store, policy())
     }
 
     /// Claims `id` for `holder`; panics on a store error.
-    pub async fn claim(&self, id: &str, body: &str, holder: &str) -> Claim {
+    pub(crate) async fn claim(&self, id: &str, body: &str, holder: &str) -> Claim {
         let message_id = format!("m-{id}");
         let request =
             ClaimRequest { id, body, deadline_ms: self.deadline(), holder, attempt: 1, message_id: &message_id };
@@ -80,7 +80,7 @@ impl Machine {
     }
 
     /// Claims `id`, which must be won.
-    pub async fn win(&self, id: &str) -> Lease {
+    pub(crate) async fn win(&self, id: &str) -> Lease {
         match self.claim(id, "{}", "holder-1").await {
             Claim::Won(lease) => lease,
             other => panic!("expected to win {id}, got {other:?}"),
@@ -88,13 +88,13 @@ impl Machine {
     }
 
     /// What the store holds for `id`.
-    pub async fn stored(&self, id: &str) -> Option<StoredClaim> {
+    pub(crate) async fn stored(&self, id: &str) -> Option<StoredClaim> {
         self.store.get(id).await.expect("store error")
     }
 }
 
 /// The suite's policy: a 2 s lease margin, no local cache.
-pub fn policy() -> ClaimPolicy {
+pub(crate) fn policy() -> ClaimPolicy {
     ClaimPolicy { lease_margin: MARGIN, local_cache_entries: 0, ..ClaimPolicy::default() }
 }
 
@@ -414,21 +414,21 @@ pub async fn thirty_two_claimants_of_one_key_have_one_winner(store: Arc<dyn Clai
 
 /// Wraps a store and counts the requests made to it.
 #[allow(missing_debug_implementations)]
-pub struct Counting {
+pub(crate) struct Counting {
     /// The store counted.
-    pub inner: Arc<dyn ClaimStore>,
+    pub(crate) inner: Arc<dyn ClaimStore>,
     /// Requests so far.
-    pub requests: AtomicUsize,
+    pub(crate) requests: AtomicUsize,
 }
 
 impl Counting {
     /// Counts the requests made to `inner`.
-    pub fn new(inner: Arc<dyn ClaimStore>) -> Arc<Self> {
+    pub(crate) fn new(inner: Arc<dyn ClaimStore>) -> Arc<Self> {
         Arc::new(Self { inner, requests: AtomicUsize::new(0) })
     }
 
     /// The requests made since the last call, and a new count from zero.
-    pub fn take(&self) -> usize {
+    pub(crate) fn take(&self) -> usize {
         self.requests.swap(0, Ordering::SeqCst)
     }
 
@@ -484,7 +484,7 @@ impl ClaimStore for Counting {
 /// Wraps a store so that a taken key comes back without the old record, as
 /// stores that cannot return it in the same request answer.
 #[allow(missing_debug_implementations)]
-pub struct WithoutOldItem(pub Arc<dyn ClaimStore>);
+pub(crate) struct WithoutOldItem(pub Arc<dyn ClaimStore>);
 
 #[async_trait]
 impl ClaimStore for WithoutOldItem {

@@ -17,7 +17,7 @@ use crate::store::StoreError;
 /// DynamoDB requests made by a client, counted as they are sent (retries
 /// count again), per operation.
 #[derive(Debug, Default)]
-pub struct RequestCounter {
+pub(crate) struct RequestCounter {
     put: AtomicU64,
     get: AtomicU64,
     update: AtomicU64,
@@ -32,7 +32,7 @@ pub struct RequestCounter {
 
 /// A snapshot of a [`RequestCounter`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestCounts {
+pub(crate) struct RequestCounts {
     /// `PutItem` requests (claims).
     pub put: u64,
     /// `GetItem` requests (reads after a claim that returned no item).
@@ -59,7 +59,7 @@ pub struct RequestCounts {
 
 impl RequestCounts {
     /// All requests.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         let batched = self.batch_statement + self.batch_get;
         self.put + self.get + self.update + self.delete + self.query + self.scan + batched + self.transact + self.other
     }
@@ -67,7 +67,7 @@ impl RequestCounts {
 
 impl RequestCounter {
     /// The counts so far.
-    pub fn snapshot(&self) -> RequestCounts {
+    pub(crate) fn snapshot(&self) -> RequestCounts {
         RequestCounts {
             put: self.put.load(Ordering::Relaxed),
             get: self.get.load(Ordering::Relaxed),
@@ -120,12 +120,13 @@ impl Intercept for CountRequests {
 /// SDK's default chain (so `AWS_REGION`, credentials and
 /// `AWS_ENDPOINT_URL_DYNAMODB` work as the SDK defines them), with this
 /// [`crate::aws`] retry and timeout settings, counting its requests.
-pub async fn client() -> (Client, Arc<RequestCounter>) {
+#[cfg(any(test, feature = "cli"))]
+pub(crate) async fn client() -> (Client, Arc<RequestCounter>) {
     client_from(&crate::aws::sdk_config().await)
 }
 
 /// A client as [`client`] builds it, from an already loaded configuration.
-pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounter>) {
+pub(crate) fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounter>) {
     let counter = Arc::new(RequestCounter::default());
     let config =
         aws_sdk_dynamodb::config::Builder::from(shared).interceptor(CountRequests(Arc::clone(&counter))).build();

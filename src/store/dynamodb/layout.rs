@@ -44,7 +44,7 @@ impl Default for Attributes {
 /// failed, and the index on it: listing open claims reads only them, never
 /// the whole table. It holds the claim's status and a shard of its id
 /// (`INPROGRESS#0` to `INPROGRESS#15`, see [`open_partition`]).
-pub const OPEN_STATUS: &str = "open_status";
+pub(crate) const OPEN_STATUS: &str = "open_status";
 
 /// How many index partitions each open status is spread over.
 ///
@@ -55,19 +55,11 @@ pub const OPEN_STATUS: &str = "open_status";
 /// writes. Sixteen values per status take some 16,000 index writes a second
 /// (8,000 new records) before any one is hot, and cost a listing sixteen
 /// small queries per status.
-pub const OPEN_SHARDS: u32 = 16;
+pub(super) const OPEN_SHARDS: u32 = 16;
 
 /// The [`OPEN_STATUS`] value of an open claim: its status and a stable shard
 /// of its id (FNV-1a, so every process and version agrees).
-///
-/// ```
-/// use sqs_once::store::{ClaimStatus, dynamodb::open_partition};
-///
-/// let partition = open_partition(ClaimStatus::InProgress, "orders#o-1");
-/// assert!(partition.starts_with("INPROGRESS#"));
-/// assert_eq!(partition, open_partition(ClaimStatus::InProgress, "orders#o-1"));
-/// ```
-pub fn open_partition(status: ClaimStatus, id: &str) -> String {
+pub(crate) fn open_partition(status: ClaimStatus, id: &str) -> String {
     sharded(status.as_str(), id)
 }
 
@@ -101,7 +93,7 @@ pub(super) const OUTBOX_STATUS: &str = "OUTBOX";
 pub(super) const OUTBOX: &str = "outbox";
 
 /// The global secondary index on [`OPEN_STATUS`].
-pub const OPEN_INDEX: &str = "open-claims";
+pub(crate) const OPEN_INDEX: &str = "open-claims";
 
 /// Attributes this project adds to the Powertools layout.
 pub(super) const TOKEN: &str = "token";
@@ -142,7 +134,7 @@ impl TableLayout {
     /// A table keyed by `id` alone, with the default attribute names.
     ///
     /// ```
-    /// use sqs_once::store::dynamodb::{TableKey, TableLayout};
+    /// use sqs_once::store::{TableKey, TableLayout};
     ///
     /// let layout = TableLayout::new("idempotency");
     /// assert_eq!((layout.attributes.id.as_str(), layout.attributes.expiry.as_str()), ("id", "expiration"));
@@ -322,5 +314,17 @@ pub(super) fn text(item: &Item, name: &str) -> Option<String> {
     match item.get(name) {
         Some(AttributeValue::S(value)) => Some(value.clone()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_partition_is_stable_per_key() {
+        let partition = open_partition(ClaimStatus::InProgress, "orders#o-1");
+        assert!(partition.starts_with("INPROGRESS#"));
+        assert_eq!(partition, open_partition(ClaimStatus::InProgress, "orders#o-1"));
     }
 }

@@ -549,3 +549,6 @@ mod tests {
         assert_eq!(update.expression_attribute_values().unwrap()[":v1"], AttributeValue::N("-3".into()));
     }
 }
+
+#[cfg(test)]
+mod answers;

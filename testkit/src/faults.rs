@@ -104,11 +104,17 @@ enum Fault {
 /// Faults injected so far, by kind.
 #[derive(Debug, Default)]
 pub struct Injected {
+    /// Requests that reached the proxy.
     pub requests: AtomicU64,
+    /// Requests applied whose answer was lost.
     pub lost_answer: AtomicU64,
+    /// Connections reset before the request was forwarded.
     pub reset: AtomicU64,
+    /// Requests answered `500` without being forwarded.
     pub server_error: AtomicU64,
+    /// Requests answered with a throttling `400` without being forwarded.
     pub throttled: AtomicU64,
+    /// Answers held back past the client's attempt timeout.
     pub slow: AtomicU64,
     /// Statements of a `BatchExecuteStatement`, or entries of an SQS batch
     /// call, refused on their own.
@@ -223,8 +229,11 @@ impl State {
 }
 
 /// A running faulty endpoint.
+#[allow(missing_debug_implementations)]
 pub struct FaultProxy {
+    /// Where clients reach it.
     pub url: String,
+    /// What it has done so far.
     pub injected: Arc<Injected>,
     state: Arc<State>,
 }
@@ -496,6 +505,7 @@ async fn forward(state: &State, raw: &[u8], server: &mut Option<BufReader<TcpStr
 }
 
 /// One HTTP/1.1 message with a `Content-Length` body.
+#[derive(Debug)]
 pub struct Message {
     /// The message as sent.
     pub raw: Vec<u8>,

@@ -90,7 +90,7 @@ fn a_second_invoke_of_the_same_event_runs_no_handler() {
 #[test]
 fn the_sample_batch_reports_its_failing_directives_and_reads_stdin() {
     let ws = Workspace::new();
-    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("events/batch.json");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../events/batch.json");
     let mut child = ws
         .command(&["invoke", "-"])
         .env("SQS_ONCE_KEY", "body.order_id")
@@ -193,7 +193,7 @@ fn inside_lambda_a_table_is_required() {
 }
 
 fn sample(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("events").join(name).to_str().unwrap().to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../events").join(name).to_str().unwrap().to_owned()
 }
 
 /// The keys the demo handler ran with, sorted.

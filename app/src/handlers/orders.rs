@@ -9,7 +9,7 @@
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::{Handler, HandlerError, HandlerResult, Record};
+use sqs_once::{Handler, HandlerError, HandlerResult, Record};
 
 /// A message on the orders queue.
 #[derive(Debug, Deserialize)]
@@ -51,21 +51,18 @@ impl Handler for Orders {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorKind;
-    use aws_lambda_events::sqs::SqsMessage;
+    use sqs_once::{ErrorKind, testing};
 
     async fn charge(body: &str) -> HandlerResult {
-        let mut message = SqsMessage::default();
-        message.message_id = Some("m-1".into());
-        message.body = Some(body.into());
-        Orders.handle(&Record::new(&message, "orders#0123456789abcdef".into(), tokio::time::Instant::now())).await
+        Orders.handle(&testing::record(body)).await
     }
 
     #[tokio::test]
-    async fn a_valid_order_is_charged_once_and_returns_a_receipt() {
+    async fn a_valid_order_is_charged_under_its_key_and_returns_a_receipt() {
         let receipt = charge(r#"{"order_id":"o-1","customer_id":"c-1","amount_cents":2599,"currency":"EUR"}"#).await;
         let receipt = receipt.unwrap().unwrap();
-        assert_eq!(receipt["charge_id"], "ch_456789abcdef");
+        // The charge is named after the record's key: the provider's idempotency key.
+        assert_eq!(receipt["charge_id"], format!("ch_{}", testing::record("").key));
         assert_eq!(receipt["amount_cents"], 2599);
     }
 

@@ -16,7 +16,7 @@
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::{
+use sqs_once::{
     ErrorKind, Handler, HandlerError, HandlerResult, Record,
     transaction::{Condition, Key, Message, Update},
 };
@@ -79,7 +79,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::{
+    use sqs_once::{
         event::EventRecord,
         report::{Failure, Outcome},
         testing::{self, TestConsumer},

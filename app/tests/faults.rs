@@ -33,7 +33,6 @@ use common::{
     rounds::{Rounds, seeds, setting},
 };
 use serde_json::{Value, json};
-use sqs_once::store::dynamodb::TableKey;
 
 /// How many times each message id's handler ran, and under which stored
 /// key, from the demo log.
@@ -100,7 +99,7 @@ const PAST_THE_LEASE: Duration = Duration::from_secs(4 + 2 + 1);
 /// delivers a copy of each message again (SQS standard queues deliver one now
 /// and then even after success) and drains those copies; the figures.
 async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> Value {
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let store = common::fresh_table().await;
     let mix = FaultMix::spread(rate);
     let proxy = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, mix, &[], seed).await;
     let dir = tempfile::tempdir().unwrap();
@@ -198,7 +197,7 @@ async fn poll_runs_every_key_once_with_faulty_dynamodb_and_sqs() {
     // 150 keys, 50 of them sent twice.
     let bodies: Vec<Value> = (0..200).map(|n| json!({ "id": format!("k-{}", n % 150) })).collect();
     queue.send(&bodies).await;
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let store = common::fresh_table().await;
     let dynamodb_faults = FaultMix::spread(0.1);
     let dynamodb = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, dynamodb_faults, &[], seed).await;
     // Deletes and visibility changes fail, whole calls (retried by the SDK) and single entries of a

@@ -1,31 +1,27 @@
 //! The batch engine: which records land in `batchItemFailures`, and how often
 //! handlers run. The in-memory store stands in for DynamoDB here.
 
-mod common;
-
 use std::{
     collections::{HashMap, HashSet},
-    path::Path,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
-use serde_json::{Value, json};
-use sqs_once::{
-    Handler, HandlerResult, Record,
+use crate::{
+    Handler, HandlerError, HandlerResult, Record,
     budget::Margins,
     claim::{ClaimPolicy, Claims},
     clock::SystemClock,
     engine::{Engine, EngineOptions, Invocation},
     envelope::{Envelope, EnvelopeKind},
     event::parse_event,
-    handlers::demo::Demo,
     key::{Keys, OnMissingKey},
     report::{BatchReport, Failure, Outcome},
     store::{
         ClaimQuery, ClaimStatus, ClaimStore, Fenced, Finish, Listing, MemoryStore, PutOutcome, StoreError, StoredClaim,
     },
 };
+use serde_json::{Value, json};
 
 fn message(id: &str, body: Value) -> Value {
     let body = match body {
@@ -85,26 +81,70 @@ fn outcome<'r>(report: &'r BatchReport, message_id: &str) -> &'r Outcome {
     &report.records.iter().find(|record| record.message_id == message_id).unwrap().outcome
 }
 
-/// Lines of the demo log, as (key, messageId).
-fn log_lines(path: &Path) -> Vec<(String, String)> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|line| {
-            let (key, id) = line.split_once('\t').unwrap();
-            (key.to_owned(), id.to_owned())
-        })
-        .collect()
+/// The bundled demo handler's directives: `{"sleep_ms": 250}` sleeps, and
+/// `{"fail": "retryable" | "permanent" | "panic"}` fails that way. Every
+/// run is kept, before it obeys anything, as (key, message id).
+#[derive(Clone, Default)]
+pub(crate) struct Directed {
+    runs: Arc<Mutex<Vec<(String, String)>>>,
 }
 
-fn demo() -> (Demo, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    (Demo::with_log(dir.path().join("demo.log")).unwrap(), dir)
+impl Directed {
+    pub(crate) fn runs(&self) -> Vec<(String, String)> {
+        self.runs.lock().unwrap().clone()
+    }
+}
+
+impl Handler for Directed {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        self.runs.lock().unwrap().push((record.key.clone(), record.message_id.clone()));
+        let body: Value = serde_json::from_str(&record.body).unwrap_or_default();
+        if let Some(ms) = body["sleep_ms"].as_u64() {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        match body["fail"].as_str() {
+            None => Ok(None),
+            Some("retryable") => Err(HandlerError::retryable("asked to fail")),
+            Some("panic") => panic!("asked to panic"),
+            Some(_) => Err(HandlerError::permanent("asked to fail")),
+        }
+    }
+}
+
+/// A store that is down: every request fails.
+struct Down;
+
+#[async_trait::async_trait]
+impl ClaimStore for Down {
+    async fn put_if_free(&self, _: &StoredClaim, _: u64) -> Result<PutOutcome, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn get(&self, _: &str) -> Result<Option<StoredClaim>, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn finish(&self, _: &str, _: &str, _: &Finish) -> Result<Fenced, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn release(&self, _: &str, _: &str) -> Result<Fenced, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn list(&self, _: &ClaimQuery) -> Result<Listing, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn replace_seen(&self, _: Option<&StoredClaim>, _: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+}
+
+/// A directed handler, and a handle on its runs.
+fn demo() -> (Directed, Directed) {
+    let handler = Directed::default();
+    (handler.clone(), handler)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_directive_lands_where_it_should() {
-    let (handler, dir) = demo();
+    let (handler, log) = demo();
     let engine = Setup::default().engine(handler);
     let records = vec![
         message("ok", json!({"n": 1})),
@@ -119,7 +159,7 @@ async fn each_directive_lands_where_it_should() {
     assert!(matches!(outcome(&report, "retry"), Outcome::Failed(Failure::Retryable(_))));
     assert!(matches!(outcome(&report, "perm"), Outcome::Failed(Failure::Permanent(_))));
     assert!(matches!(outcome(&report, "boom"), Outcome::Failed(Failure::Panicked(m)) if m.contains("asked to panic")));
-    assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 6);
+    assert_eq!(log.runs().len(), 6);
 
     // Redelivery: completed keys are duplicates, released keys run again, the
     // permanent failure is not run again.
@@ -127,14 +167,14 @@ async fn each_directive_lands_where_it_should() {
     assert_eq!(failures(&report), ["retry", "perm", "boom"]);
     assert_eq!(outcome(&report, "ok"), &Outcome::Duplicate);
     assert!(matches!(outcome(&report, "perm"), Outcome::Failed(Failure::FailedBefore(Some(_)))));
-    let ran: Vec<String> = log_lines(&dir.path().join("demo.log")).into_iter().skip(6).map(|(_, id)| id).collect();
+    let ran: Vec<String> = log.runs().into_iter().skip(6).map(|(_, id)| id).collect();
     assert_eq!(ran.iter().collect::<HashSet<_>>(), HashSet::from([&"retry".to_owned(), &"boom".to_owned()]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_sharing_a_key_run_once_and_share_the_outcome() {
-    let (handler, dir) = demo();
-    let counting = sqs_once::testing::claim_suite::Counting::new(Arc::new(MemoryStore::default()));
+    let (handler, log) = demo();
+    let counting = crate::testing::claim_suite::Counting::new(Arc::new(MemoryStore::default()));
     let engine = Setup { key: "body.order", store: counting.clone(), ..Setup::default() }.engine(handler);
     let records = vec![
         message("a1", json!({"order": "A", "sleep_ms": 20})),
@@ -145,7 +185,7 @@ async fn records_sharing_a_key_run_once_and_share_the_outcome() {
     ];
     let report = run(&engine, records, Duration::from_secs(30)).await;
     assert_eq!(failures(&report), ["b1", "b2"]);
-    assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 2, "one run per key");
+    assert_eq!(log.runs().len(), 2, "one run per key");
     assert_eq!(counting.take(), 4, "claim + settle per key, nothing for in-batch duplicates");
     assert!(
         report.records.iter().filter(|r| r.key.as_deref() == Some("test#A")).all(|r| r.outcome.label() == "processed")
@@ -161,7 +201,7 @@ async fn a_fifo_group_stops_at_its_first_failure_and_keeps_its_order() {
             tokio::time::sleep(Duration::from_millis(5)).await;
             self.0.lock().unwrap().push(record.message_id.clone());
             if record.body.contains("fail") {
-                return Err(sqs_once::HandlerError::retryable("asked to"));
+                return Err(crate::HandlerError::retryable("asked to"));
             }
             Ok(None)
         }
@@ -188,7 +228,7 @@ async fn a_fifo_group_stops_at_its_first_failure_and_keeps_its_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_fails_only_its_record_and_releases_its_claim() {
-    let (handler, _dir) = demo();
+    let (handler, _) = demo();
     let store: Arc<dyn ClaimStore> = Arc::new(MemoryStore::default());
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
     let records =
@@ -200,7 +240,7 @@ async fn a_panic_fails_only_its_record_and_releases_its_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_drains_the_batch_and_fails_what_did_not_finish() {
-    let (handler, dir) = demo();
+    let (handler, log) = demo();
     let options = EngineOptions {
         concurrency: 2,
         margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
@@ -214,7 +254,7 @@ async fn the_deadline_drains_the_batch_and_fails_what_did_not_finish() {
     assert!(tokio::time::Instant::now() < deadline, "answered after the deadline");
     assert_eq!(failures(&report), ["slow-0", "slow-1", "slow-2", "slow-3"]);
     assert!(report.records[2..].iter().all(|r| r.outcome == Outcome::Failed(Failure::Deadline)));
-    let started: HashSet<String> = log_lines(&dir.path().join("demo.log")).into_iter().map(|(_, id)| id).collect();
+    let started: HashSet<String> = log.runs().into_iter().map(|(_, id)| id).collect();
     let slow_started = started.iter().filter(|id| id.starts_with("slow")).count();
     assert_eq!(slow_started, 2, "two slow records held both slots; the others never started: {started:?}");
 }
@@ -228,7 +268,7 @@ async fn records_without_a_key_fail_or_fall_back_to_their_message_id() {
             message("no-id", json!({"x": 1})),
         ]
     };
-    let (handler, _dir) = demo();
+    let (handler, _) = demo();
     let report =
         run(&Setup { key: "body.id", ..Setup::default() }.engine(handler), records(), Duration::from_secs(30)).await;
     assert_eq!(failures(&report), ["text", "no-id"]);
@@ -237,29 +277,28 @@ async fn records_without_a_key_fail_or_fall_back_to_their_message_id() {
     );
     assert!(matches!(outcome(&report, "no-id"), Outcome::Failed(Failure::MissingKey(r)) if r.contains("body.id")));
 
-    let (handler, dir) = demo();
+    let (handler, log) = demo();
     let setup = Setup { key: "body.id", on_missing: OnMissingKey::MessageId, ..Setup::default() };
     let report = run(&setup.engine(handler), records(), Duration::from_secs(30)).await;
     assert!(failures(&report).is_empty());
-    let keys: HashMap<String, String> =
-        log_lines(&dir.path().join("demo.log")).into_iter().map(|(k, id)| (id, k)).collect();
+    let keys: HashMap<String, String> = log.runs().into_iter().map(|(k, id)| (id, k)).collect();
     assert_eq!(keys["text"], "test#text");
     assert_eq!(keys["json"], "test#k1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_is_down_fails_every_record_and_marks_nothing_done() {
-    let (handler, dir) = demo();
-    let engine = Setup { store: Arc::new(common::Down), ..Setup::default() }.engine(handler);
+    let (handler, log) = demo();
+    let engine = Setup { store: Arc::new(Down), ..Setup::default() }.engine(handler);
     let report = run(&engine, vec![message("a", json!({})), message("b", json!({}))], Duration::from_secs(30)).await;
     assert_eq!(failures(&report), ["a", "b"]);
     assert!(matches!(outcome(&report, "a"), Outcome::Failed(Failure::Store(r)) if r.contains("connection refused")));
-    assert!(log_lines(&dir.path().join("demo.log")).is_empty(), "no handler runs without a claim");
+    assert!(log.runs().is_empty(), "no handler runs without a claim");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_records_fail_alone_and_duplicate_message_ids_are_reported_once() {
-    let (handler, _dir) = demo();
+    let (handler, _) = demo();
     let engine = Setup::default().engine(handler);
     let mut bad = message("bad", json!({}));
     bad["attributes"] = json!({"ApproximateReceiveCount": 1});
@@ -305,7 +344,7 @@ async fn records_run_in_parallel_within_the_concurrency_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_payload_validation_an_in_batch_duplicate_with_another_body_fails() {
-    let (handler, dir) = demo();
+    let (handler, log) = demo();
     let policy = ClaimPolicy { validate_payload: true, ..ClaimPolicy::default() };
     let engine = Setup { key: "body.order", policy, ..Setup::default() }.engine(handler);
     let records = vec![
@@ -316,7 +355,7 @@ async fn with_payload_validation_an_in_batch_duplicate_with_another_body_fails()
     let report = run(&engine, records, Duration::from_secs(30)).await;
     assert_eq!(failures(&report), ["changed"]);
     assert_eq!(outcome(&report, "changed"), &Outcome::Failed(Failure::PayloadMismatch));
-    assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 1);
+    assert_eq!(log.runs().len(), 1);
 }
 
 /// Remembers the body and envelope of every record it runs.
@@ -365,7 +404,7 @@ async fn the_handler_and_payload_validation_see_the_message_inside_the_envelope(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_late() {
-    let (handler, dir) = demo();
+    let (handler, log) = demo();
     let store = HeldStore::finishing_late(Duration::from_millis(2500), 0);
     let options = EngineOptions {
         margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
@@ -383,7 +422,7 @@ async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_la
     assert!(matches!(outcome(&report, "permanent"), Outcome::Failed(Failure::Permanent(_))));
     assert_eq!(outcome(&report, "slow"), &Outcome::Failed(Failure::Deadline));
     assert_eq!(failures(&report), ["permanent", "slow"]);
-    let runs = log_lines(&dir.path().join("demo.log"));
+    let runs = log.runs();
     assert_eq!(runs.len(), 3, "every handler started once: {runs:?}");
 
     // The writes of the handlers that returned go on after the answer and land; the cut-off run's claim
@@ -436,8 +475,8 @@ impl Handler for BlocksThroughTheCutoff {
     async fn handle(&self, record: &Record) -> HandlerResult {
         std::thread::sleep(self.0);
         match record.body_json::<Value>()?["fail"].as_str() {
-            Some("retryable") => Err(sqs_once::HandlerError::retryable("asked to fail")),
-            Some("permanent") => Err(sqs_once::HandlerError::permanent("asked to fail")),
+            Some("retryable") => Err(crate::HandlerError::retryable("asked to fail")),
+            Some("permanent") => Err(crate::HandlerError::permanent("asked to fail")),
             Some(_) => panic!("asked to panic"),
             None => Ok(None),
         }
@@ -573,7 +612,7 @@ async fn finishing_writes_that_can_land_before_the_deadline_are_waited_for() {
     // Deadline 2 s, cut-off at 1.2 s. Twenty handlers return at about 1 s; their completions take 250 ms,
     // so they land after the cut-off and well before the answer reserve. A slow handler is cancelled at
     // the cut-off, and cancelling it must not cancel the others' writes.
-    let (handler, dir) = demo();
+    let (handler, log) = demo();
     let store = HeldStore::finishing_late(Duration::from_millis(250), 0);
     let options = EngineOptions {
         margins: Margins { deadline_margin: Duration::from_millis(800), ..Margins::default() },
@@ -592,12 +631,12 @@ async fn finishing_writes_that_can_land_before_the_deadline_are_waited_for() {
     }
     assert_eq!(outcome(&report, "slow"), &Outcome::Failed(Failure::Deadline));
     assert_eq!(store.status("test#slow").await, Some(ClaimStatus::InProgress), "the cut-off run keeps its lease");
-    assert_eq!(log_lines(&dir.path().join("demo.log")).len(), 21);
+    assert_eq!(log.runs().len(), 21);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_failed_is_sent_again_with_the_next_batch_and_lands() {
-    let (handler, _dir) = demo();
+    let (handler, _) = demo();
     // Every finishing write fails once (as if cut off by a freeze past the SDK's timeouts), then works.
     let store = HeldStore::finishing_late(Duration::ZERO, 2);
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
@@ -623,7 +662,7 @@ const SECS_30: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_still_unconfirmed_as_the_process_leaves_is_landed_first() {
-    let (handler, _dir) = demo();
+    let (handler, _) = demo();
     let store = HeldStore::finishing_late(Duration::ZERO, 1);
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
     run(&engine, vec![message("done", json!({}))], SECS_30).await;
@@ -637,7 +676,7 @@ async fn a_write_still_unconfirmed_as_the_process_leaves_is_landed_first() {
 async fn a_fifo_record_answered_at_the_deadline_from_another_group_keeps_its_groups_order() {
     // Group 1 is a slow record, then key B; group 2 runs key B at once. At the deadline key B has
     // succeeded, but group 1's second record comes after a failure of its group: it must fail too.
-    let (handler, _dir) = demo();
+    let (handler, _) = demo();
     let options = EngineOptions {
         margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
         ..Default::default()
@@ -662,7 +701,7 @@ struct Together(tokio::sync::Barrier);
 impl Handler for Together {
     async fn handle(&self, record: &Record) -> HandlerResult {
         if record.body.contains("fail") {
-            return Err(sqs_once::HandlerError::retryable("asked to fail"));
+            return Err(crate::HandlerError::retryable("asked to fail"));
         }
         self.0.wait().await;
         Ok(None)
@@ -695,7 +734,7 @@ struct HugeReason;
 
 impl Handler for HugeReason {
     async fn handle(&self, _record: &Record) -> HandlerResult {
-        Err(sqs_once::HandlerError::permanent("x".repeat(1 << 20)))
+        Err(crate::HandlerError::permanent("x".repeat(1 << 20)))
     }
 }
 
@@ -705,7 +744,7 @@ async fn a_mebibyte_error_text_is_capped_where_it_is_stored_and_reported() {
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(HugeReason);
     let report = run(&engine, vec![message("huge", json!({}))], SECS_30).await;
     let Outcome::Failed(Failure::Permanent(reason)) = outcome(&report, "huge") else { panic!("{report:?}") };
-    assert!(reason.len() <= sqs_once::reason::MAX_BYTES && reason.ends_with("more bytes cut]"), "{}", reason.len());
+    assert!(reason.len() <= crate::reason::MAX_BYTES && reason.ends_with("more bytes cut]"), "{}", reason.len());
     let stored = store.get("test#huge").await.unwrap().unwrap();
     assert_eq!(stored.status, ClaimStatus::Failed);
     assert_eq!(stored.error.as_deref(), Some(reason.as_str()));
@@ -724,8 +763,8 @@ impl Handler for TakenOverWhileRunning {
         let after_the_lease = claim.lease_until_ms.unwrap() + 1;
         assert_eq!(self.0.put_if_free(&claim, after_the_lease).await.unwrap(), PutOutcome::Claimed);
         match record.body_json::<Value>()?["fail"].as_str() {
-            Some("permanent") => Err(sqs_once::HandlerError::permanent("asked to fail")),
-            Some(_) => Err(sqs_once::HandlerError::retryable("asked to fail")),
+            Some("permanent") => Err(crate::HandlerError::permanent("asked to fail")),
+            Some(_) => Err(crate::HandlerError::retryable("asked to fail")),
             None => Ok(None),
         }
     }
@@ -768,7 +807,7 @@ async fn fifo_groups_run_concurrently_and_a_fifo_arn_alone_makes_a_group() {
         record["attributes"].as_object_mut().unwrap().remove("MessageGroupId");
         record
     };
-    let (handler, _dir) = demo();
+    let (handler, _) = demo();
     let engine = Setup::default().engine(handler);
     let records = vec![ungrouped("first", json!({"fail": "retryable"})), ungrouped("second", json!({}))];
     let report = run(&engine, records, SECS_30).await;
@@ -780,7 +819,7 @@ async fn fifo_groups_run_concurrently_and_a_fifo_arn_alone_makes_a_group() {
 async fn claims_and_finishing_writes_together_stay_within_the_concurrency_bound() {
     let store = HeldStore::every_request_late(Duration::from_millis(10));
     let options = EngineOptions { concurrency: 3, ..EngineOptions::default() };
-    let (handler, _dir) = demo();
+    let (handler, _) = demo();
     let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
     let records = (0..30).map(|n| message(&format!("m{n}"), json!({}))).collect();
     let report = run(&engine, records, SECS_30).await;

@@ -15,7 +15,6 @@ use common::{
     sqs::{LARGEST_MESSAGE, body_of_size},
 };
 use serde_json::{Value, json};
-use sqs_once::store::dynamodb::TableKey;
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::Child,
@@ -32,7 +31,7 @@ struct Function {
 impl Function {
     /// Starts the function on a fresh claim table, with extra settings.
     async fn start(envs: &[(&str, &str)]) -> Self {
-        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let store = common::fresh_table().await;
         Self::start_on(&store.layout().table, envs).await
     }
 
@@ -100,7 +99,7 @@ fn collect(stream: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Arc<Mu
 }
 
 fn sample(name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("events").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../events").join(name);
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -271,7 +270,7 @@ async fn failed_records_back_off_and_permanent_ones_leave_for_the_dead_letter_qu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_invocations_claim_is_taken_over_by_a_delivery_after_its_lease() {
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let store = common::fresh_table().await;
     let table = store.layout().table.clone();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("demo.log").display().to_string();

@@ -3,18 +3,22 @@
 //! table the store can use, a role that can do nothing but claim and act on
 //! failed records, and alarms and a dashboard on the metrics it publishes.
 
-use std::{collections::BTreeSet, time::Duration};
+mod common;
+
+use std::{collections::BTreeSet, io::Write, process::Stdio};
 
 use serde_yaml::{Value, value::TaggedValue};
-use sqs_once::{
-    metrics::{Extra, MetricsConfig, emf_line},
-    report::{BatchReport, Outcome, RecordReport},
-    sqs::redelivery::RedeliveryCounts,
-    store::dynamodb::{self, Attributes},
-};
+use sqs_once::store::Attributes;
+
+/// The sparse index of open claims, and its partition key (docs/dynamodb.md).
+const OPEN_INDEX: &str = "open-claims";
+const OPEN_STATUS: &str = "open_status";
+
+/// The namespace metrics are published in unless `SQS_ONCE_METRICS_NAMESPACE` says otherwise.
+const NAMESPACE: &str = "sqs-once";
 
 fn template() -> Value {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/template.yaml")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).unwrap();
     serde_yaml::from_str(&text).unwrap()
 }
 
@@ -41,7 +45,8 @@ fn the_function_is_a_rust_arm64_lambda_built_from_this_binary() {
     assert_eq!(globals["LoggingConfig"]["LogFormat"], "JSON");
     let function = resource(&template, "ConsumerFunction");
     assert_eq!(function["Metadata"]["BuildMethod"], "rust-cargolambda");
-    assert_eq!(function["Metadata"]["BuildProperties"]["Binary"], env!("CARGO_PKG_NAME"));
+    assert!(env!("CARGO_BIN_EXE_sqs-once").ends_with("sqs-once"));
+    assert_eq!(function["Metadata"]["BuildProperties"]["Binary"], "sqs-once");
     let variables = &function["Properties"]["Environment"]["Variables"];
     for name in
         ["SQS_ONCE_HANDLER", "SQS_ONCE_KEY", "SQS_ONCE_CONCURRENCY", "SQS_ONCE_EXPIRES_AFTER_SECS", "SQS_ONCE_TABLE"]
@@ -59,8 +64,9 @@ fn the_envelope_parameter_offers_exactly_the_envelopes_the_consumer_opens() {
         parameter["AllowedValues"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert_eq!(allowed, ["none", "sns", "eventbridge"]);
     for value in allowed {
-        assert_eq!(value.parse::<sqs_once::envelope::EnvelopeKind>().unwrap().to_string(), value);
+        assert!(starts_with_envelope(value), "the consumer refuses SQS_ONCE_ENVELOPE={value}");
     }
+    assert!(!starts_with_envelope("kinesis"), "the consumer takes an envelope the template does not offer");
     let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
     assert_eq!(variables["SQS_ONCE_ENVELOPE"], reference("MessageEnvelope"));
 }
@@ -103,8 +109,8 @@ fn the_table_matches_the_store_layout() {
     assert_eq!(table["TimeToLiveSpecification"]["Enabled"], true);
     assert_eq!(table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"], true);
     let index = &table["GlobalSecondaryIndexes"][0];
-    assert_eq!(index["IndexName"], dynamodb::OPEN_INDEX);
-    assert_eq!(index["KeySchema"][0]["AttributeName"], dynamodb::OPEN_STATUS);
+    assert_eq!(index["IndexName"], OPEN_INDEX);
+    assert_eq!(index["KeySchema"][0]["AttributeName"], OPEN_STATUS);
     assert_eq!(index["KeySchema"][1]["AttributeName"], attributes.id.as_str());
 }
 
@@ -147,7 +153,7 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
             ],
             on("IdempotencyTable.Arn"),
         ),
-        (vec!["dynamodb:Query"], sub(&format!("${{IdempotencyTable.Arn}}/index/{}", dynamodb::OPEN_INDEX))),
+        (vec!["dynamodb:Query"], sub(&format!("${{IdempotencyTable.Arn}}/index/{OPEN_INDEX}"))),
         (vec!["sqs:ChangeMessageVisibility"], on("WorkQueue.Arn")),
         (vec!["sqs:SendMessage"], on("DeadLetterQueue.Arn")),
     ]);
@@ -230,27 +236,26 @@ fn reference(target: &str) -> Value {
     Value::Tagged(Box::new(TaggedValue { tag: serde_yaml::value::Tag::new("Ref"), value: target.into() }))
 }
 
-/// Every metric name the function's EMF line declares, with every optional
-/// count present.
+/// Whether `sqs-once invoke` starts with `SQS_ONCE_ENVELOPE` set to `value`.
+fn starts_with_envelope(value: &str) -> bool {
+    let mut invoke = common::sqs_once_command()
+        .args(["invoke", "-"])
+        .env("SQS_ONCE_STORE", "memory")
+        .env("SQS_ONCE_ENVELOPE", value)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    invoke.stdin.take().unwrap().write_all(br#"{"Records": []}"#).unwrap();
+    invoke.wait().unwrap().success()
+}
+
+/// Every metric the function publishes, as docs/outcomes.md lists them
+/// (the library's tests hold its EMF line to that list).
 fn published_metrics() -> BTreeSet<String> {
-    let report = BatchReport {
-        records: vec![RecordReport {
-            message_id: "m".into(),
-            key: None,
-            outcome: Outcome::Duplicate,
-            duration: Duration::ZERO,
-            claim_latency: Some(Duration::from_millis(1)),
-        }],
-    };
-    let extra = Extra { dynamodb_requests: Some(1), redelivery: Some(RedeliveryCounts::default()), ..Extra::default() };
-    let line: serde_json::Value =
-        serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 0)).unwrap();
-    line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|metric| metric["Name"].as_str().unwrap().to_owned())
-        .collect()
+    testkit::documented_metrics()
 }
 
 fn alarms(template: &Value) -> Vec<(&str, &Value)> {
@@ -283,7 +288,7 @@ fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
         serde_yaml::to_string(&Value::Mapping(mapping)).unwrap()
     };
     let function = || dimension("FunctionName", reference("ConsumerFunction"));
-    let namespace = MetricsConfig::default().namespace;
+    let namespace = NAMESPACE.to_owned();
     let expected = BTreeSet::from([
         (
             "AWS/SQS".to_owned(),
@@ -355,7 +360,7 @@ fn the_dashboard_graphs_published_metrics_and_shows_every_alarm() {
     let body: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|error| panic!("{error}: {json}"));
     let widgets = body["widgets"].as_array().unwrap();
 
-    let namespace = MetricsConfig::default().namespace;
+    let namespace = NAMESPACE.to_owned();
     let published = published_metrics();
     let mut graphed = BTreeSet::new();
     for widget in widgets.iter().filter(|widget| widget["type"] == "metric") {

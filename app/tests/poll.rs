@@ -13,10 +13,7 @@ use std::{
 
 use common::sqs::{LARGEST_MESSAGE, Queue, body_of_size};
 use serde_json::{Value, json};
-use sqs_once::store::{
-    ClaimStore, DynamoDbStore,
-    dynamodb::{TableKey, TableLayout},
-};
+use sqs_once::store::{ClaimStore, DynamoDbStore, TableLayout};
 use tokio::time::{Instant, sleep};
 
 /// Pollers sharing a claim table and a demo log; keys are `body.id`.
@@ -27,7 +24,7 @@ struct Consumers {
 
 impl Consumers {
     async fn new() -> Self {
-        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let store = common::fresh_table().await;
         Self { dir: tempfile::tempdir().unwrap(), table: store.layout().table.clone() }
     }
 
@@ -223,8 +220,7 @@ async fn poll_keeps_a_claim_in_the_table_as_long_as_its_lease_however_short_the_
     queue.send(&[json!({"id": "long-lease", "sleep_ms": 3_000})]).await;
     let poller = consumers.poll(&queue, &[], &[("SQS_ONCE_EXPIRES_AFTER_SECS", "60")]);
     until("the record runs", Duration::from_secs(30), async || consumers.runs().contains_key("long-lease")).await;
-    let (client, _) = sqs_once::store::dynamodb::client().await;
-    let store = DynamoDbStore::new(client, TableLayout::new(consumers.table.clone()));
+    let store = DynamoDbStore::new(common::dynamodb::client().await, TableLayout::new(consumers.table.clone()));
     let claim = store.get("sqs-once#long-lease").await.unwrap().expect("the claim is in the table");
     let lease_until_ms = claim.lease_until_ms.expect("in progress, under a lease");
     let now_ms = common::sqs::now_ms();

@@ -33,10 +33,7 @@ use common::{
     sqs::Queue,
 };
 use serde_json::{Value, json};
-use sqs_once::{
-    store::{DynamoDbStore, dynamodb::TableKey},
-    transaction::OUTBOX_ID_ATTRIBUTE,
-};
+use sqs_once::{store::DynamoDbStore, transaction::OUTBOX_ID_ATTRIBUTE};
 
 /// An overdraft: no account can cover it.
 const OVERDRAFT: i64 = -1_000_000_000;
@@ -56,7 +53,7 @@ struct World {
 
 impl World {
     async fn new() -> Self {
-        let (claims, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let claims = common::fresh_table().await;
         let (notices, dead_letters) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
         Self { claims, balances: common::dynamodb::items_table().await, notices, dead_letters }
     }
@@ -368,7 +365,8 @@ async fn notices_to_a_queue_that_does_not_exist_wait_in_the_outbox() {
     let name = missing.rsplit('/').next().unwrap();
     world.notices.client.create_queue().queue_name(name).send().await.unwrap();
     let later = Queue::existing(&missing).await;
-    tokio::time::sleep(sqs_once::outbox::SENDING_LEASE + Duration::from_secs(1)).await;
+    // The sending lease is 15 s (docs/transactions.md).
+    tokio::time::sleep(Duration::from_secs(15 + 1)).await;
     assert!(claims_outbox(&envs, &["--send", "--json"]).as_array().unwrap().is_empty(), "sent and deleted");
     let received = later.drain().await;
     assert_eq!(received.len(), 1);

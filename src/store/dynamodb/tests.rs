@@ -1,35 +1,42 @@
-//! The DynamoDB store under the engine and the binary, against DynamoDB Local:
-//! races between whole engines, batched writes and their fallback when
-//! DynamoDB denies them, the request floor per record path, the read after a
-//! claim that returned no item, large results, and a server that is down.
+//! The DynamoDB store under the engine, against DynamoDB Local: races
+//! between whole engines, batched writes, the request floor per record path,
+//! the read after a claim that returned no item, large results, answers made
+//! to measure, and the open-claims index.
 
-mod common;
-
-use common::dynamodb::Reply;
 use std::{
     collections::HashMap,
-    path::Path,
-    process::Command,
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, SystemTime},
 };
 
-use aws_sdk_dynamodb::types::AttributeValue;
-use serde_json::{Value, json};
-use sqs_once::{
+use testkit::dynamodb::Reply;
+
+use super::{
+    DynamoDbStore, TableLayout,
+    client::{RequestCounter, RequestCounts, client},
+    layout::OPEN_SHARDS,
+};
+use crate::{
     Handler, HandlerResult, Record,
     claim::{Claim, ClaimPolicy, ClaimRequest, Claims},
     clock::{Clock, SystemClock},
-    engine::{Engine, EngineOptions, Invocation},
+    engine::{Engine, EngineOptions, Invocation, tests::Directed},
     event::parse_event,
-    handlers::demo::Demo,
     key::Keys,
     report::BatchReport,
-    store::{
-        ClaimQuery, ClaimStatus, ClaimStore, DynamoDbStore,
-        dynamodb::{self, RequestCounts, TableKey},
-    },
+    store::{ClaimQuery, ClaimStatus, ClaimStore},
 };
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::{Value, json};
+
+/// A fresh claim table with a unique name, and the counter of the requests
+/// of the store on it.
+pub(crate) async fn fresh_table() -> (DynamoDbStore, Arc<RequestCounter>) {
+    let (client, requests) = client().await;
+    let store = DynamoDbStore::new(client, TableLayout::new(testkit::dynamodb::unique_name("claims")));
+    assert!(store.create_table().await.expect("create table"), "table name collided");
+    (store, requests)
+}
 
 fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> Engine {
     let claims = Claims::with_policy(Arc::new(store), policy, Arc::new(SystemClock));
@@ -54,28 +61,35 @@ fn failed(report: &BatchReport) -> usize {
     report.response().batch_item_failures.len()
 }
 
-fn log_counts(path: &Path) -> HashMap<String, usize> {
+/// A store on `layout`'s table whose requests go through `endpoint` (a
+/// proxy in front of DynamoDB Local), configured as the consumer's are.
+pub(crate) async fn store_through(endpoint: &str, layout: TableLayout) -> DynamoDbStore {
+    let config = aws_sdk_dynamodb::config::Builder::from(&crate::aws::sdk_config().await).endpoint_url(endpoint);
+    DynamoDbStore::new(aws_sdk_dynamodb::Client::from_conf(config.build()), layout)
+}
+
+/// Runs per key.
+fn run_counts(handler: &Directed) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
-    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
-        *counts.entry(line.split('\t').next().unwrap().to_owned()).or_default() += 1;
+    for (key, _) in handler.runs() {
+        *counts.entry(key).or_default() += 1;
     }
     counts
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_engines_on_one_batch_run_each_key_once() {
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("demo.log");
+    let (store, _) = fresh_table().await;
+    let handler = Directed::default();
     let records = batch((0..500).map(|n| json!({"key": n, "sleep_ms": n % 4})));
     // Four processes: each with a client and batches of its own.
     let mut engines = Vec::new();
     for _ in 0..4 {
-        let own = DynamoDbStore::new(dynamodb::client().await.0, store.layout().clone());
-        engines.push(engine(own, Demo::with_log(&log).unwrap(), ClaimPolicy::default()));
+        let own = DynamoDbStore::new(client().await.0, store.layout().clone());
+        engines.push(engine(own, handler.clone(), ClaimPolicy::default()));
     }
     let reports = futures::future::join_all(engines.iter().map(|engine| run(engine, &records))).await;
-    let counts = log_counts(&log);
+    let counts = run_counts(&handler);
     assert_eq!(counts.len(), 500, "every key ran");
     assert!(counts.values().all(|&runs| runs == 1), "a key ran twice");
     // Each record was processed by one engine; elsewhere it was a duplicate or a conflict.
@@ -94,10 +108,9 @@ async fn four_engines_on_one_batch_run_each_key_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_writes_share_requests_and_keep_every_outcome() {
-    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("demo.log");
-    let cold = || engine(store.clone(), Demo::with_log(&log).unwrap(), ClaimPolicy::default());
+    let (store, requests) = fresh_table().await;
+    let handler = Directed::default();
+    let cold = || engine(store.clone(), handler.clone(), ClaimPolicy::default());
     let bodies = (0..300).map(|n| match n % 10 {
         0 => json!({"key": n, "fail": "retryable"}),
         1 => json!({"key": n, "fail": "permanent"}),
@@ -136,65 +149,20 @@ async fn batched_writes_share_requests_and_keep_every_outcome() {
     let second = requests.snapshot();
     assert_eq!(requests_of(second), (0, 0, 0, 0));
     assert!(second.batch_get - first.batch_get <= 270 / 8, "{second:?}: refused claims read in batches");
-    let runs = log_counts(&log);
+    let runs = run_counts(&handler);
     assert_eq!(runs.len(), 300, "every key ran");
     assert!(runs.iter().all(|(_, &count)| count == 1 || count == 2), "{runs:?}");
     assert_eq!(runs.values().filter(|&&count| count == 2).count(), 30, "only released keys ran again");
 }
 
-/// Request-level rejections of a batched request that single requests would not meet: IAM without the PartiQL
-/// grants, and an endpoint that does not accept the batched form (a parameter it refuses, or no PartiQL at all).
-const REFUSALS: [(&str, &str); 3] = [
-    ("AccessDeniedException", "User: test is not authorized to perform: dynamodb:PartiQLInsert"),
-    ("ValidationException", "ReturnValuesOnConditionCheckFailure is not supported for this statement"),
-    ("UnknownOperationException", "BatchExecuteStatement"),
-];
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_batches_fall_back_to_single_requests() {
-    for (code, message) in REFUSALS {
-        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
-        let refusing = common::dynamodb::refusing_batches(code, message).await;
-        let dir = tempfile::tempdir().unwrap();
-        let event = dir.path().join("event.json");
-        std::fs::write(&event, json!({ "Records": batch((0..50).map(|n| json!({"n": n}))) }).to_string()).unwrap();
-        for pass in ["new", "duplicates"] {
-            let output = tokio::process::Command::from(sqs_once(dir.path()))
-                .args(["invoke", "--metrics"])
-                .arg(&event)
-                .env("SQS_ONCE_TABLE", &store.layout().table)
-                .env("SQS_ONCE_LOCAL_CACHE", "0")
-                .env("AWS_ENDPOINT_URL_DYNAMODB", &refusing)
-                .output()
-                .await
-                .unwrap();
-            let logs = String::from_utf8_lossy(&output.stderr);
-            assert!(output.status.success(), "{logs}");
-            let answer = String::from_utf8_lossy(&output.stdout);
-            assert_eq!(answer.trim(), r#"{"batchItemFailures":[]}"#, "{code}, {pass}: {logs}");
-            let warning = "making single requests from now on";
-            assert_eq!(logs.matches(warning).count(), 1, "{code}, {pass}: said once: {logs}");
-            assert!(logs.contains(message), "{code}, {pass}: with DynamoDB's reason: {logs}");
-            let metrics = logs.lines().find(|line| line.contains("\"DynamoDbRequests\"")).expect("metrics line");
-            let metrics: Value = serde_json::from_str(metrics).unwrap();
-            // Single writes (50 claims, plus 50 completions the first time), and
-            // the batched requests already on their way when the first refusal came back.
-            let requests = metrics["DynamoDbRequests"].as_u64().unwrap();
-            let singles = if pass == "new" { 100 } else { 50 };
-            assert!((singles + 1..=singles + 4).contains(&requests), "{code}, {pass}: {requests} requests");
-        }
-        assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 50, "{code}: each key ran once");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_requests_per_record_meet_the_floor() {
-    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (store, requests) = fresh_table().await;
     let store = store.batching(false);
     let cached = ClaimPolicy { local_cache_entries: 1000, ..ClaimPolicy::default() };
-    let warm = engine(store.clone(), Demo::default(), cached);
+    let warm = engine(store.clone(), Directed::default(), cached);
     let cold =
-        || engine(store.clone(), Demo::default(), ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() });
+        || engine(store.clone(), Directed::default(), ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() });
     let new_records = batch((0..20).map(|n| json!({"key": n})));
     let mut before = requests.snapshot();
     let mut delta = |what: &str| {
@@ -225,14 +193,14 @@ async fn single_requests_per_record_meet_the_floor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_without_the_old_item_reads_it_once_consistently() {
-    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (store, requests) = fresh_table().await;
     let store = store.batching(false).returning_old_item(false);
     let claims = Claims::with_policy(
         Arc::new(store.clone()),
         ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() },
         Arc::new(SystemClock),
     );
-    let deadline_ms = sqs_once::clock::Clock::now_ms(&SystemClock) + 60_000;
+    let deadline_ms = crate::clock::Clock::now_ms(&SystemClock) + 60_000;
     let request = ClaimRequest { id: "k", body: "{}", deadline_ms, holder: "h", attempt: 1, message_id: "m" };
     let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("key was free") };
     let before = requests.snapshot();
@@ -252,7 +220,7 @@ async fn results_are_stored_and_oversized_ones_are_dropped_without_failing_the_r
             Ok(Some(json!({ "blob": "x".repeat(kib * 1024) })))
         }
     }
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (store, _) = fresh_table().await;
     let policy = ClaimPolicy { store_result: true, ..ClaimPolicy::default() };
     let engine = engine(store.clone(), Sized, policy);
     let report = run(&engine, &batch([json!({"key": "small", "kib": 300}), json!({"key": "huge", "kib": 500})])).await;
@@ -266,61 +234,6 @@ async fn results_are_stored_and_oversized_ones_are_dropped_without_failing_the_r
     assert_eq!(engine.claims().counters().oversized_results.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
-fn sqs_once(dir: &Path) -> Command {
-    let mut command = common::sqs_once_command();
-    command
-        .current_dir(dir)
-        .env_remove("AWS_LAMBDA_RUNTIME_API")
-        .env_remove("SQS_ONCE_STORE")
-        .env("SQS_ONCE_DEMO_LOG", dir.join("demo.log"));
-    command
-}
-
-#[test]
-fn invoke_against_dynamodb_local_runs_once_then_sees_duplicates() {
-    common::dynamodb::endpoint();
-    let dir = tempfile::tempdir().unwrap();
-    let table = format!("invoke-{}", uuid::Uuid::new_v4().simple());
-    let created = sqs_once(dir.path()).args(["create-table", "--table", &table]).output().unwrap();
-    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
-    assert_eq!(String::from_utf8_lossy(&created.stdout).trim(), format!("table {table} created; TTL on `expiration`"));
-    let event = dir.path().join("event.json");
-    std::fs::write(&event, json!({ "Records": batch((0..30).map(|n| json!({"n": n}))) }).to_string()).unwrap();
-    for _ in 0..2 {
-        let output = sqs_once(dir.path()).arg("invoke").arg(&event).env("SQS_ONCE_TABLE", &table).output().unwrap();
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), r#"{"batchItemFailures":[]}"#);
-    }
-    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 30, "the second run ran nothing");
-    assert!(!dir.path().join(".sqs-once").exists(), "the file store was not used");
-}
-
-#[test]
-fn an_unreachable_dynamodb_fails_every_record_and_answers_before_the_deadline() {
-    let dir = tempfile::tempdir().unwrap();
-    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", nobody.local_addr().unwrap());
-    drop(nobody);
-    let event = dir.path().join("event.json");
-    std::fs::write(&event, json!({ "Records": batch((0..5).map(|n| json!({"n": n}))) }).to_string()).unwrap();
-    let started = Instant::now();
-    let output = sqs_once(dir.path())
-        .args(["invoke", "--timeout", "20"])
-        .arg(&event)
-        .env("SQS_ONCE_TABLE", "claims")
-        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
-        .output()
-        .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(20), "answered after the deadline");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let response: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(response["batchItemFailures"].as_array().unwrap().len(), 5);
-    let logs = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(logs.matches("outcome=\"store_error\"").count(), 5, "{logs}");
-    assert!(logs.contains("claim store unavailable"), "{logs}");
-    assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran");
-}
-
 /// The item an `INSERT ... VALUE {'name': ?, ...}` statement writes.
 fn inserted_item(statement: &Value) -> serde_json::Map<String, Value> {
     let text = statement["Statement"].as_str().unwrap();
@@ -331,7 +244,7 @@ fn inserted_item(statement: &Value) -> serde_json::Map<String, Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
-    let (table, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (table, _) = fresh_table().await;
     let table = table.layout().table.clone();
     let now_ms = SystemClock.now_ms();
     // Real DynamoDB, asked for ALL_OLD, returns the item a statement's condition failed on with the error
@@ -340,7 +253,7 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
     let answering = table.clone();
     let operations = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let seen = operations.clone();
-    let proxy = common::dynamodb::proxy(move |operation, request| {
+    let proxy = testkit::dynamodb::proxy(move |operation, request| {
         seen.lock().unwrap().push(operation.to_owned());
         let statements = request["Statements"].as_array().map(Vec::as_slice).unwrap_or_default();
         let inserts = statements.iter().all(|s| s["Statement"].as_str().unwrap_or_default().starts_with("INSERT"));
@@ -368,14 +281,11 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
         Reply::Answer(200, json!({ "Responses": responses }).to_string())
     })
     .await;
-    let config = aws_sdk_dynamodb::config::Builder::from(&sqs_once::aws::sdk_config().await).endpoint_url(proxy);
-    let client = aws_sdk_dynamodb::Client::from_conf(config.build());
-    let store = DynamoDbStore::new(client, dynamodb::TableLayout::new(table));
+    let store = store_through(&proxy, TableLayout::new(table)).await;
     let claims = Claims::with_policy(Arc::new(store), ClaimPolicy::default(), Arc::new(SystemClock));
     let keys = Keys::new("body.key", "test").unwrap().hashed(false);
-    let dir = tempfile::tempdir().unwrap();
-    let handler = Demo::with_log(dir.path().join("demo.log")).unwrap();
-    let engine = Engine::new(Arc::new(handler), Arc::new(claims), keys, EngineOptions::default());
+    let handler = Directed::default();
+    let engine = Engine::new(Arc::new(handler.clone()), Arc::new(claims), keys, EngineOptions::default());
 
     let bodies = (0..30).map(|n| json!({"key": format!("{}-{n}", ["done", "held", "free"][n % 3])}));
     let report = run(&engine, &batch(bodies)).await;
@@ -392,14 +302,14 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
     let count = |name: &str| operations.iter().filter(|operation| *operation == name).count();
     assert_eq!(count("BatchGetItem") + count("GetItem"), 0, "the returned items were judged, not read: {operations:?}");
     assert_eq!(count("PutItem"), 10, "a key whose lease ended is claimed with the conditional PutItem");
-    let runs = log_counts(&dir.path().join("demo.log"));
+    let runs = run_counts(&handler);
     assert_eq!(runs.len(), 10, "only the free keys ran: {runs:?}");
     assert!(runs.keys().all(|key| key.starts_with("test#free")) && runs.values().all(|&runs| runs == 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_claims_spread_over_index_partitions_and_list_exactly() {
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (store, _) = fresh_table().await;
     let table = store.layout().table.clone();
     let claims = Claims::with_policy(Arc::new(store.clone()), ClaimPolicy::default(), Arc::new(SystemClock));
     let deadline_ms = SystemClock.now_ms() + 60_000;
@@ -414,7 +324,7 @@ async fn open_claims_spread_over_index_partitions_and_list_exactly() {
         }
     }
     // An open claim as versions before the sharding wrote it, with the bare status.
-    let client = aws_sdk_dynamodb::Client::new(&sqs_once::aws::sdk_config().await);
+    let client = aws_sdk_dynamodb::Client::new(&crate::aws::sdk_config().await);
     let mut legacy = HashMap::from([("id", "test#legacy"), ("status", "INPROGRESS"), ("open_status", "INPROGRESS")]);
     legacy.insert("token", "t");
     let mut item: HashMap<String, AttributeValue> =
@@ -448,7 +358,7 @@ async fn open_claims_spread_over_index_partitions_and_list_exactly() {
         .collect();
     assert!(partitions.iter().all(|partition| {
         let (status, shard) = partition.split_once('#').unwrap();
-        ["INPROGRESS", "FAILED"].contains(&status) && shard.parse::<u32>().unwrap() < dynamodb::OPEN_SHARDS
+        ["INPROGRESS", "FAILED"].contains(&status) && shard.parse::<u32>().unwrap() < OPEN_SHARDS
     }));
     assert!(partitions.len() >= 16, "40 open claims on {} index keys: {partitions:?}", partitions.len());
     let completed = items.iter().filter(|item| item["status"] == AttributeValue::S("COMPLETED".into()));
@@ -456,8 +366,8 @@ async fn open_claims_spread_over_index_partitions_and_list_exactly() {
 }
 
 /// A failed claim of `id`, claimed at `claimed_at_ms`.
-fn failed_claim(id: &str, claimed_at_ms: u64) -> sqs_once::store::StoredClaim {
-    sqs_once::store::StoredClaim {
+fn failed_claim(id: &str, claimed_at_ms: u64) -> crate::store::StoredClaim {
+    crate::store::StoredClaim {
         id: id.into(),
         status: ClaimStatus::Failed,
         expires_at_s: SystemClock.now_ms() / 1000 + 3600,
@@ -476,7 +386,7 @@ fn failed_claim(id: &str, claimed_at_ms: u64) -> sqs_once::store::StoredClaim {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_are_oldest_first_and_exact_when_a_shard_holds_more_than_the_limit() {
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (store, _) = fresh_table().await;
     // 80 failed claims over 16 index shards, about five in each; the later the id, the older the claim,
     // so reading each shard in id order and cutting it at the limit would find the newest ones.
     for n in 0..80_u64 {
@@ -491,17 +401,17 @@ async fn listings_are_oldest_first_and_exact_when_a_shard_holds_more_than_the_li
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_table_run_again_leaves_the_ttl_it_turned_on_alone() {
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (store, _) = fresh_table().await;
     // DynamoDB allows one TTL change an hour; a second run must not ask for one.
     assert!(!store.create_table().await.expect("a second run succeeds"), "the table existed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_failure_that_mentions_the_index_is_an_error_not_a_scan() {
-    let (table, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (table, _) = fresh_table().await;
     let scans = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&scans);
-    let denied = common::dynamodb::proxy(move |operation, _| match operation {
+    let denied = testkit::dynamodb::proxy(move |operation, _| match operation {
         "Query" => Reply::error(
             "AccessDeniedException",
             "User is not authorized to perform: dynamodb:Query on resource: table/claims/index/open-claims",
@@ -513,9 +423,7 @@ async fn a_query_failure_that_mentions_the_index_is_an_error_not_a_scan() {
         _ => Reply::Forward,
     })
     .await;
-    let config =
-        aws_sdk_dynamodb::config::Builder::from(&sqs_once::aws::sdk_config().await).endpoint_url(denied).build();
-    let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::from_conf(config), table.layout().clone());
+    let store = store_through(&denied, table.layout().clone()).await;
     let listed = store.list(&ClaimQuery { limit: 10, ..ClaimQuery::default() }).await;
     let error = listed.expect_err("an error, not a listing");
     assert!(error.to_string().contains("AccessDeniedException"), "{error}");
@@ -528,7 +436,7 @@ struct FailsWithItsText;
 impl Handler for FailsWithItsText {
     async fn handle(&self, record: &Record) -> HandlerResult {
         match record.body_json::<Value>()?["error"].as_str() {
-            Some(text) => Err(sqs_once::HandlerError::permanent(text.to_owned())),
+            Some(text) => Err(crate::HandlerError::permanent(text.to_owned())),
             None => Ok(None),
         }
     }
@@ -536,7 +444,7 @@ impl Handler for FailsWithItsText {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() {
-    let (store, requests) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let (store, requests) = fresh_table().await;
     let claims = Claims::with_policy(Arc::new(store.clone()), ClaimPolicy::default(), Arc::new(SystemClock));
     // Keys stored as they are, so that one can be longer than DynamoDB's 2,048-byte partition key.
     let keys = Keys::new("body.key", "test").unwrap().hashed(false);
@@ -556,7 +464,7 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
     let huge = store.get("test#huge-error").await.unwrap().expect("the failure was recorded");
     assert_eq!(huge.status, ClaimStatus::Failed);
     let error = huge.error.unwrap();
-    assert!(error.len() <= sqs_once::reason::MAX_BYTES && error.ends_with("more bytes cut]"), "{}", error.len());
+    assert!(error.len() <= crate::reason::MAX_BYTES && error.ends_with("more bytes cut]"), "{}", error.len());
     for n in 0..20 {
         assert_eq!(store.get(&format!("test#ok-{n}")).await.unwrap().unwrap().status, ClaimStatus::Completed);
     }

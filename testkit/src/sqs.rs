@@ -1,5 +1,5 @@
-//! The SQS server `scripts/test` starts (moto), queues on it, and its view of
-//! each message's visibility.
+//! The SQS server the test command starts (moto), queues on it, and its
+//! view of each message's visibility.
 
 use std::{
     collections::HashMap,
@@ -12,8 +12,7 @@ use aws_sdk_sqs::{
     Client,
     types::{Message, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry},
 };
-use serde_json::{Value, json};
-use sqs_once::sqs::{QueueInfo, Sqs, event_message};
+use serde_json::{Map, Value, json};
 
 /// The endpoint `scripts/test` exported; these tests need the real server.
 pub fn endpoint() -> String {
@@ -28,21 +27,37 @@ pub async fn client() -> Client {
         .operation_attempt_timeout(std::time::Duration::from_secs(30))
         .operation_timeout(std::time::Duration::from_secs(60))
         .build();
-    let config = aws_sdk_sqs::config::Builder::from(&sqs_once::aws::sdk_config().await).timeout_config(patient);
+    let config = aws_sdk_sqs::config::Builder::from(&crate::aws_config().await).timeout_config(patient);
     Client::from_conf(config.build())
 }
 
+/// Now, in milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
-/// A fresh queue with a unique name.
+/// What a queue is.
+#[derive(Debug, Clone)]
+pub struct QueueInfo {
+    /// Its URL.
+    pub url: String,
+    /// Its ARN: the `eventSourceARN` of its records.
+    pub arn: String,
+    /// Whether it is a FIFO queue.
+    pub fifo: bool,
+}
+
+/// A queue on the SQS server.
+#[derive(Debug)]
 pub struct Queue {
+    /// The client the test's own calls go through.
     pub client: Client,
+    /// What the queue is.
     pub info: QueueInfo,
 }
 
 impl Queue {
+    /// A fresh queue with a unique name.
     pub async fn create(fifo: bool, visibility_secs: u32) -> Self {
         let client = client().await;
         let suffix = if fifo { ".fifo" } else { "" };
@@ -57,17 +72,27 @@ impl Queue {
                 .attributes(QueueAttributeName::ContentBasedDeduplication, "true");
         }
         let url = request.send().await.expect("create queue").queue_url.unwrap();
-        let info = Sqs::new(&sqs_once::aws::sdk_config().await).queue_info(&url).await.expect("queue attributes");
-        Self { client, info }
+        Self::existing(&url).await
     }
 
     /// The queue at `url`, which exists.
     pub async fn existing(url: &str) -> Self {
         let client = client().await;
-        let info = Sqs::new(&sqs_once::aws::sdk_config().await).queue_info(url).await.expect("queue attributes");
-        Self { client, info }
+        let output = client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .attribute_names(QueueAttributeName::FifoQueue)
+            .send()
+            .await
+            .expect("queue attributes");
+        let attributes = output.attributes.unwrap_or_default();
+        let arn = attributes[&QueueAttributeName::QueueArn].clone();
+        let fifo = attributes.get(&QueueAttributeName::FifoQueue).is_some_and(|fifo| fifo == "true");
+        Self { client, info: QueueInfo { url: url.to_owned(), arn, fifo } }
     }
 
+    /// The queue's URL.
     pub fn url(&self) -> &str {
         &self.info.url
     }
@@ -147,11 +172,40 @@ impl Queue {
         messages
     }
 
-    /// The Lambda event Lambda would build from `messages`.
+    /// The Lambda event Lambda would build from `messages`, as its
+    /// documentation shows one (strings for every attribute, binary values
+    /// in base64).
     pub fn event(&self, messages: &[Message]) -> Value {
+        let region = self.info.arn.split(':').nth(3).unwrap_or_default();
         let records: Vec<Value> = messages
             .iter()
-            .map(|message| serde_json::to_value(event_message(message.clone(), &self.info)).unwrap())
+            .map(|message| {
+                let attributes: Map<String, Value> = message
+                    .attributes()
+                    .into_iter()
+                    .flatten()
+                    .map(|(name, value)| (name.as_str().to_owned(), value.clone().into()))
+                    .collect();
+                let message_attributes: Map<String, Value> = message
+                    .message_attributes()
+                    .into_iter()
+                    .flatten()
+                    .map(|(name, value)| {
+                        let mut attribute =
+                            json!({ "dataType": value.data_type(), "stringListValues": [], "binaryListValues": [] });
+                        if let Some(text) = value.string_value() {
+                            attribute["stringValue"] = text.into();
+                        }
+                        (name.clone(), attribute)
+                    })
+                    .collect();
+                json!({
+                    "messageId": message.message_id(), "receiptHandle": message.receipt_handle(),
+                    "body": message.body(), "md5OfBody": message.md5_of_body(),
+                    "attributes": attributes, "messageAttributes": message_attributes,
+                    "eventSource": "aws:sqs", "eventSourceARN": self.info.arn, "awsRegion": region,
+                })
+            })
             .collect();
         json!({ "Records": records })
     }

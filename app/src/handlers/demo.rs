@@ -21,7 +21,7 @@ use std::{
 
 use serde::Deserialize;
 
-use crate::{Handler, HandlerError, HandlerResult, Record};
+use sqs_once::{Handler, HandlerError, HandlerResult, Record};
 
 /// The demo handler.
 #[derive(Debug, Default)]

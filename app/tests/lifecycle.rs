@@ -27,7 +27,6 @@ use common::{
     runtime_api::{Answer, RuntimeApi},
 };
 use serde_json::{Value, json};
-use sqs_once::store::dynamodb::TableKey;
 use tokio::{process::Child, time::Instant};
 
 const DEADLINE: Duration = Duration::from_millis(4000);
@@ -165,7 +164,7 @@ struct Case {
 
 /// Runs a case; returns how many keys ran again when their copies came after the lease.
 async fn run_case(case: Case) -> usize {
-    let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+    let store = common::fresh_table().await;
     let table = store.layout().table.clone();
     let proxy = FaultProxy::holding_finishing_writes(case.held).await;
     let dir = tempfile::tempdir().unwrap();
@@ -217,30 +216,10 @@ async fn run_case(case: Case) -> usize {
 }
 
 /// A fresh DynamoDB Local answers its first few thousand requests several
-/// times slower: a few hundred claims first, once per test process.
+/// times slower: a few hundred writes first, once per test process.
 async fn warm_up() {
     static WARM: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    WARM.get_or_init(|| async {
-        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
-        let claims = std::sync::Arc::new(sqs_once::claim::Claims::new(std::sync::Arc::new(store)));
-        let claim = |n: usize| {
-            let claims = std::sync::Arc::clone(&claims);
-            async move {
-                let id = format!("warm-{n}");
-                let request = sqs_once::claim::ClaimRequest {
-                    id: &id,
-                    body: "",
-                    deadline_ms: u64::MAX / 4,
-                    holder: "warm",
-                    attempt: 1,
-                    message_id: &id,
-                };
-                let _ = claims.claim(&request).await;
-            }
-        };
-        futures::future::join_all((0..400).map(claim)).await;
-    })
-    .await;
+    WARM.get_or_init(common::dynamodb::warm_up).await;
 }
 
 /// The cases run one at a time: each needs its handlers' claims answered within 300 ms.
@@ -333,7 +312,7 @@ mod ledger {
     async fn run(held: Duration, thaw: bool) -> (Vec<String>, Value) {
         let _alone = ONE_AT_A_TIME.lock().await;
         warm_up().await;
-        let (store, _) = common::dynamodb::fresh_table(TableKey::Partition).await;
+        let store = common::fresh_table().await;
         let table = store.layout().table.clone();
         let balances = common::dynamodb::items_table().await;
         let proxy = FaultProxy::holding_finishing_writes(held).await;

@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
-use sqs_once::handlers;
+use sqs_once_app::handlers;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    sqs_once::run_with(|_| handlers::from_env()).await
+    sqs_once::run_with(async || handlers::from_env()).await
 }

@@ -48,13 +48,16 @@ struct State {
 }
 
 /// The server, listening on a free loopback port.
+#[allow(missing_debug_implementations)]
 pub struct RuntimeApi {
+    /// Where the function reaches it (`AWS_LAMBDA_RUNTIME_API`).
     pub address: SocketAddr,
     events: mpsc::UnboundedSender<Pending>,
     state: Arc<State>,
 }
 
 impl RuntimeApi {
+    /// Starts serving; events are queued with the methods below.
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();

@@ -1,0 +1,131 @@
+//! The binary against DynamoDB Local: `create-table` and `invoke` on a
+//! table, a server that cannot be reached, and batched writes that DynamoDB
+//! refuses, falling back to single requests.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+
+fn batch(bodies: impl IntoIterator<Item = Value>) -> Vec<Value> {
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(n, body)| json!({"messageId": format!("m-{n:04}"), "body": body.to_string(), "eventSource": "aws:sqs"}))
+        .collect()
+}
+
+/// Runs per key in the demo log.
+fn log_counts(path: &Path) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+        *counts.entry(line.split('\t').next().unwrap().to_owned()).or_default() += 1;
+    }
+    counts
+}
+
+fn sqs_once(dir: &Path) -> Command {
+    let mut command = common::sqs_once_command();
+    command
+        .current_dir(dir)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("SQS_ONCE_STORE")
+        .env("SQS_ONCE_DEMO_LOG", dir.join("demo.log"));
+    command
+}
+
+#[test]
+fn invoke_against_dynamodb_local_runs_once_then_sees_duplicates() {
+    common::dynamodb::endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("invoke-{}", uuid::Uuid::new_v4().simple());
+    let created = sqs_once(dir.path()).args(["create-table", "--table", &table]).output().unwrap();
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    assert_eq!(String::from_utf8_lossy(&created.stdout).trim(), format!("table {table} created; TTL on `expiration`"));
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, json!({ "Records": batch((0..30).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+    for _ in 0..2 {
+        let output = sqs_once(dir.path()).arg("invoke").arg(&event).env("SQS_ONCE_TABLE", &table).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), r#"{"batchItemFailures":[]}"#);
+    }
+    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 30, "the second run ran nothing");
+    assert!(!dir.path().join(".sqs-once").exists(), "the file store was not used");
+}
+
+#[test]
+fn an_unreachable_dynamodb_fails_every_record_and_answers_before_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", nobody.local_addr().unwrap());
+    drop(nobody);
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, json!({ "Records": batch((0..5).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+    let started = Instant::now();
+    let output = sqs_once(dir.path())
+        .args(["invoke", "--timeout", "20"])
+        .arg(&event)
+        .env("SQS_ONCE_TABLE", "claims")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
+        .output()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(20), "answered after the deadline");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let response: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(response["batchItemFailures"].as_array().unwrap().len(), 5);
+    let logs = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(logs.matches("outcome=\"store_error\"").count(), 5, "{logs}");
+    assert!(logs.contains("claim store unavailable"), "{logs}");
+    assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran");
+}
+
+/// Request-level rejections of a batched request that single requests would not meet: IAM without the PartiQL
+/// grants, and an endpoint that does not accept the batched form (a parameter it refuses, or no PartiQL at all).
+const REFUSALS: [(&str, &str); 3] = [
+    ("AccessDeniedException", "User: test is not authorized to perform: dynamodb:PartiQLInsert"),
+    ("ValidationException", "ReturnValuesOnConditionCheckFailure is not supported for this statement"),
+    ("UnknownOperationException", "BatchExecuteStatement"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_batches_fall_back_to_single_requests() {
+    for (code, message) in REFUSALS {
+        let store = common::fresh_table().await;
+        let refusing = common::dynamodb::refusing_batches(code, message).await;
+        let dir = tempfile::tempdir().unwrap();
+        let event = dir.path().join("event.json");
+        std::fs::write(&event, json!({ "Records": batch((0..50).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+        for pass in ["new", "duplicates"] {
+            let output = tokio::process::Command::from(sqs_once(dir.path()))
+                .args(["invoke", "--metrics"])
+                .arg(&event)
+                .env("SQS_ONCE_TABLE", &store.layout().table)
+                .env("SQS_ONCE_LOCAL_CACHE", "0")
+                .env("AWS_ENDPOINT_URL_DYNAMODB", &refusing)
+                .output()
+                .await
+                .unwrap();
+            let logs = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "{logs}");
+            let answer = String::from_utf8_lossy(&output.stdout);
+            assert_eq!(answer.trim(), r#"{"batchItemFailures":[]}"#, "{code}, {pass}: {logs}");
+            let warning = "making single requests from now on";
+            assert_eq!(logs.matches(warning).count(), 1, "{code}, {pass}: said once: {logs}");
+            assert!(logs.contains(message), "{code}, {pass}: with DynamoDB's reason: {logs}");
+            let metrics = logs.lines().find(|line| line.contains("\"DynamoDbRequests\"")).expect("metrics line");
+            let metrics: Value = serde_json::from_str(metrics).unwrap();
+            // Single writes (50 claims, plus 50 completions the first time), and
+            // the batched requests already on their way when the first refusal came back.
+            let requests = metrics["DynamoDbRequests"].as_u64().unwrap();
+            let singles = if pass == "new" { 100 } else { 50 };
+            assert!((singles + 1..=singles + 4).contains(&requests), "{code}, {pass}: {requests} requests");
+        }
+        assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 50, "{code}: each key ran once");
+    }
+}

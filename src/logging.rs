@@ -1,0 +1,34 @@
+//! Where logs go: standard error, so that standard output carries only the
+//! answer (and, in Lambda, the metrics).
+
+use std::io::IsTerminal;
+
+/// Installs the subscriber and the panic hook. In Lambda,
+/// `AWS_LAMBDA_LOG_FORMAT=JSON` switches to JSON lines and
+/// `AWS_LAMBDA_LOG_LEVEL` sets the level; `SQS_ONCE_LOG`, then `RUST_LOG`,
+/// take precedence as a full filter. A subscriber the program installed
+/// before stays.
+pub(crate) fn init(lambda: bool) {
+    let lambda_level = lambda.then(|| std::env::var("AWS_LAMBDA_LOG_LEVEL").ok()).flatten();
+    let filter = ["SQS_ONCE_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|name| tracing_subscriber::EnvFilter::try_from_env(name).ok())
+        .unwrap_or_else(|| {
+            // Lambda's levels are TRACE to FATAL; tracing's stop at ERROR.
+            let level = match lambda_level.map(|level| level.to_ascii_lowercase()).as_deref() {
+                Some(level @ ("trace" | "debug" | "info" | "warn" | "error")) => level.to_owned(),
+                Some("fatal") => "error".to_owned(),
+                _ => "info".to_owned(),
+            };
+            tracing_subscriber::EnvFilter::new(format!("{level},aws_config=error"))
+        });
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    if lambda && std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|format| format.eq_ignore_ascii_case("json")) {
+        let _ = logs.json().flatten_event(true).with_span_list(false).try_init();
+    } else {
+        let _ = logs.with_ansi(std::io::stderr().is_terminal()).try_init();
+    }
+    // A handler's panic fails only its record, and the engine logs it there;
+    // one line here says where it happened, without a backtrace per record.
+    std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
+}

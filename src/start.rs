@@ -1,0 +1,106 @@
+//! How a consumer binary starts: the Lambda function inside Lambda, the
+//! command line outside it.
+
+use std::{convert::Infallible, fmt::Display, process::ExitCode, sync::Arc};
+
+use futures::future::{FutureExt, LocalBoxFuture};
+
+use crate::{Handler, handler::BoxHandler};
+
+/// The handler, built when a command that runs one awaits it; an error is
+/// the reason it cannot start.
+pub(crate) type BuildHandler<'a> = LocalBoxFuture<'a, Result<BoxHandler, String>>;
+
+/// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
+/// function inside Lambda, otherwise the command line (`invoke`, `poll`,
+/// `claims`, `create-table`), with the same settings, output and exit codes.
+///
+/// A consumer crate of one's own is then, besides its handler:
+///
+/// ```no_run
+/// use sqs_once::{Handler, HandlerResult, Record};
+///
+/// struct MyHandler;
+///
+/// impl Handler for MyHandler {
+///     async fn handle(&self, record: &Record) -> HandlerResult {
+///         println!("{}", record.body);
+///         Ok(None)
+///     }
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> std::process::ExitCode {
+///     sqs_once::run(MyHandler).await
+/// }
+/// ```
+///
+/// Built without the `cli` feature, a binary is the Lambda function alone:
+/// outside Lambda it says so and exits with 1.
+pub async fn run<H: Handler>(handler: H) -> ExitCode {
+    run_with(async || Ok::<H, Infallible>(handler)).await
+}
+
+/// [`run`], with the handler built only by the commands that run it
+/// (`claims` and `create-table` do not), after the settings are read. An
+/// error building it stops the start with its message; inside Lambda it is
+/// reported as the init error, so that a missing setting or an unreachable
+/// resource shows in the function's status instead of failing every batch.
+///
+/// ```no_run
+/// use sqs_once::{Handler, HandlerResult, Record};
+///
+/// struct Archive {
+///     bucket: String,
+/// }
+///
+/// impl Handler for Archive {
+///     async fn handle(&self, record: &Record) -> HandlerResult {
+///         println!("archiving {} to {}", record.message_id, self.bucket);
+///         Ok(None)
+///     }
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> std::process::ExitCode {
+///     sqs_once::run_with(async || {
+///         let bucket = std::env::var("ARCHIVE_BUCKET").map_err(|_| "ARCHIVE_BUCKET is not set")?;
+///         Ok::<_, &str>(Archive { bucket })
+///     })
+///     .await
+/// }
+/// ```
+pub async fn run_with<H, E>(build: impl AsyncFnOnce() -> Result<H, E>) -> ExitCode
+where
+    H: Handler,
+    E: Display,
+{
+    let handler = async move {
+        let handler = build().await.map_err(|error| format!("the handler cannot start: {error}"))?;
+        Ok(Arc::new(handler) as BoxHandler)
+    };
+    serve(handler.boxed_local()).await
+}
+
+#[cfg(feature = "cli")]
+async fn serve(handler: BuildHandler<'_>) -> ExitCode {
+    crate::cli::main(handler).await
+}
+
+#[cfg(not(feature = "cli"))]
+async fn serve(handler: BuildHandler<'_>) -> ExitCode {
+    let lambda = crate::config::in_lambda();
+    crate::logging::init(lambda);
+    let result = if lambda {
+        crate::lambda::start(handler).await
+    } else {
+        Err("not in Lambda, and this binary is built without the command line (the `cli` feature of sqs-once)".into())
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sqs-once: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! What the tests of `sqs-once` run against: DynamoDB Local and the SQS
+//! server as the test command (`scripts/test`) starts them, proxies that
+//! answer chosen requests to measure ([`dynamodb::proxy`]) or misbehave at
+//! random ([`faults::FaultProxy`]), and a Lambda Runtime API that drives a
+//! function process as Lambda does ([`runtime_api::RuntimeApi`]).
+//!
+//! It knows nothing of `sqs-once` itself, so that the library's own unit
+//! tests use it as freely as the integration tests of the library and the
+//! binary.
+
+pub mod dynamodb;
+pub mod faults;
+pub mod runtime_api;
+pub mod sqs;
+
+/// The AWS configuration the test command's environment describes: the
+/// local endpoints (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL_SQS`…), a
+/// region and test credentials.
+pub async fn aws_config() -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await
+}
+
+/// The metrics docs/outcomes.md documents: the names in the first column of
+/// the table under its `## Metrics` heading.
+pub fn documented_metrics() -> std::collections::BTreeSet<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/outcomes.md");
+    let text = std::fs::read_to_string(path).expect("docs/outcomes.md");
+    let section = text.split("\n## Metrics").nth(1).expect("a Metrics section");
+    section
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .flat_map(|line| line.split('|').nth(1).unwrap_or_default().split(','))
+        .map(|name| name.trim().trim_matches('`').to_owned())
+        .collect()
+}
