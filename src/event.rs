@@ -38,7 +38,7 @@ impl EventRecord {
     /// group when it lacks one. `None` for a standard queue's record, also
     /// when it carries a `MessageGroupId`: on a standard queue that is a fair
     /// queue's tenant, not an order.
-    pub fn fifo_group(&self) -> Option<&str> {
+    pub(crate) fn fifo_group(&self) -> Option<&str> {
         let message = match self {
             Self::Message(message) => message,
             Self::Malformed { fifo_group, .. } => return fifo_group.as_deref(),

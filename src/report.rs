@@ -34,7 +34,7 @@ impl Outcome {
 
     /// Whether the handler succeeded but its completion is not confirmed
     /// in the store (see [`Outcome::Processed`]).
-    pub fn is_unconfirmed(&self) -> bool {
+    pub(crate) fn is_unconfirmed(&self) -> bool {
         matches!(self, Self::Processed { confirmed: false })
     }
 
@@ -174,7 +174,7 @@ impl BatchReport {
     }
 
     /// How many records had each outcome label.
-    pub fn counts(&self) -> HashMap<&'static str, usize> {
+    pub(crate) fn counts(&self) -> HashMap<&'static str, usize> {
         let mut counts = HashMap::new();
         for record in &self.records {
             *counts.entry(record.outcome.label()).or_default() += 1;

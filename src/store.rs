@@ -109,7 +109,7 @@ pub struct ClaimQuery {
 
 impl ClaimQuery {
     /// Whether `record` belongs in the listing; every store filters with this.
-    pub fn matches(&self, record: &StoredClaim) -> bool {
+    pub(crate) fn matches(&self, record: &StoredClaim) -> bool {
         let status = match self.status {
             Some(status) => record.status == status,
             None => record.status != ClaimStatus::Completed,
@@ -147,7 +147,7 @@ impl ClaimQuery {
     }
 
     /// The states whose claims can match.
-    pub fn statuses(&self) -> Vec<ClaimStatus> {
+    pub(crate) fn statuses(&self) -> Vec<ClaimStatus> {
         match (self.status, self.stale_at_ms) {
             (_, Some(_)) => vec![ClaimStatus::InProgress],
             (Some(status), None) => vec![status],

@@ -157,7 +157,7 @@ impl Staged {
     }
 
     /// The writes and the messages.
-    pub fn into_parts(self) -> (Vec<Write>, Vec<Message>) {
+    pub(crate) fn into_parts(self) -> (Vec<Write>, Vec<Message>) {
         (self.writes, self.messages)
     }
 

@@ -34,17 +34,8 @@ impl Setup {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = common::sqs_once_command();
-        command
-            .args(args)
-            .current_dir(self.dir.path())
-            .env_remove("AWS_LAMBDA_RUNTIME_API")
-            .env_remove("SQS_ONCE_STORE")
-            .env_remove("SQS_ONCE_TABLE")
-            .env(self.store.0, &self.store.1)
-            .env("SQS_ONCE_DEMO_LOG", self.dir.path().join("demo.log"))
-            .env("SQS_ONCE_LEASE_MARGIN_MS", "0")
-            .stdin(Stdio::null());
+        let mut command = common::command_in(self.dir.path());
+        command.args(args).env(self.store.0, &self.store.1).env("SQS_ONCE_LEASE_MARGIN_MS", "0");
         command
     }
 

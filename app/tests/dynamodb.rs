@@ -7,19 +7,10 @@ mod common;
 use std::{
     collections::HashMap,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::{Value, json};
-
-fn batch(bodies: impl IntoIterator<Item = Value>) -> Vec<Value> {
-    bodies
-        .into_iter()
-        .enumerate()
-        .map(|(n, body)| json!({"messageId": format!("m-{n:04}"), "body": body.to_string(), "eventSource": "aws:sqs"}))
-        .collect()
-}
 
 /// Runs per key in the demo log.
 fn log_counts(path: &Path) -> HashMap<String, usize> {
@@ -30,33 +21,25 @@ fn log_counts(path: &Path) -> HashMap<String, usize> {
     counts
 }
 
-fn sqs_once(dir: &Path) -> Command {
-    let mut command = common::sqs_once_command();
-    command
-        .current_dir(dir)
-        .env_remove("AWS_LAMBDA_RUNTIME_API")
-        .env_remove("SQS_ONCE_STORE")
-        .env("SQS_ONCE_DEMO_LOG", dir.join("demo.log"));
-    command
-}
-
 #[test]
 fn invoke_against_dynamodb_local_runs_once_then_sees_duplicates() {
     common::dynamodb::endpoint();
     let dir = tempfile::tempdir().unwrap();
     let table = format!("invoke-{}", uuid::Uuid::new_v4().simple());
-    let created = sqs_once(dir.path()).args(["create-table", "--table", &table]).output().unwrap();
+    let created = common::command_in(dir.path()).args(["create-table", "--table", &table]).output().unwrap();
     assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
     assert_eq!(String::from_utf8_lossy(&created.stdout).trim(), format!("table {table} created; TTL on `expiration`"));
     let event = dir.path().join("event.json");
-    std::fs::write(&event, json!({ "Records": batch((0..30).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+    std::fs::write(&event, json!({ "Records": testkit::records((0..30).map(|n| json!({"n": n}))) }).to_string())
+        .unwrap();
     for _ in 0..2 {
-        let output = sqs_once(dir.path()).arg("invoke").arg(&event).env("SQS_ONCE_TABLE", &table).output().unwrap();
+        let output =
+            common::command_in(dir.path()).arg("invoke").arg(&event).env("SQS_ONCE_TABLE", &table).output().unwrap();
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), r#"{"batchItemFailures":[]}"#);
     }
     assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 30, "the second run ran nothing");
-    assert!(!dir.path().join(".sqs-once").exists(), "the file store was not used");
+    assert!(!dir.path().join("claims.db").exists(), "the file store was not used");
 }
 
 #[test]
@@ -66,9 +49,10 @@ fn an_unreachable_dynamodb_fails_every_record_and_answers_before_the_deadline() 
     let endpoint = format!("http://{}", nobody.local_addr().unwrap());
     drop(nobody);
     let event = dir.path().join("event.json");
-    std::fs::write(&event, json!({ "Records": batch((0..5).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+    std::fs::write(&event, json!({ "Records": testkit::records((0..5).map(|n| json!({"n": n}))) }).to_string())
+        .unwrap();
     let started = Instant::now();
-    let output = sqs_once(dir.path())
+    let output = common::command_in(dir.path())
         .args(["invoke", "--timeout", "20"])
         .arg(&event)
         .env("SQS_ONCE_TABLE", "claims")
@@ -100,9 +84,10 @@ async fn refused_batches_fall_back_to_single_requests() {
         let refusing = common::dynamodb::refusing_batches(code, message).await;
         let dir = tempfile::tempdir().unwrap();
         let event = dir.path().join("event.json");
-        std::fs::write(&event, json!({ "Records": batch((0..50).map(|n| json!({"n": n}))) }).to_string()).unwrap();
+        std::fs::write(&event, json!({ "Records": testkit::records((0..50).map(|n| json!({"n": n}))) }).to_string())
+            .unwrap();
         for pass in ["new", "duplicates"] {
-            let output = tokio::process::Command::from(sqs_once(dir.path()))
+            let output = tokio::process::Command::from(common::command_in(dir.path()))
                 .args(["invoke", "--metrics"])
                 .arg(&event)
                 .env("SQS_ONCE_TABLE", &store.layout().table)

@@ -39,16 +39,8 @@ impl Workspace {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = common::sqs_once_command();
-        command
-            .args(args)
-            .current_dir(self.dir.path())
-            .env_remove("AWS_LAMBDA_FUNCTION_NAME")
-            .env_remove("AWS_LAMBDA_RUNTIME_API")
-            .env_remove("SQS_ONCE_TABLE")
-            .env("SQS_ONCE_STORE_PATH", self.path("claims.db"))
-            .env("SQS_ONCE_DEMO_LOG", self.path("demo.log"))
-            .stdin(Stdio::null());
+        let mut command = common::command_in(self.dir.path());
+        command.args(args);
         command
     }
 

@@ -26,20 +26,13 @@ impl World {
     }
 
     fn command(&self, args: &[&str], envs: &[(&str, &str)]) -> Command {
-        let mut command = common::sqs_once_command();
+        let mut command = common::command_in(self.dir.path());
         command
             .args(args)
-            .current_dir(self.dir.path())
-            .env_remove("AWS_LAMBDA_RUNTIME_API")
-            .env_remove("SQS_ONCE_TABLE")
-            .env("SQS_ONCE_STORE", "file")
-            .env("SQS_ONCE_STORE_PATH", self.dir.path().join("claims.db"))
-            .env("SQS_ONCE_DEMO_LOG", self.dir.path().join("demo.log"))
             .env("SQS_ONCE_KEY", "body.id")
             .env("SQS_ONCE_HASH_KEYS", "false")
             .env("SQS_ONCE_RETRY_BASE_SECS", "2")
-            .envs(envs.iter().copied())
-            .stdin(Stdio::null());
+            .envs(envs.iter().copied());
         command
     }
 

@@ -27,7 +27,6 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::{
     Client,
     error::ProvideErrorMetadata,
-    operation::{delete_item::DeleteItemError, put_item::PutItemError, update_item::UpdateItemError},
     types::{AttributeValue, ReturnValuesOnConditionCheckFailure},
 };
 use futures::StreamExt;
@@ -50,7 +49,7 @@ pub(crate) use client::{RequestCounter, client_from};
 pub use layout::{Attributes, TableKey, TableLayout};
 pub(crate) use layout::{OPEN_INDEX, OPEN_STATUS, open_partition};
 
-use client::{described, unavailable};
+use client::{Conditional, conditional, described, unavailable};
 use layout::{ERROR, TOKEN, UPDATED_AT, n, open_partitions, s, text};
 
 /// A DynamoDB item: attribute names and values.
@@ -217,44 +216,27 @@ impl ClaimStore for DynamoDbStore {
             attribute_names.into_iter().map(|(alias, name)| (alias.to_owned(), name.to_owned())).collect();
         let values: HashMap<String, AttributeValue> =
             values.into_iter().map(|(alias, value)| (alias.to_owned(), value)).collect();
-        let values = (!values.is_empty()).then_some(values);
-        let refused = match record {
+        let (names, values) = (Some(attribute_names), (!values.is_empty()).then_some(values));
+        let answer = match record {
             Some(record) => {
-                let put = self
-                    .client
-                    .put_item()
-                    .table_name(&self.layout.table)
-                    .set_item(Some(self.layout.write_item(record)))
-                    .condition_expression(condition)
-                    .set_expression_attribute_names(Some(attribute_names))
-                    .set_expression_attribute_values(values);
-                match put.send().await {
-                    Ok(_) => false,
-                    Err(error) => match error.into_service_error() {
-                        PutItemError::ConditionalCheckFailedException(_) => true,
-                        other => return Err(unavailable(other)),
-                    },
-                }
+                let put = self.client.put_item().set_item(Some(self.layout.write_item(record)));
+                let put = put.table_name(&self.layout.table).condition_expression(condition);
+                conditional(
+                    put.set_expression_attribute_names(names).set_expression_attribute_values(values).send().await,
+                )
             }
             None => {
-                let delete = self
-                    .client
-                    .delete_item()
-                    .table_name(&self.layout.table)
-                    .set_key(Some(self.layout.key(id)))
-                    .condition_expression(condition)
-                    .set_expression_attribute_names(Some(attribute_names))
-                    .set_expression_attribute_values(values);
-                match delete.send().await {
-                    Ok(_) => false,
-                    Err(error) => match error.into_service_error() {
-                        DeleteItemError::ConditionalCheckFailedException(_) => true,
-                        other => return Err(unavailable(other)),
-                    },
-                }
+                let delete = self.client.delete_item().set_key(Some(self.layout.key(id)));
+                let delete = delete.table_name(&self.layout.table).condition_expression(condition);
+                conditional(
+                    delete.set_expression_attribute_names(names).set_expression_attribute_values(values).send().await,
+                )
             }
         };
-        Ok(if refused { Fenced::Refused } else { Fenced::Applied })
+        Ok(match answer? {
+            Conditional::Applied => Fenced::Applied,
+            Conditional::Refused(_) => Fenced::Refused,
+        })
     }
 
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
@@ -361,18 +343,12 @@ impl DynamoDbStore {
             .return_values_on_condition_check_failure(self.returned_values())
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(PutOutcome::Claimed),
-            Err(error) => match error.into_service_error() {
-                PutItemError::ConditionalCheckFailedException(failed) => match failed.item {
-                    Some(item) if !item.is_empty() => {
-                        Ok(PutOutcome::Taken(Some(Box::new(self.layout.read_item(&item)?))))
-                    }
-                    _ => Ok(PutOutcome::Taken(None)),
-                },
-                other => Err(unavailable(other)),
-            },
-        }
+        Ok(match conditional(result)? {
+            Conditional::Applied => PutOutcome::Claimed,
+            Conditional::Refused(item) => {
+                PutOutcome::Taken(item.map(|item| self.layout.read_item(&item)).transpose()?.map(Box::new))
+            }
+        })
     }
 
     /// What a refused conditional write asks DynamoDB to return.
@@ -418,15 +394,10 @@ impl DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Fenced::Applied),
-            Err(error) => match error.into_service_error() {
-                UpdateItemError::ConditionalCheckFailedException(failed) => {
-                    Ok(self.already_finished(failed.item.as_ref(), token, Some(finish.status)))
-                }
-                other => Err(unavailable(other)),
-            },
-        }
+        Ok(match conditional(result)? {
+            Conditional::Applied => Fenced::Applied,
+            Conditional::Refused(item) => self.already_finished(item.as_ref(), token, Some(finish.status)),
+        })
     }
 
     /// One conditional `DeleteItem`.
@@ -444,20 +415,13 @@ impl DynamoDbStore {
             .return_values_on_condition_check_failure(self.returned_values())
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Fenced::Applied),
-            Err(error) => match error.into_service_error() {
-                DeleteItemError::ConditionalCheckFailedException(failed) => {
-                    let old = match failed.item.filter(|item| !item.is_empty()) {
-                        Some(item) => Some(item),
-                        None if self.return_old_item => None,
-                        None => self.get_item(id).await?,
-                    };
-                    Ok(released_unless(old.as_ref()))
-                }
-                other => Err(unavailable(other)),
-            },
-        }
+        let old = match conditional(result)? {
+            Conditional::Applied => return Ok(Fenced::Applied),
+            Conditional::Refused(Some(item)) => Some(item),
+            Conditional::Refused(None) if self.return_old_item => None,
+            Conditional::Refused(None) => self.get_item(id).await?,
+        };
+        Ok(released_unless(old.as_ref()))
     }
 }
 

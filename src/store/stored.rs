@@ -192,7 +192,7 @@ pub struct OutboxEntry {
 impl OutboxEntry {
     /// The entries of the messages a run with `token` on claim `claim_id`
     /// staged, leased to that run until `lease_until_ms`.
-    pub fn of_run(
+    pub(crate) fn of_run(
         claim_id: &str,
         token: &str,
         message_id: &str,
@@ -219,7 +219,7 @@ impl OutboxEntry {
     /// The id the message carries wherever it is sent, the same however
     /// often: 64 hexadecimal digits (SHA-256 of the stored id), fit for a
     /// FIFO deduplication id.
-    pub fn outbox_id(&self) -> String {
+    pub(crate) fn outbox_id(&self) -> String {
         hex::encode(Sha256::digest(self.id.as_bytes()))
     }
 

@@ -20,6 +20,18 @@ pub async fn aws_config() -> aws_config::SdkConfig {
     aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await
 }
 
+/// SQS records of a Lambda event with these JSON bodies, their message ids
+/// `m-0000`, `m-0001`… in order.
+pub fn records(bodies: impl IntoIterator<Item = serde_json::Value>) -> Vec<serde_json::Value> {
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(n, body)| {
+            serde_json::json!({"messageId": format!("m-{n:04}"), "body": body.to_string(), "eventSource": "aws:sqs"})
+        })
+        .collect()
+}
+
 /// The metrics docs/outcomes.md documents: the names in the first column of
 /// the table under its `## Metrics` heading.
 pub fn documented_metrics() -> std::collections::BTreeSet<String> {

@@ -28,6 +28,23 @@ pub fn sqs_once_command() -> std::process::Command {
     }
 }
 
+/// The binary as a user runs it in `dir`, outside Lambda: claims in the
+/// file `dir/claims.db` unless the test chooses another store, the demo
+/// handler's log in `dir/demo.log`, nothing on standard input.
+pub fn command_in(dir: &std::path::Path) -> std::process::Command {
+    let mut command = sqs_once_command();
+    command
+        .current_dir(dir)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("AWS_LAMBDA_FUNCTION_NAME")
+        .env_remove("SQS_ONCE_STORE")
+        .env_remove("SQS_ONCE_TABLE")
+        .env("SQS_ONCE_STORE_PATH", dir.join("claims.db"))
+        .env("SQS_ONCE_DEMO_LOG", dir.join("demo.log"))
+        .stdin(std::process::Stdio::null());
+    command
+}
+
 /// What `sqs-once invoke --metrics` answered: the message ids in its
 /// `batchItemFailures`, and the metrics line it printed on standard error.
 pub fn invoke_answer(output: &std::process::Output) -> (std::collections::HashSet<String>, serde_json::Value) {

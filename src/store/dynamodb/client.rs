@@ -1,15 +1,22 @@
 //! The DynamoDB client the store uses, counting its requests, and how its
 //! errors become [`StoreError`]s.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicU64, Ordering},
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use aws_sdk_dynamodb::{
     Client,
-    config::{ConfigBag, Intercept, RuntimeComponents, interceptors::BeforeTransmitInterceptorContextRef},
-    error::{BoxError, ProvideErrorMetadata},
+    config::{
+        ConfigBag, Intercept, RuntimeComponents, http::HttpResponse, interceptors::BeforeTransmitInterceptorContextRef,
+    },
+    error::{BoxError, ProvideErrorMetadata, SdkError},
+    operation::{delete_item::DeleteItemError, put_item::PutItemError, update_item::UpdateItemError},
+    types::{AttributeValue, error::ConditionalCheckFailedException},
 };
 
 use crate::store::StoreError;
@@ -143,6 +150,50 @@ pub(super) fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) 
     }
     StoreError::unavailable(described(&error))
 }
+
+/// What DynamoDB did with a conditional write.
+pub(super) enum Conditional {
+    /// The condition held and the write applied.
+    Applied,
+    /// The condition failed: the item it failed on, when DynamoDB returned
+    /// it (`ReturnValuesOnConditionCheckFailure`), `None` when there is no
+    /// item or it was not asked for.
+    Refused(Option<HashMap<String, AttributeValue>>),
+}
+
+/// The answer to a conditional `PutItem`, `UpdateItem` or `DeleteItem`:
+/// applied, refused by its condition, or the store's error.
+pub(super) fn conditional<T, E: ConditionFailure>(
+    sent: Result<T, SdkError<E, HttpResponse>>,
+) -> Result<Conditional, StoreError> {
+    let Err(error) = sent else { return Ok(Conditional::Applied) };
+    match E::condition_failed(error) {
+        Ok(failed) => Ok(Conditional::Refused(failed.item.filter(|item| !item.is_empty()))),
+        Err(other) => Err(unavailable(other)),
+    }
+}
+
+/// The errors of the operations that take a condition, each with a variant
+/// of its own for a failed one.
+pub(super) trait ConditionFailure: std::error::Error + ProvideErrorMetadata + Sized {
+    /// The failed condition, or the service's error.
+    fn condition_failed(error: SdkError<Self, HttpResponse>) -> Result<ConditionalCheckFailedException, Self>;
+}
+
+macro_rules! condition_failure {
+    ($($error:ty),*) => {$(
+        impl ConditionFailure for $error {
+            fn condition_failed(error: SdkError<Self, HttpResponse>) -> Result<ConditionalCheckFailedException, Self> {
+                match error.into_service_error() {
+                    Self::ConditionalCheckFailedException(failed) => Ok(failed),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
+condition_failure!(PutItemError, UpdateItemError, DeleteItemError);
 
 /// An SDK failure in one line, naming DynamoDB.
 pub(super) fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {

@@ -44,14 +44,6 @@ fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> E
     Engine::new(Arc::new(handler), Arc::new(claims), keys, EngineOptions::default())
 }
 
-fn batch(bodies: impl IntoIterator<Item = Value>) -> Vec<Value> {
-    bodies
-        .into_iter()
-        .enumerate()
-        .map(|(n, body)| json!({"messageId": format!("m-{n:04}"), "body": body.to_string(), "eventSource": "aws:sqs"}))
-        .collect()
-}
-
 async fn run(engine: &Engine, records: &[Value]) -> BatchReport {
     let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(60), request_id: "r".into() };
     engine.process(&parse_event(json!({ "Records": records })).unwrap(), &invocation).await
@@ -81,7 +73,7 @@ fn run_counts(handler: &Directed) -> HashMap<String, usize> {
 async fn four_engines_on_one_batch_run_each_key_once() {
     let (store, _) = fresh_table().await;
     let handler = Directed::default();
-    let records = batch((0..500).map(|n| json!({"key": n, "sleep_ms": n % 4})));
+    let records = testkit::records((0..500).map(|n| json!({"key": n, "sleep_ms": n % 4})));
     // Four processes: each with a client and batches of its own.
     let mut engines = Vec::new();
     for _ in 0..4 {
@@ -116,7 +108,7 @@ async fn batched_writes_share_requests_and_keep_every_outcome() {
         1 => json!({"key": n, "fail": "permanent"}),
         _ => json!({"key": n}),
     });
-    let records = batch(bodies);
+    let records = testkit::records(bodies);
     let requests_of = |counts: RequestCounts| (counts.put, counts.get, counts.update, counts.delete);
 
     let report = run(&cold(), &records).await;
@@ -163,7 +155,7 @@ async fn single_requests_per_record_meet_the_floor() {
     let warm = engine(store.clone(), Directed::default(), cached);
     let cold =
         || engine(store.clone(), Directed::default(), ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() });
-    let new_records = batch((0..20).map(|n| json!({"key": n})));
+    let new_records = testkit::records((0..20).map(|n| json!({"key": n})));
     let mut before = requests.snapshot();
     let mut delta = |what: &str| {
         let now = requests.snapshot();
@@ -180,13 +172,13 @@ async fn single_requests_per_record_meet_the_floor() {
     assert_eq!(delta("duplicate"), (20, 0, 0, 0), "duplicate: 1 (failed claim returning the old item)");
     assert_eq!(failed(&run(&warm, &new_records).await), 0);
     assert_eq!(delta("warm duplicate"), (0, 0, 0, 0), "duplicate seen by this process: 0");
-    let repeated = batch((0..20).map(|n| json!({"key": format!("r{}", n % 10)})));
+    let repeated = testkit::records((0..20).map(|n| json!({"key": format!("r{}", n % 10)})));
     assert_eq!(failed(&run(&warm, &repeated).await), 0);
     assert_eq!(delta("in-batch duplicates"), (10, 0, 10, 0), "in-batch duplicate: 0 extra");
-    let failing = batch((0..10).map(|n| json!({"key": format!("f{n}"), "fail": "retryable"})));
+    let failing = testkit::records((0..10).map(|n| json!({"key": format!("f{n}"), "fail": "retryable"})));
     assert_eq!(failed(&run(&warm, &failing).await), 10);
     assert_eq!(delta("handler failure"), (10, 0, 0, 10), "handler failure: 2 (claim + release)");
-    let permanent = batch((0..10).map(|n| json!({"key": format!("p{n}"), "fail": "permanent"})));
+    let permanent = testkit::records((0..10).map(|n| json!({"key": format!("p{n}"), "fail": "permanent"})));
     assert_eq!(failed(&run(&warm, &permanent).await), 10);
     assert_eq!(delta("permanent failure"), (10, 0, 10, 0), "permanent failure: 2 (claim + failure record)");
 }
@@ -223,7 +215,9 @@ async fn results_are_stored_and_oversized_ones_are_dropped_without_failing_the_r
     let (store, _) = fresh_table().await;
     let policy = ClaimPolicy { store_result: true, ..ClaimPolicy::default() };
     let engine = engine(store.clone(), Sized, policy);
-    let report = run(&engine, &batch([json!({"key": "small", "kib": 300}), json!({"key": "huge", "kib": 500})])).await;
+    let report =
+        run(&engine, &testkit::records([json!({"key": "small", "kib": 300}), json!({"key": "huge", "kib": 500})]))
+            .await;
     assert_eq!(failed(&report), 0, "{report:?}");
     let stored = |index: usize| report.records[index].key.clone().unwrap();
     let small = store.get(&stored(0)).await.unwrap().unwrap();
@@ -288,7 +282,7 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
     let engine = Engine::new(Arc::new(handler.clone()), Arc::new(claims), keys, EngineOptions::default());
 
     let bodies = (0..30).map(|n| json!({"key": format!("{}-{n}", ["done", "held", "free"][n % 3])}));
-    let report = run(&engine, &batch(bodies)).await;
+    let report = run(&engine, &testkit::records(bodies)).await;
     for record in &report.records {
         let key = record.key.as_deref().unwrap();
         let expected = match &key[..9] {
@@ -454,7 +448,7 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
     bodies.push(json!({ "key": "huge-error", "error": "e".repeat(1 << 20) }));
     bodies.push(json!({ "key": long_key }));
     let start = requests.snapshot();
-    let report = run(&engine, &batch(bodies)).await;
+    let report = run(&engine, &testkit::records(bodies)).await;
     let first = requests.snapshot();
     // The long key's claim was refused in its batch (ValidationError), sent alone, and refused again.
     assert_eq!(first.put - start.put, 1, "{start:?} → {first:?}");
@@ -473,7 +467,7 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
 
     // Batching is still on: the next batch's claims and completions go out batched.
     let before = requests.snapshot();
-    let report = run(&engine, &batch((0..10).map(|n| json!({ "key": format!("next-{n}") })))).await;
+    let report = run(&engine, &testkit::records((0..10).map(|n| json!({ "key": format!("next-{n}") })))).await;
     assert_eq!(failed(&report), 0, "{report:?}");
     let after = requests.snapshot();
     assert_eq!((after.put - before.put, after.update - before.update), (0, 0), "{before:?} → {after:?}");

@@ -17,9 +17,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::{
-    operation::{
-        delete_item::DeleteItemError, transact_write_items::TransactWriteItemsError, update_item::UpdateItemError,
-    },
+    operation::transact_write_items::TransactWriteItemsError,
     types::{
         AttributeValue, CancellationReason, ConditionCheck, Delete, Put, ReturnValuesOnConditionCheckFailure,
         TransactWriteItem, Update, error::TransactionCanceledException,
@@ -29,7 +27,7 @@ use serde_json::Value;
 
 use super::{
     DynamoDbStore, Item, OPEN_INDEX,
-    client::{described, unavailable},
+    client::{Conditional, conditional, described, unavailable},
     layout::{OUTBOX, TOKEN, n, outbox_partitions, s},
     statements::Backoff,
 };
@@ -451,13 +449,10 @@ impl DynamoDbStore {
             .expression_attribute_values(":seen", s(&entry.token))
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Fenced::Applied),
-            Err(error) => match error.into_service_error() {
-                UpdateItemError::ConditionalCheckFailedException(_) => Ok(Fenced::Refused),
-                other => Err(unavailable(other)),
-            },
-        }
+        Ok(match conditional(result)? {
+            Conditional::Applied => Fenced::Applied,
+            Conditional::Refused(_) => Fenced::Refused,
+        })
     }
 
     /// Deletes the sent entry `id` if it is still leased to `token`; one
@@ -474,15 +469,11 @@ impl DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Fenced::Applied),
-            Err(error) => match error.into_service_error() {
-                DeleteItemError::ConditionalCheckFailedException(failed) => {
-                    Ok(if failed.item.is_some_and(|item| !item.is_empty()) { Fenced::Refused } else { Fenced::Applied })
-                }
-                other => Err(unavailable(other)),
-            },
-        }
+        // Refused without an item: the entry is gone, deleted by an earlier attempt.
+        Ok(match conditional(result)? {
+            Conditional::Refused(Some(_)) => Fenced::Refused,
+            Conditional::Applied | Conditional::Refused(None) => Fenced::Applied,
+        })
     }
 }
 
