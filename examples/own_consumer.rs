@@ -1,25 +1,15 @@
-//! A consumer crate of one's own: a handler, and `sqs_once::run` around it.
+//! An SQS consumer of one's own: a handler, and `sqs_once::run` around it.
 //!
-//! The binary is everything the bundled `sqs-once` is, with this handler:
-//! the Lambda function inside Lambda (build it with `cargo lambda build`
-//! or `sam build`), and outside it `invoke`, `poll`, `claims` and
-//! `create-table`:
+//! `sqs-once new <name>` writes this file as the `src/main.rs` of a new
+//! consumer crate (this repository keeps it as the example `own_consumer`),
+//! with a `Cargo.toml`, a SAM template and a sample event around it.
 //!
-//! ```sh
-//! cargo run --example own_consumer -- invoke events/single.json
-//! ```
-//!
-//! In a crate of your own, `Cargo.toml` needs
-//!
-//! ```toml
-//! [dependencies]
-//! sqs-once = { git = "https://github.com/…/sqs-once" }   # or path = "../sqs-once"
-//! serde = { version = "1", features = ["derive"] }
-//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
-//!
-//! [profile.release]
-//! panic = "unwind"   # a panicking record fails alone; cargo-lambda would abort the batch
-//! ```
+//! The binary is the Lambda function inside Lambda (`sam build` builds it
+//! with cargo-lambda) and the command line outside it: `invoke` processes an
+//! event offline (`cargo run -- invoke events/batch.json` in the new crate,
+//! `cargo run --example own_consumer -- invoke events/payments.json` here),
+//! `poll` consumes a queue, `claims` reads and repairs the claim table and
+//! `create-table` makes one.
 
 use std::process::ExitCode;
 

@@ -117,7 +117,7 @@ pub(crate) enum Claim {
     PayloadMismatch,
 }
 
-/// Tuning of the state machine; see the README for the matching settings.
+/// Tuning of the state machine; docs/configuration.md has the matching settings.
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimPolicy {
     /// How long a finished key is remembered (`SQS_ONCE_EXPIRES_AFTER_SECS`).

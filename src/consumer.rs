@@ -2,6 +2,8 @@
 //! settings choose, and the SQS step that follows each batch. Every way to
 //! run (Lambda, `poll`, `invoke`) builds one at start and processes batches
 //! with it.
+//!
+#![doc = include_str!("../docs/redelivery.md")]
 
 use std::{
     sync::{Arc, atomic::Ordering},

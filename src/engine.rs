@@ -44,7 +44,7 @@ use crate::{
     transaction::{Refusal, Staged},
 };
 
-/// Tuning of the engine; see the README for the matching settings.
+/// Tuning of the engine; docs/configuration.md has the matching settings.
 #[derive(Debug, Clone)]
 pub(crate) struct EngineOptions {
     /// Records running at once (`SQS_ONCE_CONCURRENCY`).

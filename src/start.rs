@@ -37,6 +37,8 @@ pub(crate) type BuildHandler<'a> = LocalBoxFuture<'a, Result<BoxHandler, String>
 ///
 /// Built without the `cli` feature, a binary is the Lambda function alone:
 /// outside Lambda it says so and exits with 1.
+///
+#[doc = include_str!("../docs/command-line.md")]
 pub async fn run<H: Handler>(handler: H) -> ExitCode {
     run_with(async || Ok::<H, Infallible>(handler)).await
 }

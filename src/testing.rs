@@ -6,8 +6,9 @@
 //! writes and messages ([`crate::transaction`]), the items its transactions
 //! committed ([`TestConsumer::items`]) and the messages its outbox sent
 //! ([`TestConsumer::sent`]). [`event`] and [`message`] build the input from
-//! bodies. [`claim_suite`] is the conformance suite every claim store
-//! passes, for a [`ClaimStore`] of one's own.
+//! bodies. [`claim_suite`](crate::claim_suite) is the conformance suite every claim store
+//! passes, for a [`ClaimStore`] of one's own, and [`commit_suite`](crate::commit_suite) the one
+//! for committing staged writes and keeping the outbox.
 //!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
@@ -46,8 +47,6 @@
 //! assert_eq!(charge.0.load(Ordering::SeqCst), 1);
 //! # });
 //! ```
-//!
-#![doc = include_str!("../docs/tests.md")]
 
 // The suites' tests, one function each, are what `claim_suite!` and
 // `commit_suite!` expand to calls of; the macros are their documentation.

@@ -6,3 +6,4 @@
 //! consumer crate of one's own does.
 
 pub mod handlers;
+pub mod new;

@@ -1,11 +1,55 @@
 //! The bundled `sqs-once` binary: the library's command line around the
-//! handler `SQS_ONCE_HANDLER` names in the registry of `handlers/`.
+//! handler `SQS_ONCE_HANDLER` names in the registry of `handlers/`, and
+//! `sqs-once new`, which writes a consumer crate of one's own.
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
 
-use sqs_once_app::handlers;
+use clap::Parser;
+use sqs_once_app::{
+    handlers,
+    new::{self, Library},
+};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // `new` is this binary's own command; every other is the library's.
+    if std::env::args_os().nth(1).is_some_and(|command| command == "new") {
+        return new_consumer(New::parse_from(std::env::args_os().skip(1)));
+    }
     sqs_once::run_with(async || handlers::from_env()).await
+}
+
+/// Writes a consumer crate of one's own: a handler with its tests, a SAM
+/// template (queue, dead-letter queue, claim table, alarms), a sample event.
+#[derive(Debug, Parser)]
+#[command(name = "sqs-once new", bin_name = "sqs-once new")]
+struct New {
+    /// The directory to create; its last component names the crate.
+    path: PathBuf,
+    /// Depend on the sqs-once library in this directory (a checkout, or a
+    /// package unpacked) instead of its release on crates.io.
+    #[arg(long, value_name = "DIR")]
+    library_path: Option<PathBuf>,
+}
+
+fn new_consumer(args: New) -> ExitCode {
+    let created = args
+        .library_path
+        .as_deref()
+        .map(Library::local)
+        .transpose()
+        .and_then(|library| new::create(&args.path, &library.unwrap_or_default()));
+    match created {
+        Ok(files) => {
+            let path = args.path.display();
+            println!("created {path}:");
+            files.iter().for_each(|file| println!("  {}", file.display()));
+            println!("next: cd {path} && cargo test && cargo run -- invoke events/batch.json");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("sqs-once new: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }

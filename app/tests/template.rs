@@ -1,7 +1,8 @@
 //! `template.yaml` deploys what the README promises: partial batch responses,
 //! a dead-letter queue, a visibility timeout that outlasts retries, a claim
 //! table the store can use, a role that can do nothing but claim and act on
-//! failed records, and alarms and a dashboard on the metrics it publishes.
+//! failed records, and alarms and a dashboard on the metrics it publishes;
+//! and so does the template `sqs-once new` writes for a crate of one's own.
 
 mod common;
 
@@ -22,6 +23,20 @@ fn template() -> Value {
     serde_yaml::from_str(&text).unwrap()
 }
 
+/// The crate `sqs-once new` writes in the tests of its template.
+const NEW_CRATE: &str = "payments";
+
+/// The repository's template and the one `sqs-once new` writes: every
+/// promise below holds for both.
+fn templates() -> [Value; 2] {
+    [template(), serde_yaml::from_str(&sqs_once_app::new::template(NEW_CRATE)).unwrap()]
+}
+
+/// Whether `template` is the repository's, with the bundled handlers' parts.
+fn bundled(template: &Value) -> bool {
+    template["Parameters"].get("HandlerName").is_some()
+}
+
 fn resource<'t>(template: &'t Value, name: &str) -> &'t Value {
     &template["Resources"][name]
 }
@@ -37,81 +52,94 @@ fn number(value: &Value) -> u64 {
 
 #[test]
 fn the_function_is_a_rust_arm64_lambda_built_from_this_binary() {
-    let template = template();
-    let globals = &template["Globals"]["Function"];
-    assert_eq!(globals["Runtime"], "provided.al2023");
-    assert_eq!(globals["Architectures"][0], "arm64");
-    assert_eq!(globals["Handler"], "bootstrap");
-    assert_eq!(globals["LoggingConfig"]["LogFormat"], "JSON");
-    let function = resource(&template, "ConsumerFunction");
-    assert_eq!(function["Metadata"]["BuildMethod"], "rust-cargolambda");
     assert!(env!("CARGO_BIN_EXE_sqs-once").ends_with("sqs-once"));
-    assert_eq!(function["Metadata"]["BuildProperties"]["Binary"], "sqs-once");
-    let variables = &function["Properties"]["Environment"]["Variables"];
-    for name in
-        ["SQS_ONCE_HANDLER", "SQS_ONCE_KEY", "SQS_ONCE_CONCURRENCY", "SQS_ONCE_EXPIRES_AFTER_SECS", "SQS_ONCE_TABLE"]
-    {
-        assert!(variables.get(name).is_some(), "{name} is not set");
+    for template in templates() {
+        let globals = &template["Globals"]["Function"];
+        assert_eq!(globals["Runtime"], "provided.al2023");
+        assert_eq!(globals["Architectures"][0], "arm64");
+        assert_eq!(globals["Handler"], "bootstrap");
+        assert_eq!(globals["LoggingConfig"]["LogFormat"], "JSON");
+        let function = resource(&template, "ConsumerFunction");
+        assert_eq!(function["Metadata"]["BuildMethod"], "rust-cargolambda");
+        assert_eq!(function["Properties"]["CodeUri"], "./");
+        let binary = if bundled(&template) { "sqs-once" } else { NEW_CRATE };
+        assert_eq!(function["Metadata"]["BuildProperties"]["Binary"], binary);
+        let variables = &function["Properties"]["Environment"]["Variables"];
+        for name in ["SQS_ONCE_KEY", "SQS_ONCE_CONCURRENCY", "SQS_ONCE_EXPIRES_AFTER_SECS", "SQS_ONCE_TABLE"] {
+            assert!(variables.get(name).is_some(), "{name} is not set");
+        }
+        assert_eq!(
+            variables.get("SQS_ONCE_HANDLER").is_some(),
+            bundled(&template),
+            "only the bundled binary has a registry"
+        );
     }
 }
 
 #[test]
 fn the_envelope_parameter_offers_exactly_the_envelopes_the_consumer_opens() {
-    let template = template();
-    let parameter = &template["Parameters"]["MessageEnvelope"];
-    assert_eq!(parameter["Default"], "none");
-    let allowed: Vec<&str> =
-        parameter["AllowedValues"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-    assert_eq!(allowed, ["none", "sns", "eventbridge"]);
-    for value in allowed {
-        assert!(starts_with_envelope(value), "the consumer refuses SQS_ONCE_ENVELOPE={value}");
+    for template in templates() {
+        let parameter = &template["Parameters"]["MessageEnvelope"];
+        assert_eq!(parameter["Default"], "none");
+        let allowed: Vec<&str> =
+            parameter["AllowedValues"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(allowed, ["none", "sns", "eventbridge"]);
+        for value in allowed {
+            assert!(starts_with_envelope(value), "the consumer refuses SQS_ONCE_ENVELOPE={value}");
+        }
+        assert!(!starts_with_envelope("kinesis"), "the consumer takes an envelope the template does not offer");
+        let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
+        assert_eq!(variables["SQS_ONCE_ENVELOPE"], reference("MessageEnvelope"));
     }
-    assert!(!starts_with_envelope("kinesis"), "the consumer takes an envelope the template does not offer");
-    let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
-    assert_eq!(variables["SQS_ONCE_ENVELOPE"], reference("MessageEnvelope"));
 }
 
 #[test]
 fn the_event_source_reports_batch_item_failures() {
-    let template = template();
-    let work = &resource(&template, "ConsumerFunction")["Properties"]["Events"]["Work"];
-    assert_eq!(work["Type"], "SQS");
-    assert_eq!(work["Properties"]["Queue"], get_att("WorkQueue.Arn"));
-    assert_eq!(work["Properties"]["FunctionResponseTypes"], Value::Sequence(vec!["ReportBatchItemFailures".into()]));
-    for parameter in ["BatchSize", "MaximumConcurrency"] {
-        assert!(template["Parameters"].get(parameter).is_some(), "{parameter} is not a parameter");
+    for template in templates() {
+        let work = &resource(&template, "ConsumerFunction")["Properties"]["Events"]["Work"];
+        assert_eq!(work["Type"], "SQS");
+        assert_eq!(work["Properties"]["Queue"], get_att("WorkQueue.Arn"));
+        assert_eq!(
+            work["Properties"]["FunctionResponseTypes"],
+            Value::Sequence(vec!["ReportBatchItemFailures".into()])
+        );
+        for parameter in ["BatchSize", "MaximumConcurrency"] {
+            assert!(template["Parameters"].get(parameter).is_some(), "{parameter} is not a parameter");
+        }
     }
 }
 
 #[test]
 fn the_queue_has_a_dead_letter_queue_and_outlasts_six_function_timeouts() {
-    let template = template();
-    let queue = &resource(&template, "WorkQueue")["Properties"];
-    assert_eq!(queue["RedrivePolicy"]["deadLetterTargetArn"], get_att("DeadLetterQueue.Arn"));
-    assert!(queue["RedrivePolicy"].get("maxReceiveCount").is_some());
-    let timeout = number(&template["Globals"]["Function"]["Timeout"]);
-    assert!(resource(&template, "ConsumerFunction")["Properties"].get("Timeout").is_none(), "timeout overridden");
-    assert!(number(&queue["VisibilityTimeout"]) >= 6 * timeout);
-    assert_eq!(queue["SqsManagedSseEnabled"], true);
-    assert_eq!(resource(&template, "DeadLetterQueue")["Properties"]["SqsManagedSseEnabled"], true);
+    for template in templates() {
+        let queue = &resource(&template, "WorkQueue")["Properties"];
+        assert_eq!(queue["RedrivePolicy"]["deadLetterTargetArn"], get_att("DeadLetterQueue.Arn"));
+        assert!(queue["RedrivePolicy"].get("maxReceiveCount").is_some());
+        let timeout = number(&template["Globals"]["Function"]["Timeout"]);
+        assert!(resource(&template, "ConsumerFunction")["Properties"].get("Timeout").is_none(), "timeout overridden");
+        assert!(number(&queue["VisibilityTimeout"]) >= 6 * timeout);
+        assert_eq!(queue["SqsManagedSseEnabled"], true);
+        assert_eq!(resource(&template, "DeadLetterQueue")["Properties"]["SqsManagedSseEnabled"], true);
+    }
 }
 
 #[test]
 fn the_table_matches_the_store_layout() {
-    let template = template();
-    let table = &resource(&template, "IdempotencyTable")["Properties"];
-    let attributes = Attributes::default();
-    assert_eq!(table["BillingMode"], "PAY_PER_REQUEST");
-    assert_eq!(table["KeySchema"][0]["AttributeName"], attributes.id.as_str());
-    assert_eq!(table["KeySchema"][0]["KeyType"], "HASH");
-    assert_eq!(table["AttributeDefinitions"][0]["AttributeType"], "S");
-    assert_eq!(table["TimeToLiveSpecification"]["AttributeName"], attributes.expiry.as_str());
-    assert_eq!(table["TimeToLiveSpecification"]["Enabled"], true);
-    assert_eq!(table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"], true);
-    let index = &table["GlobalSecondaryIndexes"][0];
-    assert_eq!(index["IndexName"], OPEN_INDEX);
-    assert_eq!(index["KeySchema"][0]["AttributeName"], OPEN_STATUS);
-    assert_eq!(index["KeySchema"][1]["AttributeName"], attributes.id.as_str());
+    for template in templates() {
+        let table = &resource(&template, "IdempotencyTable")["Properties"];
+        let attributes = Attributes::default();
+        assert_eq!(table["BillingMode"], "PAY_PER_REQUEST");
+        assert_eq!(table["KeySchema"][0]["AttributeName"], attributes.id.as_str());
+        assert_eq!(table["KeySchema"][0]["KeyType"], "HASH");
+        assert_eq!(table["AttributeDefinitions"][0]["AttributeType"], "S");
+        assert_eq!(table["TimeToLiveSpecification"]["AttributeName"], attributes.expiry.as_str());
+        assert_eq!(table["TimeToLiveSpecification"]["Enabled"], true);
+        assert_eq!(table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"], true);
+        let index = &table["GlobalSecondaryIndexes"][0];
+        assert_eq!(index["IndexName"], OPEN_INDEX);
+        assert_eq!(index["KeySchema"][0]["AttributeName"], OPEN_STATUS);
+        assert_eq!(index["KeySchema"][1]["AttributeName"], attributes.id.as_str());
+    }
 }
 
 /// A statement's actions, sorted, and its resource as YAML.
@@ -125,72 +153,75 @@ fn grant(statement: &Value) -> (Vec<&str>, String) {
 
 #[test]
 fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_given() {
-    let template = template();
-    let policies = resource(&template, "ConsumerFunction")["Properties"]["Policies"].as_sequence().unwrap();
-    assert_eq!(policies.len(), 1, "no policy templates such as DynamoDBCrudPolicy");
-    let statements = policies[0]["Statement"].as_sequence().unwrap();
-    // Statements granted whatever the handler, and those granted on a condition (`!If [Condition, Statement, !Ref AWS::NoValue]`).
-    let (conditional, always): (Vec<&Value>, Vec<&Value>) =
-        statements.iter().partition(|statement| matches!(statement, Value::Tagged(tagged) if tagged.tag == "If"));
-    let grants: BTreeSet<(Vec<&str>, String)> = always.iter().map(|statement| grant(statement)).collect();
-    let on = |target: &str| serde_yaml::to_string(&get_att(target)).unwrap();
-    let sub = |text: &str| {
-        let value =
-            Value::Tagged(Box::new(TaggedValue { tag: serde_yaml::value::Tag::new("Sub"), value: text.into() }));
-        serde_yaml::to_string(&value).unwrap()
-    };
-    let expected = BTreeSet::from([
-        (
-            vec![
-                "dynamodb:BatchGetItem",
-                "dynamodb:DeleteItem",
-                "dynamodb:GetItem",
-                "dynamodb:PartiQLDelete",
-                "dynamodb:PartiQLInsert",
-                "dynamodb:PartiQLUpdate",
-                "dynamodb:PutItem",
-                "dynamodb:UpdateItem",
-            ],
-            on("IdempotencyTable.Arn"),
-        ),
-        (vec!["dynamodb:Query"], sub(&format!("${{IdempotencyTable.Arn}}/index/{OPEN_INDEX}"))),
-        (vec!["sqs:ChangeMessageVisibility"], on("WorkQueue.Arn")),
-        (vec!["sqs:SendMessage"], on("DeadLetterQueue.Arn")),
-    ]);
-    assert_eq!(grants, expected);
-    let given: BTreeSet<(String, Vec<&str>, String)> = conditional
-        .iter()
-        .map(|statement| {
-            let Value::Tagged(tagged) = statement else { unreachable!() };
-            let branches = tagged.value.as_sequence().unwrap();
-            assert_eq!(branches[2], reference("AWS::NoValue"), "nothing granted otherwise");
-            let (actions, resource) = grant(&branches[1]);
-            (branches[0].as_str().unwrap().to_owned(), actions, resource)
-        })
-        .collect();
-    let parameter = |name: &str| serde_yaml::to_string(&reference(name)).unwrap();
-    let expected_given = BTreeSet::from([
-        ("IsLedger".to_owned(), vec!["dynamodb:UpdateItem"], on("LedgerTable.Arn")),
-        ("IsLedger".to_owned(), vec!["sqs:SendMessage"], on("LedgerNoticeQueue.Arn")),
-        (
-            "HasHandlerTables".to_owned(),
-            vec!["dynamodb:ConditionCheckItem", "dynamodb:DeleteItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
-            parameter("HandlerTableArns"),
-        ),
-        ("HasHandlerQueues".to_owned(), vec!["sqs:SendMessage"], parameter("HandlerQueueArns")),
-        ("HasHandlerTopics".to_owned(), vec!["sns:Publish"], parameter("HandlerTopicArns")),
-        ("HasHandlerEventBuses".to_owned(), vec!["events:PutEvents"], parameter("HandlerEventBusArns")),
-    ]);
-    assert_eq!(given, expected_given);
-    for name in ["HandlerTableArns", "HandlerQueueArns", "HandlerTopicArns", "HandlerEventBusArns"] {
-        assert_eq!(template["Parameters"][name]["Type"], "CommaDelimitedList", "{name}");
-        assert_eq!(template["Parameters"][name]["Default"], "", "{name}: nothing granted by default");
+    for template in templates() {
+        let policies = resource(&template, "ConsumerFunction")["Properties"]["Policies"].as_sequence().unwrap();
+        assert_eq!(policies.len(), 1, "no policy templates such as DynamoDBCrudPolicy");
+        let statements = policies[0]["Statement"].as_sequence().unwrap();
+        // Statements granted whatever the handler, and those granted on a condition (`!If [Condition, Statement, !Ref AWS::NoValue]`).
+        let (conditional, always): (Vec<&Value>, Vec<&Value>) =
+            statements.iter().partition(|statement| matches!(statement, Value::Tagged(tagged) if tagged.tag == "If"));
+        let grants: BTreeSet<(Vec<&str>, String)> = always.iter().map(|statement| grant(statement)).collect();
+        let on = |target: &str| serde_yaml::to_string(&get_att(target)).unwrap();
+        let sub = |text: &str| {
+            let value =
+                Value::Tagged(Box::new(TaggedValue { tag: serde_yaml::value::Tag::new("Sub"), value: text.into() }));
+            serde_yaml::to_string(&value).unwrap()
+        };
+        let expected = BTreeSet::from([
+            (
+                vec![
+                    "dynamodb:BatchGetItem",
+                    "dynamodb:DeleteItem",
+                    "dynamodb:GetItem",
+                    "dynamodb:PartiQLDelete",
+                    "dynamodb:PartiQLInsert",
+                    "dynamodb:PartiQLUpdate",
+                    "dynamodb:PutItem",
+                    "dynamodb:UpdateItem",
+                ],
+                on("IdempotencyTable.Arn"),
+            ),
+            (vec!["dynamodb:Query"], sub(&format!("${{IdempotencyTable.Arn}}/index/{OPEN_INDEX}"))),
+            (vec!["sqs:ChangeMessageVisibility"], on("WorkQueue.Arn")),
+            (vec!["sqs:SendMessage"], on("DeadLetterQueue.Arn")),
+        ]);
+        assert_eq!(grants, expected);
+        let given: BTreeSet<(String, Vec<&str>, String)> = conditional
+            .iter()
+            .map(|statement| {
+                let Value::Tagged(tagged) = statement else { unreachable!() };
+                let branches = tagged.value.as_sequence().unwrap();
+                assert_eq!(branches[2], reference("AWS::NoValue"), "nothing granted otherwise");
+                let (actions, resource) = grant(&branches[1]);
+                (branches[0].as_str().unwrap().to_owned(), actions, resource)
+            })
+            .collect();
+        let parameter = |name: &str| serde_yaml::to_string(&reference(name)).unwrap();
+        let mut expected_given = BTreeSet::from([
+            (
+                "HasHandlerTables".to_owned(),
+                vec!["dynamodb:ConditionCheckItem", "dynamodb:DeleteItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+                parameter("HandlerTableArns"),
+            ),
+            ("HasHandlerQueues".to_owned(), vec!["sqs:SendMessage"], parameter("HandlerQueueArns")),
+            ("HasHandlerTopics".to_owned(), vec!["sns:Publish"], parameter("HandlerTopicArns")),
+            ("HasHandlerEventBuses".to_owned(), vec!["events:PutEvents"], parameter("HandlerEventBusArns")),
+        ]);
+        if bundled(&template) {
+            expected_given.insert(("IsLedger".to_owned(), vec!["dynamodb:UpdateItem"], on("LedgerTable.Arn")));
+            expected_given.insert(("IsLedger".to_owned(), vec!["sqs:SendMessage"], on("LedgerNoticeQueue.Arn")));
+        }
+        assert_eq!(given, expected_given);
+        for name in ["HandlerTableArns", "HandlerQueueArns", "HandlerTopicArns", "HandlerEventBusArns"] {
+            assert_eq!(template["Parameters"][name]["Type"], "CommaDelimitedList", "{name}");
+            assert_eq!(template["Parameters"][name]["Default"], "", "{name}: nothing granted by default");
+        }
+        let text = serde_yaml::to_string(policies).unwrap();
+        assert!(!text.contains('*'), "no wildcards in the role: {text}");
+        // The dead-letter queue the role may send to is the one the function sends to.
+        let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
+        assert_eq!(variables["SQS_ONCE_DLQ_URL"], reference("DeadLetterQueue"));
     }
-    let text = serde_yaml::to_string(policies).unwrap();
-    assert!(!text.contains('*'), "no wildcards in the role: {text}");
-    // The dead-letter queue the role may send to is the one the function sends to.
-    let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
-    assert_eq!(variables["SQS_ONCE_DLQ_URL"], reference("DeadLetterQueue"));
 }
 
 #[test]
@@ -213,21 +244,42 @@ fn the_ledger_handler_gets_its_balances_and_notice_queue_from_the_stack() {
 }
 
 #[test]
+fn a_new_consumers_template_is_the_repositorys_without_the_bundled_handlers() {
+    let [repository, new] = templates();
+    let names = |template: &Value, section: &str| -> BTreeSet<String> {
+        template[section].as_mapping().unwrap().keys().map(|key| key.as_str().unwrap().to_owned()).collect()
+    };
+    let bundled = |section: &str, bundled: &[&str]| -> BTreeSet<String> {
+        let mut left = names(&repository, section);
+        bundled.iter().for_each(|name| assert!(left.remove(*name), "{section}: no {name}"));
+        left
+    };
+    assert_eq!(names(&new, "Parameters"), bundled("Parameters", &["HandlerName"]));
+    assert_eq!(names(&new, "Conditions"), bundled("Conditions", &["IsLedger"]));
+    assert_eq!(names(&new, "Resources"), bundled("Resources", &["LedgerTable", "LedgerNoticeQueue"]));
+    assert_eq!(names(&new, "Outputs"), bundled("Outputs", &["LedgerTableName", "LedgerNoticeQueueUrl"]));
+    let text = serde_yaml::to_string(&new).unwrap();
+    assert!(!text.contains("Ledger") && !text.contains("HandlerName"), "{text}");
+}
+
+#[test]
 fn a_fifo_variant_is_one_parameter_away() {
-    let template = template();
-    assert!(template["Parameters"]["QueueType"]["AllowedValues"].as_sequence().unwrap().contains(&"fifo".into()));
-    let queue = &resource(&template, "WorkQueue")["Properties"];
-    assert!(matches!(&queue["FifoQueue"], Value::Tagged(tagged) if tagged.tag == "If"));
-    let work = &resource(&template, "ConsumerFunction")["Properties"]["Events"]["Work"]["Properties"];
-    // FIFO event sources take no batching window.
-    assert!(matches!(&work["MaximumBatchingWindowInSeconds"], Value::Tagged(tagged) if tagged.tag == "If"));
+    for template in templates() {
+        assert!(template["Parameters"]["QueueType"]["AllowedValues"].as_sequence().unwrap().contains(&"fifo".into()));
+        let queue = &resource(&template, "WorkQueue")["Properties"];
+        assert!(matches!(&queue["FifoQueue"], Value::Tagged(tagged) if tagged.tag == "If"));
+        let work = &resource(&template, "ConsumerFunction")["Properties"]["Events"]["Work"]["Properties"];
+        // FIFO event sources take no batching window.
+        assert!(matches!(&work["MaximumBatchingWindowInSeconds"], Value::Tagged(tagged) if tagged.tag == "If"));
+    }
 }
 
 #[test]
 fn the_outputs_name_what_a_user_needs() {
-    let template = template();
-    for output in ["QueueUrl", "DeadLetterQueueUrl", "TableName", "FunctionName"] {
-        assert!(template["Outputs"].get(output).is_some(), "{output} missing");
+    for template in templates() {
+        for output in ["QueueUrl", "DeadLetterQueueUrl", "TableName", "FunctionName"] {
+            assert!(template["Outputs"].get(output).is_some(), "{output} missing");
+        }
     }
 }
 
@@ -270,134 +322,141 @@ fn alarms(template: &Value) -> Vec<(&str, &Value)> {
 
 #[test]
 fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
-    let template = template();
-    let alarms = alarms(&template);
-    let watched: BTreeSet<(String, String, String)> = alarms
-        .iter()
-        .map(|(name, alarm)| {
-            let dimensions = alarm["Dimensions"].as_sequence().unwrap();
-            assert_eq!(dimensions.len(), 1, "{name}: one dimension");
-            let target = serde_yaml::to_string(&dimensions[0]).unwrap();
-            (alarm["Namespace"].as_str().unwrap().to_owned(), alarm["MetricName"].as_str().unwrap().to_owned(), target)
-        })
-        .collect();
-    let dimension = |name: &str, value: Value| {
-        let mut mapping = serde_yaml::Mapping::new();
-        mapping.insert("Name".into(), name.into());
-        mapping.insert("Value".into(), value);
-        serde_yaml::to_string(&Value::Mapping(mapping)).unwrap()
-    };
-    let function = || dimension("FunctionName", reference("ConsumerFunction"));
-    let namespace = NAMESPACE.to_owned();
-    let expected = BTreeSet::from([
-        (
-            "AWS/SQS".to_owned(),
-            "ApproximateNumberOfMessagesVisible".to_owned(),
-            dimension("QueueName", get_att("DeadLetterQueue.QueueName")),
-        ),
-        (
-            "AWS/SQS".to_owned(),
-            "ApproximateAgeOfOldestMessage".to_owned(),
-            dimension("QueueName", get_att("WorkQueue.QueueName")),
-        ),
-        (namespace.clone(), "FailedPermanent".to_owned(), function()),
-        (namespace.clone(), "FailedStoreError".to_owned(), function()),
-        (namespace.clone(), "OutboxFailed".to_owned(), function()),
-        ("AWS/Lambda".to_owned(), "Errors".to_owned(), function()),
-    ]);
-    assert_eq!(watched, expected);
+    for template in templates() {
+        let alarms = alarms(&template);
+        let watched: BTreeSet<(String, String, String)> = alarms
+            .iter()
+            .map(|(name, alarm)| {
+                let dimensions = alarm["Dimensions"].as_sequence().unwrap();
+                assert_eq!(dimensions.len(), 1, "{name}: one dimension");
+                let target = serde_yaml::to_string(&dimensions[0]).unwrap();
+                (
+                    alarm["Namespace"].as_str().unwrap().to_owned(),
+                    alarm["MetricName"].as_str().unwrap().to_owned(),
+                    target,
+                )
+            })
+            .collect();
+        let dimension = |name: &str, value: Value| {
+            let mut mapping = serde_yaml::Mapping::new();
+            mapping.insert("Name".into(), name.into());
+            mapping.insert("Value".into(), value);
+            serde_yaml::to_string(&Value::Mapping(mapping)).unwrap()
+        };
+        let function = || dimension("FunctionName", reference("ConsumerFunction"));
+        let namespace = NAMESPACE.to_owned();
+        let expected = BTreeSet::from([
+            (
+                "AWS/SQS".to_owned(),
+                "ApproximateNumberOfMessagesVisible".to_owned(),
+                dimension("QueueName", get_att("DeadLetterQueue.QueueName")),
+            ),
+            (
+                "AWS/SQS".to_owned(),
+                "ApproximateAgeOfOldestMessage".to_owned(),
+                dimension("QueueName", get_att("WorkQueue.QueueName")),
+            ),
+            (namespace.clone(), "FailedPermanent".to_owned(), function()),
+            (namespace.clone(), "FailedStoreError".to_owned(), function()),
+            (namespace.clone(), "OutboxFailed".to_owned(), function()),
+            ("AWS/Lambda".to_owned(), "Errors".to_owned(), function()),
+        ]);
+        assert_eq!(watched, expected);
 
-    let published = published_metrics();
-    for (name, alarm) in &alarms {
-        if alarm["Namespace"] == namespace.as_str() {
-            assert!(published.contains(alarm["MetricName"].as_str().unwrap()), "{name}: not a published metric");
+        let published = published_metrics();
+        for (name, alarm) in &alarms {
+            if alarm["Namespace"] == namespace.as_str() {
+                assert!(published.contains(alarm["MetricName"].as_str().unwrap()), "{name}: not a published metric");
+            }
+            assert_eq!(alarm["ComparisonOperator"], "GreaterThanThreshold", "{name}");
+            assert_eq!(alarm["TreatMissingData"], "notBreaching", "{name}: no data is no failure");
+            let actions = serde_yaml::to_string(&alarm["AlarmActions"]).unwrap();
+            assert!(actions.contains("AlarmTopicArn") && actions.contains("AlarmTopic"), "{name}: {actions}");
+            assert_eq!(alarm["OKActions"], alarm["AlarmActions"], "{name}");
+            let age = alarm["MetricName"] == "ApproximateAgeOfOldestMessage";
+            let threshold = if age { reference("OldestMessageAlarmSeconds") } else { Value::from(0) };
+            assert_eq!(alarm["Threshold"], threshold, "{name}: any failure alarms");
         }
-        assert_eq!(alarm["ComparisonOperator"], "GreaterThanThreshold", "{name}");
-        assert_eq!(alarm["TreatMissingData"], "notBreaching", "{name}: no data is no failure");
-        let actions = serde_yaml::to_string(&alarm["AlarmActions"]).unwrap();
-        assert!(actions.contains("AlarmTopicArn") && actions.contains("AlarmTopic"), "{name}: {actions}");
-        assert_eq!(alarm["OKActions"], alarm["AlarmActions"], "{name}");
-        let age = alarm["MetricName"] == "ApproximateAgeOfOldestMessage";
-        let threshold = if age { reference("OldestMessageAlarmSeconds") } else { Value::from(0) };
-        assert_eq!(alarm["Threshold"], threshold, "{name}: any failure alarms");
     }
 }
 
 #[test]
 fn alarms_notify_a_topic_given_or_one_of_the_stack_with_an_optional_email() {
-    let template = template();
-    for parameter in ["AlarmEmail", "AlarmTopicArn", "OldestMessageAlarmSeconds"] {
-        assert!(template["Parameters"].get(parameter).is_some(), "{parameter} is not a parameter");
+    for template in templates() {
+        for parameter in ["AlarmEmail", "AlarmTopicArn", "OldestMessageAlarmSeconds"] {
+            assert!(template["Parameters"].get(parameter).is_some(), "{parameter} is not a parameter");
+        }
+        assert_eq!(template["Parameters"]["AlarmEmail"]["Default"], "");
+        assert_eq!(template["Parameters"]["AlarmTopicArn"]["Default"], "");
+        assert_eq!(resource(&template, "AlarmTopic")["Condition"], "CreateAlarmTopic");
+        let subscription = resource(&template, "AlarmEmailSubscription");
+        assert_eq!(subscription["Condition"], "HasAlarmEmail");
+        assert_eq!(subscription["Properties"]["Protocol"], "email");
+        assert_eq!(subscription["Properties"]["Endpoint"], reference("AlarmEmail"));
+        assert!(template["Outputs"].get("AlarmTopicArn").is_some());
     }
-    assert_eq!(template["Parameters"]["AlarmEmail"]["Default"], "");
-    assert_eq!(template["Parameters"]["AlarmTopicArn"]["Default"], "");
-    assert_eq!(resource(&template, "AlarmTopic")["Condition"], "CreateAlarmTopic");
-    let subscription = resource(&template, "AlarmEmailSubscription");
-    assert_eq!(subscription["Condition"], "HasAlarmEmail");
-    assert_eq!(subscription["Properties"]["Protocol"], "email");
-    assert_eq!(subscription["Properties"]["Endpoint"], reference("AlarmEmail"));
-    assert!(template["Outputs"].get("AlarmTopicArn").is_some());
 }
 
 #[test]
 fn the_dashboard_graphs_published_metrics_and_shows_every_alarm() {
-    let template = template();
-    let Value::Tagged(body) = &resource(&template, "Dashboard")["Properties"]["DashboardBody"] else {
-        panic!("the dashboard body is not a !Sub")
-    };
-    assert_eq!(body.tag, "Sub");
-    // `${...}` references become plain strings, which leaves JSON.
-    let text = body.value.as_str().unwrap();
-    let mut json = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        let end = start + rest[start..].find('}').unwrap();
-        json.push_str(&rest[..start]);
-        json.push_str(&rest[start + 2..end].replace('.', "_"));
-        rest = &rest[end + 1..];
-    }
-    json.push_str(rest);
-    let body: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|error| panic!("{error}: {json}"));
-    let widgets = body["widgets"].as_array().unwrap();
+    for template in templates() {
+        let Value::Tagged(body) = &resource(&template, "Dashboard")["Properties"]["DashboardBody"] else {
+            panic!("the dashboard body is not a !Sub")
+        };
+        assert_eq!(body.tag, "Sub");
+        // `${...}` references become plain strings, which leaves JSON.
+        let text = body.value.as_str().unwrap();
+        let mut json = String::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            let end = start + rest[start..].find('}').unwrap();
+            json.push_str(&rest[..start]);
+            json.push_str(&rest[start + 2..end].replace('.', "_"));
+            rest = &rest[end + 1..];
+        }
+        json.push_str(rest);
+        let body: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|error| panic!("{error}: {json}"));
+        let widgets = body["widgets"].as_array().unwrap();
 
-    let namespace = NAMESPACE.to_owned();
-    let published = published_metrics();
-    let mut graphed = BTreeSet::new();
-    for widget in widgets.iter().filter(|widget| widget["type"] == "metric") {
-        let mut current = String::new();
-        for metric in widget["properties"]["metrics"].as_array().unwrap() {
-            let metric = metric.as_array().unwrap();
-            match metric[0].as_str() {
-                Some(".") => {}
-                Some("...") => continue,
-                Some(namespace) => current = namespace.to_owned(),
-                None => panic!("a metric row without a namespace: {metric:?}"),
-            }
-            if current == namespace {
-                let name = metric[1].as_str().unwrap().to_owned();
-                assert!(published.contains(&name), "{name} is graphed but never published");
-                graphed.insert(name);
+        let namespace = NAMESPACE.to_owned();
+        let published = published_metrics();
+        let mut graphed = BTreeSet::new();
+        for widget in widgets.iter().filter(|widget| widget["type"] == "metric") {
+            let mut current = String::new();
+            for metric in widget["properties"]["metrics"].as_array().unwrap() {
+                let metric = metric.as_array().unwrap();
+                match metric[0].as_str() {
+                    Some(".") => {}
+                    Some("...") => continue,
+                    Some(namespace) => current = namespace.to_owned(),
+                    None => panic!("a metric row without a namespace: {metric:?}"),
+                }
+                if current == namespace {
+                    let name = metric[1].as_str().unwrap().to_owned();
+                    assert!(published.contains(&name), "{name} is graphed but never published");
+                    graphed.insert(name);
+                }
             }
         }
+        for name in [
+            "Processed",
+            "Duplicates",
+            "Conflicts",
+            "Failed",
+            "FailedPermanent",
+            "FailedStoreError",
+            "FailedUncommitted",
+            "OutboxFailed",
+        ] {
+            assert!(graphed.contains(name), "{name} is not on the dashboard");
+        }
+        let shown: BTreeSet<&str> = widgets
+            .iter()
+            .filter(|widget| widget["type"] == "alarm")
+            .flat_map(|widget| widget["properties"]["alarms"].as_array().unwrap())
+            .map(|alarm| alarm.as_str().unwrap())
+            .collect();
+        let alarms: BTreeSet<String> = alarms(&template).iter().map(|(name, _)| format!("{name}_Arn")).collect();
+        assert_eq!(shown, alarms.iter().map(String::as_str).collect());
     }
-    for name in [
-        "Processed",
-        "Duplicates",
-        "Conflicts",
-        "Failed",
-        "FailedPermanent",
-        "FailedStoreError",
-        "FailedUncommitted",
-        "OutboxFailed",
-    ] {
-        assert!(graphed.contains(name), "{name} is not on the dashboard");
-    }
-    let shown: BTreeSet<&str> = widgets
-        .iter()
-        .filter(|widget| widget["type"] == "alarm")
-        .flat_map(|widget| widget["properties"]["alarms"].as_array().unwrap())
-        .map(|alarm| alarm.as_str().unwrap())
-        .collect();
-    let alarms: BTreeSet<String> = alarms(&template).iter().map(|(name, _)| format!("{name}_Arn")).collect();
-    assert_eq!(shown, alarms.iter().map(String::as_str).collect());
 }

@@ -18,8 +18,8 @@
 //! `expiration`, `in_progress_expiration`, `status`, `data`, `validation`), so
 //! a table can be shared with functions that use it; tables keyed by a static
 //! partition value and a sort key are supported as Powertools supports them.
-//!
-#![doc = include_str!("../../docs/dynamodb.md")]
+//! The reference (layout, requests, capacity, IAM) is docs/dynamodb.md, the
+//! documentation of [`DynamoDbStore`].
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -72,6 +72,8 @@ type Item = HashMap<String, AttributeValue>;
 /// # Ok(())
 /// # }
 /// ```
+///
+#[doc = include_str!("../../docs/dynamodb.md")]
 #[derive(Debug, Clone)]
 pub struct DynamoDbStore {
     client: Client,

@@ -130,20 +130,26 @@ async fn relay(
 /// A fresh table for the items handlers write, keyed by the string `pk`,
 /// as a ledger's accounts are: its name.
 pub async fn items_table() -> String {
+    plain_table("items", "pk").await
+}
+
+/// A fresh on-demand table named after `prefix`, keyed by the string
+/// attribute `key` alone, with no index: its name.
+pub async fn plain_table(prefix: &str, key: &str) -> String {
     use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
-    let client = client().await;
-    let name = unique_name("items");
-    client
+    let name = unique_name(prefix);
+    client()
+        .await
         .create_table()
         .table_name(&name)
         .billing_mode(BillingMode::PayPerRequest)
         .attribute_definitions(
-            AttributeDefinition::builder().attribute_name("pk").attribute_type(ScalarAttributeType::S).build().unwrap(),
+            AttributeDefinition::builder().attribute_name(key).attribute_type(ScalarAttributeType::S).build().unwrap(),
         )
-        .key_schema(KeySchemaElement::builder().attribute_name("pk").key_type(KeyType::Hash).build().unwrap())
+        .key_schema(KeySchemaElement::builder().attribute_name(key).key_type(KeyType::Hash).build().unwrap())
         .send()
         .await
-        .expect("create the items table");
+        .unwrap_or_else(|error| panic!("create the table {name}: {error}"));
     name
 }
 

@@ -209,20 +209,8 @@ async fn a_commit_whose_claim_was_taken_over_is_refused_with_the_claim_returned(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_table_without_the_index_the_outbox_and_the_claims_are_read_whole_and_apart() {
-    use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
     let (client, _) = crate::store::dynamodb::client().await;
-    let table = testkit::dynamodb::unique_name("no-index");
-    client
-        .create_table()
-        .table_name(&table)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder().attribute_name("id").attribute_type(ScalarAttributeType::S).build().unwrap(),
-        )
-        .key_schema(KeySchemaElement::builder().attribute_name("id").key_type(KeyType::Hash).build().unwrap())
-        .send()
-        .await
-        .unwrap();
+    let table = testkit::dynamodb::plain_table("no-index", "id").await;
     let store = Arc::new(DynamoDbStore::new(client, TableLayout::new(&table)));
     let claims = Claims::new(store.clone());
     let balances = items_table().await;

@@ -1,0 +1,325 @@
+//! `sqs-once new <path>`: a consumer crate of one's own, ready to test,
+//! `invoke` offline and deploy with SAM.
+//!
+//! The crate is this repository's example `own_consumer` as its
+//! `src/main.rs` (a handler, its tests through `sqs_once::testing`, and
+//! `sqs_once::run`), the repository's `template.yaml` without the bundled
+//! handlers' parts and building the new crate's binary, its `samconfig.toml`
+//! and `env.json`, and the example's event as `events/batch.json`: the files
+//! the repository tests are the files a new crate starts from.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+/// The example the new crate's `src/main.rs` is.
+const MAIN: &str = include_str!("../../examples/own_consumer.rs");
+/// Its sample event, processed by `cargo run -- invoke events/batch.json`.
+const EVENT: &str = include_str!("../../events/payments.json");
+const TEMPLATE: &str = include_str!("../../template.yaml");
+const SAMCONFIG: &str = include_str!("../../samconfig.toml");
+/// The settings `sam local invoke` gives the function (samconfig.toml names it).
+const SAM_LOCAL_ENV: &str = include_str!("../../env.json");
+
+/// The version of the library this binary was built with, which a new
+/// crate depends on unless told otherwise.
+const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Where the new crate gets the `sqs-once` library from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Library {
+    /// crates.io, at this version requirement.
+    Registry(String),
+    /// A directory holding the library's `Cargo.toml`: a checkout, or a
+    /// package `cargo package` unpacked.
+    Path(PathBuf),
+}
+
+impl Default for Library {
+    /// The version this binary was built with.
+    fn default() -> Self {
+        Self::Registry(LIBRARY_VERSION.to_owned())
+    }
+}
+
+impl Library {
+    /// The library in the directory `path` (made absolute, as the new crate
+    /// lives elsewhere), which must hold a `Cargo.toml`.
+    pub fn local(path: &Path) -> Result<Self, NewError> {
+        let path = fs::canonicalize(path).map_err(|source| NewError::Library { path: path.to_owned(), source })?;
+        match path.join("Cargo.toml").is_file() {
+            true => Ok(Self::Path(path)),
+            false => Err(NewError::Library { path, source: io::ErrorKind::NotFound.into() }),
+        }
+    }
+
+    /// The dependency as `Cargo.toml` spells it, with `features`.
+    fn dependency(&self, features: &[&str]) -> String {
+        let source = match self {
+            Self::Registry(version) => format!("version = {}", toml_string(version)),
+            Self::Path(path) => format!("path = {}", toml_string(&path.to_string_lossy())),
+        };
+        let features = match features {
+            [] => String::new(),
+            features => {
+                format!(", features = [{}]", features.iter().map(|f| toml_string(f)).collect::<Vec<_>>().join(", "))
+            }
+        };
+        format!("sqs-once = {{ {source}{features} }}")
+    }
+}
+
+/// Why `sqs-once new` wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum NewError {
+    /// Something is already at the path; it is left as it is.
+    #[error("{} already exists; `sqs-once new` writes a new directory and never into an existing one", .0.display())]
+    Exists(PathBuf),
+    /// The directory's name cannot name a crate.
+    #[error("`{name}` cannot name a crate: {reason}")]
+    InvalidName {
+        /// The directory's last component.
+        name: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// `--library-path` names no directory with a `Cargo.toml`.
+    #[error("{} holds no library to depend on (its Cargo.toml: {source})", path.display())]
+    Library {
+        /// The directory given.
+        path: PathBuf,
+        /// Why it cannot be read.
+        source: io::Error,
+    },
+    /// Writing failed; what was written is removed again.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the file system said.
+        source: io::Error,
+    },
+}
+
+/// Writes a consumer crate at `path`, named after its last component, and
+/// returns the files written, relative to `path`.
+///
+/// Nothing is written when `path` exists or its name cannot name a crate;
+/// when a write fails, the directory is removed again.
+///
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// let files = sqs_once_app::new::create(&dir.path().join("payments"), &Default::default())?;
+/// assert!(files.iter().any(|file| file.ends_with("template.yaml")));
+/// let manifest = std::fs::read_to_string(dir.path().join("payments/Cargo.toml"))?;
+/// assert!(manifest.contains("name = \"payments\""));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn create(path: &Path, library: &Library) -> Result<Vec<PathBuf>, NewError> {
+    let name = crate_name(path)?;
+    let files = files(&name, library);
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(|source| NewError::Write { path: parent.to_owned(), source })?;
+    }
+    // `create_dir` refuses an existing path atomically: nothing is overwritten
+    // even if the path appears between a check and the write.
+    fs::create_dir(path).map_err(|source| match source.kind() {
+        io::ErrorKind::AlreadyExists => NewError::Exists(path.to_owned()),
+        _ => NewError::Write { path: path.to_owned(), source },
+    })?;
+    let written = files.iter().try_for_each(|(file, text)| write(&path.join(file), text));
+    if let Err(error) = written {
+        // Best effort: the error that stopped the writes is the one to report.
+        let _ = fs::remove_dir_all(path);
+        return Err(error);
+    }
+    Ok(files.into_iter().map(|(file, _)| PathBuf::from(file)).collect())
+}
+
+fn write(path: &Path, text: &str) -> Result<(), NewError> {
+    let failed = |source| NewError::Write { path: path.to_owned(), source };
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(failed)?;
+    }
+    fs::write(path, text).map_err(failed)
+}
+
+/// The new crate's files, relative to its directory, and their text.
+fn files(name: &str, library: &Library) -> Vec<(&'static str, String)> {
+    vec![
+        ("Cargo.toml", manifest(name, library)),
+        ("src/main.rs", MAIN.to_owned()),
+        ("events/batch.json", EVENT.to_owned()),
+        ("template.yaml", template(name)),
+        (
+            "samconfig.toml",
+            SAMCONFIG.replace("stack_name = \"sqs-once\"", &format!("stack_name = {}", toml_string(name))),
+        ),
+        ("env.json", SAM_LOCAL_ENV.to_owned()),
+        (".gitignore", "/target\n/.aws-sam\n/.sqs-once\n".to_owned()),
+        ("README.md", readme(name)),
+    ]
+}
+
+fn manifest(name: &str, library: &Library) -> String {
+    format!(
+        r#"[package]
+name = {name}
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+{library}
+serde = {{ version = "1", features = ["derive"] }}
+serde_json = "1"
+tokio = {{ version = "1", features = ["macros", "rt-multi-thread"] }}
+
+[dev-dependencies]
+# `sqs_once::testing`: the handler through the real engine in tests.
+{testing}
+
+[profile.release]
+lto = true
+codegen-units = 1
+strip = true
+# A handler's panic must fail its record, not the process: sqs-once catches
+# it by unwinding. cargo-lambda (and so `sam build`) passes `-C panic=abort`
+# unless the profile says otherwise, which would end the whole batch at the
+# first panic; sqs-once refuses to compile without unwinding.
+panic = "unwind"
+"#,
+        name = toml_string(name),
+        library = library.dependency(&[]),
+        testing = library.dependency(&["testing"]),
+    )
+}
+
+/// The repository's template, without the bundled handlers' lines, building
+/// the binary `name`.
+pub fn template(name: &str) -> String {
+    let mut bundled = false;
+    let mut lines = Vec::new();
+    for line in TEMPLATE.lines() {
+        match line.trim() {
+            "# bundled handlers: begin" => bundled = true,
+            "# bundled handlers: end" => bundled = false,
+            _ if bundled => {}
+            "Binary: sqs-once" => lines.push(line.replace("sqs-once", name)),
+            _ => lines.push(line.to_owned()),
+        }
+    }
+    lines.push(String::new());
+    lines.join("\n")
+}
+
+fn readme(name: &str) -> String {
+    format!(
+        "# {name}\n\n\
+         An SQS consumer on AWS Lambda that processes every message effectively once, built with\n\
+         [sqs-once](https://docs.rs/sqs-once). The handler is in `src/main.rs`.\n\n\
+         ```sh\n\
+         cargo test                                   # the handler through sqs-once's engine\n\
+         cargo run -- invoke events/batch.json        # a batch offline, claims in .sqs-once/claims.db\n\
+         sam build && sam deploy --guided             # queue, dead-letter queue, claim table, alarms\n\
+         ```\n"
+    )
+}
+
+/// The crate name `path` gives, checked against the rules Cargo and
+/// crates.io apply.
+fn crate_name(path: &Path) -> Result<String, NewError> {
+    let name = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let invalid = |reason| Err(NewError::InvalidName { name: name.clone(), reason });
+    if name.is_empty() {
+        return invalid("the path has no last component to name the crate after");
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return invalid("a crate name starts with an ASCII letter");
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return invalid("a crate name has only ASCII letters, digits, `-` and `_`");
+    }
+    if name.len() > 64 {
+        return invalid("crates.io takes names of at most 64 characters");
+    }
+    let normalized = name.replace('-', "_").to_ascii_lowercase();
+    if KEYWORDS.contains(&normalized.as_str()) {
+        return invalid("a Rust keyword cannot name a crate");
+    }
+    if RESERVED.contains(&normalized.as_str()) {
+        return invalid("the name is taken by Rust's own crates, by Cargo's build directories, or by sqs-once itself");
+    }
+    Ok(name)
+}
+
+/// Rust's keywords, strict and reserved, which Cargo refuses as package names.
+const KEYWORDS: &[&str] = &[
+    "abstract", "as", "async", "await", "become", "box", "break", "const", "continue", "crate", "do", "dyn", "else",
+    "enum", "extern", "false", "final", "fn", "for", "gen", "if", "impl", "in", "let", "loop", "macro", "match", "mod",
+    "move", "mut", "override", "priv", "pub", "ref", "return", "self", "static", "struct", "super", "trait", "true",
+    "try", "type", "typeof", "unsafe", "unsized", "use", "virtual", "where", "while", "yield",
+];
+
+/// Names a binary crate cannot take: the standard library's crates, Cargo's
+/// directories in `target/`, and the library the crate depends on.
+const RESERVED: &[&str] =
+    &["std", "core", "alloc", "proc_macro", "test", "build", "deps", "examples", "incremental", "sqs_once"];
+
+/// `text` as a TOML basic string.
+fn toml_string(text: &str) -> String {
+    // A JSON string is a TOML basic string for every character JSON escapes.
+    serde_json::Value::from(text).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejected(name: &str) -> &'static str {
+        match crate_name(Path::new(name)) {
+            Err(NewError::InvalidName { reason, .. }) => reason,
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn names_follow_cargos_rules() {
+        assert_eq!(crate_name(Path::new("some/dir/payments-consumer")).unwrap(), "payments-consumer");
+        assert_eq!(crate_name(Path::new("orders_2")).unwrap(), "orders_2");
+        assert!(rejected("2fast").contains("starts with an ASCII letter"));
+        assert!(rejected("_private").contains("starts with an ASCII letter"));
+        assert!(rejected("my consumer").contains("only ASCII letters"));
+        assert!(rejected("café").contains("only ASCII letters"));
+        assert!(rejected(&"a".repeat(65)).contains("64"));
+        assert!(rejected("async").contains("keyword"));
+        assert!(rejected("Self").contains("keyword"));
+        assert!(rejected("sqs-once").contains("sqs-once itself"));
+        assert!(rejected("proc-macro").contains("Rust's own"));
+        assert!(rejected("..").contains("no last component"));
+    }
+
+    #[test]
+    fn the_template_leaves_out_the_bundled_handlers_and_builds_the_new_binary() {
+        let template = template("payments");
+        assert!(!template.contains("bundled handlers"));
+        for bundled in ["HandlerName", "SQS_ONCE_HANDLER", "Ledger", "ledger"] {
+            assert!(!template.contains(bundled), "{bundled} is left in");
+        }
+        assert!(template.contains("        Binary: payments\n"));
+        assert!(!template.contains("Binary: sqs-once"));
+    }
+
+    #[test]
+    fn the_manifest_depends_on_the_library_given_and_unwinds() {
+        let registry = manifest("payments", &Library::default());
+        assert!(registry.contains(&format!("sqs-once = {{ version = \"{LIBRARY_VERSION}\" }}")));
+        assert!(
+            registry.contains(&format!("sqs-once = {{ version = \"{LIBRARY_VERSION}\", features = [\"testing\"] }}"))
+        );
+        assert!(registry.contains("panic = \"unwind\""));
+        let local = manifest("payments", &Library::Path(PathBuf::from("/src/sqs \"once\"")));
+        assert!(local.contains(r#"sqs-once = { path = "/src/sqs \"once\"" }"#), "{local}");
+    }
+}

@@ -1,0 +1,69 @@
+//! `sqs-once new` writes a consumer crate and nothing else: never into an
+//! existing directory, never under a name Cargo would refuse. (The crate it
+//! writes is built, tested, invoked and linted by scripts/new-consumer.)
+
+mod common;
+
+use std::{path::Path, process::Output};
+
+fn new(dir: &Path, args: &[&str]) -> Output {
+    common::command_in(dir).arg("new").args(args).output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_new_crate_is_the_example_with_a_manifest_template_and_event_around_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = new(dir.path(), &["consumers/payments"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let crate_dir = dir.path().join("consumers/payments");
+    let read = |file: &str| std::fs::read_to_string(crate_dir.join(file)).unwrap();
+    let repository =
+        |file: &str| std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file)).unwrap();
+    assert_eq!(read("src/main.rs"), repository("examples/own_consumer.rs"));
+    assert_eq!(read("events/batch.json"), repository("events/payments.json"));
+    assert_eq!(read("template.yaml"), sqs_once_app::new::template("payments"));
+    let manifest = read("Cargo.toml");
+    assert!(manifest.contains("name = \"payments\""), "{manifest}");
+    assert!(manifest.contains("panic = \"unwind\""), "{manifest}");
+    assert!(read("samconfig.toml").contains("stack_name = \"payments\""));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("cargo test"), "it says what to do next: {stdout}");
+}
+
+#[test]
+fn an_existing_directory_is_never_written_into() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("payments")).unwrap();
+    std::fs::write(dir.path().join("payments/Cargo.toml"), "mine").unwrap();
+    let output = new(dir.path(), &["payments"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("payments already exists"), "{}", stderr(&output));
+    assert_eq!(std::fs::read_dir(dir.path().join("payments")).unwrap().count(), 1);
+    assert_eq!(std::fs::read_to_string(dir.path().join("payments/Cargo.toml")).unwrap(), "mine");
+}
+
+#[test]
+fn a_name_cargo_would_refuse_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, reason) in [
+        ("3d-orders", "starts with an ASCII letter"),
+        ("orders!", "only ASCII letters, digits"),
+        ("match", "keyword"),
+        ("sqs_once", "sqs-once itself"),
+    ] {
+        let output = new(dir.path(), &[name]);
+        assert_eq!(output.status.code(), Some(1), "{name}");
+        let stderr = stderr(&output);
+        assert!(
+            stderr.contains(&format!("`{name}` cannot name a crate")) && stderr.contains(reason),
+            "{name}: {stderr}"
+        );
+    }
+    let output = new(dir.path(), &["payments", "--library-path", "no/such/dir"]);
+    assert!(stderr(&output).contains("no/such/dir holds no library"), "{}", stderr(&output));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
+}
