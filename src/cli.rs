@@ -25,6 +25,7 @@ use crate::{
     consumer::{self, Consumer},
     engine::Invocation,
     event::parse_event,
+    handler::BuildHandler,
     logging,
     metrics::{Extra, emf_line},
     operator::{Action, Operator, timestamp},
@@ -32,7 +33,6 @@ use crate::{
     poll::{PollOptions, Poller},
     sqs::Sqs,
     sqs::redelivery::RedeliveryPolicy,
-    start::BuildHandler,
     store::{ClaimQuery, ClaimStore, OutboxQuery},
     store::{ClaimStatus, StoredClaim},
 };

@@ -20,10 +20,6 @@ use crate::{
     store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
-/// The namespace of stored keys when neither `SQS_ONCE_KEY_PREFIX` nor a
-/// Lambda function name gives one.
-pub(crate) const DEFAULT_KEY_PREFIX: &str = "sqs-once";
-
 /// The variable Lambda sets in its execution environments, and nowhere
 /// else: the address of its Runtime API.
 pub(crate) const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
@@ -122,7 +118,7 @@ impl Config {
         let key_prefix = env
             .text("SQS_ONCE_KEY_PREFIX")
             .or_else(|| env.text("AWS_LAMBDA_FUNCTION_NAME"))
-            .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned());
+            .unwrap_or_else(|| crate::key::DEFAULT_KEY_PREFIX.to_owned());
         let defaults = ClaimPolicy::default();
         let claims = ClaimPolicy {
             expires_after: Duration::from_secs(env.parse(

@@ -2,7 +2,7 @@
 
 use std::{fmt, future::Future, sync::Arc};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, LocalBoxFuture};
 use serde_json::Value;
 
 use crate::Record;
@@ -104,6 +104,10 @@ where
 /// A type-erased, shareable handler, so that the engine and the command
 /// line are compiled once, not once per handler type.
 pub(crate) type BoxHandler = Arc<dyn DynHandler>;
+
+/// The handler, built when a command that runs one awaits it; an error is
+/// the reason it cannot start.
+pub(crate) type BuildHandler<'a> = LocalBoxFuture<'a, Result<BoxHandler, String>>;
 
 /// Object-safe form of [`Handler`], implemented for every handler, so that a
 /// handler chosen at run time can drive the engine.

@@ -147,16 +147,15 @@ pub(crate) struct Keys {
     on_missing: OnMissingKey,
 }
 
+/// The namespace of stored keys when neither `SQS_ONCE_KEY_PREFIX` nor a
+/// Lambda function name gives one.
+pub(crate) const DEFAULT_KEY_PREFIX: &str = "sqs-once";
+
 impl Default for Keys {
     /// The message id, under the prefix `sqs-once`, hashed; a record without
     /// a key fails.
     fn default() -> Self {
-        Self {
-            spec: KeySpec::default(),
-            prefix: crate::config::DEFAULT_KEY_PREFIX.into(),
-            hash: true,
-            on_missing: OnMissingKey::Fail,
-        }
+        Self { spec: KeySpec::default(), prefix: DEFAULT_KEY_PREFIX.into(), hash: true, on_missing: OnMissingKey::Fail }
     }
 }
 

@@ -25,9 +25,9 @@ use crate::{
     consumer::Consumer,
     engine::Invocation,
     event::{InvalidEvent, parse_event},
+    handler::BuildHandler,
     lock::lock,
     metrics::{Extra, emf_line},
-    start::BuildHandler,
 };
 
 /// Variables the runtime needs, all set by Lambda itself.

@@ -3,13 +3,12 @@
 
 use std::{convert::Infallible, fmt::Display, process::ExitCode, sync::Arc};
 
-use futures::future::{FutureExt, LocalBoxFuture};
+use futures::future::FutureExt;
 
-use crate::{Handler, handler::BoxHandler};
-
-/// The handler, built when a command that runs one awaits it; an error is
-/// the reason it cannot start.
-pub(crate) type BuildHandler<'a> = LocalBoxFuture<'a, Result<BoxHandler, String>>;
+use crate::{
+    Handler,
+    handler::{BoxHandler, BuildHandler},
+};
 
 /// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
 /// function inside Lambda, otherwise the command line (`invoke`, `poll`,
