@@ -3,13 +3,19 @@
 //!
 //! ```text
 //! throughput ceiling --table T --requests N --concurrency C
+//! throughput batched-ceiling --table T --records N --concurrency K
 //! throughput engine  --table T --event FILE --concurrency C --passes P
 //! throughput ledger  --table T --records N --concurrency C --writes staged|direct
 //! ```
 //!
 //! Each prints JSON objects on standard output. `ceiling` sends N claim
 //! writes (conditional `PutItem`s of new keys, exactly as the store claims
-//! with batching off) at C in flight; `engine` runs the event P times through one engine (the first pass
+//! with batching off) at C in flight; `batched-ceiling` is the server's
+//! rate of records with batched writes, measured by a minimal client: N keys
+//! claimed by conditional PartiQL `INSERT`s, then completed by conditional
+//! `UPDATE`s (the statements the store sends, an open-claims index entry
+//! written and removed), 25 statements a request, K requests in flight,
+//! records/s = N ÷ the time for both; `engine` runs the event P times through one engine (the first pass
 //! as a new process would, later passes with its cache warm), printing a line
 //! per pass. `ledger` creates claim table T and a balances table, and runs N
 //! credits (one each, over 50 accounts) through an engine whose handler
@@ -29,7 +35,10 @@ use std::{
 use aws_sdk_dynamodb::{
     config::{ConfigBag, Intercept, RuntimeComponents, interceptors::BeforeTransmitInterceptorContextRef},
     error::BoxError,
-    types::{AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType},
+    types::{
+        AttributeDefinition, AttributeValue, BatchStatementRequest, BillingMode, KeySchemaElement, KeyType,
+        ScalarAttributeType,
+    },
 };
 use futures::{StreamExt, stream};
 use serde_json::{Value, json};
@@ -52,7 +61,8 @@ async fn main() {
         args[at + 1].clone()
     };
     let actions = Arc::new(Actions::default());
-    let store = DynamoDbStore::new(counted_client(&actions).await, TableLayout::new(option("table")));
+    let client = counted_client(&actions).await;
+    let store = DynamoDbStore::new(client.clone(), TableLayout::new(option("table")));
     let requests = || actions.requests.load(Ordering::Relaxed);
     let concurrency: usize = option("concurrency").parse().unwrap();
     match args.first().map(String::as_str) {
@@ -60,6 +70,12 @@ async fn main() {
             // The ceiling is the server's rate of single conditional writes.
             let store = store.batching(false);
             let mut result = ceiling(&store, option("requests").parse().unwrap(), concurrency).await;
+            result["requests"] = requests().into();
+            println!("{result}");
+        }
+        Some("batched-ceiling") => {
+            let records = option("records").parse().unwrap();
+            let mut result = batched_ceiling(&client, &option("table"), records, concurrency).await;
             result["requests"] = requests().into();
             println!("{result}");
         }
@@ -77,7 +93,7 @@ async fn main() {
             let records: usize = option("records").parse().unwrap();
             println!("{}", ledger(&option("table"), records, concurrency, &option("writes")).await);
         }
-        other => panic!("unknown mode {other:?}: expected ceiling, engine or ledger"),
+        other => panic!("unknown mode {other:?}: expected ceiling, batched-ceiling, engine or ledger"),
     }
 }
 
@@ -264,6 +280,60 @@ async fn ceiling(store: &DynamoDbStore, count: usize, concurrency: usize) -> Val
     // Only writes that claimed count: a failed or refused write is no throughput.
     json!({ "ok": claimed, "failed": count - claimed, "seconds": elapsed.as_secs_f64(),
             "per_second": claimed as f64 / elapsed.as_secs_f64() })
+}
+
+/// Statements a `BatchExecuteStatement` takes at most.
+const STATEMENTS_PER_REQUEST: usize = 25;
+
+async fn batched_ceiling(client: &aws_sdk_dynamodb::Client, table: &str, records: usize, in_flight: usize) -> Value {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let now_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let (s, n) = (|text: &str| AttributeValue::S(text.to_owned()), |number: u64| AttributeValue::N(number.to_string()));
+    let ids: Vec<String> = (0..records).map(|record| format!("ceiling#{run}#{record}")).collect();
+    let statement = |text: String, parameters| {
+        BatchStatementRequest::builder().statement(text).set_parameters(Some(parameters)).build().unwrap()
+    };
+    let inserts = ids.iter().enumerate().map(|(record, id)| {
+        let text = format!(
+            "INSERT INTO \"{table}\" VALUE {{'id': ?, 'status': ?, 'expiration': ?, 'in_progress_expiration': ?, \
+             'token': ?, 'open_status': ?}}"
+        );
+        let open = format!("INPROGRESS#{}", record % 16);
+        statement(text, vec![s(id), s("INPROGRESS"), n(now_ms / 1000 + 3600), n(now_ms + 60_000), s(&run), s(&open)])
+    });
+    let updates = ids.iter().map(|id| {
+        let text = format!(
+            "UPDATE \"{table}\" SET \"status\" = ? SET \"expiration\" = ? REMOVE \"in_progress_expiration\" \
+             REMOVE \"open_status\" WHERE \"id\" = ? AND \"status\" = ? AND \"token\" = ?"
+        );
+        statement(text, vec![s("COMPLETED"), n(now_ms / 1000 + 3600), s(id), s("INPROGRESS"), s(&run)])
+    });
+    let started = Instant::now();
+    let inserted = execute_all(client, inserts.collect(), in_flight).await;
+    let claimed = started.elapsed();
+    let completed = execute_all(client, updates.collect(), in_flight).await;
+    let elapsed = started.elapsed();
+    // Only records whose claim and completion both applied count.
+    json!({ "records": records, "inserted": inserted, "completed": completed, "seconds": elapsed.as_secs_f64(),
+            "claim_seconds": claimed.as_secs_f64(), "per_second": completed.min(inserted) as f64 / elapsed.as_secs_f64() })
+}
+
+/// Sends `statements` in full requests, `in_flight` at a time: how many applied.
+async fn execute_all(
+    client: &aws_sdk_dynamodb::Client,
+    statements: Vec<BatchStatementRequest>,
+    in_flight: usize,
+) -> usize {
+    let requests: Vec<Vec<BatchStatementRequest>> =
+        statements.chunks(STATEMENTS_PER_REQUEST).map(<[BatchStatementRequest]>::to_vec).collect();
+    stream::iter(requests)
+        .map(|statements| async move {
+            let answer = client.batch_execute_statement().set_statements(Some(statements)).send().await;
+            answer.map_or(0, |answer| answer.responses().iter().filter(|response| response.error().is_none()).count())
+        })
+        .buffer_unordered(in_flight)
+        .fold(0, |applied, count| std::future::ready(applied + count))
+        .await
 }
 
 /// A consumer as `sqs-once invoke` builds one around `handler`, on `store`:
