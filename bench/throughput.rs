@@ -6,6 +6,7 @@
 //! throughput batched-ceiling --table T --records N --concurrency K
 //! throughput engine  --table T --event FILE --concurrency C --passes P
 //! throughput ledger  --table T --records N --concurrency C --writes staged|direct
+//! throughput delay-proxy --upstream URL --round-trip-ms MS
 //! ```
 //!
 //! Each prints JSON objects on standard output. `ceiling` sends N claim
@@ -22,7 +23,9 @@
 //! stages the credit to commit with the claim (`staged`: the `ledger`
 //! handler) or writes it itself with an `UpdateItem` (`direct`); it counts
 //! every request and write action both clients send, the process's CPU
-//! time, and checks the balances.
+//! time, and checks the balances. `delay-proxy` puts a network of MS
+//! milliseconds' round trip in front of URL (see `testkit::delay`), prints
+//! `{"url": …}` and serves until its standard input closes.
 
 use std::{
     sync::{
@@ -60,6 +63,14 @@ async fn main() {
         let at = args.iter().position(|arg| *arg == flag).unwrap_or_else(|| panic!("{flag} is required"));
         args[at + 1].clone()
     };
+    if args.first().map(String::as_str) == Some("delay-proxy") {
+        let round_trip = Duration::from_millis(option("round-trip-ms").parse().unwrap());
+        let proxy = testkit::delay::DelayProxy::start(&option("upstream"), round_trip).await.unwrap();
+        println!("{}", json!({ "url": proxy.url }));
+        // Served until whoever started it closes its standard input.
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut Vec::new()).await;
+        return;
+    }
     let actions = Arc::new(Actions::default());
     let client = counted_client(&actions).await;
     let store = DynamoDbStore::new(client.clone(), TableLayout::new(option("table")));
@@ -93,7 +104,7 @@ async fn main() {
             let records: usize = option("records").parse().unwrap();
             println!("{}", ledger(&option("table"), records, concurrency, &option("writes")).await);
         }
-        other => panic!("unknown mode {other:?}: expected ceiling, batched-ceiling, engine or ledger"),
+        other => panic!("unknown mode {other:?}: expected ceiling, batched-ceiling, engine, ledger or delay-proxy"),
     }
 }
 

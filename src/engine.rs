@@ -150,7 +150,11 @@ struct BatchState {
     /// Outcome of each record, by event index; `None` until it is known.
     reports: Mutex<Vec<Option<RecordReport>>>,
     started: Mutex<Vec<Started>>,
+    /// Claims and handlers under way, at most `concurrency`.
     permits: Arc<Semaphore>,
+    /// Finishing writes under way that gave their run's permit back, at
+    /// most `concurrency` too.
+    finishing: Arc<Semaphore>,
     budget: DeadlineBudget,
     deadline_ms: u64,
     request_id: Arc<str>,
@@ -199,6 +203,7 @@ impl Engine {
             reports: Mutex::new(vec![None; records.len()]),
             started: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
+            finishing: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
             budget,
             deadline_ms: epoch_ms(invocation.deadline),
             request_id: invocation.request_id.as_str().into(),
@@ -355,9 +360,14 @@ impl Engine {
     /// has not come), the claim and the handler run in a task, so that
     /// records run in parallel on the runtime and the handler can be
     /// cancelled at the cut-off; the finishing write then runs in a task of
-    /// its own, which nothing cancels. The permit, taken first and held
-    /// until the finishing write is answered, keeps at most `concurrency`
-    /// records' copies, tasks and store requests alive.
+    /// its own, which nothing cancels. The permit, taken first, keeps at
+    /// most `concurrency` claims and handlers under way. When the handler
+    /// returns, its finishing write trades the permit for one of as many
+    /// finishing permits, if one is free, so that the next record's claim
+    /// travels while this write does: a store far away then costs a batch
+    /// one round trip per record, not two. Without a free one, the write
+    /// keeps the run's permit, never waiting: at most twice `concurrency`
+    /// records' copies, tasks and store calls are alive.
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
         async move {
@@ -393,7 +403,7 @@ impl Engine {
                 Step::Ended(outcome) => outcome,
                 Step::Returned(lease, result, staged) => {
                     let fallback = provisional_outcome(&result, &staged, &lease);
-                    // The write keeps the run's permit: at most `concurrency` runs and writes are under way.
+                    let permit = Arc::clone(&state.finishing).try_acquire_owned().unwrap_or(permit);
                     let write = tokio::spawn(async move {
                         let _permit = permit;
                         engine.write_ending(&record, &lease, result, staged, &progress).await

@@ -816,7 +816,7 @@ async fn fifo_groups_run_concurrently_and_a_fifo_arn_alone_makes_a_group() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_and_finishing_writes_together_stay_within_the_concurrency_bound() {
+async fn finishing_writes_overlap_the_next_claims_within_twice_the_concurrency_bound() {
     let store = HeldStore::every_request_late(Duration::from_millis(10));
     let options = EngineOptions { concurrency: 3, ..EngineOptions::default() };
     let (handler, _) = demo();
@@ -824,5 +824,6 @@ async fn claims_and_finishing_writes_together_stay_within_the_concurrency_bound(
     let records = (0..30).map(|n| message(&format!("m{n}"), json!({}))).collect();
     let report = run(&engine, records, SECS_30).await;
     assert!(failures(&report).is_empty());
-    assert_eq!(store.under_way.most(), 3, "at most the bound, and reached");
+    // Three claims, and the finishing writes of the three before them: more than the bound, at most twice it.
+    assert_eq!(store.under_way.most(), 6, "claims travel while the writes before them do");
 }

@@ -3,9 +3,16 @@
 //! The engine runs many records at once, and each makes its own claim and
 //! completion call. A [`Batcher`] lets every such call wait for its own
 //! answer while the requests themselves go out together, as a database
-//! groups commits: at most [`BatchCall::IN_FLIGHT`] requests are on the wire
-//! at once, and the calls that arrive meanwhile gather for the next one, up
-//! to [`BatchCall::LIMIT`] per request.
+//! groups commits: a [`Window`] of requests is on the wire at once, and the
+//! calls that arrive meanwhile gather for the next one, up to
+//! [`BatchCall::LIMIT`] per request.
+//!
+//! How many requests go out at once follows what the store answers, as TCP
+//! Vegas sizes a connection's window: one more while answers come as fast as
+//! the fastest seen and calls are waiting for a slot, one fewer when answers
+//! slow down (requests queue inside the store), half when the store
+//! throttles or fails. A store on the other side of the world gets many
+//! requests at once; one that is busy gets few, and fuller ones.
 //!
 //! Nothing waits on a timer. A lone call on a quiet batcher is sent at once;
 //! batches grow exactly as far as the load makes them.
@@ -23,12 +30,15 @@ use std::{
 
 use async_trait::async_trait;
 use tokio::{
-    sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot},
+    sync::{Notify, oneshot},
     time::Instant,
 };
 
+use self::window::{Signal, Slot, Window};
 use super::StoreError;
 use crate::lock::lock;
+
+mod window;
 
 /// One kind of batch request.
 #[async_trait]
@@ -39,9 +49,12 @@ pub(super) trait BatchCall: Send + Sync + 'static {
     type Output: Send + 'static;
     /// Most inputs in one request.
     const LIMIT: usize;
-    /// Most requests on the wire at once, counting only those answered
-    /// within [`SLOW_AFTER`](Self::SLOW_AFTER) so far.
+    /// Requests on the wire at once before the first answers say more (see
+    /// [`Window`]), counting only those answered within
+    /// [`SLOW_AFTER`](Self::SLOW_AFTER) so far.
     const IN_FLIGHT: usize;
+    /// Most requests on the wire at once, however fast the store answers.
+    const MAX_IN_FLIGHT: usize = 16;
     /// How long a request may be out before the calls behind it stop waiting
     /// for it: well above a healthy answer.
     const SLOW_AFTER: Duration = Duration::from_millis(500);
@@ -53,6 +66,13 @@ pub(super) trait BatchCall: Send + Sync + 'static {
     /// Sends one request for `inputs` and answers each, in order. An error of
     /// the request as a whole is every input's answer.
     async fn call(&self, inputs: Vec<Self::Input>) -> Vec<Result<Self::Output, StoreError>>;
+
+    /// Whether an answer says the store is overloaded (it throttled the
+    /// input): fewer requests go out at once. An unavailable store always
+    /// counts.
+    fn throttled(_output: &Self::Output) -> bool {
+        false
+    }
 }
 
 type Answer<C> = oneshot::Sender<Result<<C as BatchCall>::Output, StoreError>>;
@@ -95,7 +115,7 @@ pub(super) struct Batcher<C: BatchCall> {
 struct Shared<C: BatchCall> {
     call: Arc<C>,
     queue: Mutex<Queue<C>>,
-    slots: Arc<Semaphore>,
+    window: Arc<Window>,
     /// Until this instant, requests go out without waiting for a slot.
     urgent_until: Mutex<Option<Instant>>,
     /// Wakes a flush waiting for a slot when the batcher turns urgent.
@@ -115,7 +135,7 @@ impl<C: BatchCall> Batcher<C> {
         let shared = Shared {
             call,
             queue: Mutex::new(queue),
-            slots: Arc::new(Semaphore::new(C::IN_FLIGHT)),
+            window: Window::new(C::IN_FLIGHT, C::MAX_IN_FLIGHT),
             urgent_until: Mutex::new(None),
             expedited: Notify::new(),
         };
@@ -150,23 +170,26 @@ impl<C: BatchCall> Batcher<C> {
 
 impl<C: BatchCall> std::fmt::Debug for Batcher<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batcher").field("waiting", &lock(&self.shared.queue).waiting.len()).finish()
+        f.debug_struct("Batcher")
+            .field("waiting", &lock(&self.shared.queue).waiting.len())
+            .field("in_flight", &self.shared.window.limit())
+            .finish()
     }
 }
 
 /// Sends requests while calls are waiting, each once a slot is free (or at
 /// once, while the batcher is urgent).
 async fn flush<C: BatchCall>(shared: Arc<Shared<C>>) {
+    let window = &shared.window;
     loop {
         let slot = if shared.urgent() {
-            Arc::clone(&shared.slots).try_acquire_owned().ok()
+            window.try_slot().unwrap_or_else(|| Slot::outside(window))
         } else {
             // Registered before the check below, so an expedite in between still wakes it.
             let expedited = shared.expedited.notified();
             tokio::select! {
-                // The semaphore is never closed, so this waits for a slot and gets it.
-                slot = Arc::clone(&shared.slots).acquire_owned() => slot.ok(),
-                () = expedited => None,
+                slot = window.slot() => slot,
+                () = expedited => window.try_slot().unwrap_or_else(|| Slot::outside(window)),
             }
         };
         // Callers that are ready to run join this request instead of the next.
@@ -178,7 +201,7 @@ async fn flush<C: BatchCall>(shared: Arc<Shared<C>>) {
             (request, queue.flushing)
         };
         if !request.is_empty() {
-            tokio::spawn(send(Arc::clone(&shared.call), request, slot));
+            tokio::spawn(send(Arc::clone(&shared.call), request, slot, more));
         }
         if !more {
             return;
@@ -186,17 +209,23 @@ async fn flush<C: BatchCall>(shared: Arc<Shared<C>>) {
     }
 }
 
-/// Sends one request and answers its callers; the request gives its slot up
-/// once it has been out [`BatchCall::SLOW_AFTER`].
-async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, slot: Option<OwnedSemaphorePermit>) {
+/// Sends one request and answers its callers. The request gives its slot
+/// up once it has been out [`BatchCall::SLOW_AFTER`], and tells the window
+/// how the store answered; `pressed` when calls were left waiting as it went.
+async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, mut slot: Slot, pressed: bool) {
     let (inputs, answers): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();
     let count = inputs.len();
+    slot.sent(count);
+    tracing::trace!(calls = count, in_flight = slot.limit(), "batch request");
     let request = call.call(inputs);
     tokio::pin!(request);
     let results = tokio::select! {
-        results = &mut request => results,
+        results = &mut request => {
+            slot.done(signal::<C>(&results, pressed));
+            results
+        }
         () = tokio::time::sleep(C::SLOW_AFTER) => {
-            drop(slot);
+            slot.done(Signal::Congested);
             tracing::debug!(calls = count, "batch request slow: the calls behind it go on without it");
             request.await
         }
@@ -209,6 +238,15 @@ async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, slot: Option
         // A caller that stopped waiting no longer needs its answer.
         let _ = answer.send(result);
     }
+}
+
+/// What a request's answers say about the store.
+fn signal<C: BatchCall>(results: &[Result<C::Output, StoreError>], pressed: bool) -> Signal {
+    let congested = results.iter().any(|result| match result {
+        Ok(output) => C::throttled(output),
+        Err(error) => matches!(error, StoreError::Unavailable(_)),
+    });
+    if congested { Signal::Congested } else { Signal::Answered { pressed } }
 }
 
 #[cfg(test)]
@@ -368,6 +406,63 @@ mod tests {
         assert_eq!(first.await.unwrap().unwrap(), "x");
         assert!(later.iter().all(Result::is_ok));
         assert_eq!(lock(&echo.0).iter().map(Vec::len).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    /// A store `ROUND_TRIP_MS` away with room for every request, counting
+    /// requests out at once; it throttles every input when `THROTTLES`.
+    #[derive(Default)]
+    struct Far<const ROUND_TRIP_MS: u64, const THROTTLES: bool> {
+        out: std::sync::atomic::AtomicUsize,
+        most_out: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl<const ROUND_TRIP_MS: u64, const THROTTLES: bool> BatchCall for Far<ROUND_TRIP_MS, THROTTLES> {
+        type Input = String;
+        type Output = ();
+        const LIMIT: usize = 5;
+        const IN_FLIGHT: usize = 4;
+
+        fn item(input: &String) -> &str {
+            input
+        }
+
+        fn throttled((): &()) -> bool {
+            THROTTLES
+        }
+
+        async fn call(&self, inputs: Vec<String>) -> Vec<Result<(), StoreError>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let out = self.out.fetch_add(1, SeqCst) + 1;
+            self.most_out.fetch_max(out, SeqCst);
+            tokio::time::sleep(Duration::from_millis(ROUND_TRIP_MS)).await;
+            self.out.fetch_sub(1, SeqCst);
+            inputs.iter().map(|_| Ok(())).collect()
+        }
+    }
+
+    async fn submit_many<C: BatchCall<Input = String>>(batcher: &Batcher<C>, calls: usize) {
+        let answers = futures::future::join_all((0..calls).map(|n| batcher.submit(n.to_string()))).await;
+        assert!(answers.iter().all(Result::is_ok));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_far_store_with_calls_waiting_gets_more_requests_at_once() {
+        let far = Arc::new(Far::<20, false>::default());
+        let batcher = Batcher::new(Arc::clone(&far));
+        submit_many(&batcher, 400).await;
+        assert_eq!(far.most_out.load(std::sync::atomic::Ordering::SeqCst), Far::<20, false>::MAX_IN_FLIGHT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttling_store_gets_one_request_at_a_time() {
+        let throttling = Arc::new(Far::<20, true>::default());
+        let batcher = Batcher::new(Arc::clone(&throttling));
+        submit_many(&batcher, 400).await;
+        assert_eq!(batcher.shared.window.limit(), 1);
+        throttling.most_out.store(0, std::sync::atomic::Ordering::SeqCst);
+        submit_many(&batcher, 100).await;
+        assert_eq!(throttling.most_out.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

@@ -1,13 +1,15 @@
 //! What the tests of `sqs-once` run against: DynamoDB Local and the SQS
 //! server as the test command (`scripts/test`) starts them, proxies that
 //! answer chosen requests to measure ([`dynamodb::proxy`]) or misbehave at
-//! random ([`faults::FaultProxy`]), and a Lambda Runtime API that drives a
+//! random ([`faults::FaultProxy`]), a network that takes time
+//! ([`delay::DelayProxy`]), and a Lambda Runtime API that drives a
 //! function process as Lambda does ([`runtime_api::RuntimeApi`]).
 //!
 //! It knows nothing of `sqs-once` itself, so that the library's own unit
 //! tests use it as freely as the integration tests of the library and the
 //! binary.
 
+pub mod delay;
 pub mod dynamodb;
 pub mod faults;
 pub mod runtime_api;

@@ -36,10 +36,9 @@ use crate::store::{
     batched::{BatchCall, Batcher},
 };
 
-/// Requests of each kind on the wire at once. Two keep the records of a
-/// batch moving while the next request fills; on the benchmark's 1,000
-/// records (64 running at once) requests then carry 23 writes on average,
-/// where four carried 7 to 10 at about the same throughput.
+/// Requests of each kind on the wire at once until answers say more (the
+/// batcher's window). Two keep the records of a batch moving while the next
+/// request fills.
 const IN_FLIGHT: usize = 2;
 
 /// A write statement about one item.
@@ -132,6 +131,10 @@ impl BatchCall for Statements {
 
     fn item(input: &Statement) -> &str {
         &input.item
+    }
+
+    fn throttled(output: &Attempt) -> bool {
+        matches!(output, Attempt::Again(_))
     }
 
     async fn call(&self, inputs: Vec<Statement>) -> Vec<Result<Attempt, StoreError>> {

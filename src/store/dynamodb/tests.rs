@@ -140,7 +140,8 @@ async fn batched_writes_share_requests_and_keep_every_outcome() {
     }
     let second = requests.snapshot();
     assert_eq!(requests_of(second), (0, 0, 0, 0));
-    assert!(second.batch_get - first.batch_get <= 270 / 8, "{second:?}: refused claims read in batches");
+    // Refusals come back as the write requests answer, several at once: 5 reads a request at least.
+    assert!(second.batch_get - first.batch_get <= 270 / 5, "{second:?}: refused claims read in batches");
     let runs = run_counts(&handler);
     assert_eq!(runs.len(), 300, "every key ran");
     assert!(runs.iter().all(|(_, &count)| count == 1 || count == 2), "{runs:?}");
