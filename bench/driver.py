@@ -287,7 +287,7 @@ def stat(results, key, field):
     return summary([s[field] for s in samples]) if samples and field in samples[0] else None
 
 
-def write_report(args, results, ceiling_stat, batched_stat, single, latencies, floors):
+def write_report(args, results, ceiling_stat, batched_stat, single, latencies, latency_floors):
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     memory = next(line.split(":", 1)[1].strip() for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     powertools_version = subprocess.run([PYTHON, "-c", "import aws_lambda_powertools, boto3; "
@@ -405,15 +405,15 @@ def write_report(args, results, ceiling_stat, batched_stat, single, latencies, f
               "|---:|---:|---:|---|---|---|"]
     for round_trip in ROUND_TRIPS_MS:
         for size in LATENCY_SIZES:
-            floor_ms = floors[(round_trip, size)]["median"]
+            floor_ms = latency_floors[(round_trip, size)]["median"]
             cells = []
             for consumer in ("invoke", "single", "in process"):
                 found = latencies[(round_trip, size, consumer)]
                 cells.append(f"{found['median'] / floor_ms:.2f}× floor: {fmt(found)} ms")
-            lines.append(f"| {round_trip} ms | {size:,} | {fmt(floors[(round_trip, size)])} | " + " | ".join(cells) + " |")
+            lines.append(f"| {round_trip} ms | {size:,} | {fmt(latency_floors[(round_trip, size)])} | " + " | ".join(cells) + " |")
     for round_trip in ROUND_TRIPS_MS:
         for size in LATENCY_SIZES:
-            floor_ms = floors[(round_trip, size)]["median"]
+            floor_ms = latency_floors[(round_trip, size)]["median"]
             ours = latencies[(round_trip, size, "invoke")]["median"]
             single_ms = latencies[(round_trip, size, "single")]["median"]
             targets.append((f"{size:,} new records at a {round_trip} ms round trip: invoke within 1.3× the floor, "
