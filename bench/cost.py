@@ -13,6 +13,8 @@ import time
 import uuid
 from pathlib import Path
 
+from driver import write_section
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Exactly once: what a staged write costs"
 FIGURES = ["per_second", "cpu_ms_per_record", "requests_per_record", "write_units_per_record"]
@@ -91,13 +93,7 @@ def main():
     lines.append(f"Write actions of the first run: staged {json.dumps(write_actions['staged'])}, direct "
                  f"{json.dumps(write_actions['direct'])}.")
     lines.append("")
-    output = Path(args.output)
-    text = output.read_text() if output.exists() else ""
-    start = text.find(SECTION)
-    if start >= 0:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + text[end + 1:] if end >= 0 else text[:start]
-    output.write_text(text.rstrip("\n") + "\n\n" + "\n".join(lines))
+    write_section(args.output, SECTION, lines)
     print("\n".join(lines))
 
 

@@ -158,15 +158,16 @@ ROUND_TRIPS_MS = (5, 20)
 LATENCY_SIZES = (100, 1000)
 
 
-class DelayProxy:
-    """`throughput delay-proxy`: DynamoDB Local `round_trip_ms` away."""
+class Network:
+    """`throughput delay-proxy`: DynamoDB Local `round_trip_ms` away, behind TLS if `tls`."""
 
-    def __init__(self, round_trip_ms):
+    def __init__(self, round_trip_ms, tls=False):
         command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--",
                    "delay-proxy", "--upstream", os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
-                   "--round-trip-ms", str(round_trip_ms)]
+                   "--round-trip-ms", str(round_trip_ms)] + (["--tls"] if tls else [])
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        self.url = json.loads(self.process.stdout.readline())["url"]
+        started = json.loads(self.process.stdout.readline())
+        self.url, self.certificate = started["url"], started["certificate"]
 
     def __enter__(self):
         return self
@@ -180,7 +181,7 @@ def latency_bound(results, run):
     """New records through a network of each round trip: process start to answer (`invoke`, batched and
     single requests) and batch start to answer (the engine in process, its connections new)."""
     for round_trip in ROUND_TRIPS_MS:
-        with DelayProxy(round_trip) as proxy:
+        with Network(round_trip) as proxy:
             for size in LATENCY_SIZES:
                 path = event("new", size)
                 consumers = ["invoke", "single", "in process"]
@@ -192,6 +193,17 @@ def latency_bound(results, run):
                         seconds = sqs_once(table, path, size, consumer == "invoke", proxy.url)["wall_s"]
                     results.setdefault((round_trip, size, consumer), []).append(seconds * 1000)
                 path.unlink()
+
+
+def write_section(path, section, lines):
+    """Replaces `section` (a `## ` heading to the next) of the Markdown file at `path` with `lines`, or adds it."""
+    output = Path(path)
+    text = output.read_text() if output.exists() else ""
+    start = text.find(section)
+    if start >= 0:
+        end = text.find("\n## ", start + len(section))
+        text = text[:start] + text[end + 1:] if end >= 0 else text[:start]
+    output.write_text(text.rstrip("\n") + "\n\n" + "\n".join(lines))
 
 
 def summary(values):

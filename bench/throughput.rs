@@ -6,7 +6,8 @@
 //! throughput batched-ceiling --table T --records N --concurrency K
 //! throughput engine  --table T --event FILE --concurrency C --passes P
 //! throughput ledger  --table T --records N --concurrency C --writes staged|direct
-//! throughput delay-proxy --upstream URL --round-trip-ms MS
+//! throughput delay-proxy --upstream URL --round-trip-ms MS [--tls]
+//! throughput lambda --binary PATH --table T --event FILE --invocations N
 //! ```
 //!
 //! Each prints JSON objects on standard output. `ceiling` sends N claim
@@ -24,8 +25,15 @@
 //! handler) or writes it itself with an `UpdateItem` (`direct`); it counts
 //! every request and write action both clients send, the process's CPU
 //! time, and checks the balances. `delay-proxy` puts a network of MS
-//! milliseconds' round trip in front of URL (see `testkit::delay`), prints
-//! `{"url": …}` and serves until its standard input closes.
+//! milliseconds' round trip in front of URL (`testkit::delay`), with TLS
+//! terminated behind it if `--tls` (`testkit::tls`), prints `{"url": …,
+//! "certificate": …}` (the PEM file for `SSL_CERT_FILE`, with `--tls`) and
+//! serves until its standard input closes. `lambda` runs the function
+//! binary as Lambda does, against testkit's Runtime API, with this process's
+//! environment (endpoint, `SSL_CERT_FILE`), the `demo` handler and table T,
+//! and sends it the event N times (fresh message ids each time); it prints
+//! `{"init_ms": …, "batches_ms": […]}`: process start to the first request
+//! for an event, then each event's delivery to its answer.
 
 use std::{
     sync::{
@@ -63,13 +71,18 @@ async fn main() {
         let at = args.iter().position(|arg| *arg == flag).unwrap_or_else(|| panic!("{flag} is required"));
         args[at + 1].clone()
     };
-    if args.first().map(String::as_str) == Some("delay-proxy") {
-        let round_trip = Duration::from_millis(option("round-trip-ms").parse().unwrap());
-        let proxy = testkit::delay::DelayProxy::start(&option("upstream"), round_trip).await.unwrap();
-        println!("{}", json!({ "url": proxy.url }));
-        // Served until whoever started it closes its standard input.
-        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut Vec::new()).await;
-        return;
+    match args.first().map(String::as_str) {
+        Some("delay-proxy") => {
+            let round_trip = Duration::from_millis(option("round-trip-ms").parse().unwrap());
+            return network(&option("upstream"), round_trip, args.iter().any(|arg| arg == "--tls")).await;
+        }
+        Some("lambda") => {
+            let event = std::fs::read_to_string(option("event")).unwrap();
+            let invocations = option("invocations").parse().unwrap();
+            println!("{}", lambda(&option("binary"), &option("table"), &event, invocations).await);
+            return;
+        }
+        _ => {}
     }
     let actions = Arc::new(Actions::default());
     let client = counted_client(&actions).await;
@@ -104,8 +117,52 @@ async fn main() {
             let records: usize = option("records").parse().unwrap();
             println!("{}", ledger(&option("table"), records, concurrency, &option("writes")).await);
         }
-        other => panic!("unknown mode {other:?}: expected ceiling, batched-ceiling, engine, ledger or delay-proxy"),
+        other => {
+            panic!("unknown mode {other:?}: expected ceiling, batched-ceiling, engine, ledger, delay-proxy or lambda")
+        }
     }
+}
+
+/// Serves a network of `round_trip` in front of `upstream`, with TLS
+/// terminated behind it if `tls`, until standard input closes.
+async fn network(upstream: &str, round_trip: Duration, tls: bool) {
+    let terminated = if tls { Some(testkit::tls::TlsProxy::start(upstream).await.unwrap()) } else { None };
+    let upstream = terminated.as_ref().map_or(upstream, |proxy| proxy.address.as_str());
+    let delayed = testkit::delay::DelayProxy::start(upstream, round_trip).await.unwrap();
+    let (url, certificate) = match &terminated {
+        // The certificate names localhost: the client reaches the delaying proxy by that name.
+        Some(proxy) => (delayed.url.replace("http://127.0.0.1", "https://localhost"), json!(proxy.certificate)),
+        None => (delayed.url.clone(), Value::Null),
+    };
+    println!("{}", json!({ "url": url, "certificate": certificate }));
+    let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut Vec::new()).await;
+}
+
+/// The function `binary` as Lambda runs it: its init time, then each of
+/// `invocations` copies of `event` (fresh message ids) from delivery to
+/// answer, in milliseconds.
+async fn lambda(binary: &str, table: &str, event: &str, invocations: usize) -> Value {
+    let api = testkit::runtime_api::RuntimeApi::start().await;
+    let started = tokio::time::Instant::now();
+    let envs = [("SQS_ONCE_TABLE", table.to_owned()), ("SQS_ONCE_HANDLER", "demo".to_owned())];
+    let mut function = api.spawn(std::process::Command::new(binary), &envs);
+    api.initialized().await;
+    let init = api.initialized_at().expect("the function asked for an event") - started;
+    let mut batches = Vec::new();
+    for invocation in 0..invocations {
+        let event = event.replace("\"messageId\": \"", &format!("\"messageId\": \"{invocation}-"));
+        let event: Value = serde_json::from_str(&event).unwrap();
+        let sent = tokio::time::Instant::now();
+        let (answer, answered, _) = api.invoke(&event, Duration::from_secs(60)).await.expect("an answer");
+        let response = match answer {
+            testkit::runtime_api::Answer::Response(response) => response,
+            failed => panic!("the function failed: {failed:?}"),
+        };
+        assert_eq!(response["batchItemFailures"], json!([]), "every record processed");
+        batches.push((answered - sent).as_secs_f64() * 1000.0);
+    }
+    let _ = function.kill().await;
+    json!({ "init_ms": init.as_secs_f64() * 1000.0, "batches_ms": batches })
 }
 
 /// Requests and write actions a client sends, read off each request's body

@@ -2,7 +2,8 @@
 //! server as the test command (`scripts/test`) starts them, proxies that
 //! answer chosen requests to measure ([`dynamodb::proxy`]) or misbehave at
 //! random ([`faults::FaultProxy`]), a network that takes time
-//! ([`delay::DelayProxy`]), and a Lambda Runtime API that drives a
+//! ([`delay::DelayProxy`]), an HTTPS endpoint ([`tls::TlsProxy`]), and a
+//! Lambda Runtime API that drives a
 //! function process as Lambda does ([`runtime_api::RuntimeApi`]).
 //!
 //! It knows nothing of `sqs-once` itself, so that the library's own unit
@@ -14,6 +15,7 @@ pub mod dynamodb;
 pub mod faults;
 pub mod runtime_api;
 pub mod sqs;
+pub mod tls;
 
 /// The AWS configuration the test command's environment describes: the
 /// local endpoints (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL_SQS`…), a

@@ -6,10 +6,7 @@ use std::{
     collections::HashMap,
     net::SocketAddr,
     process::Stdio,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -41,8 +38,8 @@ struct Pending {
 struct State {
     answers: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
     init_errors: Mutex<Vec<Value>>,
-    /// The function has asked for its first event: its init phase is over.
-    polling: AtomicBool,
+    /// When the function first asked for an event: its init phase was over.
+    polling_since: std::sync::OnceLock<Instant>,
     /// Run when the function next asks for an event: where Lambda freezes it.
     at_next: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -107,9 +104,14 @@ impl RuntimeApi {
     /// Waits, up to 60 s, until the function has asked for its first event.
     pub async fn initialized(&self) {
         let started = Instant::now();
-        while !self.state.polling.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(60) {
+        while self.initialized_at().is_none() && started.elapsed() < Duration::from_secs(60) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// When the function first asked for an event (its init phase ended).
+    pub fn initialized_at(&self) -> Option<Instant> {
+        self.state.polling_since.get().copied()
     }
 
     /// Runs `hook` when the function next asks for an event, after its
@@ -148,7 +150,7 @@ async fn serve(stream: TcpStream, queue: Arc<tokio::sync::Mutex<mpsc::UnboundedR
         let segments: Vec<&str> = path.trim_start_matches("/2018-06-01/runtime/").split('/').collect();
         let reply = match (method.as_str(), segments.as_slice()) {
             ("GET", ["invocation", "next"]) => {
-                state.polling.store(true, Ordering::SeqCst);
+                state.polling_since.get_or_init(Instant::now);
                 let hook = state.at_next.lock().unwrap().take();
                 if let Some(hook) = hook {
                     hook();
