@@ -365,6 +365,12 @@ impl Claims {
         self.store.expedite(until);
     }
 
+    /// Whether the store sends concurrent calls in shared requests (see
+    /// [`ClaimStore::gathers_calls`]).
+    pub(crate) fn gathers_calls(&self) -> bool {
+        self.store.gathers_calls()
+    }
+
     /// Sends a finishing write, keeping it until the store answers.
     async fn settle(&self, lease: &Lease, ending: Ending) -> Result<Committed, StoreError> {
         let ending = Arc::new(ending);

@@ -152,8 +152,9 @@ struct BatchState {
     started: Mutex<Vec<Started>>,
     /// Claims and handlers under way, at most `concurrency`.
     permits: Arc<Semaphore>,
-    /// Finishing writes under way that gave their run's permit back, at
-    /// most `concurrency` too.
+    /// Finishing writes under way that gave their run's permit back: at
+    /// most `concurrency` too when the store gathers calls into shared
+    /// requests, none when each call is a request of its own.
     finishing: Arc<Semaphore>,
     budget: DeadlineBudget,
     deadline_ms: u64,
@@ -203,7 +204,7 @@ impl Engine {
             reports: Mutex::new(vec![None; records.len()]),
             started: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
-            finishing: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
+            finishing: Arc::new(Semaphore::new(self.finishing_permits())),
             budget,
             deadline_ms: epoch_ms(invocation.deadline),
             request_id: invocation.request_id.as_str().into(),
@@ -250,6 +251,14 @@ impl Engine {
             log_record(report, self.inner.options.log_bodies.then_some(body));
         }
         report
+    }
+
+    /// Permits for finishing writes to trade their run's for (see
+    /// [`Engine::start`]). Only calls gathered into shared requests may
+    /// overlap: a store that sends each call alone would get twice the
+    /// requests, and under faults twice the late answers.
+    fn finishing_permits(&self) -> usize {
+        if self.inner.claims.gathers_calls() { self.inner.options.concurrency.max(1) } else { 0 }
     }
 
     /// The record as keys, payload validation, logs and the handler read it:
@@ -363,9 +372,10 @@ impl Engine {
     /// its own, which nothing cancels. The permit, taken first, keeps at
     /// most `concurrency` claims and handlers under way. When the handler
     /// returns, its finishing write trades the permit for one of as many
-    /// finishing permits, if one is free, so that the next record's claim
-    /// travels while this write does: a store far away then costs a batch
-    /// one round trip per record, not two. Without a free one, the write
+    /// finishing permits, if one is free (and the store gathers calls), so
+    /// that the next record's claim travels while this write does: a store
+    /// far away then costs a batch one round trip per record, not two.
+    /// Without a free one, the write
     /// keeps the run's permit, never waiting: at most twice `concurrency`
     /// records' copies, tasks and store calls are alive.
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {

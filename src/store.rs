@@ -231,6 +231,16 @@ pub trait ClaimStore: Send + Sync {
         let _ = until;
     }
 
+    /// Whether concurrent calls share requests, as batched statements do.
+    /// The engine then lets a record's finishing write overlap the next
+    /// record's claim: both travel in the requests that go out anyway. A
+    /// store that sends each call as a request of its own answers `false`
+    /// (the default), and the engine keeps its calls under way within the
+    /// concurrency bound.
+    fn gathers_calls(&self) -> bool {
+        false
+    }
+
     /// Claims matching `query`, for operators.
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError>;
 

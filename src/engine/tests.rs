@@ -547,15 +547,13 @@ struct HeldStore {
     finishing: Duration,
     failing: std::sync::atomic::AtomicU32,
     under_way: UnderWay,
+    /// Answers [`ClaimStore::gathers_calls`] with this.
+    gathering: bool,
 }
 
 impl HeldStore {
     fn finishing_late(finishing: Duration, failing: u32) -> Arc<Self> {
         Arc::new(Self { finishing, failing: failing.into(), ..Self::default() })
-    }
-
-    fn every_request_late(every: Duration) -> Arc<Self> {
-        Arc::new(Self { every, ..Self::default() })
     }
 
     async fn request<T>(
@@ -604,6 +602,9 @@ impl ClaimStore for HeldStore {
     }
     async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
         self.inner.replace_seen(seen, new).await
+    }
+    fn gathers_calls(&self) -> bool {
+        self.gathering
     }
 }
 
@@ -815,15 +816,25 @@ async fn fifo_groups_run_concurrently_and_a_fifo_arn_alone_makes_a_group() {
     assert!(matches!(outcome(&report, "second"), Outcome::Failed(Failure::GroupSkipped(_))));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finishing_writes_overlap_the_next_claims_within_twice_the_concurrency_bound() {
-    let store = HeldStore::every_request_late(Duration::from_millis(10));
+/// The most store calls under way at once for 30 records at concurrency 3.
+async fn most_calls_under_way(gathering: bool) -> usize {
+    let store = Arc::new(HeldStore { every: Duration::from_millis(10), gathering, ..HeldStore::default() });
     let options = EngineOptions { concurrency: 3, ..EngineOptions::default() };
     let (handler, _) = demo();
     let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
     let records = (0..30).map(|n| message(&format!("m{n}"), json!({}))).collect();
     let report = run(&engine, records, SECS_30).await;
     assert!(failures(&report).is_empty());
+    store.under_way.most()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finishing_writes_overlap_the_next_claims_within_twice_the_bound_when_the_store_gathers_calls() {
     // Three claims, and the finishing writes of the three before them: more than the bound, at most twice it.
-    assert_eq!(store.under_way.most(), 6, "claims travel while the writes before them do");
+    assert_eq!(most_calls_under_way(true).await, 6, "claims travel while the writes before them do");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_sending_each_call_alone_gets_no_more_than_the_concurrency_bound() {
+    assert_eq!(most_calls_under_way(false).await, 3, "a finishing write keeps its run's permit");
 }

@@ -455,14 +455,14 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_throttling_store_gets_one_request_at_a_time() {
+    async fn a_throttling_store_gets_two_requests_at_a_time() {
         let throttling = Arc::new(Far::<20, true>::default());
         let batcher = Batcher::new(Arc::clone(&throttling));
         submit_many(&batcher, 400).await;
-        assert_eq!(batcher.shared.window.limit(), 1);
+        assert_eq!(batcher.shared.window.limit(), 2);
         throttling.most_out.store(0, std::sync::atomic::Ordering::SeqCst);
         submit_many(&batcher, 100).await;
-        assert_eq!(throttling.most_out.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(throttling.most_out.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

@@ -170,6 +170,10 @@ impl ClaimStore for DynamoDbStore {
         }
     }
 
+    fn gathers_calls(&self) -> bool {
+        self.batched().is_some()
+    }
+
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         if query.status == Some(ClaimStatus::Completed) {
             tracing::warn!("completed claims are not in the {OPEN_INDEX} index: reading the whole table");

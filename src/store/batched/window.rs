@@ -7,7 +7,8 @@
 //! calls waiting for a slot: one more slot. More than three queued: one
 //! fewer. The store throttling or failing (or a request left unanswered past
 //! [`BatchCall::SLOW_AFTER`](super::BatchCall::SLOW_AFTER)): half the slots,
-//! at most once per round trip, as TCP halves its window on a loss.
+//! at most once per round trip, as TCP halves its window on a loss; never
+//! fewer than two.
 //!
 //! A request of 25 statements takes longer than one of a single statement
 //! without anything queued, so answers are compared with the fastest answer
@@ -32,6 +33,11 @@ const SHRINK_ABOVE: f64 = 3.0;
 /// Answers after which the fastest answers seen are forgotten, so that the
 /// baseline can rise when the store moves further away or gets slower.
 const PERIOD: u32 = 256;
+/// Slots kept however the store answers. With two, a request whose answer
+/// is lost or held does not stop every call of its kind until
+/// [`BatchCall::SLOW_AFTER`](super::BatchCall::SLOW_AFTER) frees its slot:
+/// under faults, one request of two is still moving.
+const FEWEST: usize = 2;
 /// Request size classes: 1, 2, 3–4, 5–8, … up to 128 and above.
 const CLASSES: usize = 8;
 
@@ -40,6 +46,7 @@ const CLASSES: usize = 8;
 pub(super) struct Window {
     semaphore: Arc<Semaphore>,
     state: Mutex<State>,
+    min: usize,
     max: usize,
 }
 
@@ -80,9 +87,12 @@ pub(super) struct Slot {
 }
 
 impl Window {
-    /// A window of `first` slots, never more than `max` (nor fewer than one).
+    /// A window of `first` slots, never more than `max` (nor fewer than
+    /// two, or `max` if that is less).
     pub(super) fn new(first: usize, max: usize) -> Arc<Self> {
-        let first = first.clamp(1, max.max(1));
+        let max = max.max(1);
+        let min = FEWEST.min(max);
+        let first = first.clamp(min, max);
         let state = State {
             limit: first,
             owed: 0,
@@ -91,7 +101,7 @@ impl Window {
             answers_this_period: 0,
             halved_at: None,
         };
-        Arc::new(Self { semaphore: Arc::new(Semaphore::new(first)), state: Mutex::new(state), max: max.max(1) })
+        Arc::new(Self { semaphore: Arc::new(Semaphore::new(first)), state: Mutex::new(state), min, max })
     }
 
     /// Waits for a free slot.
@@ -160,10 +170,10 @@ impl Window {
         }
     }
 
-    /// Takes `by` slots away, keeping one: free permits at once, the others
-    /// as the requests holding them give them back.
+    /// Takes `by` slots away, keeping the fewest: free permits at once, the
+    /// others as the requests holding them give them back.
     fn shrink(&self, state: &mut State, by: usize) {
-        let by = by.min(state.limit - 1);
+        let by = by.min(state.limit.saturating_sub(self.min));
         state.limit -= by;
         let forgotten = self.semaphore.forget_permits(by);
         state.owed += by - forgotten;
@@ -281,16 +291,20 @@ mod tests {
     }
 
     #[test]
-    fn halves_on_congestion_once_per_round_trip_and_keeps_one_slot() {
+    fn halves_on_congestion_once_per_round_trip_and_keeps_two_slots() {
         let window = Window::new(8, 16);
         answer(&window, 25, 10, Signal::Congested);
         assert_eq!(window.limit(), 4);
         // Within the same round trip: the same congestion, not a new one.
         answer(&window, 25, 10_000, Signal::Congested);
         assert_eq!(window.limit(), 4);
-        let window = Window::new(1, 16);
+        let window = Window::new(3, 16);
         answer(&window, 25, 10, Signal::Congested);
-        assert_eq!(window.limit(), 1);
+        assert_eq!(window.limit(), 2);
+        answer(&window, 25, 10_000, Signal::Congested);
+        assert_eq!(window.limit(), 2);
+        assert_eq!(Window::new(1, 16).limit(), 2);
+        assert_eq!(Window::new(4, 1).limit(), 1, "never above its maximum");
     }
 
     #[tokio::test]

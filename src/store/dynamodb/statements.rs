@@ -36,10 +36,12 @@ use crate::store::{
     batched::{BatchCall, Batcher},
 };
 
-/// Requests of each kind on the wire at once until answers say more (the
-/// batcher's window). Two keep the records of a batch moving while the next
-/// request fills.
-const IN_FLIGHT: usize = 2;
+/// Requests of each kind on the wire at once until answers say otherwise
+/// (the batcher's window). Eight send the claims of a small batch in the
+/// first round trip, as a TCP connection's initial window sends a short
+/// answer at once; a store that queues them shrinks the window within a
+/// few answers.
+const IN_FLIGHT: usize = 8;
 
 /// A write statement about one item.
 pub(super) struct Statement {
