@@ -365,6 +365,14 @@ impl Claims {
         self.store.expedite(until);
     }
 
+    /// Opens what the store's first calls will need, for at most `within`
+    /// (see [`ClaimStore::connect`]).
+    pub(crate) async fn connect(&self, within: Duration) {
+        if tokio::time::timeout(within, self.store.connect()).await.is_err() {
+            tracing::warn!(within_ms = within.as_millis(), "the claim store did not connect in time; going on");
+        }
+    }
+
     /// Whether the store sends concurrent calls in shared requests (see
     /// [`ClaimStore::gathers_calls`]).
     pub(crate) fn gathers_calls(&self) -> bool {

@@ -34,6 +34,11 @@ use crate::{
 const RUNTIME_VARIABLES: [&str; 4] =
     [LAMBDA_RUNTIME_API, "AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_VERSION"];
 
+/// The longest the init phase waits for the claim store's connections: a
+/// store out of reach must not hold the function's start (Lambda allows its
+/// init phase 10 seconds in all).
+const CONNECT_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl From<InvalidEvent> for Diagnostic {
     fn from(error: InvalidEvent) -> Self {
         Diagnostic { error_type: "InvalidEvent".into(), error_message: error.to_string() }
@@ -84,6 +89,8 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
         return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());
     }
     shut_down_on_sigterm(Arc::clone(consumer.engine.claims()));
+    // Still in the init phase: a first batch then finds its connections open.
+    consumer.engine.claims().connect(CONNECT_WITHIN).await;
     let function = Arc::new(Function { consumer, seen: Mutex::new(Extra::default()) });
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let function = Arc::clone(&function);

@@ -231,6 +231,13 @@ pub trait ClaimStore: Send + Sync {
         let _ = until;
     }
 
+    /// Opens, ahead of the first batch, what its calls will need. The Lambda
+    /// function calls it during its init phase, before it asks for an
+    /// event, so that a first batch finds its connections open. Best
+    /// effort: a failure is logged, not returned, and calls open what they
+    /// need themselves. Stores with nothing to open do nothing (the default).
+    async fn connect(&self) {}
+
     /// Whether concurrent calls share requests, as batched statements do.
     /// The engine then lets a record's finishing write overlap the next
     /// record's claim: both travel in the requests that go out anyway. A

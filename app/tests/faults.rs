@@ -163,8 +163,10 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
         assert!(single_only, "single requests only: {report}");
     }
     // The stalled first deliveries were cut off, their claims left in progress: each key then ran once
-    // (asserted below), which only a takeover after the lease allows.
-    assert!(after_first_drain.0 >= 2 && counted("FailedDeadline") >= (keys / 50) as u64, "no takeover: {report}");
+    // (asserted below), which only a takeover after the lease allows. A stalling key whose first
+    // deliveries never reached its handler (its claim cut off by a fault) never stalls: half are asked for.
+    let stalled = (keys / 50).div_ceil(2) as u64;
+    assert!(after_first_drain.0 >= 2 && counted("FailedDeadline") >= stalled, "no takeover: {report}");
     assert!(pending.is_empty(), "messages never processed: {report}");
     assert_eq!(after_first_drain.1, keys, "messages that left the queue without their handler running: {report}");
     assert!(copies.is_empty(), "copies after success never reported successful: {report}");

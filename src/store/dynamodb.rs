@@ -50,6 +50,10 @@ pub use layout::{Attributes, TableKey, TableLayout};
 pub(crate) use layout::{OPEN_INDEX, OPEN_STATUS, open_partition};
 
 use client::{Conditional, conditional, described, unavailable};
+
+/// The key [`ClaimStore::connect`] reads: only read, so whether a record
+/// holds it matters not.
+const CONNECT_KEY: &str = "sqs-once:connect";
 use layout::{ERROR, TOKEN, UPDATED_AT, n, open_partitions, s, text};
 
 /// A DynamoDB item: attribute names and values.
@@ -172,6 +176,22 @@ impl ClaimStore for DynamoDbStore {
 
     fn gathers_calls(&self) -> bool {
         self.batched().is_some()
+    }
+
+    /// Reads a key no record holds, as many times at once as the first
+    /// requests of a kind go out at once: each read opens a connection (a
+    /// TCP handshake, then TLS) and leaves it in the client's pool.
+    async fn connect(&self) {
+        let started = std::time::Instant::now();
+        let reads = futures::future::join_all((0..statements::IN_FLIGHT).map(|_| self.get_item(CONNECT_KEY))).await;
+        match reads.into_iter().find_map(Result::err) {
+            Some(error) => tracing::warn!(%error, "could not open connections to DynamoDB ahead of the first batch"),
+            None => tracing::debug!(
+                connections = statements::IN_FLIGHT,
+                elapsed_ms = started.elapsed().as_millis(),
+                "connections to DynamoDB opened"
+            ),
+        }
     }
 
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {

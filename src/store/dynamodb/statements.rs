@@ -41,7 +41,7 @@ use crate::store::{
 /// first round trip, as a TCP connection's initial window sends a short
 /// answer at once; a store that queues them shrinks the window within a
 /// few answers.
-const IN_FLIGHT: usize = 8;
+pub(super) const IN_FLIGHT: usize = 8;
 
 /// A write statement about one item.
 pub(super) struct Statement {
