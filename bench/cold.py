@@ -17,10 +17,16 @@ SECTION = "## A cold first invocation"
 RECORDS = 10
 
 
-def sample(round_trip, tls, path):
-    """One new function process: its init time, its first batch (every connection new), its second."""
+# `AWS_LAMBDA_INITIALIZATION_TYPE`: on demand an invocation waits for the init
+# phase; with provisioned concurrency the init phase runs ahead, and opens the
+# connections the first batch needs.
+INITIALIZATIONS = ("on-demand", "provisioned-concurrency")
+
+
+def sample(round_trip, tls, initialization, path):
+    """One new function process: its init time, its first batch, its second (every connection open)."""
     with Network(round_trip, tls) as network:
-        env = dict(os.environ, AWS_ENDPOINT_URL_DYNAMODB=network.url)
+        env = dict(os.environ, AWS_ENDPOINT_URL_DYNAMODB=network.url, AWS_LAMBDA_INITIALIZATION_TYPE=initialization)
         if network.certificate:
             env["SSL_CERT_FILE"] = network.certificate
         command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--", "lambda",
@@ -37,14 +43,16 @@ def main():
     args = parser.parse_args()
 
     path = event("new", RECORDS)
-    sample(0, True, path)  # a fresh JVM is slow at first
-    results = {}  # (round trip, scheme) -> list of samples
+    sample(0, True, INITIALIZATIONS[0], path)  # a fresh JVM is slow at first
+    results = {}  # (round trip, scheme, initialization) -> list of samples
     for run in range(args.runs):
         for round_trip in ROUND_TRIPS_MS:
             for tls in ((True, False) if run % 2 == 0 else (False, True)):
-                found = sample(round_trip, tls, path)
-                results.setdefault((round_trip, "https" if tls else "http"), []).append(found)
-                print(f"== {round_trip} ms, {'https' if tls else 'http'}: {found}", file=sys.stderr)
+                for initialization in INITIALIZATIONS[::1 if run % 2 == 0 else -1]:
+                    found = sample(round_trip, tls, initialization, path)
+                    scheme = "https" if tls else "http"
+                    results.setdefault((round_trip, scheme, initialization), []).append(found)
+                    print(f"== {round_trip} ms, {scheme}, {initialization}: {found}", file=sys.stderr)
     path.unlink()
 
     commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
@@ -55,17 +63,24 @@ def main():
              "Lambda runs it (`throughput lambda`: testkit's Runtime API, the `demo` handler), a new process per "
              f"sample, an event of {RECORDS} new records twice; DynamoDB Local behind the delaying proxy "
              "(`throughput delay-proxy --tls`), with TLS terminated behind it (`https`, a certificate made at start and "
-             "trusted through `SSL_CERT_FILE`) or not (`http`). *Init* is process start to the function's first "
-             "request for an event; the first batch opens every connection it needs (a TCP handshake, then TLS), "
-             f"the second finds them open. Medians of {args.runs} with [min–max], in milliseconds.", "",
-             "| round trip | endpoint | init | first batch (cold) | second batch (warm) | cold − warm |",
-             "|---:|---|---:|---:|---:|---:|"]
+             "trusted through `SSL_CERT_FILE`) or not (`http`), and `AWS_LAMBDA_INITIALIZATION_TYPE` either "
+             "`on-demand` (the first batch opens every connection it needs: a TCP handshake, then TLS) or "
+             "`provisioned-concurrency` (the init phase opens them). *Init* is process start to the function's first "
+             "request for an event; the second batch finds every connection open. *Init + first* is what an "
+             "invocation waiting for a cold start meets, as on demand; with provisioned concurrency the init phase "
+             f"runs ahead of it. Medians of {args.runs} with [min–max], in milliseconds.", "",
+             "| round trip | endpoint | initialization | init | first batch (cold) | second batch (warm) | "
+             "cold − warm | init + first |",
+             "|---:|---|---|---:|---:|---:|---:|---:|"]
     for round_trip in ROUND_TRIPS_MS:
         for scheme in ("https", "http"):
-            stats = {part: summary([found[part] for found in results[(round_trip, scheme)]])
-                     for part in ("init", "cold", "warm")}
-            lines.append(f"| {round_trip} ms | {scheme} | {fmt(stats['init'], 1)} | {fmt(stats['cold'], 1)} | "
-                         f"{fmt(stats['warm'], 1)} | {stats['cold']['median'] - stats['warm']['median']:.1f} |")
+            for initialization in INITIALIZATIONS:
+                found = results[(round_trip, scheme, initialization)]
+                stats = {part: summary([one[part] for one in found]) for part in ("init", "cold", "warm")}
+                total = summary([one["init"] + one["cold"] for one in found])
+                lines.append(f"| {round_trip} ms | {scheme} | {initialization} | {fmt(stats['init'], 1)} | "
+                             f"{fmt(stats['cold'], 1)} | {fmt(stats['warm'], 1)} | "
+                             f"{stats['cold']['median'] - stats['warm']['median']:.1f} | {fmt(total, 1)} |")
     lines.append("")
     write_section(args.output, SECTION, lines)
     print("\n".join(lines))

@@ -146,6 +146,10 @@ async fn lambda(binary: &str, table: &str, event: &str, invocations: usize) -> V
     let started = tokio::time::Instant::now();
     let envs = [("SQS_ONCE_TABLE", table.to_owned()), ("SQS_ONCE_HANDLER", "demo".to_owned())];
     let mut function = api.spawn(std::process::Command::new(binary), &envs);
+    // The function's logs pass through to this process's standard error; a
+    // pipe left unread would stop the function once full.
+    tokio::spawn(pass_through(function.stdout.take().expect("the function's output is piped")));
+    tokio::spawn(pass_through(function.stderr.take().expect("the function's output is piped")));
     api.initialized().await;
     let init = api.initialized_at().expect("the function asked for an event") - started;
     let mut batches = Vec::new();
@@ -163,6 +167,15 @@ async fn lambda(binary: &str, table: &str, event: &str, invocations: usize) -> V
     }
     let _ = function.kill().await;
     json!({ "init_ms": init.as_secs_f64() * 1000.0, "batches_ms": batches })
+}
+
+/// Copies a function's output to standard error, line by line.
+async fn pass_through(output: impl tokio::io::AsyncRead + Unpin) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(output).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        eprintln!("{line}");
+    }
 }
 
 /// Requests and write actions a client sends, read off each request's body

@@ -34,6 +34,15 @@ use crate::{
 const RUNTIME_VARIABLES: [&str; 4] =
     [LAMBDA_RUNTIME_API, "AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_VERSION"];
 
+/// Whether Lambda runs the init phase ahead of any invocation (provisioned
+/// concurrency), as `AWS_LAMBDA_INITIALIZATION_TYPE` says. Only then are the
+/// claim store's connections opened in it: on demand, an invocation waits
+/// for the init phase, and the connecting requests' own round trip would
+/// come on top of the handshakes they save its first batch.
+fn initialized_ahead() -> bool {
+    std::env::var("AWS_LAMBDA_INITIALIZATION_TYPE").is_ok_and(|kind| kind == "provisioned-concurrency")
+}
+
 /// The longest the init phase waits for the claim store's connections: a
 /// store out of reach must not hold the function's start (Lambda allows its
 /// init phase 10 seconds in all).
@@ -89,8 +98,10 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
         return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());
     }
     shut_down_on_sigterm(Arc::clone(consumer.engine.claims()));
-    // Still in the init phase: a first batch then finds its connections open.
-    consumer.engine.claims().connect(CONNECT_WITHIN).await;
+    if initialized_ahead() {
+        // Still in the init phase: the first batch finds its connections open.
+        consumer.engine.claims().connect(CONNECT_WITHIN).await;
+    }
     let function = Arc::new(Function { consumer, seen: Mutex::new(Extra::default()) });
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let function = Arc::clone(&function);

@@ -6,15 +6,17 @@ mod common;
 
 use std::{
     path::Path,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
 };
 
 use common::{
+    delay::DelayProxy,
     runtime_api::{Answer, RuntimeApi},
     sqs::{LARGEST_MESSAGE, body_of_size},
 };
 use serde_json::{Value, json};
+use sqs_once::store::{ClaimQuery, ClaimStatus, ClaimStore};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::Child,
@@ -97,6 +99,10 @@ fn collect(stream: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Arc<Mu
     });
     lines
 }
+
+/// `AWS_LAMBDA_INITIALIZATION_TYPE` of an environment initialized ahead of
+/// its invocations.
+const PROVISIONED: &str = "provisioned-concurrency";
 
 fn sample(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../events").join(name);
@@ -202,6 +208,37 @@ async fn a_warm_process_answers_redeliveries_as_duplicates_without_dynamodb_requ
     assert_eq!((metrics[1]["Duplicates"].as_u64(), metrics[1]["DynamoDbRequests"].as_u64()), (Some(10), Some(0)));
     assert_eq!(metrics[1]["FunctionName"], "sqs-once-test");
     assert_eq!(metrics[1]["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([["FunctionName"]]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_provisioned_concurrency_the_init_phase_opens_the_connections_the_first_batch_needs() {
+    let proxy = DelayProxy::start(&common::dynamodb::endpoint(), Duration::from_millis(5)).await.unwrap();
+    let store = common::fresh_table().await;
+    let envs = [("AWS_ENDPOINT_URL_DYNAMODB", proxy.url.as_str()), ("AWS_LAMBDA_INITIALIZATION_TYPE", PROVISIONED)];
+    let function = Function::start_on(&store.layout().table, &envs).await;
+    function.api.initialized().await;
+    // Eight requests at once at most: as many as the window's first requests of a kind.
+    assert_eq!(proxy.connections.load(Ordering::SeqCst), 8, "connections open when the function asks for an event");
+    // Eight new records have at most eight requests under way (each its claim, then its completion).
+    let event = batch(&(0..8).map(|n| json!({"n": n})).collect::<Vec<_>>());
+    assert!(failures(&function.invoke(&event, SECONDS_30).await).is_empty());
+    assert_eq!(proxy.connections.load(Ordering::SeqCst), 8, "the first batch opened connections of its own");
+    let completed = ClaimQuery { status: Some(ClaimStatus::Completed), limit: 100, ..ClaimQuery::default() };
+    assert_eq!(store.list(&completed).await.unwrap().records.len(), 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_demand_the_init_phase_opens_no_connection() {
+    let proxy = DelayProxy::start(&common::dynamodb::endpoint(), Duration::from_millis(5)).await.unwrap();
+    let store = common::fresh_table().await;
+    let envs = [("AWS_ENDPOINT_URL_DYNAMODB", proxy.url.as_str()), ("AWS_LAMBDA_INITIALIZATION_TYPE", "on-demand")];
+    let function = Function::start_on(&store.layout().table, &envs).await;
+    function.api.initialized().await;
+    // An invocation waits for the init phase: connecting there would only add a round trip.
+    assert_eq!(proxy.connections.load(Ordering::SeqCst), 0);
+    let event = batch(&[json!({"n": 1})]);
+    assert!(failures(&function.invoke(&event, SECONDS_30).await).is_empty());
+    assert!(proxy.connections.load(Ordering::SeqCst) > 0, "the batch went through the proxy");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

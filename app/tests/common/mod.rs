@@ -8,7 +8,7 @@
 
 pub mod rounds;
 
-pub use testkit::{dynamodb, faults, runtime_api, sqs};
+pub use testkit::{delay, dynamodb, faults, runtime_api, sqs};
 
 use sqs_once::store::{DynamoDbStore, TableLayout};
 
