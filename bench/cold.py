@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 
-from driver import BINARY, ROOT, ROUND_TRIPS_MS, Network, create_table, event, fmt, summary, write_section
+from driver import (BINARY, ROOT, ROUND_TRIPS_MS, Network, create_table, described_commit, event, fmt, summary,
+                    write_section)
 
 SECTION = "## A cold first invocation"
 # Records of each event.
@@ -55,8 +56,7 @@ def main():
                     print(f"== {round_trip} ms, {scheme}, {initialization}: {found}", file=sys.stderr)
     path.unlink()
 
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
-                            capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+    commit = described_commit()
     lines = [SECTION, "",
              f"Written by `{' '.join(['bench/cold'] + sys.argv[1:])}` on "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit {commit}. The release binary run as "

@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from driver import write_section
+from driver import described_commit, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Exactly once: what a staged write costs"
@@ -58,8 +58,7 @@ def main():
         fmt = f"{{:,.{digits}f}}"
         return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
 
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
-                            capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+    commit = described_commit()
     command_line = " ".join(["bench/cost"] + sys.argv[1:])
     staged = {figure: statistics.median(r[figure] for r in results["staged"]) for figure in FIGURES}
     direct = {figure: statistics.median(r[figure] for r in results["direct"]) for figure in FIGURES}

@@ -195,6 +195,12 @@ def latency_bound(results, run):
                 path.unlink()
 
 
+def described_commit():
+    """The commit the tree is at, with `-dirty` when it has changes: what a written section says it measured."""
+    return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                          capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+
+
 def write_section(path, section, lines):
     """Replaces `section` (a `## ` heading to the next) of the Markdown file at `path` with `lines`, or adds it."""
     output = Path(path)
@@ -306,8 +312,7 @@ def write_report(args, results, ceiling_stat, batched_stat, single, latencies, l
                                          "print(aws_lambda_powertools.__version__, boto3.__version__)"],
                                         capture_output=True, text=True).stdout.split()
     rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
-                            capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+    commit = described_commit()
     command_line = " ".join(["bench/run"] + sys.argv[1:])
     binary_mib = BINARY.stat().st_size / 2**20
     lines = [

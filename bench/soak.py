@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from driver import described_commit
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Reliability under faults"
 LEDGER_SECTION = "## Exactly once under faults: the ledger"
@@ -62,8 +64,7 @@ def main():
     def total(reports, field):
         return sum(report[field] for report in reports)
 
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
-                            capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+    commit = described_commit()
     command_line = " ".join(["bench/soak"] + sys.argv[1:])
     lines = [SECTION, "",
              f"Written by `{command_line}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit "
