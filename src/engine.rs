@@ -377,9 +377,9 @@ impl Engine {
     /// finishing permits, if one is free (and the store gathers calls), so
     /// that the next record's claim travels while this write does: a store
     /// far away then costs a batch one round trip per record, not two.
-    /// Without a free one, the write
-    /// keeps the run's permit, never waiting: at most twice `concurrency`
-    /// records' copies, tasks and store calls are alive.
+    /// Without a free one, the write keeps the run's permit, never waiting:
+    /// at most twice `concurrency` records' copies, tasks and store calls
+    /// are alive.
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
         async move {

@@ -232,10 +232,11 @@ pub trait ClaimStore: Send + Sync {
     }
 
     /// Opens, ahead of the first batch, what its calls will need. The Lambda
-    /// function calls it during its init phase, before it asks for an
-    /// event, so that a first batch finds its connections open. Best
-    /// effort: a failure is logged, not returned, and calls open what they
-    /// need themselves. Stores with nothing to open do nothing (the default).
+    /// function calls it in its init phase when that phase runs ahead of any
+    /// invocation (provisioned concurrency), so that the first batch finds
+    /// its connections open. Best effort: a failure is logged, not returned,
+    /// and calls open what they need themselves. Stores with nothing to open
+    /// do nothing (the default).
     async fn connect(&self) {}
 
     /// Whether concurrent calls share requests, as batched statements do.
