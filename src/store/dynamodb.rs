@@ -309,7 +309,7 @@ impl DynamoDbStore {
         record: &StoredClaim,
         now_ms: u64,
     ) -> Result<Option<PutOutcome>, StoreError> {
-        let insert = || self.layout.insert(self.layout.write_item(record), &record.id);
+        let insert = || self.layout.insert(record);
         let returned = match batches.write(insert).await? {
             Written::Applied => return Ok(Some(PutOutcome::Claimed)),
             Written::Refused(returned) => returned,

@@ -145,11 +145,18 @@ impl TableLayout {
     }
 
     pub(super) fn key(&self, id: &str) -> Item {
-        let mut key = Item::from([(self.attributes.id.clone(), s(id))]);
-        if let TableKey::Sorted { partition_attribute, partition_value } = &self.key {
-            key.insert(partition_attribute.clone(), s(partition_value));
-        }
-        key
+        self.key_fields(id).map(|(name, value)| (name.to_owned(), s(value))).collect()
+    }
+
+    /// The key attributes of `id`'s item, as names and values.
+    pub(super) fn key_fields<'a>(&'a self, id: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> {
+        let partition = match &self.key {
+            TableKey::Partition => None,
+            TableKey::Sorted { partition_attribute, partition_value } => {
+                Some((partition_attribute.as_str(), partition_value.as_str()))
+            }
+        };
+        std::iter::once((self.attributes.id.as_str(), id)).chain(partition)
     }
 }
 
@@ -157,10 +164,17 @@ impl TableLayout {
 impl TableLayout {
     /// The item that stores `record`.
     pub(super) fn write_item(&self, record: &StoredClaim) -> Item {
+        self.fields(record).into_iter().map(|(name, value)| (name.to_owned(), value)).collect()
+    }
+
+    /// The attributes of the item that stores `record`, as names and
+    /// values: what [`Self::write_item`] holds, without a map to build
+    /// where a statement lists them.
+    pub(super) fn fields<'a>(&'a self, record: &'a StoredClaim) -> Vec<(&'a str, AttributeValue)> {
         let names = &self.attributes;
-        let mut item = self.key(&record.id);
-        item.insert(names.status.clone(), s(record.status.as_str()));
-        item.insert(names.expiry.clone(), n(record.expires_at_s));
+        let key = self.key_fields(&record.id).map(|(name, value)| (name, s(value)));
+        let required =
+            [(names.status.as_str(), s(record.status.as_str())), (names.expiry.as_str(), n(record.expires_at_s))];
         let optional = [
             (names.lease.as_str(), record.lease_until_ms.map(n)),
             (TOKEN, record.token.as_deref().map(s)),
@@ -177,8 +191,8 @@ impl TableLayout {
                 (record.status != ClaimStatus::Completed).then(|| s(open_partition(record.status, &record.id))),
             ),
         ];
-        item.extend(optional.into_iter().filter_map(|(name, value)| Some((name.to_owned(), value?))));
-        item
+        let optional = optional.into_iter().filter_map(|(name, value)| Some((name, value?)));
+        key.chain(required).chain(optional).collect()
     }
 
     /// The item that stores an outbox entry: no status and no expiry (the

@@ -32,7 +32,7 @@ use aws_sdk_dynamodb::{
 
 use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, described, n, open_partition, s, text};
 use crate::store::{
-    ClaimStatus, Finish, StoreError,
+    ClaimStatus, Finish, StoreError, StoredClaim,
     batched::{BatchCall, Batcher},
 };
 
@@ -344,11 +344,15 @@ fn note_refusal(refused: &AtomicBool, code: Option<&str>, message: Option<&str>,
 
 impl TableLayout {
     /// Claims a key no record holds: `INSERT` fails on an existing item.
-    pub(super) fn insert(&self, item: Item, id: &str) -> Result<Statement, StoreError> {
-        let (names, values): (Vec<String>, Vec<AttributeValue>) = item.into_iter().unzip();
-        let fields: Vec<String> = names.iter().map(|name| format!("{}: ?", literal(name))).collect();
-        let text = format!("INSERT INTO {} VALUE {{{}}}", identifier(&self.table), fields.join(", "));
-        self.statement(id, text, values)
+    pub(super) fn insert(&self, record: &StoredClaim) -> Result<Statement, StoreError> {
+        let fields = self.fields(record);
+        let mut statement = Partiql::new("INSERT INTO ", &self.table, fields.len());
+        statement.text(" VALUE {");
+        for (index, (name, value)) in fields.into_iter().enumerate() {
+            statement.text(if index == 0 { "" } else { ", " }).literal(name).text(": ").parameter(value);
+        }
+        statement.text("}");
+        statement.build(&record.id)
     }
 
     /// [`super::DynamoDbStore`]'s finishing `UpdateItem`, as a statement.
@@ -367,72 +371,114 @@ impl TableLayout {
             ClaimStatus::Failed => set.push((OPEN_STATUS, s(open_partition(finish.status, id)))),
             _ => remove.push(OPEN_STATUS),
         }
-        let (set_names, mut values): (Vec<&str>, Vec<AttributeValue>) = set.into_iter().unzip();
-        let mut text = format!("UPDATE {}", identifier(&self.table));
-        for name in set_names {
-            text += &format!(" SET {} = ?", identifier(name));
+        let mut statement = Partiql::new("UPDATE ", &self.table, set.len() + 4);
+        for (name, value) in set {
+            statement.text(" SET ").identifier(name).text(" = ").parameter(value);
         }
         for name in remove {
-            text += &format!(" REMOVE {}", identifier(name));
+            statement.text(" REMOVE ").identifier(name);
         }
-        text += &self.held_by(id, token, &mut values);
-        self.statement(id, text, values)
+        self.held_by(&mut statement, id, token);
+        statement.build(id)
     }
 
     /// [`super::DynamoDbStore`]'s releasing `DeleteItem`, as a statement.
     pub(super) fn release(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
-        let mut values = Vec::new();
-        let text = format!("DELETE FROM {}{}", identifier(&self.table), self.held_by(id, token, &mut values));
-        self.statement(id, text, values)
+        let mut statement = Partiql::new("DELETE FROM ", &self.table, 4);
+        self.held_by(&mut statement, id, token);
+        statement.build(id)
     }
 
     /// [`super::DynamoDbStore`]'s deletion of a sent outbox entry, as a statement.
     pub(super) fn delete_outbox(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
-        let mut values = Vec::new();
-        let mut text = format!("DELETE FROM {}{}", identifier(&self.table), self.of_item(id, &mut values));
-        text += &format!(" AND {} = ?", identifier(TOKEN));
-        values.push(s(token));
-        self.statement(id, text, values)
+        let mut statement = Partiql::new("DELETE FROM ", &self.table, 3);
+        self.of_item(&mut statement, id);
+        statement.text(" AND ").identifier(TOKEN).text(" = ").parameter(s(token));
+        statement.build(id)
     }
 
     /// The `WHERE` clause of a finishing write: the item, still in progress
     /// under `token`.
-    fn held_by(&self, id: &str, token: &str, values: &mut Vec<AttributeValue>) -> String {
-        let mut clause = self.of_item(id, values);
-        clause += &format!(" AND {} = ? AND {} = ?", identifier(&self.attributes.status), identifier(TOKEN));
-        values.extend([s(ClaimStatus::InProgress.as_str()), s(token)]);
-        clause
+    fn held_by(&self, statement: &mut Partiql, id: &str, token: &str) {
+        self.of_item(statement, id);
+        statement.text(" AND ").identifier(&self.attributes.status).text(" = ");
+        statement.parameter(s(ClaimStatus::InProgress.as_str()));
+        statement.text(" AND ").identifier(TOKEN).text(" = ").parameter(s(token));
     }
 
     /// `WHERE` the item's key attributes are `id`'s.
-    fn of_item(&self, id: &str, values: &mut Vec<AttributeValue>) -> String {
-        let mut conditions = Vec::new();
-        for (name, value) in self.key(id) {
-            conditions.push(format!("{} = ?", identifier(&name)));
-            values.push(value);
+    fn of_item(&self, statement: &mut Partiql, id: &str) {
+        for (index, (name, value)) in self.key_fields(id).enumerate() {
+            statement.text(if index == 0 { " WHERE " } else { " AND " }).identifier(name).text(" = ");
+            statement.parameter(s(value));
         }
-        format!(" WHERE {}", conditions.join(" AND "))
+    }
+}
+
+/// A PartiQL statement as it is written: its text and its parameters. A
+/// parameter's `?` and its value go in together, so they stay in order;
+/// the text grows in one buffer, since a batch of new records writes two
+/// statements per record.
+struct Partiql {
+    text: String,
+    parameters: Vec<AttributeValue>,
+}
+
+impl Partiql {
+    /// A statement beginning with `verb` on `table`, expecting about
+    /// `parameters` parameters.
+    fn new(verb: &str, table: &str, parameters: usize) -> Self {
+        let mut statement = Self { text: String::with_capacity(96 + 32 * parameters), parameters: Vec::new() };
+        statement.parameters.reserve_exact(parameters);
+        statement.text(verb).identifier(table);
+        statement
     }
 
-    fn statement(&self, id: &str, text: String, values: Vec<AttributeValue>) -> Result<Statement, StoreError> {
+    fn text(&mut self, text: &str) -> &mut Self {
+        self.text.push_str(text);
+        self
+    }
+
+    /// A table or attribute name, quoted.
+    fn identifier(&mut self, name: &str) -> &mut Self {
+        self.quoted(name, '"')
+    }
+
+    /// A string literal (an attribute name in a `VALUE` tuple), quoted.
+    fn literal(&mut self, name: &str) -> &mut Self {
+        self.quoted(name, '\'')
+    }
+
+    /// `name` between `quote`s, each `quote` in it doubled, as PartiQL escapes them.
+    fn quoted(&mut self, name: &str, quote: char) -> &mut Self {
+        self.text.push(quote);
+        for part in name.split_inclusive(quote) {
+            self.text.push_str(part);
+            if part.ends_with(quote) {
+                self.text.push(quote);
+            }
+        }
+        self.text.push(quote);
+        self
+    }
+
+    fn parameter(&mut self, value: AttributeValue) -> &mut Self {
+        self.text.push('?');
+        self.parameters.push(value);
+        self
+    }
+
+    /// The statement about item `id`, asking for the item as it stood when
+    /// its condition fails.
+    fn build(self, id: &str) -> Result<Statement, StoreError> {
         let request = BatchStatementRequest::builder()
-            .statement(text)
-            .set_parameters(Some(values))
+            .statement(self.text)
+            .set_parameters(Some(self.parameters))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(StoreError::unavailable)?;
         Ok(Statement { item: id.to_owned(), request })
     }
-}
-
-/// A PartiQL identifier (table or attribute name), quoted.
-fn identifier(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// A PartiQL string literal (an attribute name in a `VALUE` tuple), quoted.
-fn literal(name: &str) -> String {
-    format!("'{}'", name.replace('\'', "''"))
 }
 
 #[cfg(test)]
@@ -446,9 +492,15 @@ mod tests {
     // (tests/claims_dynamodb.rs). Only PartiQL's quoting rules, which no table there exercises, are here.
     #[test]
     fn names_are_quoted_with_their_quotes_doubled() {
-        assert_eq!(identifier("claims-1.x"), "\"claims-1.x\"");
-        assert_eq!(identifier("odd \"name\""), "\"odd \"\"name\"\"\"");
-        assert_eq!(literal("it's"), "'it''s'");
+        let written = |write: &dyn Fn(&mut Partiql)| {
+            let mut statement = Partiql { text: String::new(), parameters: Vec::new() };
+            write(&mut statement);
+            statement.text
+        };
+        assert_eq!(written(&|statement| _ = statement.identifier("claims-1.x")), "\"claims-1.x\"");
+        assert_eq!(written(&|statement| _ = statement.identifier("odd \"name\"")), "\"odd \"\"name\"\"\"");
+        assert_eq!(written(&|statement| _ = statement.literal("it's")), "'it''s'");
+        assert_eq!(written(&|statement| _ = statement.literal("''")), "''''''");
     }
 
     fn refused_with(code: BatchStatementErrorCodeEnum) -> BatchStatementResponse {
@@ -526,12 +578,36 @@ mod tests {
     }
 
     #[test]
-    fn an_insert_names_every_attribute_of_the_item() {
-        let item = Item::from([("id".to_owned(), s("k")), ("it's".to_owned(), n(1))]);
-        let statement = TableLayout::new("claims").insert(item, "k").unwrap();
+    fn an_insert_names_every_attribute_of_the_item_before_its_value() {
+        let mut layout = TableLayout::new("claims");
+        layout.attributes.status = "it's".into();
+        let record = StoredClaim {
+            id: "k".into(),
+            status: ClaimStatus::InProgress,
+            expires_at_s: 7,
+            lease_until_ms: None,
+            token: Some("t".into()),
+            holder: None,
+            attempt: None,
+            message_id: None,
+            claimed_at_ms: None,
+            updated_at_ms: None,
+            payload_hash: None,
+            result: None,
+            error: None,
+        };
+        let statement = layout.insert(&record).unwrap();
         let text = statement.request.statement();
         assert!(text.starts_with("INSERT INTO \"claims\" VALUE {"), "{text}");
-        assert!(text.contains("'id': ?") && text.contains("'it''s': ?"), "{text}");
+        let named: Vec<&str> = text["INSERT INTO \"claims\" VALUE {".len()..].split(": ?").collect();
+        let names: Vec<&str> = named.iter().map(|name| name.trim_start_matches(", ")).collect();
+        let parameters = statement.request.parameters();
+        assert_eq!(names.len(), parameters.len() + 1, "{text}");
+        let pairs: HashMap<&str, &AttributeValue> = names.into_iter().zip(parameters).collect();
+        assert_eq!(pairs["'id'"], &s("k"));
+        assert_eq!(pairs["'it''s'"], &s("INPROGRESS"));
+        assert_eq!(pairs["'expiration'"], &n(7));
+        assert_eq!(pairs["'token'"], &s("t"));
         assert_eq!(statement.item, "k");
     }
 }
