@@ -581,21 +581,7 @@ mod tests {
     fn an_insert_names_every_attribute_of_the_item_before_its_value() {
         let mut layout = TableLayout::new("claims");
         layout.attributes.status = "it's".into();
-        let record = StoredClaim {
-            id: "k".into(),
-            status: ClaimStatus::InProgress,
-            expires_at_s: 7,
-            lease_until_ms: None,
-            token: Some("t".into()),
-            holder: None,
-            attempt: None,
-            message_id: None,
-            claimed_at_ms: None,
-            updated_at_ms: None,
-            payload_hash: None,
-            result: None,
-            error: None,
-        };
+        let record = super::super::tests::failed_claim("k", 5);
         let statement = layout.insert(&record).unwrap();
         let text = statement.request.statement();
         assert!(text.starts_with("INSERT INTO \"claims\" VALUE {"), "{text}");
@@ -605,9 +591,11 @@ mod tests {
         assert_eq!(names.len(), parameters.len() + 1, "{text}");
         let pairs: HashMap<&str, &AttributeValue> = names.into_iter().zip(parameters).collect();
         assert_eq!(pairs["'id'"], &s("k"));
-        assert_eq!(pairs["'it''s'"], &s("INPROGRESS"));
-        assert_eq!(pairs["'expiration'"], &n(7));
-        assert_eq!(pairs["'token'"], &s("t"));
+        assert_eq!(pairs["'it''s'"], &s("FAILED"));
+        assert_eq!(pairs["'expiration'"], &n(record.expires_at_s));
+        assert_eq!(pairs["'token'"], &s("t-k"));
+        assert_eq!(pairs["'error'"], &s("asked to fail"));
+        assert_eq!(pairs["'claimed_at'"], &n(5));
         assert_eq!(statement.item, "k");
     }
 }

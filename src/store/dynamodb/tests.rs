@@ -361,7 +361,7 @@ async fn open_claims_spread_over_index_partitions_and_list_exactly() {
 }
 
 /// A failed claim of `id`, claimed at `claimed_at_ms`.
-fn failed_claim(id: &str, claimed_at_ms: u64) -> crate::store::StoredClaim {
+pub(super) fn failed_claim(id: &str, claimed_at_ms: u64) -> crate::store::StoredClaim {
     crate::store::StoredClaim {
         id: id.into(),
         status: ClaimStatus::Failed,
