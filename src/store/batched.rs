@@ -252,6 +252,8 @@ fn signal<C: BatchCall>(results: &[Result<C::Output, StoreError>], pressed: bool
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     /// Echoes its inputs, recording each request's inputs.
@@ -303,7 +305,7 @@ mod tests {
         let answers = futures::future::join_all(inputs.iter().map(|input| batcher.submit((*input).to_owned()))).await;
         assert!(answers.iter().all(Result::is_ok));
         for request in lock(&echo.0).iter() {
-            let items: std::collections::HashSet<&str> = request.iter().map(Echo::item).collect();
+            let items: HashSet<&str> = request.iter().map(Echo::item).collect();
             assert_eq!(items.len(), request.len(), "{request:?}");
         }
     }
