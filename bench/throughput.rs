@@ -230,7 +230,7 @@ impl Intercept for CountActions {
 
 /// A client counting its requests and write actions into `actions`.
 async fn counted_client(actions: &Arc<Actions>) -> aws_sdk_dynamodb::Client {
-    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let aws = testkit::aws_config().await;
     let config = aws_sdk_dynamodb::config::Builder::from(&aws).interceptor(CountActions(Arc::clone(actions))).build();
     aws_sdk_dynamodb::Client::from_conf(config)
 }

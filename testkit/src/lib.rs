@@ -19,9 +19,13 @@ pub mod tls;
 
 /// The AWS configuration the test command's environment describes: the
 /// local endpoints (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL_SQS`…), a
-/// region and test credentials.
+/// region and test credentials; HTTPS through rustls on ring, as the
+/// library's own clients.
 pub async fn aws_config() -> aws_config::SdkConfig {
-    aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await
+    use aws_smithy_http_client::{Builder, tls};
+    let https =
+        Builder::new().tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring)).build_https();
+    aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https).load().await
 }
 
 /// SQS records of a Lambda event with these JSON bodies, their message ids
