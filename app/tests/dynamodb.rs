@@ -1,6 +1,6 @@
 //! The binary against DynamoDB Local: `create-table` and `invoke` on a
-//! table, a server that cannot be reached, and batched writes that DynamoDB
-//! refuses, falling back to single requests.
+//! table, over TLS as on AWS, a server that cannot be reached, and batched
+//! writes that DynamoDB refuses, falling back to single requests.
 
 mod common;
 
@@ -40,6 +40,36 @@ fn invoke_against_dynamodb_local_runs_once_then_sees_duplicates() {
     }
     assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 30, "the second run ran nothing");
     assert!(!dir.path().join("claims.db").exists(), "the file store was not used");
+}
+
+/// DynamoDB Local behind a TLS proxy whose certificate is trusted through
+/// `SSL_CERT_FILE` or not: every record runs once when it is; when it is not,
+/// the certificate is refused, every record fails and none ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_reaches_dynamodb_over_tls_and_checks_its_certificate() {
+    let proxy = testkit::tls::TlsProxy::start(&common::dynamodb::endpoint()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let table = common::fresh_table().await.layout().table.clone();
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, json!({ "Records": testkit::records((0..10).map(|n| json!({"n": n}))) }).to_string())
+        .unwrap();
+    for trusted in [false, true] {
+        let mut command = common::command_in(dir.path());
+        command.args(["invoke", "--timeout", "20"]).arg(&event);
+        command.env("SQS_ONCE_TABLE", &table).env("AWS_ENDPOINT_URL_DYNAMODB", &proxy.url);
+        if trusted {
+            command.env("SSL_CERT_FILE", &proxy.certificate);
+        }
+        let output = tokio::task::spawn_blocking(move || command.output().unwrap()).await.unwrap();
+        let logs = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{logs}");
+        let response: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(common::failed_ids(&response).len(), if trusted { 0 } else { 10 }, "trusted: {trusted}: {logs}");
+        if !trusted {
+            assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran: {logs}");
+        }
+    }
+    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 10, "each record ran once");
 }
 
 #[test]
