@@ -72,6 +72,43 @@ async fn invoke_reaches_dynamodb_over_tls_and_checks_its_certificate() {
     assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 10, "each record ran once");
 }
 
+/// The proxy environment, as the SDK's default client honours it: through
+/// an `HTTP_PROXY` that nobody serves every record fails and none runs;
+/// with DynamoDB Local's host in `NO_PROXY`, each runs once.
+#[test]
+fn invoke_goes_through_the_proxy_the_environment_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("proxied-{}", uuid::Uuid::new_v4().simple());
+    let created = common::command_in(dir.path()).args(["create-table", "--table", &table]).output().unwrap();
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy = format!("http://{}", nobody.local_addr().unwrap());
+    drop(nobody);
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, json!({ "Records": testkit::records((0..5).map(|n| json!({"n": n}))) }).to_string())
+        .unwrap();
+    for bypassed in [false, true] {
+        let output = common::command_in(dir.path())
+            .args(["invoke", "--timeout", "20"])
+            .arg(&event)
+            .env("SQS_ONCE_TABLE", &table)
+            .env("HTTP_PROXY", &proxy)
+            .env("NO_PROXY", if bypassed { "127.0.0.1,localhost" } else { "" })
+            .env_remove("http_proxy")
+            .env_remove("no_proxy")
+            .output()
+            .unwrap();
+        let logs = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{logs}");
+        let response: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(common::failed_ids(&response).len(), if bypassed { 0 } else { 5 }, "bypassed: {bypassed}: {logs}");
+        if !bypassed {
+            assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran: {logs}");
+        }
+    }
+    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 5, "each record ran once");
+}
+
 #[test]
 fn an_unreachable_dynamodb_fails_every_record_and_answers_before_the_deadline() {
     let dir = tempfile::tempdir().unwrap();
