@@ -7,6 +7,7 @@ mod common;
 use std::{
     collections::HashMap,
     path::Path,
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -42,34 +43,54 @@ fn invoke_against_dynamodb_local_runs_once_then_sees_duplicates() {
     assert!(!dir.path().join("claims.db").exists(), "the file store was not used");
 }
 
+/// Runs `invoke` on an event of `records` new records in `dir`, claims in
+/// `table`, twice as `configure` sets the command up: first with DynamoDB
+/// out of reach (`false`), when every record fails and none runs, then
+/// within reach (`true`), when each runs once.
+fn out_of_reach_then_reached(dir: &Path, table: &str, records: usize, configure: impl Fn(&mut Command, bool)) {
+    let event = dir.join("event.json");
+    std::fs::write(&event, json!({ "Records": testkit::records((0..records).map(|n| json!({"n": n}))) }).to_string())
+        .unwrap();
+    for reached in [false, true] {
+        let mut command = common::command_in(dir);
+        command.args(["invoke", "--timeout", "20"]).arg(&event).env("SQS_ONCE_TABLE", table);
+        configure(&mut command, reached);
+        let output = command.output().unwrap();
+        let logs = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{logs}");
+        let response: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(
+            common::failed_ids(&response).len(),
+            if reached { 0 } else { records },
+            "reached: {reached}: {logs}"
+        );
+        if !reached {
+            assert!(log_counts(&dir.join("demo.log")).is_empty(), "no handler ran: {logs}");
+        }
+    }
+    assert_eq!(log_counts(&dir.join("demo.log")).values().sum::<usize>(), records, "each record ran once");
+}
+
 /// DynamoDB Local behind a TLS proxy whose certificate is trusted through
 /// `SSL_CERT_FILE` or not: every record runs once when it is; when it is not,
 /// the certificate is refused, every record fails and none ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invoke_reaches_dynamodb_over_tls_and_checks_its_certificate() {
     let proxy = testkit::tls::TlsProxy::start(&common::dynamodb::endpoint()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let table = common::fresh_table().await.layout().table.clone();
-    let event = dir.path().join("event.json");
-    std::fs::write(&event, json!({ "Records": testkit::records((0..10).map(|n| json!({"n": n}))) }).to_string())
-        .unwrap();
-    for trusted in [false, true] {
-        let mut command = common::command_in(dir.path());
-        command.args(["invoke", "--timeout", "20"]).arg(&event);
-        command.env("SQS_ONCE_TABLE", &table).env("AWS_ENDPOINT_URL_DYNAMODB", &proxy.url);
-        if trusted {
-            command.env("SSL_CERT_FILE", &proxy.certificate);
-        }
-        let output = tokio::task::spawn_blocking(move || command.output().unwrap()).await.unwrap();
-        let logs = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{logs}");
-        let response: Value = serde_json::from_slice(&output.stdout).unwrap();
-        assert_eq!(common::failed_ids(&response).len(), if trusted { 0 } else { 10 }, "trusted: {trusted}: {logs}");
-        if !trusted {
-            assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran: {logs}");
-        }
-    }
-    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 10, "each record ran once");
+    let (url, certificate) = (proxy.url.clone(), proxy.certificate.clone());
+    // The proxy serves on this runtime while the binary runs.
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().unwrap();
+        out_of_reach_then_reached(dir.path(), &table, 10, |command, trusted| {
+            command.env("AWS_ENDPOINT_URL_DYNAMODB", &url);
+            if trusted {
+                command.env("SSL_CERT_FILE", &certificate);
+            }
+        });
+    })
+    .await
+    .unwrap();
 }
 
 /// The proxy environment, as the SDK's default client honours it: through
@@ -84,29 +105,10 @@ fn invoke_goes_through_the_proxy_the_environment_names() {
     let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let proxy = format!("http://{}", nobody.local_addr().unwrap());
     drop(nobody);
-    let event = dir.path().join("event.json");
-    std::fs::write(&event, json!({ "Records": testkit::records((0..5).map(|n| json!({"n": n}))) }).to_string())
-        .unwrap();
-    for bypassed in [false, true] {
-        let output = common::command_in(dir.path())
-            .args(["invoke", "--timeout", "20"])
-            .arg(&event)
-            .env("SQS_ONCE_TABLE", &table)
-            .env("HTTP_PROXY", &proxy)
-            .env("NO_PROXY", if bypassed { "127.0.0.1,localhost" } else { "" })
-            .env_remove("http_proxy")
-            .env_remove("no_proxy")
-            .output()
-            .unwrap();
-        let logs = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{logs}");
-        let response: Value = serde_json::from_slice(&output.stdout).unwrap();
-        assert_eq!(common::failed_ids(&response).len(), if bypassed { 0 } else { 5 }, "bypassed: {bypassed}: {logs}");
-        if !bypassed {
-            assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran: {logs}");
-        }
-    }
-    assert_eq!(log_counts(&dir.path().join("demo.log")).values().sum::<usize>(), 5, "each record ran once");
+    out_of_reach_then_reached(dir.path(), &table, 5, |command, bypassed| {
+        command.env("HTTP_PROXY", &proxy).env("NO_PROXY", if bypassed { "127.0.0.1,localhost" } else { "" });
+        command.env_remove("http_proxy").env_remove("no_proxy");
+    });
 }
 
 #[test]
