@@ -63,7 +63,9 @@ use sqs_once::{
 };
 use sqs_once_app::handlers::{demo::Demo, ledger::Ledger};
 
-#[tokio::main]
+// The runtime the bundled binary runs on, so that the engine in process is
+// measured as it runs there.
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|arg| arg != "--bench").collect();
     let option = |name: &str| {

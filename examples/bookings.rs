@@ -80,7 +80,7 @@ impl Bookings {
     }
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     sqs_once::run_with(async || Bookings::from_env()).await
 }

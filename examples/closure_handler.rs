@@ -15,7 +15,7 @@ use std::{
 
 use sqs_once::{HandlerError, Record, handler_fn};
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let seen = Arc::new(AtomicU64::new(0));
     sqs_once::run(handler_fn(move |record: Record| {

@@ -20,6 +20,12 @@ pub type HandlerResult = Result<Option<Value>, HandlerError>;
 /// [`HandlerError::permanent`] for ones it cannot (the failure is recorded and
 /// later deliveries are not run again). A panic counts as retryable.
 ///
+/// Records run concurrently on the async runtime, which in the bundled binary
+/// and the crates `sqs-once new` writes has a single thread: a handler must
+/// not block it (a blocking call holds up every other record and the
+/// deadline's cut-off), so blocking work goes to
+/// [`tokio::task::spawn_blocking`].
+///
 /// A complete handler; [`run`](crate::run) makes a binary of it:
 ///
 /// ```

@@ -22,7 +22,7 @@
 //!     }
 //! }
 //!
-//! #[tokio::main]
+//! #[tokio::main(flavor = "current_thread")]
 //! async fn main() -> std::process::ExitCode {
 //!     // The Lambda function inside Lambda; `invoke`, `poll`, `claims` and `create-table` outside it.
 //!     sqs_once::run(Ship).await

@@ -28,7 +28,7 @@ use crate::{
 ///     }
 /// }
 ///
-/// #[tokio::main]
+/// #[tokio::main(flavor = "current_thread")]
 /// async fn main() -> std::process::ExitCode {
 ///     sqs_once::run(MyHandler).await
 /// }
@@ -62,7 +62,7 @@ pub async fn run<H: Handler>(handler: H) -> ExitCode {
 ///     }
 /// }
 ///
-/// #[tokio::main]
+/// #[tokio::main(flavor = "current_thread")]
 /// async fn main() -> std::process::ExitCode {
 ///     sqs_once::run_with(async || {
 ///         let bucket = std::env::var("ARCHIVE_BUCKET").map_err(|_| "ARCHIVE_BUCKET is not set")?;

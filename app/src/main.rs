@@ -16,7 +16,10 @@ use sqs_once_app::{
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
+// One thread: a batch waits on DynamoDB far more than it computes, and the
+// multi-thread runtime's wake-ups between threads cost a fifth of the CPU per
+// record (README, "Runtime"). Handlers must not block it.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     // `new` is this binary's own command; every other is the library's.
     if std::env::args_os().nth(1).is_some_and(|command| command == "new") {

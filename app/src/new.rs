@@ -172,9 +172,10 @@ publish = false
 
 [dependencies]
 {library}
+mimalloc = {{ version = "0.1", default-features = false, features = ["no_thp"] }}
 serde = {{ version = "1", features = ["derive"] }}
 serde_json = "1"
-tokio = {{ version = "1", features = ["macros", "rt-multi-thread"] }}
+tokio = {{ version = "1", features = ["macros", "rt"] }}
 
 [dev-dependencies]
 # `sqs_once::testing`: the handler through the real engine in tests.
