@@ -369,9 +369,9 @@ impl Engine {
 
     /// The run of a key. Once a concurrency permit is free (and the cut-off
     /// has not come), the claim and the handler run in a task, so that
-    /// records run concurrently (in parallel on a multi-thread runtime) and the handler can be
-    /// cancelled at the cut-off; the finishing write then runs in a task of
-    /// its own, which nothing cancels. The permit, taken first, keeps at
+    /// records run concurrently (in parallel on a multi-thread runtime) and
+    /// the handler can be cancelled at the cut-off; the finishing write then
+    /// runs in a task of its own, which nothing cancels. The permit, taken first, keeps at
     /// most `concurrency` claims and handlers under way. When the handler
     /// returns, its finishing write trades the permit for one of as many
     /// finishing permits, if one is free (and the store gathers calls), so
