@@ -116,10 +116,10 @@ async fn bench(args: Vec<String>) {
         }
         Some("engine") => {
             let consumer = consumer(store, Demo::default(), concurrency).await;
-            let event: Value = serde_json::from_str(&std::fs::read_to_string(option("event")).unwrap()).unwrap();
+            let event = std::fs::read_to_string(option("event")).unwrap();
             for _ in 0..option("passes").parse().unwrap() {
                 let before = requests();
-                let mut result = run(&consumer, event.clone()).await;
+                let mut result = run(&consumer, &event).await;
                 result["requests"] = (requests() - before).into();
                 println!("{result}");
             }
@@ -310,7 +310,7 @@ async fn ledger(table: &str, records: usize, concurrency: usize, writes: &str) -
         counter.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
     }
     let cpu = cpu_seconds();
-    let mut result = run(&consumer, json!({ "Records": event })).await;
+    let mut result = run(&consumer, &json!({ "Records": event }).to_string()).await;
     let cpu = cpu_seconds() - cpu;
     let delta = |after: &AtomicU64, before: &AtomicU64| after.load(Ordering::Relaxed) - before.load(Ordering::Relaxed);
     let requests = delta(&actions.requests, &before.requests);
@@ -443,7 +443,7 @@ async fn consumer(store: DynamoDbStore, handler: impl Handler, concurrency: usiz
 }
 
 /// One pass of `event` through `consumer`, timed.
-async fn run(consumer: &Consumer, event: Value) -> Value {
+async fn run(consumer: &Consumer, event: &str) -> Value {
     let records = parse_event(event).unwrap();
     let count = records.len();
     let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(900), request_id: "bench".into() };

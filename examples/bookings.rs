@@ -104,7 +104,10 @@ mod tests {
 
     /// Deliveries of (message id, body).
     fn deliveries(messages: &[(&str, &str)]) -> Vec<EventRecord> {
-        messages.iter().map(|(id, body)| EventRecord::Message(Box::new(testing::message(id, *body)))).collect()
+        messages
+            .iter()
+            .map(|(id, body)| EventRecord::Message(std::sync::Arc::new(testing::message(id, *body))))
+            .collect()
     }
 
     #[tokio::test]

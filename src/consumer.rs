@@ -57,7 +57,7 @@ pub enum StartupError {
 /// })
 /// .unwrap();
 /// let consumer = Consumer::new(&config, handler_fn(|_| async { Ok(None) })).await.unwrap();
-/// let event = serde_json::json!({ "Records": [{ "messageId": "m-1", "body": "{}" }] });
+/// let event = r#"{ "Records": [{ "messageId": "m-1", "body": "{}" }] }"#;
 /// let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(30), request_id: "r-1".into() };
 /// let answer = consumer.process(&parse_event(event).unwrap(), &invocation).await;
 /// assert!(answer.response.batch_item_failures.is_empty());

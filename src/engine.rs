@@ -22,8 +22,8 @@ use futures::{
     future::{BoxFuture, Shared, join, join_all},
 };
 use tokio::{
-    sync::Semaphore,
-    task::AbortHandle,
+    sync::{OwnedSemaphorePermit, Semaphore},
+    task::{AbortHandle, JoinHandle},
     time::{Instant, timeout_at},
 };
 
@@ -394,13 +394,7 @@ impl Engine {
             let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
             let progress = Arc::new(Mutex::new(Progress::Running));
             let started = Instant::now();
-            let handler = tokio::spawn({
-                let (engine, progress) = (engine.clone(), Arc::clone(&progress));
-                async move {
-                    let (step, claim_latency) = engine.claim_and_handle(&record, deadline_ms, &holder, &progress).await;
-                    (record, step, claim_latency, permit)
-                }
-            });
+            let handler = engine.spawn_handler(record, deadline_ms, holder, Arc::clone(&progress), permit);
             let slot = {
                 let mut started = lock(&state.started);
                 started.push(Started { key, progress: Arc::clone(&progress), handler: Some(handler.abort_handle()) });
@@ -418,17 +412,52 @@ impl Engine {
                 Step::Returned(lease, result, staged) => {
                     let fallback = provisional_outcome(&result, &staged, &lease);
                     let permit = Arc::clone(&state.finishing).try_acquire_owned().unwrap_or(permit);
-                    let write = tokio::spawn(async move {
-                        let _permit = permit;
-                        engine.write_ending(&record, &lease, result, staged, &progress).await
-                    });
-                    write.await.unwrap_or(fallback)
+                    engine.spawn_write(record, lease, result, staged, progress, permit).await.unwrap_or(fallback)
                 }
             };
             RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
         }
         .boxed()
         .shared()
+    }
+
+    // The tasks are built outside the run's future: built inside it, they
+    // would take room in it (rustc keeps a place for them across the awaits),
+    // and every record's run would be allocated and copied at four times its
+    // size.
+
+    /// The task that claims the record's key and runs the handler; it hands
+    /// back the record and the permit for the finishing write.
+    fn spawn_handler(
+        &self,
+        record: Record,
+        deadline_ms: u64,
+        holder: Arc<str>,
+        progress: Arc<Mutex<Progress>>,
+        permit: OwnedSemaphorePermit,
+    ) -> JoinHandle<(Record, Step, Duration, OwnedSemaphorePermit)> {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let (step, claim_latency) = engine.claim_and_handle(&record, deadline_ms, &holder, &progress).await;
+            (record, step, claim_latency, permit)
+        })
+    }
+
+    /// The task that records the handler's result; nothing cancels it.
+    fn spawn_write(
+        &self,
+        record: Record,
+        lease: Lease,
+        result: std::thread::Result<HandlerResult>,
+        staged: Staged,
+        progress: Arc<Mutex<Progress>>,
+        permit: OwnedSemaphorePermit,
+    ) -> JoinHandle<Outcome> {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            engine.write_ending(&record, &lease, result, staged, &progress).await
+        })
     }
 
     /// Claims the record's key and, if the claim is won, runs the handler.

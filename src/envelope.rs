@@ -8,7 +8,7 @@
 //! (redelivery, the dead-letter queue) keeps the message as it arrived, so a
 //! message moved to the dead-letter queue can be driven back unchanged.
 
-use std::{borrow::Cow, collections::HashMap, fmt, str::FromStr};
+use std::{borrow::Cow, collections::HashMap, fmt, str::FromStr, sync::Arc};
 
 use aws_lambda_events::sqs::SqsMessage;
 use serde::Deserialize;
@@ -127,8 +127,8 @@ pub(crate) struct InvalidEnvelope {
 /// validation, logs and the handler read.
 #[derive(Debug, Clone)]
 pub(crate) struct Opened<'m> {
-    /// The message as SQS delivered it.
-    pub(crate) message: &'m SqsMessage,
+    /// The message as SQS delivered it, shared with the handler's [`Record`](crate::Record).
+    pub(crate) message: &'m Arc<SqsMessage>,
     /// The publisher's message: the body, or what the envelope wraps.
     pub(crate) body: Cow<'m, str>,
     /// The envelope's fields, when there is an envelope.
@@ -137,7 +137,7 @@ pub(crate) struct Opened<'m> {
 
 impl<'m> Opened<'m> {
     /// Opens `message`'s body as an envelope of `kind`.
-    pub(crate) fn new(message: &'m SqsMessage, kind: EnvelopeKind) -> Result<Self, InvalidEnvelope> {
+    pub(crate) fn new(message: &'m Arc<SqsMessage>, kind: EnvelopeKind) -> Result<Self, InvalidEnvelope> {
         let text = message.body.as_deref().unwrap_or_default();
         let (body, envelope) = match kind {
             EnvelopeKind::None => return Ok(Self::plain(message)),
@@ -160,7 +160,7 @@ impl<'m> Opened<'m> {
     }
 
     /// `message` as it is, with no envelope.
-    pub(crate) fn plain(message: &'m SqsMessage) -> Self {
+    pub(crate) fn plain(message: &'m Arc<SqsMessage>) -> Self {
         Self { message, body: Cow::Borrowed(message.body.as_deref().unwrap_or_default()), envelope: None }
     }
 }
@@ -201,11 +201,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn message(body: serde_json::Value) -> SqsMessage {
+    fn message(body: serde_json::Value) -> Arc<SqsMessage> {
         let mut message = SqsMessage::default();
         message.message_id = Some("m-1".into());
         message.body = Some(body.to_string());
-        message
+        Arc::new(message)
     }
 
     fn sns(inner: &str) -> serde_json::Value {
@@ -242,6 +242,7 @@ mod tests {
         let body = r#"{"version":"0","id":"e-1","detail-type":"OrderPlaced","source":"shop.orders","account":"123456789012","time":"2026-11-23T10:00:00Z","region":"us-east-1","resources":[],"detail":{"z":1, "order_id":"o-77"}}"#;
         let mut message = SqsMessage::default();
         message.body = Some(body.into());
+        let message = Arc::new(message);
         let opened = Opened::new(&message, EnvelopeKind::EventBridge).unwrap();
         assert_eq!(opened.body, r#"{"z":1, "order_id":"o-77"}"#, "detail kept byte for byte");
         let Some(Envelope::EventBridge(event)) = opened.envelope else { panic!("no EventBridge envelope") };
@@ -259,7 +260,7 @@ mod tests {
         assert!(error.starts_with("body is not an SNS notification (with raw message delivery on, set SQS_ONCE_ENVELOPE=none): missing field"), "{error}");
         let mut not_json = SqsMessage::default();
         not_json.body = Some("plain text".into());
-        assert!(Opened::new(&not_json, EnvelopeKind::EventBridge).is_err());
+        assert!(Opened::new(&Arc::new(not_json), EnvelopeKind::EventBridge).is_err());
         let confirmation = message(
             json!({"Type": "SubscriptionConfirmation", "MessageId": "x", "TopicArn": "t", "Message": "m", "Timestamp": "t"}),
         );
@@ -290,6 +291,7 @@ mod tests {
             .to_string(),
         );
 
+        let message = Arc::new(message);
         let opened = Opened::new(&message, EnvelopeKind::Sns).unwrap();
         assert_eq!(opened.body, r#"{"order_id":"o-77"}"#);
         assert!(matches!(&opened.envelope, Some(Envelope::Sns(sns)) if sns.message_id == "sns-1"));

@@ -4,14 +4,17 @@
 //! the whole event, as `serde`'s all-or-nothing parse of `SqsEvent` would.
 //! Bodies stay text; whoever needs them as JSON parses them.
 
+use std::sync::Arc;
+
 use aws_lambda_events::sqs::SqsMessage;
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::{Value, value::RawValue};
 
 /// One entry of an event's `Records`.
 #[derive(Debug, Clone)]
 pub enum EventRecord {
-    /// A well-formed SQS message.
-    Message(Box<SqsMessage>),
+    /// A well-formed SQS message; the records handed to the handler share it.
+    Message(Arc<SqsMessage>),
     /// A record with a message id whose other fields do not parse; it is
     /// reported failed.
     Malformed {
@@ -52,6 +55,9 @@ impl EventRecord {
 /// An event that cannot be processed at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidEvent {
+    /// The text is not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(String),
     /// The JSON is not an SQS event.
     #[error("not an SQS event: {0}")]
     NotSqs(String),
@@ -60,50 +66,75 @@ pub enum InvalidEvent {
     MissingMessageId(usize),
 }
 
-/// Splits an SQS event into its records.
+/// Splits an SQS event, as JSON text, into its records.
 ///
 /// ```
-/// use sqs_once::event::{parse_event, EventRecord};
+/// use sqs_once::event::{parse_event, EventRecord, InvalidEvent};
 ///
-/// let event = serde_json::json!({"Records": [
+/// let event = r#"{"Records": [
 ///     {"messageId": "m-1", "body": "not json", "eventSource": "aws:sqs"},
-///     {"messageId": "m-2", "attributes": {"ApproximateReceiveCount": 2}},
-/// ]});
+///     {"messageId": "m-2", "attributes": {"ApproximateReceiveCount": 2}}
+/// ]}"#;
 /// let records = parse_event(event).unwrap();
 /// assert!(matches!(&records[0], EventRecord::Message(_)));
 /// assert!(matches!(&records[1], EventRecord::Malformed { message_id, .. } if message_id == "m-2"));
-/// assert!(parse_event(serde_json::json!({"detail-type": "x"})).is_err());
+/// assert!(matches!(parse_event(r#"{"detail-type": "x"}"#), Err(InvalidEvent::NotSqs(_))));
+/// assert!(matches!(parse_event("{"), Err(InvalidEvent::NotJson(_))));
 /// ```
-pub fn parse_event(event: Value) -> Result<Vec<EventRecord>, InvalidEvent> {
-    let Value::Object(mut event) = event else {
-        return Err(InvalidEvent::NotSqs("expected a JSON object with a `Records` array".into()));
+pub fn parse_event(event: &str) -> Result<Vec<EventRecord>, InvalidEvent> {
+    /// The event's records, each left as text: a well-formed record is read
+    /// straight into an [`SqsMessage`], with no JSON tree built on the way.
+    #[derive(Deserialize)]
+    struct Records<'a> {
+        #[serde(rename = "Records", borrow)]
+        records: Option<Vec<&'a RawValue>>,
+    }
+
+    let not_sqs = || InvalidEvent::NotSqs("expected a JSON object with a `Records` array".into());
+    let records = match serde_json::from_str::<Records<'_>>(event) {
+        Ok(Records { records: Some(records) }) => records,
+        Ok(Records { records: None }) => return Err(not_sqs()),
+        Err(error) if error.is_syntax() || error.is_eof() => return Err(InvalidEvent::NotJson(error.to_string())),
+        Err(_) => return Err(not_sqs()),
     };
-    let Some(Value::Array(records)) = event.remove("Records") else {
-        return Err(InvalidEvent::NotSqs("expected a JSON object with a `Records` array".into()));
-    };
-    records.into_iter().enumerate().map(|(index, record)| parse_record(index, record)).collect()
+    records.into_iter().enumerate().map(|(index, record)| parse_record(index, record.get())).collect()
 }
 
-fn parse_record(index: usize, record: Value) -> Result<EventRecord, InvalidEvent> {
-    let Value::Object(fields) = &record else {
+fn parse_record(index: usize, record: &str) -> Result<EventRecord, InvalidEvent> {
+    let message = match serde_json::from_str::<SqsMessage>(record) {
+        Ok(message) => message,
+        Err(error) => return parse_malformed(index, record, &error),
+    };
+    if let Some(source) = message.event_source.as_deref().filter(|source| *source != "aws:sqs") {
+        return Err(not_from_sqs(index, source));
+    }
+    if message.message_id.as_deref().unwrap_or_default().is_empty() {
+        return Err(InvalidEvent::MissingMessageId(index));
+    }
+    Ok(EventRecord::Message(Arc::new(message)))
+}
+
+/// A record that is not an [`SqsMessage`] (`error` says why): malformed if
+/// it has a message id to report it failed under.
+fn parse_malformed(index: usize, record: &str, error: &serde_json::Error) -> Result<EventRecord, InvalidEvent> {
+    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(record) else {
         return Err(InvalidEvent::NotSqs(format!("record {index} is not a JSON object")));
     };
     if let Some(source) = fields.get("eventSource").and_then(Value::as_str).filter(|source| *source != "aws:sqs") {
-        return Err(InvalidEvent::NotSqs(format!("record {index} comes from `{source}`, not aws:sqs")));
+        return Err(not_from_sqs(index, source));
     }
     let message_id = match fields.get("messageId") {
         Some(Value::String(id)) if !id.is_empty() => id.clone(),
         _ => return Err(InvalidEvent::MissingMessageId(index)),
     };
     let fifo_queue = fields.get("eventSourceARN").and_then(Value::as_str).is_some_and(|arn| arn.ends_with(".fifo"));
-    let group_id = record.pointer("/attributes/MessageGroupId").and_then(Value::as_str).unwrap_or_default();
-    let fifo_group = fifo_queue.then(|| group_id.to_owned());
-    Ok(match serde_json::from_value::<SqsMessage>(record) {
-        Ok(message) => EventRecord::Message(Box::new(message)),
-        Err(error) => {
-            EventRecord::Malformed { message_id, reason: format!("record does not parse: {error}"), fifo_group }
-        }
-    })
+    let group_id = fields.get("attributes").and_then(|attributes| attributes.get("MessageGroupId"));
+    let fifo_group = fifo_queue.then(|| group_id.and_then(Value::as_str).unwrap_or_default().to_owned());
+    Ok(EventRecord::Malformed { message_id, reason: format!("record does not parse: {error}"), fifo_group })
+}
+
+fn not_from_sqs(index: usize, source: &str) -> InvalidEvent {
+    InvalidEvent::NotSqs(format!("record {index} comes from `{source}`, not aws:sqs"))
 }
 
 #[cfg(test)]
@@ -111,15 +142,43 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn parse(event: Value) -> Result<Vec<EventRecord>, InvalidEvent> {
+        parse_event(&event.to_string())
+    }
+
     #[test]
     fn records_without_usable_ids_invalidate_the_event() {
-        assert_eq!(parse_event(json!({"Records": [{"body": "x"}]})).unwrap_err(), InvalidEvent::MissingMessageId(0));
+        assert_eq!(parse(json!({"Records": [{"body": "x"}]})).unwrap_err(), InvalidEvent::MissingMessageId(0));
         let empty_id = json!({"Records": [{"messageId": "a"}, {"messageId": ""}]});
-        assert_eq!(parse_event(empty_id).unwrap_err(), InvalidEvent::MissingMessageId(1));
-        assert!(parse_event(json!({"Records": "nope"})).is_err());
-        assert!(parse_event(json!([1, 2])).is_err());
+        assert_eq!(parse(empty_id).unwrap_err(), InvalidEvent::MissingMessageId(1));
+        let numeric_id = json!({"Records": [{"messageId": 7}]});
+        assert_eq!(parse(numeric_id).unwrap_err(), InvalidEvent::MissingMessageId(0));
+        assert!(matches!(parse(json!({"Records": "nope"})), Err(InvalidEvent::NotSqs(_))));
+        assert!(matches!(parse(json!({"Records": null})), Err(InvalidEvent::NotSqs(_))));
+        assert!(matches!(parse(json!([1, 2])), Err(InvalidEvent::NotSqs(_))));
+        assert!(matches!(parse(json!({"Records": [1]})), Err(InvalidEvent::NotSqs(_))));
+        assert!(matches!(parse_event(r#"{"Records": [{"messageId": "a"}"#), Err(InvalidEvent::NotJson(_))));
         let kinesis = json!({"Records": [{"eventSource": "aws:kinesis", "messageId": "a"}]});
-        assert!(parse_event(kinesis).unwrap_err().to_string().contains("aws:kinesis"));
+        assert!(parse(kinesis).unwrap_err().to_string().contains("aws:kinesis"));
+        let malformed_kinesis = json!({"Records": [{"eventSource": "aws:kinesis", "messageId": "a", "body": 1}]});
+        assert!(parse(malformed_kinesis).unwrap_err().to_string().contains("aws:kinesis"));
+    }
+
+    #[test]
+    fn a_record_that_does_not_parse_fails_alone_and_says_why() {
+        let event = json!({"Records": [
+            {"messageId": "m-1", "body": "{\"id\": 1}", "attributes": {"ApproximateReceiveCount": "2"},
+             "messageAttributes": {"kind": {"dataType": "String", "stringValue": "order"}}},
+            {"messageId": "m-2", "body": {"id": 2}},
+        ]});
+        let records = parse(event).unwrap();
+        let EventRecord::Message(message) = &records[0] else { panic!("m-1 is well formed: {:?}", records[0]) };
+        assert_eq!(message.body.as_deref(), Some("{\"id\": 1}"));
+        assert_eq!(message.attributes["ApproximateReceiveCount"], "2");
+        assert_eq!(message.message_attributes["kind"].string_value.as_deref(), Some("order"));
+        let EventRecord::Malformed { message_id, reason, .. } = &records[1] else { panic!("m-2 has a JSON body") };
+        assert_eq!(message_id, "m-2");
+        assert!(reason.contains("invalid type"), "{reason}");
     }
 
     #[test]
@@ -127,7 +186,7 @@ mod tests {
         let record =
             |arn: &str| json!({"messageId": "m", "eventSourceARN": arn, "attributes": {"MessageGroupId": "tenant-a"}});
         let groups = |event| -> Vec<Option<String>> {
-            parse_event(event).unwrap().iter().map(|record| record.fifo_group().map(str::to_owned)).collect()
+            parse(event).unwrap().iter().map(|record| record.fifo_group().map(str::to_owned)).collect()
         };
         let fifo = json!({"Records": [record("arn:aws:sqs:us-east-1:1:work.fifo")]});
         assert_eq!(groups(fifo), [Some("tenant-a".to_owned())]);
@@ -139,10 +198,13 @@ mod tests {
         let malformed_fair = json!({"Records": [{"messageId": "m", "eventSourceARN": "arn:aws:sqs:us-east-1:1:w", "body": 1,
                                 "attributes": {"MessageGroupId": "t"}}]});
         assert_eq!(groups(malformed_fair), [None]);
+        let malformed_fifo = json!({"Records": [{"messageId": "m", "eventSourceARN": "arn:aws:sqs:us-east-1:1:w.fifo",
+                                "body": 1, "attributes": {"MessageGroupId": "t"}}]});
+        assert_eq!(groups(malformed_fifo), [Some("t".to_owned())]);
     }
 
     #[test]
     fn an_empty_batch_is_valid() {
-        assert!(parse_event(json!({"Records": []})).unwrap().is_empty());
+        assert!(parse(json!({"Records": []})).unwrap().is_empty());
     }
 }

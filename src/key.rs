@@ -288,8 +288,9 @@ mod tests {
     use super::*;
     use crate::envelope::EnvelopeKind;
     use aws_lambda_events::sqs::{SqsMessage, SqsMessageAttribute};
+    use std::sync::Arc;
 
-    fn message(body: &str) -> SqsMessage {
+    fn message(body: &str) -> Arc<SqsMessage> {
         let mut message = SqsMessage::default();
         message.message_id = Some("m-1".into());
         message.body = Some(body.into());
@@ -298,12 +299,12 @@ mod tests {
         attribute.string_value = Some("tenant-9".into());
         attribute.data_type = Some("String".into());
         message.message_attributes.insert("Tenant".into(), attribute);
-        message
+        Arc::new(message)
     }
 
     /// A deriver of unhashed keys under `p`, deriving from messages without
     /// an envelope.
-    fn plain(spec: &str, on_missing: OnMissingKey) -> impl Fn(&SqsMessage) -> Result<String, MissingKey> {
+    fn plain(spec: &str, on_missing: OnMissingKey) -> impl Fn(&Arc<SqsMessage>) -> Result<String, MissingKey> {
         let deriver = Keys::new(spec, "p").unwrap().hashed(false).on_missing(on_missing);
         move |message| deriver.derive(&Opened::plain(message))
     }

@@ -1,6 +1,6 @@
 //! The Lambda function: the `lambda_runtime` loop around the engine.
 //!
-//! The event is taken as raw JSON and split per record, so one odd record
+//! The event is taken as JSON text and split per record, so one odd record
 //! fails alone; an event that is not an SQS event at all is an invocation
 //! error. Handler panics never reach the runtime (the engine catches them per
 //! record), so the runtime's own panic handling never fails a whole batch.
@@ -14,7 +14,7 @@ use std::{
 
 use aws_lambda_events::sqs::SqsBatchResponse;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
-use serde_json::{Value, json};
+use serde_json::{json, value::RawValue};
 use tokio::time::Instant;
 
 use crate::{
@@ -103,7 +103,7 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
         consumer.engine.claims().connect(CONNECT_WITHIN).await;
     }
     let function = Arc::new(Function { consumer, seen: Mutex::new(Extra::default()) });
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| {
         let function = Arc::clone(&function);
         async move { function.invoke(event).await }
     }))
@@ -111,9 +111,9 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
 }
 
 impl Function {
-    async fn invoke(&self, event: LambdaEvent<Value>) -> Result<SqsBatchResponse, InvalidEvent> {
+    async fn invoke(&self, event: LambdaEvent<Box<RawValue>>) -> Result<SqsBatchResponse, InvalidEvent> {
         let (payload, context) = event.into_parts();
-        let records = parse_event(payload).inspect_err(|error| tracing::error!(%error, "invocation failed"))?;
+        let records = parse_event(payload.get()).inspect_err(|error| tracing::error!(%error, "invocation failed"))?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
         let processed = self.consumer.process(&records, &invocation).await;
         let metrics = &self.consumer.metrics;

@@ -224,7 +224,7 @@ impl Poller {
         let deadline = SystemTime::now() + self.timeout;
         let records: Vec<EventRecord> = messages
             .into_iter()
-            .map(|message| EventRecord::Message(Box::new(event_message(message, &self.queue))))
+            .map(|message| EventRecord::Message(Arc::new(event_message(message, &self.queue))))
             .collect();
         let batch = self.batches.fetch_add(1, Ordering::Relaxed);
         let invocation = Invocation { deadline, request_id: format!("poll-{}-{batch}", self.id) };

@@ -1,6 +1,6 @@
 //! The view of one SQS message that a [`Handler`](crate::Handler) receives.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use aws_lambda_events::sqs::{SqsMessage, SqsMessageAttribute};
 use serde::de::DeserializeOwned;
@@ -28,17 +28,14 @@ pub struct Record {
     pub body: String,
     /// The envelope the message arrived in, when one is configured.
     pub envelope: Option<Envelope>,
-    /// System attributes such as `ApproximateReceiveCount` or `MessageGroupId`.
-    pub attributes: HashMap<String, String>,
-    /// User message attributes.
-    pub message_attributes: HashMap<String, SqsMessageAttribute>,
     /// The key this record was claimed under, as stored (prefixed, and hashed
     /// unless key hashing is off).
     pub key: String,
     /// How many times SQS has delivered this message, this delivery included.
     pub receive_count: u32,
-    /// The queue's ARN, when the event names it.
-    pub event_source_arn: Option<String>,
+    /// The message as SQS delivered it, shared with the batch rather than
+    /// copied into every record.
+    message: Arc<SqsMessage>,
     deadline: Instant,
     transaction: Transaction,
 }
@@ -47,7 +44,7 @@ impl Record {
     /// A record for `message`, claimed under `key`, that must finish by
     /// `deadline`; its body is the message's body as it is.
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn new(message: &SqsMessage, key: String, deadline: Instant) -> Self {
+    pub(crate) fn new(message: &Arc<SqsMessage>, key: String, deadline: Instant) -> Self {
         Self::opened(&Opened::plain(message), key, deadline)
     }
 
@@ -59,14 +56,43 @@ impl Record {
             message_id: message.message_id.clone().unwrap_or_default(),
             body: opened.body.clone().into_owned(),
             envelope: opened.envelope.clone(),
-            attributes: message.attributes.clone(),
-            message_attributes: message.message_attributes.clone(),
             key,
             receive_count: receive_count(message),
-            event_source_arn: message.event_source_arn.clone(),
+            message: Arc::clone(message),
             deadline,
             transaction: Transaction::default(),
         }
+    }
+
+    /// System attributes such as `ApproximateReceiveCount` or `MessageGroupId`.
+    ///
+    /// ```
+    /// let record = sqs_once::testing::record("{}");
+    /// assert_eq!(record.attributes()["ApproximateReceiveCount"], "1");
+    /// ```
+    pub fn attributes(&self) -> &HashMap<String, String> {
+        &self.message.attributes
+    }
+
+    /// User message attributes.
+    ///
+    /// ```
+    /// let record = sqs_once::testing::record("{}");
+    /// let tenant = record.message_attributes().get("tenant").and_then(|value| value.string_value.as_deref());
+    /// assert_eq!(tenant, None);
+    /// ```
+    pub fn message_attributes(&self) -> &HashMap<String, SqsMessageAttribute> {
+        &self.message.message_attributes
+    }
+
+    /// The queue's ARN, when the event names it.
+    ///
+    /// ```
+    /// let record = sqs_once::testing::record("{}");
+    /// assert!(record.event_source_arn().is_some_and(|arn| arn.starts_with("arn:aws:sqs:")));
+    /// ```
+    pub fn event_source_arn(&self) -> Option<&str> {
+        self.message.event_source_arn.as_deref()
     }
 
     /// Time left before the invocation answers; a handler that needs longer

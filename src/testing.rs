@@ -104,7 +104,7 @@ pub fn event<B: Into<String>>(bodies: impl IntoIterator<Item = B>) -> Vec<EventR
     bodies
         .into_iter()
         .enumerate()
-        .map(|(n, body)| EventRecord::Message(Box::new(message(&format!("m-{n}"), body))))
+        .map(|(n, body)| EventRecord::Message(Arc::new(message(&format!("m-{n}"), body))))
         .collect()
 }
 
@@ -118,7 +118,7 @@ pub fn event<B: Into<String>>(bodies: impl IntoIterator<Item = B>) -> Vec<EventR
 /// ```
 pub fn record(body: impl Into<String>) -> Record {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
-    Record::new(&message("m-0", body), "test#m-0".to_owned(), deadline)
+    Record::new(&Arc::new(message("m-0", body)), "test#m-0".to_owned(), deadline)
 }
 
 /// How long each batch may take, unless [`TestConsumer::timeout`] says otherwise.

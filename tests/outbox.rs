@@ -67,7 +67,7 @@ async fn consumer(messages: Vec<Message>) -> Consumer {
 async fn process(consumer: &Consumer, body: &str) {
     let event = json!({ "Records": [{ "messageId": "m-1", "body": body, "eventSource": "aws:sqs" }] });
     let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(20), request_id: "r".into() };
-    let answer = consumer.process(&parse_event(event).unwrap(), &invocation).await;
+    let answer = consumer.process(&parse_event(&event.to_string()).unwrap(), &invocation).await;
     assert!(testing::failures(&answer.report).is_empty(), "{:?}", answer.report);
 }
 

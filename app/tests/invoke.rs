@@ -141,7 +141,7 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
     std::fs::write(ws.path("no-id.json"), r#"{"Records": [{"body": "x"}]}"#).unwrap();
     let cases: &[(&[&str], &str)] = &[
         (&["invoke", "missing.json"], "cannot read missing.json"),
-        (&["invoke", "broken.json"], "broken.json is not valid JSON"),
+        (&["invoke", "broken.json"], "broken.json cannot be processed: not JSON"),
         (&["invoke", "other.json"], "not an SQS event"),
         (&["invoke", "no-id.json"], "record 0 has no messageId"),
         (&["invoke", "other.json", "--timeout", "0"], "--timeout must be a positive number"),

@@ -249,7 +249,7 @@ mod tests {
             }
         }))
         .key(&format!("messageAttributes.{OUTBOX_ID_ATTRIBUTE}"));
-        let report = downstream.process(&parse_event(standard.event(&copies)).unwrap()).await;
+        let report = downstream.process(&parse_event(&standard.event(&copies).to_string()).unwrap()).await;
         assert!(failures(&report).is_empty());
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "two copies, one run");
     }

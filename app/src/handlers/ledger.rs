@@ -87,7 +87,8 @@ mod tests {
 
     /// One delivery of each message: its id and body.
     fn deliveries(messages: &[(&str, &str)]) -> Vec<EventRecord> {
-        let message = |(id, body): &(&str, &str)| EventRecord::Message(Box::new(testing::message(id, *body)));
+        let message =
+            |(id, body): &(&str, &str)| EventRecord::Message(std::sync::Arc::new(testing::message(id, *body)));
         messages.iter().map(message).collect()
     }
 
