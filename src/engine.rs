@@ -122,6 +122,10 @@ enum Progress {
     /// Claiming, or running the handler.
     #[default]
     Running,
+    /// The claim is won and waits for a handler slot. The cut-off does not
+    /// cancel it: the run releases its claim itself, so that a redelivery
+    /// need not wait for the lease.
+    Waiting,
     /// The handler returned: this is the key's outcome, whether or not the
     /// write that records it is confirmed before the answer is due.
     Returned(Outcome),
@@ -152,8 +156,12 @@ struct BatchState {
     /// Outcome of each record, by event index; `None` until it is known.
     reports: Mutex<Vec<Option<RecordReport>>>,
     started: Mutex<Vec<Started>>,
-    /// Claims and handlers under way, at most `concurrency`.
-    permits: Arc<Semaphore>,
+    /// Records claiming, waiting for a handler slot, or in their handler:
+    /// `concurrency`, and as many more when the store gathers calls into
+    /// shared requests, so that claims run ahead of the handlers.
+    admitted: Arc<Semaphore>,
+    /// Handlers under way, at most `concurrency`.
+    handler_slots: HandlerSlots,
     /// Finishing writes under way that gave their run's permit back: at
     /// most `concurrency` too when the store gathers calls into shared
     /// requests, none when each call is a request of its own.
@@ -205,8 +213,9 @@ impl Engine {
         let state = BatchState {
             reports: Mutex::new(vec![None; records.len()]),
             started: Mutex::new(Vec::new()),
-            permits: Arc::new(Semaphore::new(self.inner.options.concurrency.max(1))),
-            finishing: Arc::new(Semaphore::new(self.finishing_permits())),
+            admitted: Arc::new(Semaphore::new(self.concurrency() + self.overlap())),
+            handler_slots: HandlerSlots::new(self.concurrency(), budget.cutoff()),
+            finishing: Arc::new(Semaphore::new(self.overlap())),
             budget,
             deadline_ms: epoch_ms(invocation.deadline),
             request_id: invocation.request_id.as_str().into(),
@@ -255,12 +264,19 @@ impl Engine {
         report
     }
 
-    /// Permits for finishing writes to trade their run's for (see
-    /// [`Engine::start`]). Only calls gathered into shared requests may
-    /// overlap: a store that sends each call alone would get twice the
-    /// requests, and under faults twice the late answers.
-    fn finishing_permits(&self) -> usize {
-        if self.inner.claims.gathers_calls() { self.inner.options.concurrency.max(1) } else { 0 }
+    /// Handlers running at once.
+    fn concurrency(&self) -> usize {
+        self.inner.options.concurrency.max(1)
+    }
+
+    /// Records whose store calls may be under way beyond the concurrency
+    /// bound, on either side of the handlers: claims running ahead of them,
+    /// and finishing writes after them (see [`Engine::start`]). Only calls
+    /// gathered into shared requests may overlap: a store that sends each
+    /// call alone would get up to three times the requests, and under faults
+    /// three times the late answers.
+    fn overlap(&self) -> usize {
+        if self.inner.claims.gathers_calls() { self.concurrency() } else { 0 }
     }
 
     /// The record as keys, payload validation, logs and the handler read it:
@@ -367,24 +383,28 @@ impl Engine {
         (Some(key), result)
     }
 
-    /// The run of a key. Once a concurrency permit is free (and the cut-off
-    /// has not come), the claim and the handler run in a task, so that
-    /// records run concurrently (in parallel on a multi-thread runtime) and
-    /// the handler can be cancelled at the cut-off; the finishing write then
-    /// runs in a task of its own, which nothing cancels. The permit, taken first, keeps at
-    /// most `concurrency` claims and handlers under way. When the handler
-    /// returns, its finishing write trades the permit for one of as many
-    /// finishing permits, if one is free (and the store gathers calls), so
-    /// that the next record's claim travels while this write does: a store
-    /// far away then costs a batch one round trip per record, not two.
-    /// Without a free one, the write keeps the run's permit, never waiting:
-    /// at most twice `concurrency` records' copies, tasks and store calls
-    /// are alive.
+    /// The run of a key. Once the record is admitted (and the cut-off has
+    /// not come), the claim and the handler run in a task, so that records
+    /// run concurrently (in parallel on a multi-thread runtime) and the
+    /// handler can be cancelled at the cut-off; the finishing write then
+    /// runs in a task of its own, which nothing cancels.
+    ///
+    /// At most `concurrency` handlers run at once. When the store gathers
+    /// calls into shared requests, twice as many records are admitted, so
+    /// that claims run ahead of the handlers: a store far away does not
+    /// leave the handler slots idle for a round trip per record. A claim won
+    /// that finds no handler slot before the cut-off is released. When the
+    /// handler returns, its finishing write trades the run's admission for
+    /// one of `concurrency` finishing permits, if one is free, so that the
+    /// next record's claim travels while this write does. Without a free
+    /// one, the write keeps the admission, never waiting: at most three
+    /// times `concurrency` records' copies, tasks and store calls are alive
+    /// (`concurrency` when each call is a request of its own).
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
         async move {
             let permit = tokio::select! {
-                permit = Arc::clone(&state.permits).acquire_owned() => permit.ok(),
+                permit = Arc::clone(&state.admitted).acquire_owned() => permit.ok(),
                 () = tokio::time::sleep_until(state.budget.cutoff()) => None,
             };
             let Some(permit) = permit.filter(|_| Instant::now() < state.budget.cutoff()) else {
@@ -394,7 +414,7 @@ impl Engine {
             let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
             let progress = Arc::new(Mutex::new(Progress::Running));
             let started = Instant::now();
-            let handler = engine.spawn_handler(record, deadline_ms, holder, Arc::clone(&progress), permit);
+            let handler = engine.spawn_handler(record, deadline_ms, holder, Arc::clone(&progress), permit, state);
             let slot = {
                 let mut started = lock(&state.started);
                 started.push(Started { key, progress: Arc::clone(&progress), handler: Some(handler.abort_handle()) });
@@ -435,10 +455,12 @@ impl Engine {
         holder: Arc<str>,
         progress: Arc<Mutex<Progress>>,
         permit: OwnedSemaphorePermit,
+        state: &BatchState,
     ) -> JoinHandle<(Record, Step, Duration, OwnedSemaphorePermit)> {
         let engine = self.clone();
+        let slots = state.handler_slots.clone();
         tokio::spawn(async move {
-            let (step, claim_latency) = engine.claim_and_handle(&record, deadline_ms, &holder, &progress).await;
+            let (step, claim_latency) = engine.claim_and_handle(&record, deadline_ms, &holder, &progress, &slots).await;
             (record, step, claim_latency, permit)
         })
     }
@@ -460,14 +482,16 @@ impl Engine {
         })
     }
 
-    /// Claims the record's key and, if the claim is won, runs the handler.
-    /// Also returns how long the claim took.
+    /// Claims the record's key and, if the claim is won, runs the handler
+    /// once a slot is free; a won claim that finds none before the cut-off
+    /// is released. Also returns how long the claim took.
     async fn claim_and_handle(
         &self,
         record: &Record,
         deadline_ms: u64,
         holder: &str,
         progress: &Mutex<Progress>,
+        slots: &HandlerSlots,
     ) -> (Step, Duration) {
         let request = ClaimRequest {
             id: &record.key,
@@ -493,6 +517,11 @@ impl Engine {
                 return (Step::Ended(Outcome::Failed(Failure::PayloadMismatch)), claim_latency);
             }
             Err(error) => return (Step::Ended(Outcome::Failed(error.into())), claim_latency),
+        };
+        let Some(_slot) = slots.take(progress).await else {
+            tracing::debug!(key = %record.key, "claimed, but no handler slot came free before the cut-off: released");
+            let outcome = self.write_failure(record, &lease, Failure::Deadline, progress).await;
+            return (Step::Ended(outcome), claim_latency);
         };
         // Called inside the caught future, so that a handler that panics while
         // it builds its future (before its first await) is caught as well.
@@ -641,6 +670,40 @@ fn provisional_outcome(result: &std::thread::Result<HandlerResult>, staged: &Sta
     }
 }
 
+/// The handler slots of a batch: a run that has won its claim waits here.
+#[derive(Clone)]
+struct HandlerSlots {
+    free: Arc<Semaphore>,
+    cutoff: Instant,
+}
+
+impl HandlerSlots {
+    fn new(slots: usize, cutoff: Instant) -> Self {
+        Self { free: Arc::new(Semaphore::new(slots)), cutoff }
+    }
+
+    /// A slot for a run whose claim is won, or `None` once the cut-off has
+    /// come. The run is `Waiting` meanwhile, and turns `Running` under the
+    /// same lock that [`cancel_running`] reads it with, after the cut-off:
+    /// either the cut-off cancels the handler, or the handler never starts.
+    async fn take(&self, progress: &Mutex<Progress>) -> Option<OwnedSemaphorePermit> {
+        let slot = match Arc::clone(&self.free).try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) => {
+                *lock(progress) = Progress::Waiting;
+                tokio::select! {
+                    slot = Arc::clone(&self.free).acquire_owned() => slot.ok(),
+                    () = tokio::time::sleep_until(self.cutoff) => None,
+                }
+            }
+        };
+        let mut progress = lock(progress);
+        let slot = slot.filter(|_| Instant::now() < self.cutoff);
+        *progress = if slot.is_some() { Progress::Running } else { Progress::Waiting };
+        slot
+    }
+}
+
 /// At the cut-off: cancels the runs whose handler has not returned (their
 /// claims keep their leases until the leases end), each logged with its key:
 /// a side effect the handler had begun may be half done, and a delivery
@@ -672,7 +735,7 @@ fn returned_outcomes(state: &BatchState) -> HashMap<String, Outcome> {
         .iter()
         .filter_map(|run| match &*lock(&run.progress) {
             Progress::Returned(outcome) => Some((run.key.clone(), outcome.clone())),
-            Progress::Running => None,
+            Progress::Running | Progress::Waiting => None,
         })
         .collect()
 }

@@ -240,8 +240,9 @@ pub trait ClaimStore: Send + Sync {
     async fn connect(&self) {}
 
     /// Whether concurrent calls share requests, as batched statements do.
-    /// The engine then lets a record's finishing write overlap the next
-    /// record's claim: both travel in the requests that go out anyway. A
+    /// The engine then claims records ahead of its handlers and lets a
+    /// record's finishing write overlap the next record's claim: they travel
+    /// in the requests that go out anyway. A
     /// store that sends each call as a request of its own answers `false`
     /// (the default), and the engine keeps its calls under way within the
     /// concurrency bound.

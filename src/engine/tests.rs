@@ -332,14 +332,18 @@ async fn records_run_in_parallel_within_the_concurrency_bound() {
             Ok(None)
         }
     }
-    let gauge = Arc::new(Gauge { under_way: UnderWay::default(), pairs: tokio::sync::Barrier::new(2) });
-    let options = EngineOptions { concurrency: 2, ..EngineOptions::default() };
-    let engine = Setup { options, ..Setup::default() }.engine(gauge.clone());
-    let records = (0..40).map(|n| message(&format!("m{n}"), json!({}))).collect();
-    let report = run(&engine, records, Duration::from_secs(10)).await;
-    // Every pair met at the barrier (else the deadline fails them), and never more than two ran at once.
-    assert!(failures(&report).is_empty(), "{report:?}");
-    assert_eq!(gauge.under_way.most(), 2, "at most the bound");
+    // Whether or not claims run ahead of the handlers (they do when the store gathers calls).
+    for gathering in [false, true] {
+        let gauge = Arc::new(Gauge { under_way: UnderWay::default(), pairs: tokio::sync::Barrier::new(2) });
+        let options = EngineOptions { concurrency: 2, ..EngineOptions::default() };
+        let store = Arc::new(HeldStore { gathering, ..HeldStore::default() });
+        let engine = Setup { store, options, ..Setup::default() }.engine(gauge.clone());
+        let records = (0..40).map(|n| message(&format!("m{n}"), json!({}))).collect();
+        let report = run(&engine, records, Duration::from_secs(10)).await;
+        // Every pair met at the barrier (else the deadline fails them), and never more than two ran at once.
+        assert!(failures(&report).is_empty(), "{report:?}");
+        assert_eq!(gauge.under_way.most(), 2, "at most the bound (gathering: {gathering})");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -547,6 +551,8 @@ struct HeldStore {
     finishing: Duration,
     failing: std::sync::atomic::AtomicU32,
     under_way: UnderWay,
+    /// Releases asked for.
+    releases: std::sync::atomic::AtomicU32,
     /// Answers [`ClaimStore::gathers_calls`] with this.
     gathering: bool,
 }
@@ -595,6 +601,7 @@ impl ClaimStore for HeldStore {
         self.request(true, self.inner.finish(id, token, finish)).await
     }
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        self.releases.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.request(true, self.inner.release(id, token)).await
     }
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
@@ -829,9 +836,41 @@ async fn most_calls_under_way(gathering: bool) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finishing_writes_overlap_the_next_claims_within_twice_the_bound_when_the_store_gathers_calls() {
-    // Three claims, and the finishing writes of the three before them: more than the bound, at most twice it.
-    assert_eq!(most_calls_under_way(true).await, 6, "claims travel while the writes before them do");
+async fn claims_run_ahead_of_the_handlers_within_three_times_the_bound_when_the_store_gathers_calls() {
+    // Six records admitted for three handler slots: three claims travel while the finishing writes of the
+    // six before them do, three of those on finishing permits and three on their runs' admissions.
+    assert_eq!(most_calls_under_way(true).await, 9, "claims travel ahead of the handlers and beside the writes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_won_that_finds_no_handler_slot_before_the_cut_off_is_released() {
+    // One handler slot, two records admitted (`a` and `b`, the first two): whichever claims first holds
+    // the slot past the cut-off while the other has won its claim and waits; `c` is never admitted. All
+    // three fail at the deadline, and a redelivery of the waiting one must not wait for a lease its
+    // handler never used.
+    let (handler, log) = demo();
+    let store = Arc::new(HeldStore { gathering: true, ..HeldStore::default() });
+    let options = EngineOptions {
+        concurrency: 1,
+        margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
+        ..Default::default()
+    };
+    let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(handler);
+    let records = ["a", "b", "c"].map(|id| message(id, json!({"sleep_ms": 60_000}))).to_vec();
+    let report = run(&engine, records, Duration::from_millis(1000)).await;
+    assert_eq!(failures(&report), ["a", "b", "c"]);
+    assert!(report.records.iter().all(|r| r.outcome == Outcome::Failed(Failure::Deadline)), "{report:?}");
+    let ran = log.runs();
+    assert_eq!(ran.len(), 1, "one slot: {ran:?}");
+    let (ran, waited) = if ran[0].1 == "a" { ("a", "b") } else { ("b", "a") };
+    assert_eq!(store.releases.load(std::sync::atomic::Ordering::SeqCst), 1, "the waiting claim, and only it");
+    assert_eq!(store.status(&format!("test#{waited}")).await, None, "released: a redelivery claims it at once");
+    assert_eq!(
+        store.status(&format!("test#{ran}")).await,
+        Some(ClaimStatus::InProgress),
+        "the cut-off run keeps its lease"
+    );
+    assert_eq!(store.status("test#c").await, None, "never claimed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
