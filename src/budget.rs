@@ -25,6 +25,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use crate::clock::epoch_ms;
+
 /// Kept for posting the answer once everything else is done. Measured in
 /// `tests/lifecycle.rs`: the answer reaches the Runtime API about 20 ms
 /// after `writes_by`, natively and for the arm64 build under emulation; the
@@ -39,9 +41,11 @@ pub(crate) const ANSWER_TIME: Duration = Duration::from_millis(100);
 pub(crate) const SQS_STEP_TIME: Duration = Duration::from_millis(150);
 
 /// How long a Lambda function shutting down (SIGTERM) spends sending its
-/// unconfirmed finishing writes again: Lambda kills it 500 ms after the
-/// signal when only internal extensions are registered.
-pub(crate) const SHUTDOWN_TIME: Duration = Duration::from_millis(400);
+/// unconfirmed finishing writes again. Lambda kills the runtime 500 ms after
+/// the signal when only internal extensions are registered, and 300 ms after
+/// it when external ones are (a monitoring layer): within the shorter, with
+/// room for the log line and the exit.
+pub(crate) const SHUTDOWN_TIME: Duration = Duration::from_millis(250);
 
 /// How long `invoke` and `poll` wait, as they leave, for unconfirmed
 /// finishing writes sent again: a few of the SDK's attempts.
@@ -67,10 +71,11 @@ impl Default for Margins {
 }
 
 impl Margins {
-    /// The budget of an invocation due at `deadline`.
-    pub(crate) fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
+    /// The budget of an invocation due at `deadline`, planned at `now_ms`
+    /// (epoch milliseconds, from the consumer's clock).
+    pub(crate) fn budget(&self, deadline: SystemTime, now_ms: u64) -> DeadlineBudget {
         let reserve = if self.sqs_step { ANSWER_TIME + SQS_STEP_TIME } else { ANSWER_TIME };
-        DeadlineBudget::new(deadline, self.deadline_margin, reserve)
+        DeadlineBudget::new(deadline, now_ms, self.deadline_margin, reserve)
     }
 }
 
@@ -83,11 +88,13 @@ pub(crate) struct DeadlineBudget {
 }
 
 impl DeadlineBudget {
-    /// The budget of an invocation due at `deadline`: handlers stop `margin`
-    /// before it, finishing writes are waited for until `reserve` before it.
-    /// A reserve larger than the margin is cut to it.
-    pub(crate) fn new(deadline: SystemTime, margin: Duration, reserve: Duration) -> Self {
-        let remaining = deadline.duration_since(SystemTime::now()).unwrap_or_default();
+    /// The budget of an invocation due at `deadline`, planned at `now_ms`:
+    /// handlers stop `margin` before it, finishing writes are waited for
+    /// until `reserve` before it. A reserve larger than the margin is cut to
+    /// it. The deadline is a wall-clock time and the plan's instants are the
+    /// runtime's, so the time left is read from the same clock as the leases.
+    pub(crate) fn new(deadline: SystemTime, now_ms: u64, margin: Duration, reserve: Duration) -> Self {
+        let remaining = Duration::from_millis(epoch_ms(deadline).saturating_sub(now_ms));
         Self { deadline: Instant::now() + remaining, margin, reserve: reserve.min(margin) }
     }
 
@@ -127,8 +134,9 @@ mod tests {
 
     #[test]
     fn a_budget_cuts_off_before_it_writes_and_writes_before_the_deadline() {
+        let now = SystemTime::now();
         let budget =
-            DeadlineBudget::new(SystemTime::now() + Duration::from_secs(3), Duration::from_millis(500), ANSWER_TIME);
+            DeadlineBudget::new(now + Duration::from_secs(3), epoch_ms(now), Duration::from_millis(500), ANSWER_TIME);
         assert!(budget.cutoff() < budget.writes_by() && budget.writes_by() < budget.deadline());
         assert_eq!(budget.deadline() - budget.cutoff(), Duration::from_millis(500));
         assert_eq!(budget.deadline() - budget.writes_by(), ANSWER_TIME);
@@ -137,7 +145,8 @@ mod tests {
     #[test]
     fn the_sqs_step_takes_its_share_of_the_margin() {
         let margins = Margins { deadline_margin: Duration::from_millis(500), sqs_step: true };
-        let budget = margins.budget(SystemTime::now() + Duration::from_secs(3));
+        let now = SystemTime::now();
+        let budget = margins.budget(now + Duration::from_secs(3), epoch_ms(now));
         assert_eq!(budget.deadline() - budget.writes_by(), Duration::from_millis(250));
     }
 }

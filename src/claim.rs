@@ -49,7 +49,7 @@ use crate::{
 
 mod unconfirmed;
 
-use unconfirmed::{Ending, Unconfirmed};
+use unconfirmed::{Ending, Resend, Unconfirmed};
 
 /// What the state machine needs to know about one claim attempt.
 #[derive(Debug, Clone, Copy)]
@@ -197,7 +197,7 @@ pub(crate) struct Claims {
     policy: ClaimPolicy,
     cache: Option<Mutex<LruCache<String, Completed>>>,
     counters: ClaimCounters,
-    unconfirmed: Unconfirmed,
+    unconfirmed: Arc<Unconfirmed>,
 }
 
 impl std::fmt::Debug for Claims {
@@ -216,12 +216,17 @@ impl Claims {
     /// The state machine over `store`, with `policy`, reading time from `clock`.
     pub(crate) fn with_policy(store: Arc<dyn ClaimStore>, policy: ClaimPolicy, clock: Arc<dyn Clock>) -> Self {
         let cache = NonZeroUsize::new(policy.local_cache_entries).map(|size| Mutex::new(LruCache::new(size)));
-        Self { store, clock, policy, cache, counters: ClaimCounters::default(), unconfirmed: Unconfirmed::default() }
+        Self { store, clock, policy, cache, counters: ClaimCounters::default(), unconfirmed: Arc::default() }
     }
 
     /// The policy in force.
     pub(crate) fn policy(&self) -> &ClaimPolicy {
         &self.policy
+    }
+
+    /// The current time, epoch milliseconds, as leases are judged.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// What the state machine counted so far.
@@ -304,28 +309,30 @@ impl Claims {
         self.settle(lease, Ending::Commit(commit)).await
     }
 
-    /// Sends every finishing write (and commit) not yet confirmed again,
-    /// each in a task of its own, so that a thawed or retried process lands
-    /// what a freeze or a failure cut off. The future ends when each has an
-    /// answer (or failed again, to be sent with the next call), with the
-    /// outbox entries of each commit that landed, to send; dropping it
-    /// leaves the writes going.
+    /// Sends again every finishing write (and commit) whose last send ended
+    /// in an error, each in a task of its own, so that a thawed or retried
+    /// process lands what a freeze or a failure cut off. Writes whose send
+    /// is still waiting for its answer are left to it. The future ends when
+    /// each resend has an answer (or failed again, to be sent with the next
+    /// call), with the outbox entries of each commit this call confirmed, to
+    /// send; dropping it leaves the writes going.
     pub(crate) fn resend_unconfirmed(self: &Arc<Self>) -> impl Future<Output = Vec<Vec<OutboxEntry>>> + Send + 'static {
         let writes: Vec<_> = self
             .unconfirmed
             .to_resend()
             .into_iter()
-            .map(|pending| {
+            .map(|Resend { lease, ending, sending }| {
                 let claims = Arc::clone(self);
                 tokio::spawn(async move {
-                    let result = claims.send(&pending.lease, &pending.ending).await;
-                    let landed = claims.answered(pending.ticket, &result) && matches!(result, Ok(Committed::Applied));
+                    let result = claims.send(&lease, &ending).await;
+                    let landed = matches!(result, Ok(Committed::Applied));
+                    sending.answered(&result);
                     if !landed {
                         return Vec::new();
                     }
                     claims.counters.landed_later.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(id = %pending.lease.id, write = pending.ending.name(), "unconfirmed write landed");
-                    match &*pending.ending {
+                    tracing::info!(id = %lease.id, write = ending.name(), "unconfirmed write landed");
+                    match &*ending {
                         Ending::Commit(commit) => commit.outbox.clone(),
                         _ => Vec::new(),
                     }
@@ -341,12 +348,15 @@ impl Claims {
         }
     }
 
-    /// Before the process leaves: sends the unconfirmed writes again and
-    /// waits for them until `until`. Returns the ids of the claims whose
-    /// writes are still unconfirmed (logged): they stay in progress until
-    /// their leases end.
-    pub(crate) async fn land_unconfirmed(self: &Arc<Self>, until: Instant) -> Vec<String> {
-        let _ = tokio::time::timeout_at(until, self.resend_unconfirmed()).await;
+    /// Completes at the next finishing write whose send fails from now on.
+    pub(crate) fn next_failure(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.unconfirmed.next_failure()
+    }
+
+    /// The ids of the claims whose finishing writes are still unconfirmed,
+    /// logged as the process leaves: they stay in progress until their
+    /// leases end.
+    pub(crate) fn still_unconfirmed(&self) -> Vec<String> {
         let left = self.unconfirmed.ids();
         if !left.is_empty() {
             tracing::error!(
@@ -379,12 +389,14 @@ impl Claims {
         self.store.gathers_calls()
     }
 
-    /// Sends a finishing write, keeping it until the store answers.
+    /// Sends a finishing write, keeping it until the store answers; the
+    /// caller owns the send, and only an error leaves the write to be sent
+    /// again.
     async fn settle(&self, lease: &Lease, ending: Ending) -> Result<Committed, StoreError> {
         let ending = Arc::new(ending);
-        let ticket = self.unconfirmed.keep(lease, &ending);
+        let sending = self.unconfirmed.keep(lease, &ending);
         let result = self.send(lease, &ending).await;
-        self.answered(ticket, &result);
+        sending.answered(&result);
         result
     }
 
@@ -410,16 +422,6 @@ impl Claims {
             self.count_refusal(lease, ending.name());
         }
         Ok(committed)
-    }
-
-    /// Forgets the write of `ticket` once the store has answered it for
-    /// good: applied, refused by its fence, cancelled by a condition of its
-    /// own, or rejected for what it holds. Returns whether it was still kept.
-    fn answered(&self, ticket: u64, result: &Result<Committed, StoreError>) -> bool {
-        match result {
-            Ok(_) | Err(StoreError::Rejected(_) | StoreError::Unsupported(_)) => self.unconfirmed.confirmed(ticket),
-            Err(_) => false,
-        }
     }
 
     fn new_claim(&self, request: &ClaimRequest<'_>, now_ms: u64, payload_hash: Option<String>) -> StoredClaim {

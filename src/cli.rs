@@ -137,8 +137,15 @@ enum ClaimsCommand {
     /// List the outbox: messages committed by handlers and not yet sent.
     Outbox {
         /// Send those whose sending lease has ended first (no sender is at them), then list what is left.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "drop")]
         send: bool,
+        /// Drop the entry with this id (as listed, or its outbox id): its message is never sent. Logs the
+        /// entry, message and all, so that it can be sent by hand.
+        #[arg(long, value_name = "ID")]
+        drop: Option<String>,
+        /// Drop without asking (`--drop` refuses without it).
+        #[arg(long, requires = "drop")]
+        force: bool,
         /// At most this many entries.
         #[arg(long, default_value_t = 100)]
         limit: usize,
@@ -300,7 +307,14 @@ async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
         })
     };
     let action = match command {
-        ClaimsCommand::Outbox { send, limit, json } => return outbox(store, send, limit, json).await,
+        ClaimsCommand::Outbox { drop: Some(id), force, .. } => match operator.drop_outbox(&id, force).await? {
+            Action::NotFound => {
+                eprintln!("no outbox entry has the id {id}");
+                return Ok(Some(ExitCode::from(1)));
+            }
+            action => action,
+        },
+        ClaimsCommand::Outbox { send, limit, json, .. } => return outbox(store, send, limit, json).await,
         ClaimsCommand::List { status, stale, limit, json } => {
             let status = status.map(|status| match status {
                 StatusArg::InProgress => ClaimStatus::InProgress,
@@ -358,7 +372,15 @@ async fn outbox(store: Arc<dyn ClaimStore>, send: bool, limit: usize, json: bool
     if send {
         let destinations = Arc::new(AwsDestinations::from_env());
         let outbox = Outbox::new(Arc::clone(&store), destinations, Arc::new(SystemClock), None);
-        let sent = outbox.sweep().await?;
+        // A sweep sends a few hundred entries at most: sweep until none is left due.
+        let mut sent = 0;
+        loop {
+            let swept = outbox.sweep(None, &std::sync::atomic::AtomicBool::new(false)).await?;
+            sent += swept.sent;
+            if swept.complete || swept.sent == 0 {
+                break;
+            }
+        }
         let failed = outbox.counters().failed.load(std::sync::atomic::Ordering::Relaxed);
         eprintln!("sent {sent} message(s); {failed} could not be sent and stay in the outbox");
     }

@@ -146,26 +146,33 @@ impl Consumer {
         Answer { response, report, redelivery: Some(counts) }
     }
 
-    /// The counts metrics take from outside the batch report, since start.
+    /// The counts metrics take from outside the batch report, since start,
+    /// and the outbox's age if a sweep measured it since the last call.
     pub(crate) fn extra(&self) -> Extra {
-        let outbox = self.engine.outbox().map(|outbox| outbox.counters());
+        let outbox = self.engine.outbox();
+        let count = |counter: fn(&crate::outbox::OutboxCounters) -> &std::sync::atomic::AtomicU64| {
+            outbox.map_or(0, |outbox| counter(outbox.counters()).load(Ordering::Relaxed))
+        };
         Extra {
             lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
             completions_landed_later: self.engine.claims().counters().landed_later.load(Ordering::Relaxed),
-            outbox_sent: outbox.map_or(0, |counters| counters.sent.load(Ordering::Relaxed)),
-            outbox_failed: outbox.map_or(0, |counters| counters.failed.load(Ordering::Relaxed)),
+            outbox_sent: count(|counters| &counters.sent),
+            outbox_failed: count(|counters| &counters.failed),
+            outbox_refused: count(|counters| &counters.refused),
+            outbox_oldest_age: outbox.and_then(|outbox| outbox.take_oldest_age()),
             dynamodb_requests: self.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
             redelivery: None,
         }
     }
 
     /// Before the process leaves: sends the unconfirmed finishing writes
-    /// again and lets an outbox sweep under way finish, until `until`.
-    /// Returns the ids of the claims whose writes are still unconfirmed.
+    /// again (and the messages of the commits that land), then sweeps the
+    /// outbox for messages left unsent, until `until`. Returns the ids of
+    /// the claims whose writes are still unconfirmed.
     pub async fn leave(&self, until: tokio::time::Instant) -> Vec<String> {
-        let left = self.engine.claims().land_unconfirmed(until).await;
-        if let Some(outbox) = self.engine.outbox() {
-            outbox.finish_sweep(until).await;
+        let left = self.engine.leave(until).await;
+        if let Some(sweep) = self.engine.outbox().and_then(|outbox| outbox.sweep_now(Some(until))) {
+            let _ = tokio::time::timeout_at(until, sweep.finished()).await;
         }
         left
     }

@@ -13,7 +13,10 @@
 use std::{
     collections::HashMap,
     panic::AssertUnwindSafe,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, SystemTime},
 };
 
@@ -22,7 +25,7 @@ use futures::{
     future::{BoxFuture, Shared, join, join_all},
 };
 use tokio::{
-    sync::{OwnedSemaphorePermit, Semaphore},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore},
     task::{AbortHandle, JoinHandle},
     time::{Instant, timeout_at},
 };
@@ -41,7 +44,7 @@ use crate::{
     reason,
     report::{BatchReport, Failure, Outcome, RecordReport},
     store::{Committed, Fenced, OutboxEntry, StoreError},
-    transaction::{Refusal, Staged},
+    transaction::Staged,
 };
 
 /// Tuning of the engine; docs/configuration.md has the matching settings.
@@ -198,7 +201,7 @@ impl Engine {
 
     /// The budget of an invocation due at `deadline`, as this engine plans it.
     pub(crate) fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
-        self.inner.options.margins.budget(deadline)
+        self.inner.options.margins.budget(deadline, self.inner.claims.now_ms())
     }
 
     /// Processes one batch and reports every record's fate, in event order.
@@ -224,14 +227,14 @@ impl Engine {
         let opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();
         // Declared after `state` and `opened`, which the runs borrow.
         let runs: Runs<'_> = Mutex::new(HashMap::new());
-        let resent = self.inner.claims.resend_unconfirmed();
-        let resent = async {
-            // Commits that landed late send their messages now.
-            let runs = resent.await;
-            join_all(runs.iter().map(|entries| self.deliver(entries))).await;
+        // Entries left unsent by any process are swept while the batch runs.
+        let sweep = self.inner.outbox.as_ref().and_then(|outbox| outbox.sweep_if_due(Some(budget.cutoff())));
+        let done = Done::default();
+        let groups_run = async {
+            join_all(groups.iter().map(|group| self.run_group(records, &opened, group, &state, &runs))).await;
+            done.set();
         };
-        let groups_run = join_all(groups.iter().map(|group| self.run_group(records, &opened, group, &state, &runs)));
-        let work = join(groups_run, resent);
+        let work = join(groups_run, self.resend_while(&done));
         tokio::pin!(work);
         if timeout_at(budget.cutoff(), &mut work).await.is_err() {
             let cancelled = cancel_running(&state);
@@ -245,6 +248,12 @@ impl Engine {
             if timeout_at(budget.writes_by(), &mut work).await.is_err() {
                 tracing::warn!("answering before every finishing write was confirmed; they go on in the background");
             }
+        }
+        if let Some(sweep) = sweep {
+            // The sweep takes nothing new once the batch is done, and its sends under way end before the
+            // answer, so that none is left in flight when Lambda freezes the process.
+            sweep.stop();
+            let _ = timeout_at(budget.writes_by(), sweep.finished()).await;
         }
         let returned = returned_outcomes(&state);
         let reports = std::mem::take(&mut *lock(&state.reports));
@@ -262,6 +271,53 @@ impl Engine {
             log_record(report, self.inner.options.log_bodies.then_some(body));
         }
         report
+    }
+
+    /// Sends again the finishing writes whose last send failed (see
+    /// [`Claims::resend_unconfirmed`]), and the messages of each commit that
+    /// landed.
+    async fn resend_unconfirmed(&self) {
+        let landed = self.inner.claims.resend_unconfirmed().await;
+        join_all(landed.iter().map(|entries| self.deliver(entries))).await;
+    }
+
+    /// While the batch runs (until `done`), sends again the finishing
+    /// writes whose last send failed: those that failed before it, at its
+    /// start, and those that fail while it runs, a moment after. A write
+    /// whose send was still waiting for its answer when the batch started
+    /// (frozen with the process at the last answer, and timed out at the
+    /// thaw) is sent again by the batch it failed in, not a batch later.
+    async fn resend_while(&self, done: &Done) {
+        loop {
+            let failure = self.inner.claims.next_failure();
+            self.resend_unconfirmed().await;
+            if done.is_set() {
+                return;
+            }
+            tokio::select! {
+                biased;
+                () = done.wait() => return,
+                () = failure => {}
+            }
+            tokio::select! {
+                biased;
+                () = done.wait() => return,
+                () = tokio::time::sleep(RESEND_PAUSE) => {}
+            }
+        }
+    }
+
+    /// Before the process leaves (SIGTERM, `poll`'s stop, `invoke`'s exit):
+    /// sends the unconfirmed finishing writes again, and the messages of
+    /// the commits that land, and lets a sweep under way finish, until
+    /// `until`. Returns the ids of the claims whose writes are still
+    /// unconfirmed (logged): they stay in progress until their leases end.
+    pub(crate) async fn leave(&self, until: Instant) -> Vec<String> {
+        let _ = timeout_at(until, self.resend_unconfirmed()).await;
+        if let Some(outbox) = &self.inner.outbox {
+            outbox.finish_sweep(until).await;
+        }
+        self.inner.claims.still_unconfirmed()
     }
 
     /// Handlers running at once.
@@ -403,7 +459,10 @@ impl Engine {
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
         async move {
+            // Biased: the outcome is the same either way (the cut-off is
+            // checked after), and a fixed order keeps a schedule replayable.
             let permit = tokio::select! {
+                biased;
                 permit = Arc::clone(&state.admitted).acquire_owned() => permit.ok(),
                 () = tokio::time::sleep_until(state.budget.cutoff()) => None,
             };
@@ -430,7 +489,7 @@ impl Engine {
             let outcome = match step {
                 Step::Ended(outcome) => outcome,
                 Step::Returned(lease, result, staged) => {
-                    let fallback = provisional_outcome(&result, &staged, &lease);
+                    let fallback = provisional_outcome(&result, &staged, &lease, engine.inner.claims.now_ms());
                     let permit = Arc::clone(&state.finishing).try_acquire_owned().unwrap_or(permit);
                     engine.spawn_write(record, lease, result, staged, progress, permit).await.unwrap_or(fallback)
                 }
@@ -530,7 +589,7 @@ impl Engine {
         let staged = record.transaction().take();
         // No await between the handler's return and this: a run cancelled at
         // the cut-off either has its handler's outcome here or never returned.
-        *lock(progress) = Progress::Returned(provisional_outcome(&result, &staged, &lease));
+        *lock(progress) = Progress::Returned(provisional_outcome(&result, &staged, &lease, self.inner.claims.now_ms()));
         (Step::Returned(lease, result, staged), claim_latency)
     }
 
@@ -544,7 +603,7 @@ impl Engine {
         staged: Staged,
         progress: &Mutex<Progress>,
     ) -> Outcome {
-        let outcome = provisional_outcome(&result, &staged, lease);
+        let outcome = provisional_outcome(&result, &staged, lease, self.inner.claims.now_ms());
         match result {
             Ok(Ok(output)) if !staged.is_empty() => self.commit(record, lease, output, staged, progress).await,
             Ok(Ok(output)) => {
@@ -601,7 +660,6 @@ impl Engine {
         progress: &Mutex<Progress>,
     ) -> Outcome {
         let claims = &self.inner.claims;
-        let refusals: Vec<Refusal> = staged.writes().iter().map(|write| write.refusal()).collect();
         let commit = claims.prepare_commit(lease, output.as_ref(), staged, &record.message_id);
         let entries = commit.outbox.clone();
         let (message_id, key) = (&record.message_id, &record.key);
@@ -609,7 +667,7 @@ impl Engine {
             Ok(Committed::Applied) => Outcome::Processed { confirmed: true },
             Ok(Committed::Refused) => Outcome::Failed(Failure::LeaseLost),
             Ok(Committed::Cancelled(cancellation)) => {
-                let refusal = refusals.get(cancellation.write).cloned().unwrap_or_default();
+                let refusal = &cancellation.refusal;
                 let reason = reason::capped(&format!("{} ({})", refusal.reason, cancellation.reasons)).into_owned();
                 tracing::warn!(%message_id, %key, %reason, "a staged write's condition did not hold: nothing applied");
                 let failure = match refusal.kind {
@@ -629,7 +687,7 @@ impl Engine {
                      back after the lease; the commit is sent again, and its claim's token refuses it if another \
                      delivery has taken the key over"
                 );
-                Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease) })
+                Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, claims.now_ms()) })
             }
         };
         *lock(progress) = Progress::Returned(outcome.clone());
@@ -649,20 +707,58 @@ impl Engine {
     }
 }
 
+/// How long a batch waits, after a finishing write failed, before it sends
+/// it again: the SDK has retried it already.
+const RESEND_PAUSE: Duration = Duration::from_millis(250);
+
+/// Set once every record of a batch has its outcome.
+#[derive(Debug, Default)]
+struct Done {
+    set: AtomicBool,
+    notify: Notify,
+}
+
+impl Done {
+    fn set(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_set(&self) -> bool {
+        self.set.load(Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !self.is_set() {
+            notified.await;
+        }
+    }
+}
+
 /// Time until `lease` has ended, at least a second: when a record whose
 /// commit is unconfirmed may come back.
-fn lease_left(lease: &Lease) -> Duration {
-    Duration::from_millis(lease.lease_until_ms.saturating_sub(epoch_ms(SystemTime::now())).max(1000))
+fn lease_left(lease: &Lease, now_ms: u64) -> Duration {
+    Duration::from_millis(lease.lease_until_ms.saturating_sub(now_ms).max(1000))
 }
 
 /// What a handler's result means for its record before the write that
 /// records it is confirmed: the answer due at the deadline reports this. A
 /// handler that staged writes has done nothing until they commit.
 /// Error texts are capped ([`reason::capped`]).
-fn provisional_outcome(result: &std::thread::Result<HandlerResult>, staged: &Staged, lease: &Lease) -> Outcome {
+fn provisional_outcome(
+    result: &std::thread::Result<HandlerResult>,
+    staged: &Staged,
+    lease: &Lease,
+    now_ms: u64,
+) -> Outcome {
     let text = |error: &dyn std::fmt::Display| reason::capped(&error.to_string()).into_owned();
     match result {
-        Ok(Ok(_)) if !staged.is_empty() => Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease) }),
+        Ok(Ok(_)) if !staged.is_empty() => {
+            Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, now_ms) })
+        }
         Ok(Ok(_)) => Outcome::Processed { confirmed: false },
         Ok(Err(error)) if error.kind() == ErrorKind::Permanent => Outcome::Failed(Failure::Permanent(text(error))),
         Ok(Err(error)) => Outcome::Failed(Failure::Retryable(text(error))),
@@ -692,6 +788,7 @@ impl HandlerSlots {
             Err(_) => {
                 *lock(progress) = Progress::Waiting;
                 tokio::select! {
+                    biased;
                     slot = Arc::clone(&self.free).acquire_owned() => slot.ok(),
                     () = tokio::time::sleep_until(self.cutoff) => None,
                 }

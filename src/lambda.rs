@@ -15,11 +15,10 @@ use std::{
 use aws_lambda_events::sqs::SqsBatchResponse;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use serde_json::{json, value::RawValue};
-use tokio::time::Instant;
+
+mod shutdown;
 
 use crate::{
-    budget::SHUTDOWN_TIME,
-    claim::Claims,
     clock::{Clock, SystemClock},
     config::{Config, LAMBDA_RUNTIME_API},
     consumer::Consumer,
@@ -97,7 +96,7 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
     if let Some(missing) = RUNTIME_VARIABLES.iter().find(|name| std::env::var_os(name).is_none()) {
         return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());
     }
-    shut_down_on_sigterm(Arc::clone(consumer.engine.claims()));
+    shutdown::on_sigterm(consumer.engine.clone()).await;
     if initialized_ahead() {
         // Still in the init phase: the first batch finds its connections open.
         consumer.engine.claims().connect(CONNECT_WITHIN).await;
@@ -133,6 +132,8 @@ impl Function {
             completions_landed_later: now.completions_landed_later - seen.completions_landed_later,
             outbox_sent: now.outbox_sent - seen.outbox_sent,
             outbox_failed: now.outbox_failed - seen.outbox_failed,
+            outbox_refused: now.outbox_refused - seen.outbox_refused,
+            outbox_oldest_age: now.outbox_oldest_age,
             dynamodb_requests: now.dynamodb_requests.map(|total| total - seen.dynamodb_requests.unwrap_or(0)),
             redelivery: None,
         };
@@ -154,26 +155,6 @@ fn deadline(deadline_ms: u64) -> SystemTime {
         return SystemTime::now() + Duration::from_millis(deadline_ms);
     }
     UNIX_EPOCH + Duration::from_millis(deadline_ms)
-}
-
-/// Lambda sends SIGTERM before it shuts an environment down only when an
-/// extension is registered, and then leaves the process 500 ms (2 s with
-/// external extensions) before it kills it. The finishing writes still
-/// unconfirmed are sent again in that time ([`SHUTDOWN_TIME`]); an
-/// unfinished claim's lease ends with its invocation either way.
-fn shut_down_on_sigterm(claims: Arc<Claims>) {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut sigterm) => {
-            tokio::spawn(async move {
-                if sigterm.recv().await.is_some() {
-                    tracing::info!("SIGTERM: the execution environment is shutting down");
-                    claims.land_unconfirmed(Instant::now() + SHUTDOWN_TIME).await;
-                    std::process::exit(0);
-                }
-            });
-        }
-        Err(error) => tracing::warn!(%error, "cannot listen for SIGTERM"),
-    }
 }
 
 /// Tells the Runtime API that initialisation failed, so Lambda reports

@@ -93,6 +93,8 @@ mod poll;
 mod reason;
 mod record;
 pub mod report;
+#[cfg(test)]
+mod simulation;
 mod sqs;
 mod start;
 pub mod store;

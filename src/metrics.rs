@@ -34,6 +34,11 @@ pub(crate) struct Extra {
     pub outbox_sent: u64,
     /// Outbox sends that failed or were refused (the entries stay for a sweep).
     pub outbox_failed: u64,
+    /// Among them, sends the destination refused for good as they stood.
+    pub outbox_refused: u64,
+    /// The oldest unsent outbox entry's age, when a sweep measured it during
+    /// the invocation (zero for an empty outbox).
+    pub outbox_oldest_age: Option<std::time::Duration>,
     /// DynamoDB requests made during the invocation, when the store is DynamoDB.
     pub dynamodb_requests: Option<u64>,
     /// What the SQS step did, when there is one.
@@ -78,6 +83,10 @@ pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extr
     put("CompletionsLandedLater", "Count", extra.completions_landed_later.into());
     put("OutboxSent", "Count", extra.outbox_sent.into());
     put("OutboxFailed", "Count", extra.outbox_failed.into());
+    put("OutboxRefused", "Count", extra.outbox_refused.into());
+    if let Some(age) = extra.outbox_oldest_age {
+        put("OutboxOldestAge", "Seconds", age.as_secs().into());
+    }
     if let Some(requests) = extra.dynamodb_requests {
         put("DynamoDbRequests", "Count", requests.into());
     }
@@ -170,6 +179,8 @@ mod tests {
             completions_landed_later: 3,
             outbox_sent: 5,
             outbox_failed: 6,
+            outbox_refused: 1,
+            outbox_oldest_age: Some(Duration::from_millis(61_900)),
             dynamodb_requests: Some(9),
             redelivery: Some(redelivery),
         };
@@ -193,6 +204,8 @@ mod tests {
             ("CompletionsLandedLater", 3),
             ("OutboxSent", 5),
             ("OutboxFailed", 6),
+            ("OutboxRefused", 1),
+            ("OutboxOldestAge", 61),
             ("DynamoDbRequests", 9),
             ("VisibilityChanged", 4),
             ("VisibilityChangeFailed", 1),
@@ -227,7 +240,12 @@ mod tests {
     #[test]
     fn every_metric_published_is_documented_and_every_documented_one_published() {
         let redelivery = Some(RedeliveryCounts::default());
-        let extra = Extra { dynamodb_requests: Some(1), redelivery, ..Extra::default() };
+        let extra = Extra {
+            dynamodb_requests: Some(1),
+            redelivery,
+            outbox_oldest_age: Some(std::time::Duration::ZERO),
+            ..Extra::default()
+        };
         let report = BatchReport { records: vec![record(Outcome::Duplicate, Some(1))] };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 0)).unwrap();
         let published: std::collections::BTreeSet<String> = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]

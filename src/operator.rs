@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 
 use crate::{
     clock::Clock,
-    store::{ClaimQuery, ClaimStore, Fenced, Listing, StoreError},
+    store::{ClaimQuery, ClaimStore, Fenced, Listing, OutboxQuery, StoreError},
     store::{ClaimStatus, StoredClaim},
 };
 
@@ -116,6 +116,30 @@ impl Operator {
         let was = seen.as_ref().map_or("no claim".to_owned(), describe);
         let done = format!("completed {id} by hand (was {was}); deliveries are duplicates until it expires");
         Ok(self.applied(self.store.replace_seen(seen.as_ref(), Some(&completed)).await?, done))
+    }
+
+    /// Drops the outbox entry `id` (its stored id or its outbox id) that an
+    /// operator gives up on: its message is never sent. Only with `force`;
+    /// the entry, message and all, is logged as it goes, so that it can be
+    /// sent by hand. A sender that took the entry over meanwhile refuses it.
+    pub(crate) async fn drop_outbox(&self, id: &str, force: bool) -> Result<Action, StoreError> {
+        let entries = self.store.outbox(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await?;
+        let Some(entry) = entries.into_iter().find(|entry| entry.id == id || entry.outbox_id() == id) else {
+            return Ok(Action::NotFound);
+        };
+        let content = serde_json::to_string(&entry).unwrap_or_default();
+        if !force {
+            return Ok(Action::Refused(format!(
+                "dropping an outbox entry gives its message up for good; pass --force to drop it: {content}"
+            )));
+        }
+        Ok(match self.store.outbox_sent(&entry.id, &entry.token).await? {
+            Fenced::Applied => {
+                tracing::warn!(id = %entry.id, entry = %content, "outbox entry dropped by an operator: its message is not sent");
+                Action::Done(format!("dropped {}; its message is not sent: {content}", entry.id))
+            }
+            Fenced::Refused => Action::Refused("a sender took the entry over just now; look again".into()),
+        })
     }
 
     /// Why changing `claim` by hand could do harm, if it could.

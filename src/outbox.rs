@@ -23,14 +23,17 @@ use std::{
     collections::BTreeMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
 
 use async_trait::async_trait;
-use futures::StreamExt;
-use tokio::{task::JoinHandle, time::Instant};
+use futures::{
+    FutureExt, StreamExt,
+    future::{BoxFuture, Shared},
+};
+use tokio::time::Instant;
 
 pub(crate) use aws::AwsDestinations;
 
@@ -83,6 +86,59 @@ pub(crate) struct OutboxCounters {
     pub sent: AtomicU64,
     /// Sends that failed or were refused; their entries stay for a later sweep.
     pub failed: AtomicU64,
+    /// Sends the destination refused for good as the message stands (no
+    /// permission, no such queue, an invalid message): among `failed`, and
+    /// sent again by every sweep until someone acts.
+    pub refused: AtomicU64,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Swept {
+    /// Messages sent.
+    pub sent: usize,
+    /// Whether it went through every entry due: not cut short by its
+    /// budget, nor by the listing's limit.
+    pub complete: bool,
+}
+
+/// A sweep under way in a task of its own, started beside a batch: it takes
+/// no new run once [`stop`](Self::stop)ped, and [`finished`](Self::finished)
+/// waits for the sends under way.
+#[derive(Clone)]
+pub(crate) struct Sweep {
+    stop: Arc<AtomicBool>,
+    done: Shared<BoxFuture<'static, ()>>,
+}
+
+impl std::fmt::Debug for Sweep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweep").field("stopped", &self.stop.load(Ordering::Relaxed)).finish_non_exhaustive()
+    }
+}
+
+impl Sweep {
+    /// The sweep takes no new run of entries; the sends under way go on.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Completes when the sweep has ended.
+    pub(crate) async fn finished(&self) {
+        self.done.clone().await;
+    }
+}
+
+/// When sweeps start, and what the last one found.
+#[derive(Debug, Default)]
+struct Schedule {
+    /// When the last sweep started; `None` before the first, and after one
+    /// that was cut short, so that the next batch goes on with it.
+    last: Option<Instant>,
+    /// The sweep under way, if any; its task clears it as it ends.
+    running: Option<Sweep>,
+    /// The oldest unsent entry's age as a sweep found it, until published.
+    oldest_age: Option<Duration>,
 }
 
 /// Sends outbox entries and takes over those left unsent.
@@ -92,8 +148,7 @@ pub(crate) struct Outbox {
     clock: Arc<dyn Clock>,
     counters: OutboxCounters,
     sweep_every: Option<Duration>,
-    last_sweep: Mutex<Option<Instant>>,
-    sweeping: Mutex<Option<JoinHandle<()>>>,
+    schedule: Mutex<Schedule>,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -104,8 +159,8 @@ impl std::fmt::Debug for Outbox {
 
 impl Outbox {
     /// An outbox over `store`'s entries, sending to `destinations`, sweeping
-    /// for entries left unsent at most every `sweep_every` (`None`: only when
-    /// asked, as `claims outbox --send` does).
+    /// for entries left unsent every `sweep_every` (`None`: only when asked,
+    /// as `claims outbox --send` does).
     pub(crate) fn new(
         store: Arc<dyn ClaimStore>,
         destinations: Arc<dyn Destinations>,
@@ -118,9 +173,16 @@ impl Outbox {
             clock,
             counters: OutboxCounters::default(),
             sweep_every,
-            last_sweep: Mutex::new(None),
-            sweeping: Mutex::new(None),
+            // The first sweep is due a sweep interval after the start: a
+            // cold start's batch does not wait for one, and an environment
+            // gone within the interval never pays for one.
+            schedule: Mutex::new(Schedule { last: Some(Instant::now()), ..Schedule::default() }),
         }
+    }
+
+    /// How often the outbox is swept, unless sweeps are off.
+    pub(crate) fn sweep_every(&self) -> Option<Duration> {
+        self.sweep_every
     }
 
     /// What the outbox counted so far.
@@ -132,39 +194,7 @@ impl Outbox {
     /// room for the send, and deletes each once sent. The first that cannot
     /// be sent stops the rest, which keep their order for a later sweep.
     /// Returns how many were sent.
-    ///
-    /// A process that sends through the outbox also sweeps it for entries
-    /// left unsent (by itself or by a process that is gone), in the
-    /// background, at most once per sweep interval.
-    pub(crate) async fn deliver(self: &Arc<Self>, entries: &[OutboxEntry]) -> usize {
-        let sent = self.send_in_order(entries).await;
-        self.sweep_in_background();
-        sent
-    }
-
-    /// Starts a sweep in a task of its own, if one is due.
-    pub(crate) fn sweep_in_background(self: &Arc<Self>) {
-        if !self.sweep_due() {
-            return;
-        }
-        let outbox = Arc::clone(self);
-        let sweep = tokio::spawn(async move {
-            if let Err(error) = outbox.sweep().await {
-                tracing::warn!(%error, "outbox: the sweep could not read the outbox; the next one tries again");
-            }
-        });
-        *lock(&self.sweeping) = Some(sweep);
-    }
-
-    /// Before the process leaves: waits for a sweep under way, until `until`.
-    pub(crate) async fn finish_sweep(&self, until: Instant) {
-        let sweep = lock(&self.sweeping).take();
-        if let Some(sweep) = sweep {
-            let _ = tokio::time::timeout_at(until, sweep).await;
-        }
-    }
-
-    async fn send_in_order(&self, entries: &[OutboxEntry]) -> usize {
+    pub(crate) async fn deliver(&self, entries: &[OutboxEntry]) -> usize {
         let mut sent = 0;
         for entry in entries {
             if !self.send(entry).await {
@@ -175,37 +205,102 @@ impl Outbox {
         sent
     }
 
-    /// Whether a sweep is due: never swept, or the last one is older than
-    /// the sweep interval. Marks the sweep as started.
-    fn sweep_due(&self) -> bool {
-        let Some(every) = self.sweep_every else { return false };
-        let mut last = lock(&self.last_sweep);
-        let due = last.is_none_or(|last| last.elapsed() >= every);
-        if due {
-            *last = Some(Instant::now());
+    /// Starts a sweep in a task of its own, if one is due (none has started
+    /// for the sweep interval, the process's start counting as one, or the
+    /// last was cut short) and none is under way. It takes no new run of
+    /// entries after `until`, nor once stopped. Every process that can send
+    /// calls it: as each batch starts, and `poll` on a timer of its own too,
+    /// so that an entry whose sender stopped is sent whether or not anyone
+    /// stages messages.
+    pub(crate) fn sweep_if_due(self: &Arc<Self>, until: Option<Instant>) -> Option<Sweep> {
+        let every = self.sweep_every?;
+        let due = lock(&self.schedule).last.is_none_or(|last| last.elapsed() >= every);
+        if !due {
+            return None;
         }
-        due
+        self.sweep_now(until)
+    }
+
+    /// Starts a sweep now, as [`sweep_if_due`](Self::sweep_if_due) does
+    /// when one is due, unless one is under way or sweeps are off: before
+    /// `invoke` and `poll` leave.
+    pub(crate) fn sweep_now(self: &Arc<Self>, until: Option<Instant>) -> Option<Sweep> {
+        self.sweep_every?;
+        let mut schedule = lock(&self.schedule);
+        if schedule.running.is_some() {
+            return None;
+        }
+        schedule.last = Some(Instant::now());
+        let stop = Arc::new(AtomicBool::new(false));
+        let outbox = Arc::clone(self);
+        let stopped = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let swept = outbox.sweep(until, &stopped).await;
+            let complete = match swept {
+                Ok(swept) => swept.complete,
+                Err(error) => {
+                    tracing::warn!(%error, "outbox: the sweep could not read the outbox; the next one tries again");
+                    true
+                }
+            };
+            let mut schedule = lock(&outbox.schedule);
+            schedule.running = None;
+            if !complete {
+                schedule.last = None;
+            }
+        });
+        let sweep = Sweep { stop, done: task.map(drop).boxed().shared() };
+        schedule.running = Some(sweep.clone());
+        Some(sweep)
+    }
+
+    /// Before the process leaves: waits for a sweep under way, until `until`.
+    pub(crate) async fn finish_sweep(&self, until: Instant) {
+        let sweep = lock(&self.schedule).running.clone();
+        if let Some(sweep) = sweep {
+            let _ = tokio::time::timeout_at(until, sweep.finished()).await;
+        }
+    }
+
+    /// The oldest unsent entry's age as a sweep found it since the last call.
+    pub(crate) fn take_oldest_age(&self) -> Option<Duration> {
+        lock(&self.schedule).oldest_age.take()
     }
 
     /// Takes over the entries whose sending lease has ended (at most a few
-    /// hundred per call) and sends them, the entries of one run in order.
-    /// Returns how many were sent.
-    pub(crate) async fn sweep(&self) -> Result<usize, StoreError> {
+    /// hundred per call) and sends them, the entries of one run in order,
+    /// starting no run after `until` or once `stop` is set. Notes the oldest
+    /// unsent entry's age.
+    pub(crate) async fn sweep(&self, until: Option<Instant>, stop: &AtomicBool) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
-        let due = self.store.outbox(&OutboxQuery { due_at_ms: Some(now_ms), limit: SWEEP_LIMIT }).await?;
-        if due.is_empty() {
-            return Ok(0);
-        }
-        tracing::info!(entries = due.len(), "outbox: sending entries left unsent");
+        let listed = self.store.outbox(&OutboxQuery { due_at_ms: None, limit: SWEEP_LIMIT }).await?;
+        let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
+        lock(&self.schedule).oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
+        let listed_all = listed.len() < SWEEP_LIMIT;
         let mut runs: BTreeMap<(String, String), Vec<OutboxEntry>> = BTreeMap::new();
-        for entry in due {
+        for entry in listed.into_iter().filter(|entry| entry.is_due(now_ms)) {
             runs.entry((entry.claim_id.clone(), run_token(&entry.id).to_owned())).or_default().push(entry);
         }
-        let sent = futures::stream::iter(runs.into_values().map(|entries| self.take_and_deliver(entries)))
-            .buffer_unordered(SWEEP_CONCURRENCY)
-            .fold(0, |total, sent| async move { total + sent })
-            .await;
-        Ok(sent)
+        if runs.is_empty() {
+            return Ok(Swept { sent: 0, complete: listed_all });
+        }
+        tracing::info!(entries = runs.values().map(Vec::len).sum::<usize>(), "outbox: sending entries left unsent");
+        let cut_short = AtomicBool::new(false);
+        let sent = futures::stream::iter(runs.into_values().map(|entries| {
+            let cut_short = &cut_short;
+            async move {
+                let ended = until.is_some_and(|until| Instant::now() >= until) || stop.load(Ordering::Relaxed);
+                if ended {
+                    cut_short.store(true, Ordering::Relaxed);
+                    return 0;
+                }
+                self.take_and_deliver(entries).await
+            }
+        }))
+        .buffer_unordered(SWEEP_CONCURRENCY)
+        .fold(0, |total, sent| async move { total + sent })
+        .await;
+        Ok(Swept { sent, complete: listed_all && !cut_short.load(Ordering::Relaxed) })
     }
 
     /// Takes over one run's due entries, in order, and sends those taken.
@@ -224,7 +319,7 @@ impl Outbox {
                 }
             }
         }
-        self.send_in_order(&taken).await
+        self.deliver(&taken).await
     }
 
     /// Sends one entry and deletes it; whether it was sent.
@@ -238,10 +333,12 @@ impl Outbox {
         if let Err(error) = self.destinations.send(&entry.outbox_id(), &entry.message).await {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             if error.refused {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(
                     id = %entry.id, message_id = %entry.message_id, destination, %error,
-                    "OutboxFailed: the destination refused the message; it stays in the outbox and is sent again by \
-                     the next sweep (check the function's permissions and the destination)"
+                    "OutboxRefused: the destination refused the message for good as it stands; it stays in the outbox \
+                     and every sweep sends it again until someone acts (check the function's permissions and the \
+                     destination, or drop it: sqs-once claims outbox --drop ID --force)"
                 );
             } else {
                 tracing::warn!(

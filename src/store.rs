@@ -11,7 +11,7 @@
 
 use async_trait::async_trait;
 
-use crate::transaction::Write;
+use crate::transaction::{Refusal, Write};
 
 mod batched;
 pub(crate) mod dynamodb;
@@ -80,9 +80,21 @@ pub enum Committed {
 pub struct Cancellation {
     /// The write, by its place in [`Commit::writes`].
     pub write: usize,
+    /// How the handler fails for it, as the write declared
+    /// ([`Write::refusal`]).
+    pub refusal: Refusal,
     /// The reason of each action of the transaction, as the store gave
     /// them (DynamoDB's cancellation reasons, in order).
     pub reasons: String,
+}
+
+impl Cancellation {
+    /// The cancellation of a commit of `writes` by the one at `write`, for
+    /// `reasons`: the handler fails as that write declared.
+    pub fn by(writes: &[Write], write: usize, reasons: String) -> Self {
+        let refusal = writes.get(write).map(Write::refusal).unwrap_or_default();
+        Self { write, refusal, reasons }
+    }
 }
 
 /// Which outbox entries [`ClaimStore::outbox`] lists.

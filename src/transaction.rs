@@ -70,16 +70,6 @@ pub const MAX_BYTES: usize = 4_000_000;
 /// Most bytes in one item (DynamoDB: 400 KB).
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 
-/// Most bytes of a message's body: what an outbox item holds beside the
-/// message's other fields, and no more than its destination takes (SNS and
-/// EventBridge take 256 KB).
-const MAX_MESSAGE_BYTES: usize = MAX_ITEM_BYTES - 8 * 1024;
-const MAX_NOTIFICATION_BYTES: usize = 256 * 1024;
-
-/// Message attributes a message may carry of its own: SQS and SNS take ten,
-/// and the outbox id is one.
-const MAX_MESSAGE_ATTRIBUTES: usize = 9;
-
 /// A staging limit a handler would breach, found before anything is sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StageError {
@@ -207,11 +197,10 @@ impl Transaction {
         let bytes = write.validate()?;
         let mut staged = lock(&self.staged);
         staged.make_room(&|| write.describe(), bytes)?;
-        if let Some(target) = write.target() {
-            let item = format!("{}\u{0}{}", target.table, serde_json::to_string(&target.key).unwrap_or_default());
-            if !staged.items.insert(item) {
-                return Err(StageError::SameItem(target.describe()));
-            }
+        if let Some(item) = write.item()
+            && !staged.items.insert(item)
+        {
+            return Err(StageError::SameItem(write.describe()));
         }
         staged.bytes += bytes;
         staged.writes.push(write);
@@ -221,8 +210,7 @@ impl Transaction {
     /// Stages a message, to leave through the outbox once the transaction
     /// has committed.
     pub fn send(&self, message: Message) -> Result<(), StageError> {
-        check_message(&message)?;
-        let bytes = message.size();
+        let bytes = message.validate()?;
         let mut staged = lock(&self.staged);
         staged.make_room(&|| format!("message to {}", message.destination.name()), bytes)?;
         staged.bytes += bytes;
@@ -244,34 +232,6 @@ impl Transaction {
     pub(crate) fn take(&self) -> Staged {
         std::mem::take(&mut lock(&self.staged))
     }
-}
-
-/// What a message's destination would refuse, found when it is staged.
-fn check_message(message: &Message) -> Result<(), StageError> {
-    let invalid =
-        |reason: String| StageError::InvalidMessage { destination: message.destination.name().into(), reason };
-    let limit = match message.destination {
-        Destination::Sqs { .. } => MAX_MESSAGE_BYTES,
-        Destination::Sns { .. } | Destination::EventBridge { .. } => MAX_NOTIFICATION_BYTES,
-    };
-    if message.body.is_empty() {
-        return Err(invalid("the body is empty".into()));
-    }
-    if message.size() > limit {
-        return Err(invalid(format!("about {} bytes, more than the {limit} bytes it takes", message.size())));
-    }
-    if message.attributes.len() > MAX_MESSAGE_ATTRIBUTES {
-        return Err(invalid(format!("{MAX_MESSAGE_ATTRIBUTES} attributes at most (the outbox id is the tenth)")));
-    }
-    if message.destination.is_fifo() && message.group_id.is_none() {
-        return Err(invalid("a FIFO destination needs a message group (Message::group)".into()));
-    }
-    if let Destination::EventBridge { .. } = message.destination
-        && !serde_json::from_str::<serde_json::Value>(&message.body).is_ok_and(|detail| detail.is_object())
-    {
-        return Err(invalid("an event's detail must be a JSON object".into()));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -304,6 +264,9 @@ mod tests {
         transaction.stage(Delete::new("u", Key::new("pk", "a").and("sk", 1))).unwrap();
         let twice = transaction.stage(Update::new("t", Key::new("pk", "a").and("sk", 1)).set("x", 1));
         assert!(matches!(twice, Err(StageError::SameItem(_))));
+        // One item to DynamoDB: numbers by value, key attributes by name.
+        let twice = transaction.stage(Update::new("t", Key::new("sk", 2.0).and("pk", "a")).set("x", 1));
+        assert!(matches!(twice, Err(StageError::SameItem(_))), "{twice:?}");
         let big = "x".repeat(390 * 1024);
         let mut refused = None;
         for n in 0..20 {
@@ -320,16 +283,92 @@ mod tests {
 
     #[test]
     fn messages_their_destination_would_refuse_are_refused_when_staged() {
+        const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:t";
         let transaction = Transaction::default();
         let refused = |message: Message| transaction.send(message).unwrap_err().to_string();
         assert!(refused(Message::sqs(QUEUE, "")).contains("empty"));
         assert!(refused(Message::sqs(format!("{QUEUE}.fifo"), "m")).contains("message group"));
         assert!(refused(Message::event("default", "s", "t", serde_json::json!([1]))).contains("JSON object"));
-        assert!(refused(Message::sns("arn:aws:sns:us-east-1:1:t", "x".repeat(300 * 1024))).contains("bytes"));
+        assert!(refused(Message::sns(TOPIC, "x".repeat(300 * 1024))).contains("bytes"));
         let crowded = (0..10).fold(Message::sqs(QUEUE, "m"), |message, n| message.attribute(format!("a{n}"), "v"));
         assert!(refused(crowded).contains("attributes"));
-        transaction.send(Message::sqs(format!("{QUEUE}.fifo"), "m").group("g")).unwrap();
-        assert_eq!(transaction.staged().messages().len(), 1);
+        // Attributes SQS and SNS refuse.
+        assert!(refused(Message::sqs(QUEUE, "m").attribute("note", "")).contains("`note` is empty"));
+        for name in ["AWS.trace", "amazon.x", "a..b", ".a", "a.", "a b", "ü", &"n".repeat(257)] {
+            assert!(refused(Message::sns(TOPIC, "m").attribute(name, "v")).contains("attribute name"), "{name}");
+        }
+        assert!(refused(Message::sqs(QUEUE, "m").attribute("a", "\u{7}")).contains("U+0007"));
+        // Bodies with characters SQS refuses.
+        assert!(refused(Message::sqs(QUEUE, "a\u{1}b")).contains("U+0001"));
+        assert!(refused(Message::sns(TOPIC, "\u{FFFF}")).contains("U+FFFF"));
+        // Message groups.
+        for group in ["g".repeat(129), "a b".into(), "é".into(), String::new()] {
+            assert!(
+                refused(Message::sqs(format!("{QUEUE}.fifo"), "m").group(group.clone())).contains("group"),
+                "{group}"
+            );
+        }
+        let event = Message::event("default", "s", "t", serde_json::json!({}));
+        assert!(refused(event.clone().attribute("a", "v")).contains("no attributes"));
+        assert!(refused(event.group("g")).contains("no attributes"));
+        // Addresses the services do not take.
+        for url in ["queue", "https://sqs.us-east-1.amazonaws.com/q", "https://h/1/bad name", "https://h/1/"] {
+            assert!(refused(Message::sqs(url, "m")).contains("not a queue URL"), "{url}");
+        }
+        for arn in ["orders", "arn:aws:sns:us-east-1:1:t", "arn:aws:sqs:us-east-1:123456789012:t"] {
+            assert!(refused(Message::sns(arn, "m")).contains("not a topic ARN"), "{arn}");
+        }
+        assert!(refused(Message::event("my bus", "s", "t", serde_json::json!({}))).contains("event bus"));
+        assert!(refused(Message::event("default", "", "t", serde_json::json!({}))).contains("source"));
+        // Accepted: what the services take.
+        let fine = [
+            Message::sqs(format!("{QUEUE}.fifo"), "m\t\n\u{10FFFF}").group("o-1!").attribute("kind.v2", "ü"),
+            Message::sqs("http://127.0.0.1:4566/000000000000/local-queue", "m"),
+            Message::sns(format!("{TOPIC}.fifo"), "m").group("g"),
+            Message::event("arn:aws:events:eu-west-1:123456789012:event-bus/orders", "s", "t", serde_json::json!({})),
+        ];
+        for message in fine {
+            transaction.send(message).unwrap();
+        }
+        assert_eq!(transaction.staged().messages().len(), 4);
+    }
+
+    #[test]
+    fn an_outbox_item_holds_a_body_as_it_is_and_refuses_one_it_cannot() {
+        let transaction = Transaction::default();
+        // JSON whose quotes would take twice the room escaped: stored as it is, it fits.
+        let body = r#"{"k":"v"},"#.repeat(390 * 1024 / 10);
+        transaction.send(Message::sqs(QUEUE, body.clone())).expect("fits an item");
+        let stored = transaction.staged().messages()[0].stored_size();
+        assert!(stored < MAX_ITEM_BYTES && stored >= body.len(), "{stored}");
+        let error = Transaction::default().send(Message::sqs(QUEUE, "x".repeat(395 * 1024))).unwrap_err();
+        assert!(error.to_string().contains("outbox item"), "{error}");
+        // Escaped attributes count as stored.
+        let quoted = "\"".repeat(200 * 1024);
+        let error = Transaction::default().send(Message::sqs(QUEUE, "m").attribute("q", quoted)).unwrap_err();
+        assert!(error.to_string().contains("outbox item"), "{error}");
+    }
+
+    #[test]
+    fn queue_urls_and_arns_name_their_region() {
+        let region = |destination: Destination| destination.region().map(str::to_owned);
+        let sqs = |url: &str| Destination::Sqs { queue_url: url.into() };
+        assert_eq!(region(sqs("https://sqs.eu-west-1.amazonaws.com/123456789012/q")).as_deref(), Some("eu-west-1"));
+        assert_eq!(
+            region(sqs("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/q")).as_deref(),
+            Some("cn-north-1")
+        );
+        assert_eq!(region(sqs("https://ap-south-1.queue.amazonaws.com/123456789012/q")).as_deref(), Some("ap-south-1"));
+        assert_eq!(region(sqs("http://127.0.0.1:4566/000000000000/q")), None);
+        let sns = Destination::Sns { topic_arn: "arn:aws:sns:us-west-2:123456789012:t".into() };
+        assert_eq!(region(sns).as_deref(), Some("us-west-2"));
+        let bus = |event_bus: &str| Destination::EventBridge {
+            event_bus: event_bus.into(),
+            source: "s".into(),
+            detail_type: "t".into(),
+        };
+        assert_eq!(region(bus("arn:aws:events:sa-east-1:123456789012:event-bus/b")).as_deref(), Some("sa-east-1"));
+        assert_eq!(region(bus("default")), None);
     }
 
     #[test]

@@ -228,6 +228,18 @@ async fn with_provisioned_concurrency_the_init_phase_opens_the_connections_the_f
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_init_phase_registers_an_extension_so_that_lambda_sends_sigterm() {
+    let function = Function::start(&[]).await;
+    function.api.initialized().await;
+    let extensions = function.api.extensions();
+    assert_eq!(extensions.len(), 1, "{extensions:?}");
+    assert_eq!(extensions[0].name, "sqs-once-shutdown");
+    assert_eq!(extensions[0].events, json!([]), "internal, subscribed to no event");
+    assert!(extensions[0].in_init, "registered before the function asked for its first event");
+    assert!(failures(&function.invoke(&batch(&[json!({"n": 1})]), SECONDS_30).await).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_demand_the_init_phase_opens_no_connection() {
     let proxy = DelayProxy::start(&common::dynamodb::endpoint(), Duration::from_millis(5)).await.unwrap();
     let store = common::fresh_table().await;

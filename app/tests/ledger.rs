@@ -373,3 +373,148 @@ async fn notices_to_a_queue_that_does_not_exist_wait_in_the_outbox() {
     let notice: Value = serde_json::from_str(received[0].body().unwrap()).unwrap();
     assert_eq!(notice, json!({ "account": "q", "amount": 5, "message_id": "m-q-1" }));
 }
+
+/// The ledger as a Lambda function: the bundled binary on the real
+/// `lambda_runtime` loop, served by the harness's Runtime API.
+struct Function {
+    api: common::runtime_api::RuntimeApi,
+    _process: tokio::process::Child,
+    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Function {
+    async fn start(envs: &[(&'static str, String)]) -> Self {
+        let api = common::runtime_api::RuntimeApi::start().await;
+        let mut process = api.spawn(common::sqs_once_command(), envs);
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        for output in [
+            process.stdout.take().map(|out| Box::new(out) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+            process.stderr.take().map(|err| Box::new(err) as _),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let logs = std::sync::Arc::clone(&logs);
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(output).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    logs.lock().unwrap().push(line);
+                }
+            });
+        }
+        Self { api, _process: process, logs }
+    }
+
+    /// What the function printed so far.
+    fn logs(&self) -> String {
+        self.logs.lock().unwrap().join("\n")
+    }
+
+    /// Invokes it with `records`, due `timeout` from now; the message ids
+    /// it reported failed.
+    async fn invoke(&self, records: &[Value], timeout: Duration) -> BTreeSet<String> {
+        let event = json!({ "Records": records });
+        let (answer, answered, deadline) = self.api.invoke(&event, timeout).await.expect("an answer");
+        assert!(answered < deadline, "answered after the deadline");
+        let common::runtime_api::Answer::Response(response) = answer else { panic!("{answer:?}") };
+        common::failed_ids(&response).into_iter().collect()
+    }
+}
+
+fn records(messages: &BTreeMap<String, String>, receive_count: u32) -> Vec<Value> {
+    messages.iter().map(|(id, body)| record(id, body, receive_count)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_answered_after_the_next_invocation_started_apply_once_and_notify_once() {
+    let world = World::new().await;
+    // DynamoDB holds each commit 1.8 s: past the first invocation's 1.5 s deadline, within the SDK's 2 s
+    // attempt timeout, so that its answer comes during the next invocation.
+    let proxy = FaultProxy::holding_finishing_writes(Duration::from_millis(1800)).await;
+    let function = Function::start(&world.envs(&proxy.url, &common::sqs::endpoint())).await;
+    let (first, second): (BTreeMap<_, _>, BTreeMap<_, _>) = entries(14, 21)
+        .into_iter()
+        .filter(|(_, body)| !body.contains(&OVERDRAFT.to_string()))
+        .partition(|(id, _)| id.ends_with(['0', '2', '4', '6', '8']));
+    let failed = function.invoke(&records(&first, 1), Duration::from_millis(1500)).await;
+    assert_eq!(failed, first.keys().cloned().collect(), "uncommitted when the answer was due");
+    // The next invocation starts while every commit of the first still waits for its answer.
+    let failed = function.invoke(&records(&second, 1), Duration::from_secs(12)).await;
+    assert!(failed.is_empty(), "{failed:?}\n{}", function.logs());
+    // After the first invocation's leases (its deadline and 2 s), SQS delivers its records again: the commits
+    // had landed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.hold_finishing(Duration::ZERO);
+    assert!(function.invoke(&records(&first, 2), Duration::from_secs(12)).await.is_empty());
+    let all: BTreeMap<String, String> = first.into_iter().chain(second).collect();
+    let report = world.check(&all).await;
+    println!("ledger-report {}", json!({ "case": "answered after the next invocation", "checked": report }));
+    assert_eq!(report["notices_duplicated"], 0, "a commit was sent again while its answer was on its way: {report}");
+    assert_eq!(report["left_in_outbox_at_the_end"], 0, "every notice was sent by its own run: {report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_of_a_process_killed_after_its_commits_are_sent_by_runs_that_stage_nothing() {
+    let world = World::new().await;
+    // A notice queue endpoint that takes connections and never answers: the sends hang.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let messages: BTreeMap<String, String> =
+        entries(7, 31).into_iter().filter(|(_, body)| !body.contains(&OVERDRAFT.to_string())).collect();
+    let path = dir.path().join("commits.json");
+    std::fs::write(&path, json!({ "Records": records(&messages, 1) }).to_string()).unwrap();
+    let envs = world.envs(&common::dynamodb::endpoint(), &silent_url);
+    let mut process = tokio::process::Command::from(common::sqs_once_command())
+        .args(["invoke", "--timeout", "20"])
+        .arg(&path)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("SQS_ONCE_STORE")
+        .envs(envs.iter().map(|(name, value)| (*name, value.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Every commit has applied (the balances say so) while the notices hang: then the process dies.
+    let started = Instant::now();
+    while claims_outbox(&world.direct(), &["--json"]).as_array().unwrap().len() < messages.len() {
+        assert!(started.elapsed() < Duration::from_secs(20), "the commits never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    process.start_kill().unwrap();
+    process.wait().await.unwrap();
+    // A function whose handler stages nothing, on the same claim table, sweeping every second.
+    let mut envs = world.direct();
+    envs.retain(|(name, _)| *name != "SQS_ONCE_HANDLER");
+    envs.extend([("SQS_ONCE_HANDLER", "demo".to_owned()), ("SQS_ONCE_OUTBOX_SWEEP_SECS", "1".to_owned())]);
+    let function = Function::start(&envs).await;
+    let mut received = Vec::new();
+    for n in 0.. {
+        assert!(n < 40, "the notices were never sent: {received:?}");
+        let quiet = record(&format!("quiet-{n}"), "{}", 1);
+        assert!(function.invoke(&[quiet], Duration::from_secs(10)).await.is_empty());
+        received.extend(world.notices().await);
+        if received.len() >= messages.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let noticed: BTreeSet<&String> = received.iter().map(|(message_id, _)| message_id).collect();
+    assert_eq!(noticed, messages.keys().collect(), "every entry noticed");
+    assert_eq!(received.len(), messages.len(), "each once: its sender died before sending it");
+    assert!(claims_outbox(&world.direct(), &["--json"]).as_array().unwrap().is_empty(), "the outbox emptied itself");
+    for (id, body) in &messages {
+        let entry: Value = serde_json::from_str(body).unwrap();
+        let account = entry["account"].as_str().unwrap();
+        assert_eq!(world.balance(account).await, entry["amount"].as_i64(), "{id}");
+    }
+}

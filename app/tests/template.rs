@@ -359,6 +359,7 @@ fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
             (namespace.clone(), "FailedPermanent".to_owned(), function()),
             (namespace.clone(), "FailedStoreError".to_owned(), function()),
             (namespace.clone(), "OutboxFailed".to_owned(), function()),
+            (namespace.clone(), "OutboxOldestAge".to_owned(), function()),
             ("AWS/Lambda".to_owned(), "Errors".to_owned(), function()),
         ]);
         assert_eq!(watched, expected);
@@ -373,9 +374,12 @@ fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
             let actions = serde_yaml::to_string(&alarm["AlarmActions"]).unwrap();
             assert!(actions.contains("AlarmTopicArn") && actions.contains("AlarmTopic"), "{name}: {actions}");
             assert_eq!(alarm["OKActions"], alarm["AlarmActions"], "{name}");
-            let age = alarm["MetricName"] == "ApproximateAgeOfOldestMessage";
-            let threshold = if age { reference("OldestMessageAlarmSeconds") } else { Value::from(0) };
-            assert_eq!(alarm["Threshold"], threshold, "{name}: any failure alarms");
+            let threshold = match alarm["MetricName"].as_str() {
+                Some("ApproximateAgeOfOldestMessage") => reference("OldestMessageAlarmSeconds"),
+                Some("OutboxOldestAge") => reference("OutboxAgeAlarmSeconds"),
+                _ => Value::from(0),
+            };
+            assert_eq!(alarm["Threshold"], threshold, "{name}: any failure alarms, an age past its setting");
         }
     }
 }
@@ -383,7 +387,7 @@ fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
 #[test]
 fn alarms_notify_a_topic_given_or_one_of_the_stack_with_an_optional_email() {
     for template in templates() {
-        for parameter in ["AlarmEmail", "AlarmTopicArn", "OldestMessageAlarmSeconds"] {
+        for parameter in ["AlarmEmail", "AlarmTopicArn", "OldestMessageAlarmSeconds", "OutboxAgeAlarmSeconds"] {
             assert!(template["Parameters"].get(parameter).is_some(), "{parameter} is not a parameter");
         }
         assert_eq!(template["Parameters"]["AlarmEmail"]["Default"], "");
@@ -447,6 +451,7 @@ fn the_dashboard_graphs_published_metrics_and_shows_every_alarm() {
             "FailedStoreError",
             "FailedUncommitted",
             "OutboxFailed",
+            "OutboxOldestAge",
         ] {
             assert!(graphed.contains(name), "{name} is not on the dashboard");
         }

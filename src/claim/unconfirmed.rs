@@ -1,29 +1,45 @@
-//! Finishing writes whose answer has not been confirmed.
+//! Finishing writes whose answer has not been confirmed, and who owns each.
 //!
-//! A finishing write (completion, failure record, release) can be cut off
-//! from its answer: the store is slow or down, or Lambda freezes the process
-//! at its answer and thaws it much later, past the SDK's timeouts. A
+//! A finishing write (completion, commit, failure record, release) can be
+//! cut off from its answer: the store is slow or down, or Lambda freezes the
+//! process at its answer and thaws it much later, past the SDK's timeouts. A
 //! completion that never lands leaves the claim in progress, and a copy of
 //! the message delivered after the lease would run the handler again. So
 //! every finishing write is kept here from the moment it is sent until the
-//! store answers it (applied, or refused by its fence), and the process sends
-//! what is left again: first thing in its next batch, and before it exits.
-//! The writes are fenced by the claim's token, so a late or repeated one never
-//! overwrites a newer holder's claim.
+//! store answers it for good (applied, refused by its fence, cancelled by a
+//! condition of its own, rejected for what it holds).
+//!
+//! A kept write has one owner at a time: the send under way ([`Sending`]).
+//! While it waits for its answer nobody sends the write again, however many
+//! batches start meanwhile; only a write whose last send ended in an error
+//! (or was abandoned) is sent again, by the next batch, SIGTERM, `poll`'s
+//! stop or `invoke`'s exit. So the caller whose answer confirmed a commit is
+//! the only one that acts on it (sends its messages), and a commit answered
+//! "cancelled" is never sent again: DynamoDB does not remember a cancelled
+//! transaction, and a second send could apply what the first caller
+//! reported as not applied. The writes are fenced by the claim's token, so a
+//! late one never overwrites a newer holder's claim.
 
 use std::{
     collections::HashMap,
+    pin::Pin,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
 };
 
-use super::{Finish, Lease};
-use crate::{lock::lock, store::Commit};
+use tokio::sync::{Notify, futures::Notified};
 
-/// How often a write is sent again before it is given up (logged): a store
-/// that refuses it that often is not coming back within the claim's life.
+use super::{Finish, Lease};
+use crate::{
+    lock::lock,
+    store::{Commit, Committed, StoreError},
+};
+
+/// How often a write whose sends keep failing is sent again before it is
+/// given up (logged): a store that fails it that often is not coming back
+/// within the claim's life.
 const MAX_RESENDS: u32 = 5;
 
 /// Finishing writes kept this many at most; past it the oldest is given up.
@@ -60,28 +76,46 @@ impl Ending {
     }
 }
 
+/// Whether a kept write is being sent, or waits to be sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// A send of it is under way: its owner waits for the answer.
+    Sending,
+    /// Its last send ended in an error: the next resend takes it.
+    Failed,
+}
+
 /// A write kept until its answer: its lease, the write (shared with the send
-/// under way, not copied: a completion may carry a large result), and how
-/// often it was sent again.
-#[derive(Debug, Clone)]
-pub(crate) struct Pending {
-    pub(crate) ticket: u64,
-    pub(crate) lease: Lease,
-    pub(crate) ending: Arc<Ending>,
+/// under way, not copied: a completion may carry a large result), how often
+/// it was sent again, and whether a send of it is under way.
+#[derive(Debug)]
+struct Kept {
+    lease: Lease,
+    ending: Arc<Ending>,
     resends: u32,
+    state: State,
 }
 
 /// The finishing writes of a process not yet confirmed.
 #[derive(Debug, Default)]
 pub(crate) struct Unconfirmed {
-    entries: Mutex<HashMap<u64, Pending>>,
+    entries: Mutex<HashMap<u64, Kept>>,
     next: AtomicU64,
+    /// Woken when a send fails, for the batches running to send it again.
+    failures: Notify,
+}
+
+/// A write taken for sending again: the write and its send's ownership.
+#[derive(Debug)]
+pub(crate) struct Resend {
+    pub(crate) lease: Lease,
+    pub(crate) ending: Arc<Ending>,
+    pub(crate) sending: Sending,
 }
 
 impl Unconfirmed {
-    /// Keeps `ending` of `lease` until [`confirmed`](Self::confirmed);
-    /// returns its ticket.
-    pub(crate) fn keep(&self, lease: &Lease, ending: &Arc<Ending>) -> u64 {
+    /// Keeps `ending` of `lease` until its answer; the caller owns its first send.
+    pub(crate) fn keep(self: &Arc<Self>, lease: &Lease, ending: &Arc<Ending>) -> Sending {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed);
         let mut entries = lock(&self.entries);
         if entries.len() >= MAX_ENTRIES
@@ -90,42 +124,143 @@ impl Unconfirmed {
         {
             give_up(&dropped, "too many unconfirmed writes are kept");
         }
-        entries.insert(ticket, Pending { ticket, lease: lease.clone(), ending: Arc::clone(ending), resends: 0 });
-        ticket
+        let kept = Kept { lease: lease.clone(), ending: Arc::clone(ending), resends: 0, state: State::Sending };
+        entries.insert(ticket, kept);
+        Sending { unconfirmed: Arc::clone(self), ticket, answered: false }
     }
 
-    /// The store answered the write: it is no longer kept. Returns whether it
-    /// still was (a resend and the original may both be answered).
-    pub(crate) fn confirmed(&self, ticket: u64) -> bool {
-        lock(&self.entries).remove(&ticket).is_some()
-    }
-
-    /// The writes to send again, oldest first, each counted as resent; those
-    /// sent again too often are given up.
-    pub(crate) fn to_resend(&self) -> Vec<Pending> {
+    /// The writes whose last send ended in an error, oldest first, each now
+    /// owned by the caller and counted as resent. Writes whose send is under
+    /// way are not among them.
+    pub(crate) fn to_resend(self: &Arc<Self>) -> Vec<Resend> {
         let mut entries = lock(&self.entries);
-        entries.retain(|_, pending| {
-            pending.resends += 1;
-            let keep = pending.resends <= MAX_RESENDS;
-            if !keep {
-                give_up(pending, "sent again too often without an answer");
-            }
-            keep
-        });
-        let mut pending: Vec<Pending> = entries.values().cloned().collect();
-        pending.sort_by_key(|pending| pending.ticket);
-        pending
+        let mut resends: Vec<(u64, Resend)> = entries
+            .iter_mut()
+            .filter(|(_, kept)| kept.state == State::Failed)
+            .map(|(&ticket, kept)| {
+                kept.state = State::Sending;
+                kept.resends += 1;
+                let sending = Sending { unconfirmed: Arc::clone(self), ticket, answered: false };
+                (ticket, Resend { lease: kept.lease.clone(), ending: Arc::clone(&kept.ending), sending })
+            })
+            .collect();
+        resends.sort_by_key(|(ticket, _)| *ticket);
+        resends.into_iter().map(|(_, resend)| resend).collect()
+    }
+
+    /// Completes at the next send that fails (or is abandoned) from now on.
+    pub(crate) fn next_failure(&self) -> Pin<Box<Notified<'_>>> {
+        let mut failure = Box::pin(self.failures.notified());
+        failure.as_mut().enable();
+        failure
     }
 
     /// The ids of the claims whose writes are still unconfirmed.
     pub(crate) fn ids(&self) -> Vec<String> {
-        lock(&self.entries).values().map(|pending| pending.lease.id.clone()).collect()
+        lock(&self.entries).values().map(|kept| kept.lease.id.clone()).collect()
+    }
+
+    /// The send of `ticket` ended without an answer for good: the write waits
+    /// for the next resend, or is given up after [`MAX_RESENDS`].
+    fn failed(&self, ticket: u64) {
+        let mut entries = lock(&self.entries);
+        let Some(kept) = entries.get_mut(&ticket) else { return };
+        if kept.resends >= MAX_RESENDS {
+            if let Some(kept) = entries.remove(&ticket) {
+                give_up(&kept, "its sends kept failing");
+            }
+            return;
+        }
+        kept.state = State::Failed;
+        drop(entries);
+        self.failures.notify_waiters();
     }
 }
 
-fn give_up(pending: &Pending, why: &str) {
+/// The one send under way of a kept write. Its owner reports the answer
+/// with [`answered`](Self::answered); dropped without one (the send was
+/// abandoned), the write waits to be sent again.
+#[derive(Debug)]
+pub(crate) struct Sending {
+    unconfirmed: Arc<Unconfirmed>,
+    ticket: u64,
+    answered: bool,
+}
+
+impl Sending {
+    /// The store answered the send: for good (applied, refused, cancelled,
+    /// rejected), the write is no longer kept; after an error that may not
+    /// be final (unavailable, malformed, contended), it waits to be sent again.
+    pub(crate) fn answered(mut self, result: &Result<Committed, StoreError>) {
+        self.answered = true;
+        match result {
+            Ok(_) | Err(StoreError::Rejected(_) | StoreError::Unsupported(_)) => {
+                lock(&self.unconfirmed.entries).remove(&self.ticket);
+            }
+            Err(_) => self.unconfirmed.failed(self.ticket),
+        }
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.unconfirmed.failed(self.ticket);
+        }
+    }
+}
+
+fn give_up(kept: &Kept, why: &str) {
     tracing::error!(
-        id = %pending.lease.id, write = pending.ending.name(),
+        id = %kept.lease.id, write = kept.ending.name(),
         "{why}: giving up a finishing write; the claim stays in progress until its lease ends"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(id: &str) -> Lease {
+        Lease { id: id.into(), token: "t".into(), lease_until_ms: 0, payload_hash: None }
+    }
+
+    fn unavailable() -> Result<Committed, StoreError> {
+        Err(StoreError::unavailable("timed out"))
+    }
+
+    #[test]
+    fn a_write_whose_send_is_under_way_is_not_sent_again() {
+        let unconfirmed = Arc::new(Unconfirmed::default());
+        let first = unconfirmed.keep(&lease("a"), &Arc::new(Ending::Release));
+        assert!(unconfirmed.to_resend().is_empty(), "its first send still waits for its answer");
+        first.answered(&unavailable());
+        let resends = unconfirmed.to_resend();
+        assert_eq!(resends.len(), 1, "its send failed: it is sent again");
+        assert!(unconfirmed.to_resend().is_empty(), "and that resend is under way");
+        let Resend { sending, .. } = resends.into_iter().next().unwrap();
+        let cancelled = crate::store::Cancellation::by(&[], 0, String::new());
+        sending.answered(&Ok(Committed::Cancelled(cancelled)));
+        assert!(unconfirmed.ids().is_empty(), "a cancelled commit is final");
+    }
+
+    #[test]
+    fn an_abandoned_send_leaves_the_write_to_be_sent_again() {
+        let unconfirmed = Arc::new(Unconfirmed::default());
+        drop(unconfirmed.keep(&lease("a"), &Arc::new(Ending::Release)));
+        assert_eq!(unconfirmed.to_resend().len(), 1);
+    }
+
+    #[test]
+    fn a_write_whose_sends_keep_failing_is_given_up() {
+        let unconfirmed = Arc::new(Unconfirmed::default());
+        unconfirmed.keep(&lease("a"), &Arc::new(Ending::Release)).answered(&unavailable());
+        for _ in 0..MAX_RESENDS {
+            let resends = unconfirmed.to_resend();
+            assert_eq!(resends.len(), 1);
+            resends.into_iter().for_each(|resend| resend.sending.answered(&unavailable()));
+        }
+        assert!(unconfirmed.to_resend().is_empty());
+        assert!(unconfirmed.ids().is_empty());
+    }
 }

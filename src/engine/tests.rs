@@ -675,7 +675,7 @@ async fn a_write_still_unconfirmed_as_the_process_leaves_is_landed_first() {
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(handler);
     run(&engine, vec![message("done", json!({}))], SECS_30).await;
     assert_eq!(store.status("test#done").await, Some(ClaimStatus::InProgress));
-    let left = engine.claims().land_unconfirmed(tokio::time::Instant::now() + Duration::from_secs(5)).await;
+    let left = engine.leave(tokio::time::Instant::now() + Duration::from_secs(5)).await;
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(store.status("test#done").await, Some(ClaimStatus::Completed));
 }
@@ -798,7 +798,7 @@ async fn a_finishing_write_refused_after_a_takeover_keeps_the_outcome_and_the_ne
     }
     // The refusals are counted, as the LeaseTakeoversRefused metric reports them, and not sent again.
     assert_eq!(engine.claims().counters().refused.load(std::sync::atomic::Ordering::SeqCst), 3);
-    let left = engine.claims().land_unconfirmed(tokio::time::Instant::now() + Duration::from_secs(1)).await;
+    let left = engine.leave(tokio::time::Instant::now() + Duration::from_secs(1)).await;
     assert!(left.is_empty(), "a refused write is an answer, not a write to send again: {left:?}");
 }
 

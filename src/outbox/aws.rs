@@ -1,14 +1,18 @@
 //! Sending outbox messages to SQS, SNS and EventBridge with the AWS SDK.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
 use async_trait::async_trait;
-use aws_config::SdkConfig;
+use aws_config::{Region, SdkConfig};
 #[cfg(any(feature = "sns", feature = "eventbridge"))]
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
 use super::{Destinations, SendError};
 use crate::{
+    lock::lock,
     sqs::{OutgoingMessage, Sqs},
     transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE},
 };
@@ -17,6 +21,8 @@ use crate::{
 /// stands: sending it again unchanged cannot succeed until someone acts.
 const REFUSALS: &[&str] = &[
     "AccessDenied",
+    "InvalidAddress",
+    "InvalidAttribute",
     "Authorization",
     "NotAuthorized",
     "NotFound",
@@ -31,13 +37,19 @@ const REFUSALS: &[&str] = &[
     "KMS",
 ];
 
-/// The SQS, SNS and EventBridge clients of the consumer, built once from the
+/// The SQS, SNS and EventBridge clients of the consumer, built from the
 /// shared SDK configuration ([`crate::aws::sdk_config`]), so
 /// `AWS_ENDPOINT_URL_SQS`, `AWS_ENDPOINT_URL_SNS` and
-/// `AWS_ENDPOINT_URL_EVENTBRIDGE` point them elsewhere.
+/// `AWS_ENDPOINT_URL_EVENTBRIDGE` point them elsewhere. A message to a queue,
+/// topic or bus of another Region than the configuration's (as its URL or
+/// ARN names it) goes through clients of that Region: the SDK sends to its
+/// client's Region whatever the URL says, and the service refuses an address
+/// of another Region (`InvalidAddress`).
 #[derive(Debug, Default)]
 pub(crate) struct AwsDestinations {
-    clients: tokio::sync::OnceCell<Clients>,
+    config: tokio::sync::OnceCell<SdkConfig>,
+    /// The clients of each Region sent to; `None` is the configuration's own.
+    clients: Mutex<HashMap<Option<String>, Arc<Clients>>>,
 }
 
 #[derive(Debug)]
@@ -64,7 +76,7 @@ impl Clients {
 impl AwsDestinations {
     /// The clients, from `config`.
     pub(crate) fn new(config: &SdkConfig) -> Self {
-        Self { clients: tokio::sync::OnceCell::new_with(Some(Clients::new(config))) }
+        Self { config: tokio::sync::OnceCell::new_with(Some(config.clone())), clients: Mutex::default() }
     }
 
     /// The clients, from the SDK's default configuration, loaded when the
@@ -73,8 +85,19 @@ impl AwsDestinations {
         Self::default()
     }
 
-    async fn clients(&self) -> &Clients {
-        self.clients.get_or_init(|| async { Clients::new(&crate::aws::sdk_config().await) }).await
+    /// The clients that reach `destination`'s Region.
+    async fn clients(&self, destination: &Destination) -> Arc<Clients> {
+        let config = self.config.get_or_init(crate::aws::sdk_config).await;
+        let own = config.region().map(|region| region.as_ref());
+        let region = destination.region().filter(|region| Some(*region) != own);
+        let mut clients = lock(&self.clients);
+        let clients = clients.entry(region.map(str::to_owned)).or_insert_with(|| {
+            Arc::new(match region {
+                Some(region) => Clients::new(&config.to_builder().region(Region::new(region.to_owned())).build()),
+                None => Clients::new(config),
+            })
+        });
+        Arc::clone(clients)
     }
 }
 
@@ -166,7 +189,7 @@ impl Clients {
 #[async_trait]
 impl Destinations for AwsDestinations {
     async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError> {
-        self.clients().await.send(outbox_id, message).await
+        self.clients(&message.destination).await.send(outbox_id, message).await
     }
 }
 
@@ -252,5 +275,28 @@ mod tests {
         let report = downstream.process(&parse_event(&standard.event(&copies).to_string()).unwrap()).await;
         assert!(failures(&report).is_empty());
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "two copies, one run");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queue_of_another_region_gets_its_message_through_a_client_of_that_region() {
+        let config = crate::aws::sdk_config().await;
+        let europe = aws_sdk_sqs::Client::new(&config.to_builder().region(Region::new("eu-west-1")).build());
+        let name = format!("europe-{}", uuid::Uuid::new_v4().simple());
+        let created = europe.create_queue().queue_name(&name).send().await.unwrap();
+        let url = format!("https://sqs.eu-west-1.amazonaws.com/123456789012/{name}");
+        // The configuration's own Region does not know the queue, as SQS refuses an address of another Region.
+        let own = Sqs::new(&config);
+        let outgoing = |body: &str| OutgoingMessage {
+            body: body.into(),
+            attributes: HashMap::new(),
+            group_id: None,
+            deduplication_id: None,
+        };
+        assert!(own.send(&url, outgoing("through us-east-1")).await.is_err());
+        AwsDestinations::new(&config).send("an-outbox-id", &Message::sqs(&url, "across")).await.unwrap();
+        let received =
+            europe.receive_message().queue_url(created.queue_url().unwrap()).wait_time_seconds(1).send().await.unwrap();
+        let bodies: Vec<&str> = received.messages().iter().filter_map(|message| message.body()).collect();
+        assert_eq!(bodies, ["across"]);
     }
 }

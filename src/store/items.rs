@@ -85,7 +85,7 @@ pub(crate) fn evaluate(
     }
     match failed.first() {
         None => Ok(Evaluated::Apply(changes)),
-        Some(&first) => Ok(Evaluated::Cancelled(Cancellation { write: first, reasons: reasons(writes, &failed) })),
+        Some(&first) => Ok(Evaluated::Cancelled(Cancellation::by(writes, first, reasons(writes, &failed)))),
     }
 }
 

@@ -237,6 +237,21 @@ pub async fn outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder(
     assert!(ours(m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap()).is_empty());
 }
 
+/// Checks that a message as large as staging lets through, a JSON body
+/// whose quotes would double its size escaped, commits and is listed whole.
+pub async fn a_message_as_large_as_staging_allows_commits_whole(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let body = r#"{"k":"v"},"#.repeat(390 * 1024 / 10);
+    let writes = vec![Delete::new(&table, account(&fresh("kim"))).into()];
+    let (lease, committed) = commit(&m, &fresh("k-large"), writes, vec![Message::sqs(QUEUE, body.clone())]).await;
+    assert_eq!(committed.unwrap(), Committed::Applied);
+    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 1000 }).await.unwrap();
+    let ours: Vec<&OutboxEntry> = entries.iter().filter(|entry| entry.claim_id == lease.id).collect();
+    assert_eq!(ours.len(), 1);
+    assert!(ours[0].message.body == body, "the body comes back as it was staged");
+    assert_eq!(m.store.outbox_sent(&ours[0].id, &lease.token).await.unwrap(), Fenced::Applied);
+}
+
 /// Expands to one `#[tokio::test]` per case of the commit suite, for the
 /// store and items table that `$make` (an async expression, evaluated once
 /// per test) yields as a pair.
@@ -263,6 +278,7 @@ macro_rules! commit_suite {
             conditions_judge_as_dynamodb_does,
             adding_to_what_is_not_a_number_is_rejected,
             outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder,
+            a_message_as_large_as_staging_allows_commits_whole,
         );
     };
     ($make:expr, $($name:ident),* $(,)?) => {

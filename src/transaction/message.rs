@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::StageError;
+
 /// Where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "service", rename_all = "lowercase")]
@@ -134,9 +136,233 @@ impl Message {
         Self { destination, body, attributes: BTreeMap::new(), group_id: None }
     }
 
-    /// Its size as the outbox item that holds it counts it.
-    pub(super) fn size(&self) -> usize {
-        let attributes: usize = self.attributes.iter().map(|(name, value)| name.len() + value.len()).sum();
-        self.body.len() + attributes + self.destination.name().len() + self.group_id.as_ref().map_or(0, String::len)
+    /// What its destination would refuse for good, found as it is staged,
+    /// each refusal naming the rule; returns the size of the outbox item
+    /// that will hold it. A message staged is committed and then sent until
+    /// sent: one its destination refuses would be committed and never sent.
+    pub(super) fn validate(&self) -> Result<usize, StageError> {
+        let invalid =
+            |reason: String| StageError::InvalidMessage { destination: self.destination.name().into(), reason };
+        self.destination.validate().map_err(invalid)?;
+        if self.body.is_empty() {
+            return Err(invalid("the body is empty".into()));
+        }
+        match &self.destination {
+            Destination::Sqs { .. } | Destination::Sns { .. } => {
+                text("the body", &self.body).map_err(invalid)?;
+                if self.attributes.len() > MAX_ATTRIBUTES {
+                    return Err(invalid(format!("{MAX_ATTRIBUTES} attributes at most (the outbox id is the tenth)")));
+                }
+                for (name, value) in &self.attributes {
+                    attribute_name(name).and_then(|()| text(&format!("attribute `{name}`"), value)).map_err(invalid)?;
+                }
+            }
+            Destination::EventBridge { .. } => {
+                if !self.attributes.is_empty() || self.group_id.is_some() {
+                    return Err(invalid("an event has no attributes and no message group".into()));
+                }
+                if !serde_json::from_str::<serde_json::Value>(&self.body).is_ok_and(|detail| detail.is_object()) {
+                    return Err(invalid("an event's detail must be a JSON object".into()));
+                }
+            }
+        }
+        match &self.group_id {
+            Some(group_id) => self::group_id(group_id).map_err(invalid)?,
+            None if self.destination.is_fifo() => {
+                return Err(invalid("a FIFO destination needs a message group (Message::group)".into()));
+            }
+            None => {}
+        }
+        let (sent, limit) = self.sent_size();
+        if sent > limit {
+            return Err(invalid(format!("about {sent} bytes, more than the {limit} bytes it takes")));
+        }
+        let stored = self.stored_size();
+        if stored > MAX_STORED_BYTES {
+            return Err(invalid(format!(
+                "its outbox item would be about {stored} bytes, more than the {MAX_STORED_BYTES} a DynamoDB item \
+                 holds beside the entry's ids"
+            )));
+        }
+        Ok(stored)
     }
+
+    /// Its size as its destination counts it, and the most it takes.
+    fn sent_size(&self) -> (usize, usize) {
+        let attributes: usize =
+            self.attributes.iter().map(|(name, value)| name.len() + "String".len() + value.len()).sum();
+        match &self.destination {
+            Destination::Sqs { .. } => (self.body.len() + attributes, MAX_SQS_BYTES),
+            Destination::Sns { .. } => (self.body.len() + attributes, MAX_NOTIFICATION_BYTES),
+            Destination::EventBridge { source, detail_type, .. } => {
+                (self.body.len() + source.len() + detail_type.len(), MAX_NOTIFICATION_BYTES)
+            }
+        }
+    }
+
+    /// Its size in the outbox item that holds it: the body as it is (the
+    /// DynamoDB store keeps it in an attribute of its own, unescaped), the
+    /// rest as JSON.
+    pub(crate) fn stored_size(&self) -> usize {
+        let destination = match &self.destination {
+            Destination::Sqs { queue_url } => json_len(queue_url),
+            Destination::Sns { topic_arn } => json_len(topic_arn),
+            Destination::EventBridge { event_bus, source, detail_type } => {
+                json_len(event_bus) + json_len(source) + json_len(detail_type)
+            }
+        };
+        let attributes: usize = self.attributes.iter().map(|(name, value)| json_len(name) + json_len(value) + 2).sum();
+        self.body.len() + destination + attributes + self.group_id.as_deref().map_or(0, json_len) + JSON_FIELDS
+    }
+}
+
+/// Attributes a message may carry of its own: SQS and SNS take ten, and the
+/// outbox id is one.
+const MAX_ATTRIBUTES: usize = 9;
+
+/// What SQS takes in one message, body and attributes (1 MiB since 2025).
+const MAX_SQS_BYTES: usize = 1024 * 1024;
+
+/// What SNS takes in one message, and EventBridge in one event.
+const MAX_NOTIFICATION_BYTES: usize = 256 * 1024;
+
+/// What an outbox item may hold of a message: a DynamoDB item holds 400 KB,
+/// and room is kept for the entry's ids (the claim's, twice, may be 2 KB
+/// each), its tokens and the attributes' names.
+const MAX_STORED_BYTES: usize = 400 * 1024 - 8 * 1024;
+
+/// The names and punctuation of the message's JSON fields.
+const JSON_FIELDS: usize = 96;
+
+/// The length of `text` as a JSON string: quoted, with `"`, `\` and control
+/// characters escaped.
+fn json_len(text: &str) -> usize {
+    let escaped: usize = text
+        .chars()
+        .map(|c| match c {
+            '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+            c if u32::from(c) < 0x20 => 6,
+            c => c.len_utf8(),
+        })
+        .sum();
+    escaped + 2
+}
+
+/// A body or string attribute value of SQS and SNS: any character of the
+/// ranges SQS documents (tab, line feed, carriage return, U+0020 to
+/// U+D7FF, U+E000 to U+FFFD, U+10000 and up; a Rust string holds no
+/// surrogates), and, for a value, not empty.
+fn text(what: &str, text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err(format!("{what} is empty"));
+    }
+    let allowed = |c: char| matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && !matches!(c, '\u{FFFE}' | '\u{FFFF}'));
+    match text.chars().find(|c| !allowed(*c)) {
+        Some(c) => Err(format!("{what} holds U+{:04X}, a character SQS and SNS refuse", u32::from(c))),
+        None => Ok(()),
+    }
+}
+
+/// A message attribute's name: letters, digits, `_`, `-` and `.`, at most
+/// 256, not starting with `AWS.` or `Amazon.` (any case), not starting or
+/// ending with a period, no two periods in a row.
+fn attribute_name(name: &str) -> Result<(), String> {
+    let refused = |rule: &str| Err(format!("attribute name `{name}`: {rule}"));
+    let lower = name.to_ascii_lowercase();
+    if name.is_empty() || name.len() > 256 {
+        refused("1 to 256 characters")
+    } else if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+        refused("only letters, digits, `_`, `-` and `.`")
+    } else if lower.starts_with("aws.") || lower.starts_with("amazon.") {
+        refused("the prefixes `AWS.` and `Amazon.` are reserved")
+    } else if name.starts_with('.') || name.ends_with('.') || name.contains("..") {
+        refused("no period first, last, or two in a row")
+    } else {
+        Ok(())
+    }
+}
+
+/// A message group id: 1 to 128 characters, letters, digits and ASCII
+/// punctuation.
+fn group_id(group_id: &str) -> Result<(), String> {
+    let printable = |c: char| c.is_ascii_graphic();
+    if group_id.is_empty() || group_id.len() > 128 || !group_id.chars().all(printable) {
+        return Err(format!("message group `{group_id}`: 1 to 128 characters, letters, digits and ASCII punctuation"));
+    }
+    Ok(())
+}
+
+impl Destination {
+    /// A queue URL, a topic ARN, an event bus name or ARN, as the services
+    /// take them.
+    fn validate(&self) -> Result<(), String> {
+        let name_ok = |name: &str, most: usize, extra: &[char]| {
+            !name.is_empty()
+                && name.len() <= most
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+        };
+        match self {
+            Self::Sqs { queue_url } => {
+                let path = queue_url.strip_prefix("https://").or_else(|| queue_url.strip_prefix("http://"));
+                let segments: Vec<&str> = path.map(|path| path.split('/').collect()).unwrap_or_default();
+                match segments.as_slice() {
+                    [host, account, name]
+                        if !host.is_empty()
+                            && !account.is_empty()
+                            && name.len() <= 80
+                            && name_ok(name.strip_suffix(".fifo").unwrap_or(name), 80, &['-', '_']) =>
+                    {
+                        Ok(())
+                    }
+                    _ => {
+                        Err(format!("`{queue_url}` is not a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME)"))
+                    }
+                }
+            }
+            Self::Sns { topic_arn } => match arn(topic_arn, "sns") {
+                Some(name) if name_ok(name.trim_end_matches(".fifo"), 256, &['-', '_']) => Ok(()),
+                _ => Err(format!("`{topic_arn}` is not a topic ARN (arn:aws:sns:REGION:ACCOUNT:NAME)")),
+            },
+            Self::EventBridge { event_bus, source, detail_type } => {
+                let bus = arn(event_bus, "events").and_then(|resource| resource.strip_prefix("event-bus/"));
+                if !name_ok(bus.unwrap_or(event_bus), 256, &['/', '.', '-', '_']) {
+                    return Err(format!("`{event_bus}` is not an event bus name or ARN"));
+                }
+                if source.is_empty() || source.len() > 256 || detail_type.is_empty() || detail_type.len() > 128 {
+                    return Err("an event needs a source of 1 to 256 characters and a detail type of 1 to 128".into());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The Region an ARN or an AWS queue URL names, if it names one: the
+    /// outbox sends to it through a client of that Region, since the AWS
+    /// SDK sends to its client's Region whatever the URL or ARN says.
+    pub(crate) fn region(&self) -> Option<&str> {
+        match self {
+            Self::Sqs { queue_url } => {
+                let host = queue_url.split("://").nth(1)?.split('/').next()?;
+                let mut labels = host.split('.');
+                match (labels.next()?, labels.next()?, labels.next()?) {
+                    ("sqs", region, "amazonaws") => Some(region),
+                    (region, "queue", "amazonaws") => Some(region),
+                    _ => None,
+                }
+            }
+            Self::Sns { topic_arn: arn } | Self::EventBridge { event_bus: arn, .. } => {
+                arn.strip_prefix("arn:")?.split(':').nth(2).filter(|region| !region.is_empty())
+            }
+        }
+    }
+}
+
+/// The resource of `text` if it is an ARN of `service` with a Region and an
+/// account: `arn:PARTITION:SERVICE:REGION:ACCOUNT:RESOURCE`.
+fn arn<'a>(text: &'a str, service: &str) -> Option<&'a str> {
+    let mut parts = text.splitn(6, ':');
+    let (prefix, _partition, named, region, account, resource) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let account_ok = account.len() == 12 && account.bytes().all(|byte| byte.is_ascii_digit());
+    (prefix == "arn" && named == service && !region.is_empty() && account_ok).then_some(resource)
 }

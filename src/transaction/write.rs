@@ -493,6 +493,25 @@ impl Write {
         }
     }
 
+    /// The item the write is about, as DynamoDB tells items apart: its
+    /// table, and its key's attributes by name with numbers by value
+    /// (`1` and `1.0` are one item). `None` for an SDK put, whose key
+    /// attributes only the table knows.
+    pub(crate) fn item(&self) -> Option<String> {
+        let (table, key): (&str, Vec<(&str, String)>) = match self {
+            Self::Sdk(item) => sdk_item(item)?,
+            typed => {
+                let target = typed.target()?;
+                let key = target.key.attributes().iter().map(|(name, value)| (name.as_str(), key_value(value)));
+                (&target.table, key.collect())
+            }
+        };
+        let mut key = key;
+        key.sort();
+        let key: Vec<String> = key.into_iter().map(|(name, value)| format!("{name}={value}")).collect();
+        Some(format!("{table}\u{0}{}", key.join("\u{0}")))
+    }
+
     /// The write's kind and item, for messages.
     pub fn describe(&self) -> String {
         let kind = match self {
@@ -570,6 +589,67 @@ impl From<aws_sdk_dynamodb::types::TransactWriteItem> for Write {
     }
 }
 
+/// A key attribute's value as DynamoDB compares it: strings byte by byte,
+/// numbers by value.
+fn key_value(value: &Value) -> String {
+    match value {
+        Value::String(text) => format!("S:{text}"),
+        Value::Number(number) => format!("N:{}", canonical_number(&number.to_string())),
+        other => format!("?:{other}"),
+    }
+}
+
+/// The table and key of an SDK update, delete or condition check.
+fn sdk_item(item: &aws_sdk_dynamodb::types::TransactWriteItem) -> Option<(&str, Vec<(&str, String)>)> {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let (table, key) = if let Some(update) = &item.update {
+        (update.table_name(), update.key())
+    } else if let Some(delete) = &item.delete {
+        (delete.table_name(), delete.key())
+    } else {
+        let check = item.condition_check.as_ref()?;
+        (check.table_name(), check.key())
+    };
+    let value = |value: &AttributeValue| match value {
+        AttributeValue::S(text) => format!("S:{text}"),
+        AttributeValue::N(number) => format!("N:{}", canonical_number(number)),
+        AttributeValue::B(bytes) => format!("B:{}", hex::encode(bytes.as_ref())),
+        other => format!("?:{other:?}"),
+    };
+    Some((table, key.iter().map(|(name, attribute)| (name.as_str(), value(attribute))).collect()))
+}
+
+/// A decimal number in one form for each value: `1`, `1.0`, `1e0` and
+/// `10E-1` all read `1e0`, `-0` reads `0`. Text that is not a number is
+/// kept as it is.
+pub(crate) fn canonical_number(text: &str) -> String {
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => match exponent.parse::<i64>() {
+            Ok(exponent) => (mantissa, exponent),
+            Err(_) => return text.to_owned(),
+        },
+        None => (unsigned, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if whole.is_empty() && fraction.is_empty()
+        || !whole.bytes().chain(fraction.bytes()).all(|byte| byte.is_ascii_digit())
+    {
+        return text.to_owned();
+    }
+    let digits = format!("{whole}{fraction}");
+    let digits = digits.trim_start_matches('0');
+    let significant = digits.trim_end_matches('0');
+    if significant.is_empty() {
+        return "0".to_owned();
+    }
+    let exponent = exponent - fraction.len() as i64 + (digits.len() - significant.len()) as i64;
+    format!("{}{significant}e{exponent}", if negative { "-" } else { "" })
+}
+
 /// The size DynamoDB counts for attributes: each name's bytes and its
 /// value's size (see the developer guide, *Item sizes*).
 pub(crate) fn attributes_size<'a>(attributes: impl Iterator<Item = (&'a str, &'a Value)>) -> usize {
@@ -630,6 +710,37 @@ mod tests {
         assert_eq!(value_size(&json!([1, "ab"])), 3 + (1 + 2) + (1 + 2));
         let put = Write::from(Put::new("t", Key::new("pk", "a")).set("n", 7));
         assert_eq!(put.validate().unwrap(), (2 + 1) + (1 + 2));
+    }
+
+    #[test]
+    fn numbers_are_one_value_however_they_are_written() {
+        for same in ["1", "1.0", "1e0", "10E-1", "+1", "0.1e1", "001.000"] {
+            assert_eq!(canonical_number(same), "1e0", "{same}");
+        }
+        assert_eq!(canonical_number("-0.0"), "0");
+        assert_eq!(canonical_number("1200"), canonical_number("1.2e3"));
+        assert_ne!(canonical_number("12"), canonical_number("1.2"));
+        assert_eq!(canonical_number("-15.50"), "-155e-1");
+    }
+
+    #[test]
+    fn an_item_is_its_table_and_its_key_by_name_and_value() {
+        let item = |write: Write| write.item().unwrap();
+        let a = item(Delete::new("t", Key::new("pk", 1)).into());
+        assert_eq!(a, item(Update::new("t", Key::new("pk", 1.0)).add("n", 1).into()));
+        assert_ne!(a, item(Delete::new("u", Key::new("pk", 1)).into()));
+        assert_ne!(a, item(Delete::new("t", Key::new("pk", "1")).into()), "a string is not a number");
+        let sorted = item(Check::new("t", Key::new("pk", "a").and("sk", 2), Condition::exists("pk")).into());
+        assert_eq!(sorted, item(Delete::new("t", Key::new("sk", 2.0).and("pk", "a")).into()));
+        use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
+        let sdk = aws_sdk_dynamodb::types::Delete::builder()
+            .table_name("t")
+            .key("pk", AttributeValue::N("1.00".into()))
+            .build()
+            .unwrap();
+        assert_eq!(item(TransactWriteItem::builder().delete(sdk).build().into()), a);
+        let put = aws_sdk_dynamodb::types::Put::builder().table_name("t").item("pk", AttributeValue::N("1".into()));
+        assert_eq!(Write::from(TransactWriteItem::builder().put(put.build().unwrap()).build()).item(), None);
     }
 
     #[test]

@@ -42,6 +42,21 @@ struct State {
     polling_since: std::sync::OnceLock<Instant>,
     /// Run when the function next asks for an event: where Lambda freezes it.
     at_next: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Extensions registered (name, the events they subscribed to), each
+    /// with whether the function had asked for an event yet.
+    extensions: Mutex<Vec<Registered>>,
+}
+
+/// An extension as the function registered it with the Extensions API.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registered {
+    /// `Lambda-Extension-Name`.
+    pub name: String,
+    /// The events it subscribed to.
+    pub events: Value,
+    /// Whether it registered in the init phase, before the function first
+    /// asked for an event (Lambda refuses a later registration).
+    pub in_init: bool,
 }
 
 /// The server, listening on a free loopback port.
@@ -121,6 +136,11 @@ impl RuntimeApi {
         *self.state.at_next.lock().unwrap() = Some(Box::new(hook));
     }
 
+    /// The extensions the function registered.
+    pub fn extensions(&self) -> Vec<Registered> {
+        self.state.extensions.lock().unwrap().clone()
+    }
+
     /// Init errors the function reported.
     pub fn init_errors(&self) -> Vec<Value> {
         self.state.init_errors.lock().unwrap().clone()
@@ -146,7 +166,28 @@ impl RuntimeApi {
 /// One connection of the function's HTTP client; requests are served in turn.
 async fn serve(stream: TcpStream, queue: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>, state: Arc<State>) {
     let mut stream = BufReader::new(stream);
-    while let Some((method, path, body)) = read_request(&mut stream).await {
+    while let Some((method, path, headers, body)) = read_request(&mut stream).await {
+        if let Some(extension) = path.strip_prefix("/2020-01-01/extension/") {
+            let reply = match (method.as_str(), extension) {
+                ("POST", "register") => {
+                    let registered = Registered {
+                        name: headers.get("lambda-extension-name").cloned().unwrap_or_default(),
+                        events: serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null)["events"].clone(),
+                        in_init: state.polling_since.get().is_none(),
+                    };
+                    state.extensions.lock().unwrap().push(registered);
+                    let identifier = format!("Lambda-Extension-Identifier: {}\r\n", uuid::Uuid::new_v4());
+                    response(200, &identifier, b"{}")
+                }
+                // No event comes to an extension subscribed to none: the request waits as long as the environment.
+                ("GET", "event/next") => std::future::pending().await,
+                _ => response(404, "", b"{}"),
+            };
+            if stream.get_mut().write_all(&reply).await.is_err() {
+                return;
+            }
+            continue;
+        }
         let segments: Vec<&str> = path.trim_start_matches("/2018-06-01/runtime/").split('/').collect();
         let reply = match (method.as_str(), segments.as_slice()) {
             ("GET", ["invocation", "next"]) => {
@@ -184,7 +225,9 @@ async fn serve(stream: TcpStream, queue: Arc<tokio::sync::Mutex<mpsc::UnboundedR
     }
 }
 
-async fn read_request(stream: &mut BufReader<TcpStream>) -> Option<(String, String, Vec<u8>)> {
+type Request = (String, String, HashMap<String, String>, Vec<u8>);
+
+async fn read_request(stream: &mut BufReader<TcpStream>) -> Option<Request> {
     let mut line = String::new();
     stream.read_line(&mut line).await.ok().filter(|read| *read > 0)?;
     let mut parts = line.split_whitespace();
@@ -213,7 +256,7 @@ async fn read_request(stream: &mut BufReader<TcpStream>) -> Option<(String, Stri
             body.extend_from_slice(&chunk[..size]);
         }
     }
-    Some((method, path, body))
+    Some((method, path, headers, body))
 }
 
 fn response(status: u16, headers: &str, body: &[u8]) -> Vec<u8> {

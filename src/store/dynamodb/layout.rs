@@ -92,6 +92,9 @@ pub(super) const OUTBOX_STATUS: &str = "OUTBOX";
 /// outbox items have it.
 pub(super) const OUTBOX: &str = "outbox";
 
+/// The attribute of an outbox item that holds its message's body.
+pub(super) const OUTBOX_BODY: &str = "body";
+
 /// The global secondary index on [`OPEN_STATUS`].
 pub(crate) const OPEN_INDEX: &str = "open-claims";
 
@@ -197,9 +200,13 @@ impl TableLayout {
 
     /// The item that stores an outbox entry: no status and no expiry (the
     /// table's TTL never deletes an unsent message), in the open-claims
-    /// index under `OUTBOX#<shard>`.
+    /// index under `OUTBOX#<shard>`. The message's body is an attribute of
+    /// its own, as it is: inside the entry's JSON, every quote of a JSON body
+    /// would be escaped, and a body that fits an item would not.
     pub(super) fn outbox_item(&self, entry: &OutboxEntry) -> Result<Item, StoreError> {
-        let text = serde_json::to_string(entry).map_err(StoreError::unavailable)?;
+        let mut described = entry.clone();
+        let body = std::mem::take(&mut described.message.body);
+        let text = serde_json::to_string(&described).map_err(StoreError::unavailable)?;
         let mut item = self.key(&entry.id);
         item.extend([
             (OPEN_STATUS.to_owned(), s(sharded(OUTBOX_STATUS, &entry.id))),
@@ -208,16 +215,22 @@ impl TableLayout {
             (MESSAGE_ID.to_owned(), s(&entry.message_id)),
             (CLAIMED_AT.to_owned(), n(entry.created_at_ms)),
             (OUTBOX.to_owned(), s(text)),
+            (OUTBOX_BODY.to_owned(), s(body)),
         ]);
         Ok(item)
     }
 
-    /// The outbox entry `item` stores, its lease as the item holds it.
+    /// The outbox entry `item` stores, its lease as the item holds it. An
+    /// item written before the body had an attribute of its own holds it in
+    /// the entry's JSON.
     pub(super) fn read_outbox(&self, item: &Item) -> Result<OutboxEntry, StoreError> {
         let id = text(item, &self.attributes.id).unwrap_or_default();
         let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
         let entry = text(item, OUTBOX).ok_or_else(|| malformed("not an outbox entry".into()))?;
-        let entry: OutboxEntry = serde_json::from_str(&entry).map_err(|error| malformed(error.to_string()))?;
+        let mut entry: OutboxEntry = serde_json::from_str(&entry).map_err(|error| malformed(error.to_string()))?;
+        if let Some(body) = text(item, OUTBOX_BODY) {
+            entry.message.body = body;
+        }
         let lease_until_ms = match item.get(&self.attributes.lease) {
             Some(AttributeValue::N(value)) => value.parse().map_err(|_| malformed("lease is not a number".into()))?,
             _ => entry.lease_until_ms,
@@ -340,5 +353,21 @@ mod tests {
         let partition = open_partition(ClaimStatus::InProgress, "orders#o-1");
         assert!(partition.starts_with("INPROGRESS#"));
         assert_eq!(partition, open_partition(ClaimStatus::InProgress, "orders#o-1"));
+    }
+
+    #[test]
+    fn an_outbox_item_keeps_its_body_apart_and_one_written_before_is_read_too() {
+        let layout = TableLayout::new("claims");
+        let message = crate::transaction::Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", r#"{"a":"\"b\""}"#);
+        let entry = OutboxEntry::of_run("c#k", "t", "m-1", std::slice::from_ref(&message), 5, 9).remove(0);
+        let item = layout.outbox_item(&entry).unwrap();
+        assert_eq!(text(&item, OUTBOX_BODY).as_deref(), Some(message.body.as_str()), "the body as it is");
+        assert!(!text(&item, OUTBOX).unwrap().contains("\\\"b"), "and not again, escaped, in the JSON");
+        assert_eq!(layout.read_outbox(&item).unwrap(), entry);
+        // Written by a version that kept the body in the JSON.
+        let mut before = item.clone();
+        before.remove(OUTBOX_BODY);
+        before.insert(OUTBOX.to_owned(), s(serde_json::to_string(&entry).unwrap()));
+        assert_eq!(layout.read_outbox(&before).unwrap(), entry);
     }
 }

@@ -227,6 +227,12 @@ const TRANSIENT: &[&str] = &[
     "InternalServerError",
 ];
 
+/// How long after a transaction's first attempt one more goes out when
+/// DynamoDB answers `TransactionInProgressException`: at least five
+/// seconds, DynamoDB's recommendation for recovering a transaction stuck in
+/// progress.
+const IN_PROGRESS_RETRY: std::time::Duration = std::time::Duration::from_millis(5_100);
+
 /// What a cancellation means for the commit.
 enum Judged {
     Done(Result<Committed, StoreError>),
@@ -238,7 +244,10 @@ impl DynamoDbStore {
     /// [`ClaimStore::commit`](crate::store::ClaimStore::commit) as one
     /// `TransactWriteItems`, sent again (same token, same actions) while
     /// DynamoDB cancels it for conflicts or throttling, up to
-    /// [`crate::aws::MAX_ATTEMPTS`] times.
+    /// [`crate::aws::MAX_ATTEMPTS`] times. A transaction another request of
+    /// the same token holds in progress is sent again until an attempt goes
+    /// out [`IN_PROGRESS_RETRY`] after the first, as DynamoDB asks: that
+    /// attempt makes it recover a transaction stuck half-way.
     pub(super) async fn commit_transaction(
         &self,
         id: &str,
@@ -248,8 +257,10 @@ impl DynamoDbStore {
         let actions = self.actions(id, token, commit)?;
         let mut backoff = Backoff::default();
         let mut attempts = 0;
+        let first = tokio::time::Instant::now();
         loop {
             attempts += 1;
+            let sent_at = tokio::time::Instant::now();
             let sent = self
                 .client
                 .transact_write_items()
@@ -257,16 +268,18 @@ impl DynamoDbStore {
                 .client_request_token(token)
                 .send()
                 .await;
-            let again = match sent {
+            let (again, in_progress) = match sent {
                 Ok(_) => return Ok(Committed::Applied),
                 Err(error) => match error.into_service_error() {
                     TransactWriteItemsError::TransactionCanceledException(cancelled) => {
                         match self.judge(id, token, commit, &cancelled).await {
                             Judged::Done(committed) => return committed,
-                            Judged::Again(reason) => reason,
+                            Judged::Again(reason) => (reason, false),
                         }
                     }
-                    TransactWriteItemsError::TransactionInProgressException(in_progress) => described(&in_progress),
+                    TransactWriteItemsError::TransactionInProgressException(in_progress) => {
+                        (described(&in_progress), true)
+                    }
                     // The token was used with other actions: only an earlier
                     // attempt of this commit can have used it; the claim says
                     // whether it applied.
@@ -276,11 +289,15 @@ impl DynamoDbStore {
                     other => return Err(unavailable(other)),
                 },
             };
-            if attempts >= crate::aws::MAX_ATTEMPTS {
+            let recovery_due = in_progress && sent_at < first + IN_PROGRESS_RETRY;
+            if attempts >= crate::aws::MAX_ATTEMPTS && !recovery_due {
                 return Err(StoreError::unavailable(format!("transaction not committed: {again}")));
             }
             tracing::debug!(id, reason = %again, "transaction cancelled for now; sending it again");
-            backoff.wait().await;
+            match recovery_due && attempts >= crate::aws::MAX_ATTEMPTS {
+                true => tokio::time::sleep_until(first + IN_PROGRESS_RETRY).await,
+                false => backoff.wait().await,
+            }
         }
     }
 
@@ -342,7 +359,7 @@ impl DynamoDbStore {
         let writes = commit.writes.len();
         if let Some(write) = reasons.iter().skip(1).take(writes).position(|reason| reason.is("ConditionalCheckFailed"))
         {
-            return Judged::Done(Ok(Committed::Cancelled(Cancellation { write, reasons: text })));
+            return Judged::Done(Ok(Committed::Cancelled(Cancellation::by(&commit.writes, write, text))));
         }
         let failing = reasons.iter().filter_map(|reason| reason.code.as_deref());
         if reasons.is_empty() || failing.clone().all(|code| TRANSIENT.contains(&code)) {

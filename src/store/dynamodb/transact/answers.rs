@@ -150,6 +150,31 @@ async fn a_transaction_in_conflict_is_sent_again_until_it_commits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_in_progress_for_seconds_is_sent_again_five_seconds_after_the_first_attempt() {
+    // DynamoDB holds the token's transaction in progress for 4 s; an attempt after 5 s recovers it.
+    let started = std::time::Instant::now();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let attempts = Arc::clone(&seen);
+    let url = proxy(move |operation, _| match operation {
+        "TransactWriteItems" => {
+            attempts.lock().unwrap().push(started.elapsed());
+            if started.elapsed() < std::time::Duration::from_secs(4) {
+                Reply::error("TransactionInProgressException", "in progress")
+            } else {
+                Reply::Forward
+            }
+        }
+        _ => Reply::Forward,
+    })
+    .await;
+    let (claims, _, table) = behind(&url).await;
+    assert_eq!(commit(&claims, "k-in-progress", credit(&table, "acct", 5)).await.unwrap(), Committed::Applied);
+    assert_eq!(item(&table, "acct").await.unwrap()["balance"], 5);
+    let attempts = seen.lock().unwrap().clone();
+    assert!(attempts.last().unwrap() >= &std::time::Duration::from_secs(5), "{attempts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_cancelled_on_every_attempt_is_not_confirmed() {
     let (url, seen) = answering_first(usize::MAX, || cancelled(&["None", "TransactionConflict", "None"], true)).await;
     let (claims, _, table) = behind(&url).await;
