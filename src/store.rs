@@ -22,7 +22,9 @@ mod sqlite;
 mod stored;
 
 pub(crate) use stored::new_token;
-pub use stored::{ClaimStatus, Finish, OutboxEntry, StoredClaim};
+pub use stored::{ClaimStatus, Finish, StoredClaim};
+
+pub use crate::outbox::{OutboxEntry, OutboxQuery};
 
 pub use dynamodb::{Attributes, DynamoDbStore, TableKey, TableLayout};
 pub use memory::MemoryStore;
@@ -95,15 +97,6 @@ impl Cancellation {
         let refusal = writes.get(write).map(Write::refusal).unwrap_or_default();
         Self { write, refusal, reasons }
     }
-}
-
-/// Which outbox entries [`ClaimStore::outbox`] lists.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OutboxQuery {
-    /// Only entries whose sending lease had ended at this time.
-    pub due_at_ms: Option<u64>,
-    /// At most this many.
-    pub limit: usize,
 }
 
 /// Which claims an operator lists.

@@ -40,6 +40,7 @@ use super::{
 mod admin;
 mod client;
 mod layout;
+mod outbox;
 mod statements;
 mod transact;
 
@@ -281,19 +282,6 @@ impl ClaimStore for DynamoDbStore {
     }
 
     async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        if let Some(batches) = self.batched() {
-            let deleted = batches.write(|| self.layout.delete_outbox(id, token)).await;
-            let deleted = match deleted {
-                Ok(Written::Applied) => Ok(Fenced::Applied),
-                Ok(Written::Refused(returned)) => {
-                    Ok(released_unless(batches.refused_item(id, returned).await?.as_ref()))
-                }
-                Err(error) => Err(error),
-            };
-            if let Some(deleted) = batches.or_single(deleted) {
-                return deleted;
-            }
-        }
         self.delete_outbox_entry(id, token).await
     }
 }
@@ -503,7 +491,7 @@ impl DynamoDbStore {
     /// Lists by reading the whole table: the fallback when no index serves the query.
     async fn scan(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         let items = self.scan_items().await?;
-        let records = items.iter().filter(|item| !transact::is_outbox(item)).map(|item| self.layout.read_item(item));
+        let records = items.iter().filter(|item| !outbox::is_outbox(item)).map(|item| self.layout.read_item(item));
         Ok(query.select(records.collect::<Result<Vec<_>, _>>()?, true))
     }
 

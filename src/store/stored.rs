@@ -1,7 +1,7 @@
-//! What every store holds: claims ([`StoredClaim`]), their states and the
-//! change that finishes them, and outbox entries ([`OutboxEntry`]). Stores
-//! keep them; the state machine in [`crate::claim`] moves claims between
-//! the states, and [`crate::outbox`] sends the entries.
+//! What every store holds of claims ([`StoredClaim`]): their states and the
+//! change that finishes them. Stores keep them; the state machine in
+//! [`crate::claim`] moves claims between the states. (Outbox entries, which
+//! stores keep too, are the outbox's: [`crate::outbox`].)
 
 use std::{
     sync::{
@@ -10,11 +10,6 @@ use std::{
     },
     time::Duration,
 };
-
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-
-use crate::transaction::Message;
 
 /// A fresh token (of a claim, or of an outbox entry's sending lease): a
 /// random per-process prefix and a counter, 32 hexadecimal digits. Tokens
@@ -166,65 +161,4 @@ pub struct Finish {
     pub result: Option<String>,
     /// Why the claim failed, for [`ClaimStatus::Failed`].
     pub error: Option<String>,
-}
-
-/// One message in the outbox, as the claim store keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutboxEntry {
-    /// The stored id: the claim's id, its token, and the message's place
-    /// among the run's messages.
-    pub id: String,
-    /// The claim whose run sent it.
-    pub claim_id: String,
-    /// The SQS message id of the delivery whose run sent it.
-    pub message_id: String,
-    /// The message.
-    pub message: Message,
-    /// The sending lease's token; taking the entry over and deleting it are
-    /// conditioned on it.
-    pub token: String,
-    /// End of the sending lease, epoch milliseconds.
-    pub lease_until_ms: u64,
-    /// When the run committed it, epoch milliseconds.
-    pub created_at_ms: u64,
-}
-
-impl OutboxEntry {
-    /// The entries of the messages a run with `token` on claim `claim_id`
-    /// staged, leased to that run until `lease_until_ms`.
-    pub(crate) fn of_run(
-        claim_id: &str,
-        token: &str,
-        message_id: &str,
-        messages: &[Message],
-        now_ms: u64,
-        lease_until_ms: u64,
-    ) -> Vec<Self> {
-        messages
-            .iter()
-            .enumerate()
-            .map(|(n, message)| Self {
-                // Zero-padded, so that listing by id keeps a run's messages in order.
-                id: format!("{claim_id}#outbox#{token}#{n:03}"),
-                claim_id: claim_id.to_owned(),
-                message_id: message_id.to_owned(),
-                message: message.clone(),
-                token: token.to_owned(),
-                lease_until_ms,
-                created_at_ms: now_ms,
-            })
-            .collect()
-    }
-
-    /// The id the message carries wherever it is sent, the same however
-    /// often: 64 hexadecimal digits (SHA-256 of the stored id), fit for a
-    /// FIFO deduplication id.
-    pub(crate) fn outbox_id(&self) -> String {
-        hex::encode(Sha256::digest(self.id.as_bytes()))
-    }
-
-    /// Whether another sender may take the entry over at `now_ms`.
-    pub fn is_due(&self, now_ms: u64) -> bool {
-        self.lease_until_ms < now_ms
-    }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::Item;
-use crate::store::{ClaimStatus, Finish, OutboxEntry, StoreError, StoredClaim};
+use crate::store::{ClaimStatus, Finish, StoreError, StoredClaim};
 
 /// Names of the attributes a claim is stored in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +64,7 @@ pub(crate) fn open_partition(status: ClaimStatus, id: &str) -> String {
 }
 
 /// `prefix` and a stable shard of `id` (FNV-1a).
-fn sharded(prefix: &str, id: &str) -> String {
+pub(super) fn sharded(prefix: &str, id: &str) -> String {
     let hash = id.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
     format!("{prefix}#{}", hash % OPEN_SHARDS)
 }
@@ -75,25 +75,9 @@ pub(super) fn open_partitions(status: ClaimStatus) -> impl Iterator<Item = Strin
     (0..OPEN_SHARDS).map(move |shard| shard_of(status.as_str(), shard)).chain([status.as_str().to_owned()])
 }
 
-/// Every [`OPEN_STATUS`] value of outbox entries.
-pub(super) fn outbox_partitions() -> impl Iterator<Item = String> {
-    (0..OPEN_SHARDS).map(|shard| shard_of(OUTBOX_STATUS, shard))
-}
-
 pub(super) fn shard_of(prefix: &str, shard: u32) -> String {
     format!("{prefix}#{shard}")
 }
-
-/// The [`OPEN_STATUS`] prefix of outbox entries: unsent messages are open
-/// work too, and the index lists them without reading the table.
-pub(super) const OUTBOX_STATUS: &str = "OUTBOX";
-
-/// The attribute that holds an outbox entry (its message, as JSON); only
-/// outbox items have it.
-pub(super) const OUTBOX: &str = "outbox";
-
-/// The attribute of an outbox item that holds its message's body.
-pub(super) const OUTBOX_BODY: &str = "body";
 
 /// The global secondary index on [`OPEN_STATUS`].
 pub(crate) const OPEN_INDEX: &str = "open-claims";
@@ -196,46 +180,6 @@ impl TableLayout {
         ];
         let optional = optional.into_iter().filter_map(|(name, value)| Some((name, value?)));
         key.chain(required).chain(optional).collect()
-    }
-
-    /// The item that stores an outbox entry: no status and no expiry (the
-    /// table's TTL never deletes an unsent message), in the open-claims
-    /// index under `OUTBOX#<shard>`. The message's body is an attribute of
-    /// its own, as it is: inside the entry's JSON, every quote of a JSON body
-    /// would be escaped, and a body that fits an item would not.
-    pub(super) fn outbox_item(&self, entry: &OutboxEntry) -> Result<Item, StoreError> {
-        let mut described = entry.clone();
-        let body = std::mem::take(&mut described.message.body);
-        let text = serde_json::to_string(&described).map_err(StoreError::unavailable)?;
-        let mut item = self.key(&entry.id);
-        item.extend([
-            (OPEN_STATUS.to_owned(), s(sharded(OUTBOX_STATUS, &entry.id))),
-            (TOKEN.to_owned(), s(&entry.token)),
-            (self.attributes.lease.clone(), n(entry.lease_until_ms)),
-            (MESSAGE_ID.to_owned(), s(&entry.message_id)),
-            (CLAIMED_AT.to_owned(), n(entry.created_at_ms)),
-            (OUTBOX.to_owned(), s(text)),
-            (OUTBOX_BODY.to_owned(), s(body)),
-        ]);
-        Ok(item)
-    }
-
-    /// The outbox entry `item` stores, its lease as the item holds it. An
-    /// item written before the body had an attribute of its own holds it in
-    /// the entry's JSON.
-    pub(super) fn read_outbox(&self, item: &Item) -> Result<OutboxEntry, StoreError> {
-        let id = text(item, &self.attributes.id).unwrap_or_default();
-        let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
-        let entry = text(item, OUTBOX).ok_or_else(|| malformed("not an outbox entry".into()))?;
-        let mut entry: OutboxEntry = serde_json::from_str(&entry).map_err(|error| malformed(error.to_string()))?;
-        if let Some(body) = text(item, OUTBOX_BODY) {
-            entry.message.body = body;
-        }
-        let lease_until_ms = match item.get(&self.attributes.lease) {
-            Some(AttributeValue::N(value)) => value.parse().map_err(|_| malformed("lease is not a number".into()))?,
-            _ => entry.lease_until_ms,
-        };
-        Ok(OutboxEntry { token: text(item, TOKEN).unwrap_or(entry.token), lease_until_ms, ..entry })
     }
 
     /// The record `item` stores.
@@ -353,21 +297,5 @@ mod tests {
         let partition = open_partition(ClaimStatus::InProgress, "orders#o-1");
         assert!(partition.starts_with("INPROGRESS#"));
         assert_eq!(partition, open_partition(ClaimStatus::InProgress, "orders#o-1"));
-    }
-
-    #[test]
-    fn an_outbox_item_keeps_its_body_apart_and_one_written_before_is_read_too() {
-        let layout = TableLayout::new("claims");
-        let message = crate::transaction::Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", r#"{"a":"\"b\""}"#);
-        let entry = OutboxEntry::of_run("c#k", "t", "m-1", std::slice::from_ref(&message), 5, 9).remove(0);
-        let item = layout.outbox_item(&entry).unwrap();
-        assert_eq!(text(&item, OUTBOX_BODY).as_deref(), Some(message.body.as_str()), "the body as it is");
-        assert!(!text(&item, OUTBOX).unwrap().contains("\\\"b"), "and not again, escaped, in the JSON");
-        assert_eq!(layout.read_outbox(&item).unwrap(), entry);
-        // Written by a version that kept the body in the JSON.
-        let mut before = item.clone();
-        before.remove(OUTBOX_BODY);
-        before.insert(OUTBOX.to_owned(), s(serde_json::to_string(&entry).unwrap()));
-        assert_eq!(layout.read_outbox(&before).unwrap(), entry);
     }
 }

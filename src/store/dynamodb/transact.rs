@@ -1,5 +1,5 @@
 //! A handler's staged writes committed with its claim in one
-//! `TransactWriteItems`, and the outbox entries that transaction writes.
+//! `TransactWriteItems`, with an outbox item (see [`super::outbox`]) per message.
 //!
 //! The transaction's actions are, in order: the claim's completion (the
 //! same conditional update a single completion sends, returning the claim
@@ -26,13 +26,12 @@ use aws_sdk_dynamodb::{
 use serde_json::Value;
 
 use super::{
-    DynamoDbStore, Item, OPEN_INDEX,
-    client::{Conditional, conditional, described, unavailable},
-    layout::{OUTBOX, TOKEN, n, outbox_partitions, s},
+    DynamoDbStore, Item,
+    client::{described, unavailable},
     statements::Backoff,
 };
 use crate::{
-    store::{Cancellation, ClaimStatus, Commit, Committed, Fenced, OutboxEntry, OutboxQuery, StoreError},
+    store::{Cancellation, ClaimStatus, Commit, Committed, StoreError},
     transaction::{Action, Condition, Write},
 };
 
@@ -414,83 +413,6 @@ impl DynamoDbStore {
             return format!("transaction cancelled: {}", message.unwrap_or("no reason given"));
         }
         format!("transaction cancelled: {}", failed.join("; "))
-    }
-}
-
-/// Whether `item` holds an outbox entry, not a claim.
-pub(super) fn is_outbox(item: &Item) -> bool {
-    item.contains_key(OUTBOX)
-}
-
-impl DynamoDbStore {
-    /// [`ClaimStore::outbox`](crate::store::ClaimStore::outbox): the index's
-    /// `OUTBOX` partitions, or the whole table when it has no index.
-    pub(super) async fn outbox_entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
-        let items = match self.query_partitions(outbox_partitions()).await? {
-            Some(items) => items,
-            None => {
-                tracing::warn!(
-                    table = %self.layout.table,
-                    "the table has no {OPEN_INDEX} index: reading the whole table for outbox entries"
-                );
-                self.scan_items().await?.into_iter().filter(is_outbox).collect()
-            }
-        };
-        let mut entries = items.iter().map(|item| self.layout.read_outbox(item)).collect::<Result<Vec<_>, _>>()?;
-        entries.retain(|entry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms)));
-        entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
-        entries.truncate(query.limit);
-        Ok(entries)
-    }
-
-    /// Gives the entry's sending lease to `token`, if it still has the token
-    /// it was listed with.
-    pub(super) async fn take_outbox_entry(
-        &self,
-        entry: &OutboxEntry,
-        token: &str,
-        lease_until_ms: u64,
-    ) -> Result<Fenced, StoreError> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.layout.table)
-            .set_key(Some(self.layout.key(&entry.id)))
-            .update_expression("SET #token = :new, #lease = :until")
-            .condition_expression("#token = :seen AND attribute_exists(#outbox)")
-            .expression_attribute_names("#token", TOKEN)
-            .expression_attribute_names("#lease", &self.layout.attributes.lease)
-            .expression_attribute_names("#outbox", OUTBOX)
-            .expression_attribute_values(":new", s(token))
-            .expression_attribute_values(":until", n(lease_until_ms))
-            .expression_attribute_values(":seen", s(&entry.token))
-            .send()
-            .await;
-        Ok(match conditional(result)? {
-            Conditional::Applied => Fenced::Applied,
-            Conditional::Refused(_) => Fenced::Refused,
-        })
-    }
-
-    /// Deletes the sent entry `id` if it is still leased to `token`; one
-    /// that is gone counts as deleted.
-    pub(super) async fn delete_outbox_entry(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        let result = self
-            .client
-            .delete_item()
-            .table_name(&self.layout.table)
-            .set_key(Some(self.layout.key(id)))
-            .condition_expression("#token = :token")
-            .expression_attribute_names("#token", TOKEN)
-            .expression_attribute_values(":token", s(token))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        // Refused without an item: the entry is gone, deleted by an earlier attempt.
-        Ok(match conditional(result)? {
-            Conditional::Refused(Some(_)) => Fenced::Refused,
-            Conditional::Applied | Conditional::Refused(None) => Fenced::Applied,
-        })
     }
 }
 

@@ -1,0 +1,107 @@
+//! One message in the outbox, as the claim store keeps it, and its sending
+//! lease: a token and an end, so that one sender at a time sends it.
+//!
+//! The run that committed an entry holds its lease first; an entry whose
+//! lease has ended is taken over by a sweep with a write conditioned on the
+//! token it read, and deleted once sent by the holder of the lease.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::{clock::duration_ms, transaction::Message};
+
+/// How long a sender holds an entry: the send and the deletion, each within
+/// the SDK's operation timeout, with room to spare. A sender frozen or
+/// stopped longer than this leaves the entry to the next sweep.
+pub(crate) const SENDING_LEASE: Duration = Duration::from_secs(15);
+
+/// A send starts only while this much of its lease is left: a send (the SDK's
+/// operation timeout) ends before another sender can take the entry over.
+const SEND_ROOM: Duration = crate::aws::OPERATION_TIMEOUT;
+
+/// One message in the outbox, as the claim store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    /// The stored id: the claim's id, its token, and the message's place
+    /// among the run's messages.
+    pub id: String,
+    /// The claim whose run sent it.
+    pub claim_id: String,
+    /// The SQS message id of the delivery whose run sent it.
+    pub message_id: String,
+    /// The message.
+    pub message: Message,
+    /// The sending lease's token; taking the entry over and deleting it are
+    /// conditioned on it.
+    pub token: String,
+    /// End of the sending lease, epoch milliseconds.
+    pub lease_until_ms: u64,
+    /// When the run committed it, epoch milliseconds.
+    pub created_at_ms: u64,
+}
+
+impl OutboxEntry {
+    /// The entries of the messages a run with `token` on claim `claim_id`
+    /// staged, leased to that run until `lease_until_ms`.
+    pub(crate) fn of_run(
+        claim_id: &str,
+        token: &str,
+        message_id: &str,
+        messages: &[Message],
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> Vec<Self> {
+        messages
+            .iter()
+            .enumerate()
+            .map(|(n, message)| Self {
+                // Zero-padded, so that listing by id keeps a run's messages in order.
+                id: format!("{claim_id}#outbox#{token}#{n:03}"),
+                claim_id: claim_id.to_owned(),
+                message_id: message_id.to_owned(),
+                message: message.clone(),
+                token: token.to_owned(),
+                lease_until_ms,
+                created_at_ms: now_ms,
+            })
+            .collect()
+    }
+
+    /// The id the message carries wherever it is sent, the same however
+    /// often: 64 hexadecimal digits (SHA-256 of the stored id), fit for a
+    /// FIFO deduplication id.
+    pub(crate) fn outbox_id(&self) -> String {
+        hex::encode(Sha256::digest(self.id.as_bytes()))
+    }
+
+    /// Whether another sender may take the entry over at `now_ms`.
+    pub fn is_due(&self, now_ms: u64) -> bool {
+        self.lease_until_ms < now_ms
+    }
+
+    /// Whether enough of its lease is left at `now_ms` for a send to end
+    /// before another sender may take it over.
+    pub(crate) fn has_room_to_send(&self, now_ms: u64) -> bool {
+        now_ms <= self.lease_until_ms.saturating_sub(duration_ms(SEND_ROOM))
+    }
+
+    /// The run that committed it: its claim and the claim's token, from the
+    /// stored id (`<claim>#outbox#<token>#<n>`). A run's entries are sent in
+    /// order.
+    pub(crate) fn run(&self) -> (&str, &str) {
+        let mut parts = self.id.rsplit('#');
+        parts.next();
+        (&self.claim_id, parts.next().unwrap_or_default())
+    }
+}
+
+/// Which outbox entries [`ClaimStore::outbox`](crate::store::ClaimStore::outbox) lists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxQuery {
+    /// Only entries whose sending lease had ended at this time.
+    pub due_at_ms: Option<u64>,
+    /// At most this many.
+    pub limit: usize,
+}

@@ -1,0 +1,188 @@
+//! The DynamoDB store's outbox: the item that holds an entry, and the
+//! requests that list, take over and delete entries.
+//!
+//! An outbox item lives in the claim table beside the claims, in the sparse
+//! open-claims index under `OUTBOX#<shard>` until it is sent, without a
+//! status or an expiry (the table's TTL never deletes an unsent message,
+//! and Powertools' readers never meet one).
+
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+
+use super::{
+    DynamoDbStore, Item, OPEN_INDEX, OPEN_STATUS,
+    client::{Conditional, conditional},
+    layout::{CLAIMED_AT, MESSAGE_ID, OPEN_SHARDS, TOKEN, TableLayout, n, s, shard_of, sharded, text},
+    released_unless,
+    statements::Written,
+};
+use crate::store::{Fenced, OutboxEntry, OutboxQuery, StoreError};
+
+/// The [`OPEN_STATUS`] prefix of outbox entries: unsent messages are open
+/// work too, and the index lists them without reading the table.
+const OUTBOX_STATUS: &str = "OUTBOX";
+
+/// The attribute that holds an outbox entry (its message, as JSON); only
+/// outbox items have it.
+const OUTBOX: &str = "outbox";
+
+/// The attribute of an outbox item that holds its message's body.
+const OUTBOX_BODY: &str = "body";
+
+/// Every [`OPEN_STATUS`] value of outbox entries.
+fn outbox_partitions() -> impl Iterator<Item = String> {
+    (0..OPEN_SHARDS).map(|shard| shard_of(OUTBOX_STATUS, shard))
+}
+
+impl TableLayout {
+    /// The item that stores an outbox entry: no status and no expiry (the
+    /// table's TTL never deletes an unsent message), in the open-claims
+    /// index under `OUTBOX#<shard>`. The message's body is an attribute of
+    /// its own, as it is: inside the entry's JSON, every quote of a JSON body
+    /// would be escaped, and a body that fits an item would not.
+    pub(super) fn outbox_item(&self, entry: &OutboxEntry) -> Result<Item, StoreError> {
+        let mut described = entry.clone();
+        let body = std::mem::take(&mut described.message.body);
+        let text = serde_json::to_string(&described).map_err(StoreError::unavailable)?;
+        let mut item = self.key(&entry.id);
+        item.extend([
+            (OPEN_STATUS.to_owned(), s(sharded(OUTBOX_STATUS, &entry.id))),
+            (TOKEN.to_owned(), s(&entry.token)),
+            (self.attributes.lease.clone(), n(entry.lease_until_ms)),
+            (MESSAGE_ID.to_owned(), s(&entry.message_id)),
+            (CLAIMED_AT.to_owned(), n(entry.created_at_ms)),
+            (OUTBOX.to_owned(), s(text)),
+            (OUTBOX_BODY.to_owned(), s(body)),
+        ]);
+        Ok(item)
+    }
+
+    /// The outbox entry `item` stores, its lease as the item holds it. An
+    /// item written before the body had an attribute of its own holds it in
+    /// the entry's JSON.
+    pub(super) fn read_outbox(&self, item: &Item) -> Result<OutboxEntry, StoreError> {
+        let id = text(item, &self.attributes.id).unwrap_or_default();
+        let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
+        let entry = text(item, OUTBOX).ok_or_else(|| malformed("not an outbox entry".into()))?;
+        let mut entry: OutboxEntry = serde_json::from_str(&entry).map_err(|error| malformed(error.to_string()))?;
+        if let Some(body) = text(item, OUTBOX_BODY) {
+            entry.message.body = body;
+        }
+        let lease_until_ms = match item.get(&self.attributes.lease) {
+            Some(AttributeValue::N(value)) => value.parse().map_err(|_| malformed("lease is not a number".into()))?,
+            _ => entry.lease_until_ms,
+        };
+        Ok(OutboxEntry { token: text(item, TOKEN).unwrap_or(entry.token), lease_until_ms, ..entry })
+    }
+}
+
+/// Whether `item` holds an outbox entry, not a claim.
+pub(super) fn is_outbox(item: &Item) -> bool {
+    item.contains_key(OUTBOX)
+}
+
+impl DynamoDbStore {
+    /// [`ClaimStore::outbox`](crate::store::ClaimStore::outbox): the index's
+    /// `OUTBOX` partitions, or the whole table when it has no index.
+    pub(super) async fn outbox_entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+        let items = match self.query_partitions(outbox_partitions()).await? {
+            Some(items) => items,
+            None => {
+                tracing::warn!(
+                    table = %self.layout.table,
+                    "the table has no {OPEN_INDEX} index: reading the whole table for outbox entries"
+                );
+                self.scan_items().await?.into_iter().filter(is_outbox).collect()
+            }
+        };
+        let mut entries = items.iter().map(|item| self.layout.read_outbox(item)).collect::<Result<Vec<_>, _>>()?;
+        entries.retain(|entry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms)));
+        entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
+        entries.truncate(query.limit);
+        Ok(entries)
+    }
+
+    /// Gives the entry's sending lease to `token`, if it still has the token
+    /// it was listed with.
+    pub(super) async fn take_outbox_entry(
+        &self,
+        entry: &OutboxEntry,
+        token: &str,
+        lease_until_ms: u64,
+    ) -> Result<Fenced, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.layout.key(&entry.id)))
+            .update_expression("SET #token = :new, #lease = :until")
+            .condition_expression("#token = :seen AND attribute_exists(#outbox)")
+            .expression_attribute_names("#token", TOKEN)
+            .expression_attribute_names("#lease", &self.layout.attributes.lease)
+            .expression_attribute_names("#outbox", OUTBOX)
+            .expression_attribute_values(":new", s(token))
+            .expression_attribute_values(":until", n(lease_until_ms))
+            .expression_attribute_values(":seen", s(&entry.token))
+            .send()
+            .await;
+        Ok(match conditional(result)? {
+            Conditional::Applied => Fenced::Applied,
+            Conditional::Refused(_) => Fenced::Refused,
+        })
+    }
+
+    /// Deletes the sent entry `id` if it is still leased to `token`, in a
+    /// batched statement when the store batches its writes; one that is
+    /// gone counts as deleted.
+    pub(super) async fn delete_outbox_entry(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        if let Some(batches) = self.batched() {
+            let deleted = batches.write(|| self.layout.delete_outbox(id, token)).await;
+            let deleted = match deleted {
+                Ok(Written::Applied) => Ok(Fenced::Applied),
+                Ok(Written::Refused(returned)) => {
+                    Ok(released_unless(batches.refused_item(id, returned).await?.as_ref()))
+                }
+                Err(error) => Err(error),
+            };
+            if let Some(deleted) = batches.or_single(deleted) {
+                return deleted;
+            }
+        }
+        let result = self
+            .client
+            .delete_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.layout.key(id)))
+            .condition_expression("#token = :token")
+            .expression_attribute_names("#token", TOKEN)
+            .expression_attribute_values(":token", s(token))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        // Refused without an item: the entry is gone, deleted by an earlier attempt.
+        Ok(match conditional(result)? {
+            Conditional::Refused(Some(_)) => Fenced::Refused,
+            Conditional::Applied | Conditional::Refused(None) => Fenced::Applied,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outbox_item_keeps_its_body_apart_and_one_written_before_is_read_too() {
+        let layout = TableLayout::new("claims");
+        let message = crate::transaction::Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", r#"{"a":"\"b\""}"#);
+        let entry = OutboxEntry::of_run("c#k", "t", "m-1", std::slice::from_ref(&message), 5, 9).remove(0);
+        let item = layout.outbox_item(&entry).unwrap();
+        assert_eq!(text(&item, OUTBOX_BODY).as_deref(), Some(message.body.as_str()), "the body as it is");
+        assert!(!text(&item, OUTBOX).unwrap().contains("\\\"b"), "and not again, escaped, in the JSON");
+        assert_eq!(layout.read_outbox(&item).unwrap(), entry);
+        // Written by a version that kept the body in the JSON.
+        let mut before = item.clone();
+        before.remove(OUTBOX_BODY);
+        before.insert(OUTBOX.to_owned(), s(serde_json::to_string(&entry).unwrap()));
+        assert_eq!(layout.read_outbox(&before).unwrap(), entry);
+    }
+}
