@@ -311,30 +311,37 @@ impl Claims {
 
     /// Sends again every finishing write (and commit) whose last send ended
     /// in an error, each in a task of its own, so that a thawed or retried
-    /// process lands what a freeze or a failure cut off. Writes whose send
-    /// is still waiting for its answer are left to it. The future ends when
-    /// each resend has an answer (or failed again, to be sent with the next
-    /// call), with the outbox entries of each commit this call confirmed, to
-    /// send; dropping it leaves the writes going.
-    pub(crate) fn resend_unconfirmed(self: &Arc<Self>) -> impl Future<Output = Vec<Vec<OutboxEntry>>> + Send + 'static {
+    /// process lands what a freeze or a failure cut off; the same task hands
+    /// the outbox entries of a commit that lands to `deliver`, so that a
+    /// caller that stops waiting (a batch answering) cuts off neither the
+    /// write nor the sending of its messages and their deletion. Writes
+    /// whose send is still waiting for its answer are left to it. The future
+    /// ends when each resend has an answer (or failed again, to be sent with
+    /// the next call) and its messages were handed on.
+    pub(crate) fn resend_unconfirmed<D, F>(self: &Arc<Self>, deliver: D) -> impl Future<Output = ()> + Send + 'static
+    where
+        D: Fn(Vec<OutboxEntry>) -> F + Clone + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
         let writes: Vec<_> = self
             .unconfirmed
             .to_resend()
             .into_iter()
             .map(|Resend { lease, ending, sending }| {
-                let claims = Arc::clone(self);
+                let (claims, deliver) = (Arc::clone(self), deliver.clone());
                 tokio::spawn(async move {
                     let result = claims.send(&lease, &ending).await;
                     let landed = matches!(result, Ok(Committed::Applied));
                     sending.answered(&result);
                     if !landed {
-                        return Vec::new();
+                        return;
                     }
                     claims.counters.landed_later.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(id = %lease.id, write = ending.name(), "unconfirmed write landed");
-                    match &*ending {
-                        Ending::Commit(commit) => commit.outbox.clone(),
-                        _ => Vec::new(),
+                    if let Ending::Commit(commit) = &*ending
+                        && !commit.outbox.is_empty()
+                    {
+                        deliver(commit.outbox.clone()).await;
                     }
                 })
             })
@@ -343,14 +350,23 @@ impl Claims {
             tracing::info!(writes = writes.len(), "sending unconfirmed finishing writes again");
         }
         async move {
-            let landed = futures::future::join_all(writes).await.into_iter().flatten();
-            landed.filter(|entries| !entries.is_empty()).collect()
+            futures::future::join_all(writes).await;
         }
     }
 
     /// Completes at the next finishing write whose send fails from now on.
     pub(crate) fn next_failure(&self) -> impl Future<Output = ()> + Send + '_ {
         self.unconfirmed.next_failure()
+    }
+
+    /// Completes at the next finishing write whose send ends, either way.
+    pub(crate) fn next_answer(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.unconfirmed.next_answer()
+    }
+
+    /// Whether every finishing write sent so far was answered for good.
+    pub(crate) fn all_confirmed(&self) -> bool {
+        self.unconfirmed.is_empty()
     }
 
     /// The ids of the claims whose finishing writes are still unconfirmed,

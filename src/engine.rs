@@ -277,8 +277,16 @@ impl Engine {
     /// [`Claims::resend_unconfirmed`]), and the messages of each commit that
     /// landed.
     async fn resend_unconfirmed(&self) {
-        let landed = self.inner.claims.resend_unconfirmed().await;
-        join_all(landed.iter().map(|entries| self.deliver(entries))).await;
+        let outbox = self.inner.outbox.clone();
+        let deliver = move |entries: Vec<OutboxEntry>| {
+            let outbox = outbox.clone();
+            async move {
+                if let Some(outbox) = outbox {
+                    outbox.deliver(&entries).await;
+                }
+            }
+        };
+        self.inner.claims.resend_unconfirmed(deliver).await;
     }
 
     /// While the batch runs (until `done`), sends again the finishing
@@ -308,12 +316,24 @@ impl Engine {
     }
 
     /// Before the process leaves (SIGTERM, `poll`'s stop, `invoke`'s exit):
-    /// sends the unconfirmed finishing writes again, and the messages of
-    /// the commits that land, and lets a sweep under way finish, until
-    /// `until`. Returns the ids of the claims whose writes are still
+    /// waits for the finishing writes still under way and sends again those
+    /// whose send failed, and the messages of the commits that land, and
+    /// lets a sweep under way finish, until `until`. Returns the ids of the claims whose writes are still
     /// unconfirmed (logged): they stay in progress until their leases end.
     pub(crate) async fn leave(&self, until: Instant) -> Vec<String> {
-        let _ = timeout_at(until, self.resend_unconfirmed()).await;
+        // Writes whose send is under way are waited for, and sent again if that send fails (a process thawed
+        // to be shut down finds its sends cut off by the freeze), until every one is answered or `until`.
+        let landing = async {
+            loop {
+                let answer = self.inner.claims.next_answer();
+                self.resend_unconfirmed().await;
+                if self.inner.claims.all_confirmed() {
+                    return;
+                }
+                answer.await;
+            }
+        };
+        let _ = timeout_at(until, landing).await;
         if let Some(outbox) = &self.inner.outbox {
             outbox.finish_sweep(until).await;
         }

@@ -116,7 +116,8 @@ impl Outbox {
         }
     }
 
-    /// How often the outbox is swept, unless sweeps are off.
+    /// How often the outbox is swept, unless sweeps are off (`poll`'s timer).
+    #[cfg(feature = "cli")]
     pub(crate) fn sweep_every(&self) -> Option<Duration> {
         self.sweep_every
     }

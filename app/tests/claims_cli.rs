@@ -251,3 +251,44 @@ async fn a_store_that_cannot_be_reached_exits_3_with_one_line() {
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: one line: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_entry_given_up_on_is_dropped_only_with_force_and_logged_whole() {
+    // A ledger credit whose notice goes to a queue that does not exist: committed, its notice refused, kept.
+    let setup = Setup::file();
+    let missing = format!("{}/123456789012/nobody-{}", common::sqs::endpoint(), uuid::Uuid::new_v4().simple());
+    let event = setup.event("credit.json", &[("m-drop", json!({"account": "a", "amount": 5}))]);
+    let ledger = |command: &mut Command| {
+        command
+            .env("SQS_ONCE_HANDLER", "ledger")
+            .env("SQS_ONCE_LEDGER_TABLE", "balances")
+            .env("SQS_ONCE_LEDGER_NOTIFY_URL", &missing)
+            .env("SQS_ONCE_OUTBOX_SWEEP_SECS", "0");
+    };
+    let mut invoke = setup.command(&["invoke", event.to_str().unwrap()]);
+    ledger(&mut invoke);
+    let output = invoke.output().unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("OutboxRefused"), "{}", text(&output));
+    let listed = setup.run(&["claims", "outbox", "--json"]);
+    let entries: Vec<Value> = serde_json::from_slice::<Value>(&listed.stdout).unwrap().as_array().unwrap().clone();
+    assert_eq!(entries.len(), 1, "{}", text(&listed));
+    let id = entries[0]["id"].as_str().unwrap().to_owned();
+
+    let refused = setup.run(&["claims", "outbox", "--drop", &id]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("--force") && text(&refused).contains("m-drop"), "{}", text(&refused));
+    assert_eq!(setup.run(&["claims", "outbox", "--json"]).stdout, listed.stdout, "nothing dropped");
+
+    let unknown = setup.run(&["claims", "outbox", "--drop", "no-such-entry", "--force"]);
+    assert_eq!(unknown.status.code(), Some(1), "{}", text(&unknown));
+
+    // By its outbox id, as a receiver sees it.
+    let outbox_id = entries[0]["outbox_id"].as_str().unwrap();
+    let dropped = setup.run(&["claims", "outbox", "--drop", outbox_id, "--force"]);
+    assert!(dropped.status.success(), "{}", text(&dropped));
+    let logged = text(&dropped);
+    assert!(logged.contains(&id) && logged.contains(r#"\"account\":\"a\""#) && logged.contains(&missing), "{logged}");
+    let left = setup.run(&["claims", "outbox", "--json"]);
+    assert_eq!(serde_json::from_slice::<Value>(&left.stdout).unwrap(), json!([]), "{}", text(&left));
+}

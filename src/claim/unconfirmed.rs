@@ -103,6 +103,8 @@ pub(crate) struct Unconfirmed {
     next: AtomicU64,
     /// Woken when a send fails, for the batches running to send it again.
     failures: Notify,
+    /// Woken when a send ends, either way, for a process leaving.
+    answers: Notify,
 }
 
 /// A write taken for sending again: the write and its send's ownership.
@@ -155,6 +157,18 @@ impl Unconfirmed {
         failure
     }
 
+    /// Completes at the next send that ends, answered or failed, from now on.
+    pub(crate) fn next_answer(&self) -> Pin<Box<Notified<'_>>> {
+        let mut answer = Box::pin(self.answers.notified());
+        answer.as_mut().enable();
+        answer
+    }
+
+    /// Whether every write kept so far has been answered for good (or given up).
+    pub(crate) fn is_empty(&self) -> bool {
+        lock(&self.entries).is_empty()
+    }
+
     /// The ids of the claims whose writes are still unconfirmed.
     pub(crate) fn ids(&self) -> Vec<String> {
         lock(&self.entries).values().map(|kept| kept.lease.id.clone()).collect()
@@ -169,11 +183,12 @@ impl Unconfirmed {
             if let Some(kept) = entries.remove(&ticket) {
                 give_up(&kept, "its sends kept failing");
             }
-            return;
+        } else {
+            kept.state = State::Failed;
         }
-        kept.state = State::Failed;
         drop(entries);
         self.failures.notify_waiters();
+        self.answers.notify_waiters();
     }
 }
 
@@ -196,6 +211,7 @@ impl Sending {
         match result {
             Ok(_) | Err(StoreError::Rejected(_) | StoreError::Unsupported(_)) => {
                 lock(&self.unconfirmed.entries).remove(&self.ticket);
+                self.unconfirmed.answers.notify_waiters();
             }
             Err(_) => self.unconfirmed.failed(self.ticket),
         }

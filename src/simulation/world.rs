@@ -759,8 +759,9 @@ impl Destinations for Sender {
                 ledger.stats.messages_sent += 1;
                 *ledger.sends.entry(body.clone()).or_default() += 1;
                 ledger.sent_by.entry(self.link.process).or_default().push(body.clone());
-                if world.life(self.link.process) == Life::Dead {
-                    // Sent on its way as the process was killed: never deleted by it.
+                if world.life(self.link.process) != Life::Running {
+                    // Sent on its way as the process was killed or frozen: not deleted by it (until a thaw, if one
+                    // comes before the sending lease ends).
                     ledger.disturbed.insert(body.clone());
                 }
                 if lost {
