@@ -182,6 +182,22 @@ fn claims_outbox(envs: &[(&str, String)], args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("not JSON: {stderr}"))
 }
 
+/// `sqs-once invoke --timeout TIMEOUT EVENT` with `envs`, left running, its output dropped: a process to kill.
+fn invoke_in_background(event: &std::path::Path, timeout: &str, envs: &[(&str, String)]) -> tokio::process::Child {
+    tokio::process::Command::from(common::sqs_once_command())
+        .args(["invoke", "--timeout", timeout])
+        .arg(event)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("SQS_ONCE_STORE")
+        .envs(envs.iter().map(|(name, value)| (*name, value.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 /// `keys` ledger entries over seven accounts; every 25th an overdraft.
 fn entries(keys: usize, seed: u64) -> BTreeMap<String, String> {
     (0..keys)
@@ -280,18 +296,7 @@ async fn killed_between_return_and_commit(held: Held) {
     let path = dir.path().join("first.json");
     std::fs::write(&path, event(1)).unwrap();
     let envs = world.envs(&proxy.url, &common::sqs::endpoint());
-    let mut process = tokio::process::Command::from(common::sqs_once_command())
-        .args(["invoke", "--timeout", "4"])
-        .arg(&path)
-        .env_remove("AWS_LAMBDA_RUNTIME_API")
-        .env_remove("SQS_ONCE_STORE")
-        .envs(envs.iter().map(|(name, value)| (*name, value.as_str())))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut process = invoke_in_background(&path, "4", &envs);
     let started = Instant::now();
     // Every handler has returned once its commit is on its way: then the process dies.
     while proxy.injected.of("TransactWriteItems") < messages.len() as u64 {
@@ -472,18 +477,7 @@ async fn notices_of_a_process_killed_after_its_commits_are_sent_by_runs_that_sta
     let path = dir.path().join("commits.json");
     std::fs::write(&path, json!({ "Records": records(&messages, 1) }).to_string()).unwrap();
     let envs = world.envs(&common::dynamodb::endpoint(), &silent_url);
-    let mut process = tokio::process::Command::from(common::sqs_once_command())
-        .args(["invoke", "--timeout", "20"])
-        .arg(&path)
-        .env_remove("AWS_LAMBDA_RUNTIME_API")
-        .env_remove("SQS_ONCE_STORE")
-        .envs(envs.iter().map(|(name, value)| (*name, value.as_str())))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut process = invoke_in_background(&path, "20", &envs);
     // Every commit has applied (the balances say so) while the notices hang: then the process dies.
     let started = Instant::now();
     while claims_outbox(&world.direct(), &["--json"]).as_array().unwrap().len() < messages.len() {
