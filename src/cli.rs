@@ -284,18 +284,30 @@ async fn create_table(table: Option<String>) -> anyhow::Result<Option<ExitCode>>
     let StoreChoice::DynamoDb(layout) = config.store else {
         bail!("no table to create: set SQS_ONCE_TABLE or pass --table NAME");
     };
+    let endpoint = consumer::dynamodb_endpoint(&crate::aws::sdk_config().await);
     let (store, _) = consumer::dynamodb_store(layout).await;
     let layout = store.layout();
-    let created = store.create_table().await.with_context(|| format!("cannot create table {}", layout.table))?;
+    let created =
+        store.create_table().await.with_context(|| format!("cannot create table {} at {endpoint}", layout.table))?;
     let state = if created { "created" } else { "already exists" };
-    println!("table {} {state}; TTL on `{}`", layout.table, layout.attributes.expiry);
+    println!("table {} {state} at {endpoint}; TTL on `{}`", layout.table, layout.attributes.expiry);
     Ok(None)
 }
 
+/// `claims`: what it did, or why not, naming the store it acted on.
 async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
     let mut config = Config::from_env()?;
     // One request at a time: nothing to batch, and no batch permissions needed.
     config.dynamodb_batching = false;
+    let aws = match config.store {
+        StoreChoice::DynamoDb(_) => Some(crate::aws::sdk_config().await),
+        _ => None,
+    };
+    let target = consumer::store_target(&config, aws.as_ref());
+    claims_in(command, config).await.with_context(|| format!("claims in {target}"))
+}
+
+async fn claims_in(command: ClaimsCommand, config: Config) -> anyhow::Result<Option<ExitCode>> {
     let (store, _) = consumer::open_store(&config).await?;
     let operator = Operator::new(Arc::clone(&store), Arc::new(SystemClock), config.claims.expires_after);
     // The stored id a target names; `None` when no claim has its message id.

@@ -303,8 +303,23 @@ impl Env<'_> {
         Ok(RedeliveryPolicy {
             conflict_backoff: self.flag("SQS_ONCE_CONFLICT_BACKOFF", defaults.conflict_backoff)?,
             retry_backoff: (!base.is_zero()).then_some(RetryBackoff { base, max }),
-            dead_letter_queue: self.text("SQS_ONCE_DLQ_URL"),
+            dead_letter_queue: self.dead_letter_queue()?,
         })
+    }
+
+    /// `SQS_ONCE_DLQ_URL`: a queue URL, or nothing. (Run locally by SAM, a
+    /// template's `!Ref` of a queue arrives as the queue's logical id.)
+    fn dead_letter_queue(&self) -> Result<Option<String>, ConfigError> {
+        let Some(url) = self.text("SQS_ONCE_DLQ_URL") else { return Ok(None) };
+        let path = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+        match path.map(|path| path.split('/').filter(|part| !part.is_empty()).count()) {
+            Some(3..) => Ok(Some(url)),
+            _ => Err(self.invalid(
+                "SQS_ONCE_DLQ_URL",
+                "a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME); run by `sam local invoke`, a template's \
+                 !Ref of a queue is its logical id: give the local queue's URL in env.json",
+            )),
+        }
     }
 
     fn flag(&self, name: &'static str, default: bool) -> Result<bool, ConfigError> {
@@ -382,6 +397,10 @@ mod tests {
         .redelivery;
         assert!(!custom.conflict_backoff && custom.retry_backoff.is_none());
         assert_eq!(custom.dead_letter_queue.as_deref(), Some("https://sqs.eu-west-1.amazonaws.com/1/dlq"));
+        for not_a_url in ["DeadLetterQueue", "https://sqs.eu-west-1.amazonaws.com/dlq", "sqs://x/1/dlq"] {
+            let error = config(&[("SQS_ONCE_DLQ_URL", not_a_url)]).unwrap_err().to_string();
+            assert!(error.contains("a queue URL") && error.contains(not_a_url), "{error}");
+        }
         let inverted = config(&[("SQS_ONCE_RETRY_BASE_SECS", "60"), ("SQS_ONCE_RETRY_MAX_SECS", "30")]).unwrap_err();
         assert_eq!(inverted.name, "SQS_ONCE_RETRY_MAX_SECS");
         let too_long = config(&[("SQS_ONCE_RETRY_MAX_SECS", "50000")]).unwrap_err();

@@ -107,6 +107,7 @@ impl Consumer {
         // Loaded once: credentials and region are resolved once for every client.
         let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
         let store = store_with(config, aws.as_ref())?;
+        tracing::info!(store = %store_target(config, aws.as_ref()), "claims kept in the store");
         Ok(Self::around(config, handler, store, aws))
     }
 
@@ -203,6 +204,33 @@ fn store_with(config: &Config, aws: Option<&SdkConfig>) -> Result<CountedStore, 
         (StoreChoice::File(path), _) => (Arc::new(crate::store::SqliteStore::open(path)?), None),
         _ => (Arc::new(MemoryStore::default()), None),
     })
+}
+
+/// Which store `config` keeps claims in, and where, as a person reads it:
+/// so that a command says what it acts on.
+pub(crate) fn store_target(config: &Config, aws: Option<&SdkConfig>) -> String {
+    match (&config.store, aws) {
+        (StoreChoice::DynamoDb(layout), Some(aws)) => format!("table {} at {}", layout.table, dynamodb_endpoint(aws)),
+        (StoreChoice::DynamoDb(layout), None) => format!("table {}", layout.table),
+        #[cfg(feature = "sqlite")]
+        (StoreChoice::File(path), _) => format!("file {}", path.display()),
+        _ => "memory".to_owned(),
+    }
+}
+
+/// Where DynamoDB requests go, as a person reads it: the endpoint the
+/// environment names (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL`), or
+/// AWS's own in the configuration's Region, of the account its credentials
+/// name.
+pub(crate) fn dynamodb_endpoint(aws: &SdkConfig) -> String {
+    let named = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
+    match named("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| named("AWS_ENDPOINT_URL")) {
+        Some(url) => url,
+        None => format!(
+            "AWS, region {} (no AWS_ENDPOINT_URL_DYNAMODB: the account the credentials name)",
+            aws.region().map_or("unset", |region| region.as_ref())
+        ),
+    }
 }
 
 /// A DynamoDB store on `layout`, with a client built from the SDK's default

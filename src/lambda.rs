@@ -16,6 +16,7 @@ use aws_lambda_events::sqs::SqsBatchResponse;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use serde_json::{json, value::RawValue};
 
+mod local;
 mod shutdown;
 
 use crate::{
@@ -66,6 +67,9 @@ struct Function {
 /// An error before the loop is reported to the Runtime API as the init error.
 pub(crate) async fn start(handler: BuildHandler<'_>) -> Result<(), String> {
     let started = async {
+        if let Some(refusal) = local::refusal(|name| std::env::var(name).ok()) {
+            return Err(refusal);
+        }
         let config = Config::from_env().map_err(|error| error.to_string())?;
         let handler = handler.await?;
         Consumer::assemble(&config, handler).await.map_err(|error| with_causes(&error))

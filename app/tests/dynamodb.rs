@@ -29,7 +29,12 @@ fn invoke_against_dynamodb_local_runs_once_then_sees_duplicates() {
     let table = format!("invoke-{}", uuid::Uuid::new_v4().simple());
     let created = common::command_in(dir.path()).args(["create-table", "--table", &table]).output().unwrap();
     assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
-    assert_eq!(String::from_utf8_lossy(&created.stdout).trim(), format!("table {table} created; TTL on `expiration`"));
+    // It says where the table is: the endpoint the environment names, not an AWS account by default.
+    let endpoint = common::dynamodb::endpoint();
+    assert_eq!(
+        String::from_utf8_lossy(&created.stdout).trim(),
+        format!("table {table} created at {endpoint}; TTL on `expiration`")
+    );
     let event = dir.path().join("event.json");
     std::fs::write(&event, json!({ "Records": testkit::records((0..30).map(|n| json!({"n": n}))) }).to_string())
         .unwrap();

@@ -465,3 +465,31 @@ fn the_dashboard_graphs_published_metrics_and_shows_every_alarm() {
         assert_eq!(shown, alarms.iter().map(String::as_str).collect());
     }
 }
+
+#[test]
+fn the_local_endpoints_exist_for_sam_local_invoke_only_and_env_json_sets_each() {
+    let env: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../env.json")).unwrap())
+            .unwrap();
+    for template in templates() {
+        // A stack always has a name: deployed, the condition never holds and the variables do not exist.
+        let condition = &template["Conditions"]["SamLocalOnly"];
+        let Value::Tagged(equals) = condition else { panic!("SamLocalOnly: {condition:?}") };
+        assert_eq!(equals.tag, "Equals");
+        assert_eq!(equals.value, Value::Sequence(vec![reference("AWS::StackName"), "".into()]));
+        let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
+        for name in [
+            "AWS_ENDPOINT_URL_DYNAMODB",
+            "AWS_ENDPOINT_URL_SQS",
+            "AWS_ENDPOINT_URL_SNS",
+            "AWS_ENDPOINT_URL_EVENTBRIDGE",
+        ] {
+            let Value::Tagged(value) = &variables[name] else { panic!("{name}: {:?}", variables[name]) };
+            assert_eq!(value.tag, "If", "{name}");
+            let Value::Sequence(parts) = &value.value else { panic!("{name}") };
+            assert_eq!((&parts[0], &parts[2]), (&Value::from("SamLocalOnly"), &reference("AWS::NoValue")), "{name}");
+            let local = env["ConsumerFunction"][name].as_str().unwrap_or_else(|| panic!("env.json sets no {name}"));
+            assert!(local.starts_with("http://host.docker.internal:"), "{name}: {local}");
+        }
+    }
+}

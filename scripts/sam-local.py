@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The sample events through `sam local invoke`, with the repository's
+samconfig.toml and env.json, against the services scripts/local-services
+started; checks each answer, what the function logged, and what the tables and
+queues hold. Run by scripts/sam-local, which makes the image and starts the
+services (the image's name in SQS_ONCE_SAM_IMAGE)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import boto3
+
+IMAGE = os.environ["SQS_ONCE_SAM_IMAGE"]
+REGION = os.environ.get("AWS_REGION", "us-east-1")
+DYNAMODB = boto3.client("dynamodb", region_name=REGION, endpoint_url=os.environ["AWS_ENDPOINT_URL_DYNAMODB"])
+SQS = boto3.client("sqs", region_name=REGION, endpoint_url=os.environ["AWS_ENDPOINT_URL_SQS"])
+
+
+def invoke(event, *overrides, env_vars=None):
+    """`sam local invoke ConsumerFunction -e EVENT`: the answer, and the function's JSON log lines."""
+    command = ["sam", "local", "invoke", "ConsumerFunction", "-e", event, "--invoke-image", IMAGE,
+               "--skip-pull-image"]
+    if overrides:
+        command += ["--parameter-overrides", *overrides]
+    if env_vars:
+        command += ["--env-vars", env_vars]
+    # As a user's shell: SAM gives a declared variable the shell's value where env.json gives none.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_ENDPOINT_URL")}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    lines = [json.loads(line) for line in run.stderr.splitlines() + run.stdout.splitlines()
+             if line.startswith("{") and line.endswith("}")]
+    answers = [line for line in lines if "batchItemFailures" in line or "errorType" in line]
+    if not answers:
+        sys.exit(f"{' '.join(command)}: no answer\n{run.stdout}\n{run.stderr}")
+    return answers[-1], [line for line in lines if "level" in line], run.stdout + run.stderr
+
+
+def failures(answer):
+    return sorted(failure["itemIdentifier"][-2:] for failure in answer["batchItemFailures"])
+
+
+def outcomes(logs):
+    return {line["message_id"][-2:]: line["outcome"] for line in logs if "outcome" in line}
+
+
+def check(what, got, expected):
+    if got != expected:
+        sys.exit(f"{what}: got {got!r}, expected {expected!r}")
+    print(f"ok: {what}: {got!r}", file=sys.stderr)
+
+
+def drain(queue):
+    url = SQS.get_queue_url(QueueName=queue)["QueueUrl"]
+    bodies = []
+    while True:
+        received = SQS.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        messages = received.get("Messages", [])
+        if not messages:
+            return bodies
+        for message in messages:
+            bodies.append(message["Body"])
+            SQS.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+
+def balance(account):
+    item = DYNAMODB.get_item(TableName="ledger", Key={"pk": {"S": account}}, ConsistentRead=True).get("Item")
+    return int(item["balance"]["N"]) if item else None
+
+
+# The bundled demo handler, keyed by message id: a retryable failure and a panic come back, the permanent
+# failure goes to the dead-letter queue; every other record runs.
+answer, logs, _ = invoke("events/batch.json")
+check("batch.json: failed records", failures(answer), ["05", "07"])
+check("batch.json: outcomes", outcomes(logs), {
+    "01": "processed", "02": "processed", "03": "processed", "04": "processed", "05": "retryable",
+    "06": "permanent", "07": "panicked", "08": "processed", "09": "processed", "10": "processed"})
+check("batch.json: dead-lettered", len(drain("sqs-once-dead-letters")), 1)
+answer, logs, _ = invoke("events/batch.json")
+check("batch.json again: failed records", failures(answer), ["05", "07"])
+check("batch.json again: duplicates", sorted(key for key, outcome in outcomes(logs).items() if outcome == "duplicate"),
+      ["01", "02", "03", "04", "08", "09", "10"])
+check("batch.json again: dead-lettered (failed before)", len(drain("sqs-once-dead-letters")), 1)
+
+# The same batch keyed by order, as the README's example: records of one order run once and share the
+# outcome; the body that is not JSON has no key, and fails for good (to the dead-letter queue).
+answer, logs, _ = invoke("events/batch.json", "IdempotencyKey=body.order_id")
+check("batch.json by order: failed records", failures(answer), ["05", "07"])
+check("batch.json by order: outcomes", {n: outcomes(logs)[n] for n in ("01", "03", "08", "09")},
+      {"01": "processed", "03": "processed", "08": "missing_key", "09": "processed"})
+check("batch.json by order: dead-lettered", len(drain("sqs-once-dead-letters")), 2)
+
+# A FIFO batch: its failed group stops, the other groups run.
+answer, _, _ = invoke("events/fifo.json")
+check("fifo.json: failed records", failures(answer), ["03", "05"])
+
+# The ledger: credits staged and committed with their claims, a notice each through the outbox, the overdraft
+# refused by its condition and dead-lettered; a second invocation changes nothing.
+for round in ("", " again"):
+    answer, _, _ = invoke("events/ledger.json", "HandlerName=ledger")
+    check(f"ledger.json{round}: failed records", failures(answer), [])
+    check(f"ledger.json{round}: balances", [balance(account) for account in ("acct-1", "acct-2", "acct-3")],
+          [60, 20, None])
+    notices = sorted(json.loads(body)["message_id"][-2:] for body in drain("ledger-notices"))
+    check(f"ledger.json{round}: notices", notices, ["01", "02", "04"] if not round else [])
+
+# Without the local endpoints (env.json not given) the function refuses to start, rather than reach whichever
+# account the caller's credentials name.
+with tempfile.NamedTemporaryFile("w", suffix=".json") as empty:
+    empty.write("{}")
+    empty.flush()
+    answer, _, _ = invoke("events/single.json", env_vars=empty.name)
+check("without env.json: the error", answer.get("errorType"), "Runtime.ConfigError")
+check("without env.json: the reason", answer.get("errorMessage", "").split(":")[0], "AWS_ENDPOINT_URL_DYNAMODB is not set")
