@@ -7,7 +7,8 @@
 //! The binary is the Lambda function inside Lambda (`sam build` builds it
 //! with cargo-lambda) and the command line outside it: `invoke` processes an
 //! event offline (`cargo run -- invoke events/batch.json` in the new crate,
-//! `cargo run --example own_consumer -- invoke events/payments.json` here),
+//! `SQS_ONCE_KEY=body.order_id cargo run --example own_consumer -- invoke
+//! events/payments.json` here),
 //! `poll` consumes a queue, `claims` reads and repairs the claim table and
 //! `create-table` makes one.
 

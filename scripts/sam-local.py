@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The sample events through `sam local invoke`, with the repository's
 samconfig.toml and env.json, against the services scripts/local-services
-started; checks each answer, what the function logged, and what the tables and
-queues hold. Run by scripts/sam-local, which makes the image and starts the
-services (the image's name in SQS_ONCE_SAM_IMAGE)."""
+started; then the sample event of a crate `sqs-once new` wrote, with its own
+files. Checks each answer, what the function logged, and what the tables and
+queues hold. Run by scripts/sam-local, which makes the image, builds the crate
+(its directory in SQS_ONCE_SAM_CRATE) and starts the services (the image's name
+in SQS_ONCE_SAM_IMAGE)."""
 
 import json
 import os
@@ -14,13 +16,15 @@ import tempfile
 import boto3
 
 IMAGE = os.environ["SQS_ONCE_SAM_IMAGE"]
+CRATE = os.environ["SQS_ONCE_SAM_CRATE"]
 REGION = os.environ.get("AWS_REGION", "us-east-1")
 DYNAMODB = boto3.client("dynamodb", region_name=REGION, endpoint_url=os.environ["AWS_ENDPOINT_URL_DYNAMODB"])
 SQS = boto3.client("sqs", region_name=REGION, endpoint_url=os.environ["AWS_ENDPOINT_URL_SQS"])
 
 
-def invoke(event, *overrides, env_vars=None):
-    """`sam local invoke ConsumerFunction -e EVENT`: the answer, and the function's JSON log lines."""
+def invoke(event, *overrides, env_vars=None, cwd=None):
+    """`sam local invoke ConsumerFunction -e EVENT` in `cwd` (the repository by default): the answer, and the
+    function's JSON log lines."""
     command = ["sam", "local", "invoke", "ConsumerFunction", "-e", event, "--invoke-image", IMAGE,
                "--skip-pull-image"]
     if overrides:
@@ -29,7 +33,7 @@ def invoke(event, *overrides, env_vars=None):
         command += ["--env-vars", env_vars]
     # As a user's shell: SAM gives a declared variable the shell's value where env.json gives none.
     env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_ENDPOINT_URL")}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
     lines = [json.loads(line) for line in run.stderr.splitlines() + run.stdout.splitlines()
              if line.startswith("{") and line.endswith("}")]
     answers = [line for line in lines if "batchItemFailures" in line or "errorType" in line]
@@ -105,6 +109,32 @@ for round in ("", " again"):
           [60, 20, None])
     notices = sorted(json.loads(body)["message_id"][-2:] for body in drain("ledger-notices"))
     check(f"ledger.json{round}: notices", notices, ["01", "02", "04"] if not round else [])
+    check(f"ledger.json{round}: dead-lettered (the overdraft)", len(drain("sqs-once-dead-letters")), 1)
+
+# A claim table that does not exist stops the start with the table and endpoint named, instead of failing every
+# record `store_error`.
+with open("env.json") as shipped, tempfile.NamedTemporaryFile("w", suffix=".json") as no_table:
+    settings = json.load(shipped)
+    settings["ConsumerFunction"]["SQS_ONCE_TABLE"] = "no-such-table"
+    json.dump(settings, no_table)
+    no_table.flush()
+    answer, _, _ = invoke("events/single.json", env_vars=no_table.name)
+check("a missing table: the error", answer.get("errorType"), "Runtime.ConfigError")
+check("a missing table: the reason", answer.get("errorMessage", "").split(":")[0],
+      "the claim table `no-such-table` does not exist at http")
+
+# A crate `sqs-once new` wrote, with its own template, samconfig.toml and env.json: each order charged once (its one
+# key, the order id: o-1001's second message shares the first's run), the empty order dead-lettered.
+for round in ("", " again"):
+    answer, logs, _ = invoke("events/batch.json", cwd=CRATE)
+    check(f"payments{round}: failed records", failures(answer), [])
+    check(f"payments{round}: outcomes", outcomes(logs),
+          {"01": "processed", "02": "processed", "03": "permanent", "04": "processed"} if not round else
+          {"01": "duplicate", "02": "duplicate", "03": "failed_before", "04": "duplicate"})
+    keys = {line["message_id"][-2:]: line["key"] for line in logs if "key" in line}
+    check(f"payments{round}: o-1001's two messages share a key, o-1002's is another",
+          (keys["01"] == keys["04"], keys["01"] == keys["02"]), (True, False))
+    check(f"payments{round}: dead-lettered", len(drain("sqs-once-dead-letters")), 1)
 
 # Without the local endpoints (env.json not given) the function refuses to start, rather than reach whichever
 # account the caller's credentials name.

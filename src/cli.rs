@@ -16,7 +16,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::{
     budget::LEAVING_TIME,
@@ -181,7 +181,10 @@ enum StatusArg {
 /// Parses the command line and runs its command; `handler` is awaited only
 /// by the commands that run one.
 pub(crate) async fn main(handler: BuildHandler<'_>) -> ExitCode {
-    let cli = Cli::parse();
+    // Named as the user typed it: a consumer crate's binary is not `sqs-once`.
+    let program = logging::program();
+    let matches = Cli::command().name(program.clone()).bin_name(program).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     let lambda = cli.command.is_none() && config::in_lambda();
     // `claims` keeps 1 and 2 for "not found" and "refused".
     let error_code = if matches!(cli.command, Some(Command::Claims(_))) { 3 } else { 1 };
@@ -189,7 +192,7 @@ pub(crate) async fn main(handler: BuildHandler<'_>) -> ExitCode {
     match command(cli, handler).await {
         Ok(code) => code.unwrap_or(ExitCode::SUCCESS),
         Err(error) => {
-            eprintln!("sqs-once: {error:#}");
+            logging::fatal(lambda, &format_args!("{error:#}"));
             ExitCode::from(error_code)
         }
     }

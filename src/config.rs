@@ -8,7 +8,7 @@
 use std::{fmt::Display, str::FromStr, time::Duration};
 
 use crate::{
-    budget::Margins,
+    budget::{ANSWER_TIME, Margins},
     claim::ClaimPolicy,
     clock::duration_ms,
     engine::EngineOptions,
@@ -29,6 +29,15 @@ pub(crate) fn in_lambda() -> bool {
     std::env::var_os(LAMBDA_RUNTIME_API).is_some()
 }
 
+/// The variable SAM CLI sets (to `true`) in the function it runs locally.
+pub(crate) const SAM_LOCAL: &str = "AWS_SAM_LOCAL";
+
+/// Whether this process is a deployed Lambda function: inside Lambda, and
+/// not SAM CLI's local emulation of it.
+pub(crate) fn deployed() -> bool {
+    in_lambda() && std::env::var(SAM_LOCAL).as_deref() != Ok("true")
+}
+
 /// How often a process that sends through the outbox sweeps it, unless
 /// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.
 pub(crate) const DEFAULT_OUTBOX_SWEEP: Duration = Duration::from_secs(60);
@@ -43,6 +52,10 @@ const STORES: &str = if cfg!(feature = "sqlite") {
 /// What `SQS_ONCE_EXPIRES_AFTER_SECS` takes: a key remembered for no time
 /// would not be deduplicated at all.
 const EXPIRES_AFTER: &str = "a positive number of seconds";
+/// What `SQS_ONCE_DEADLINE_MARGIN_MS` takes: with less, the answer could not
+/// reach Lambda before the deadline, and the whole batch would time out.
+const DEADLINE_MARGIN: &str =
+    "a number of milliseconds, at least 100 (what posting the answer needs before the deadline)";
 
 /// Where claims are kept (`SQS_ONCE_STORE`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +112,14 @@ pub struct Config {
 
 impl Config {
     /// Reads the settings from the process environment.
+    ///
+    /// A variable one or two letters off a setting's name (`SQS_ONCE_KEYS`)
+    /// is logged as a warning: it is most likely that setting, mistyped.
     pub fn from_env() -> Result<Self, ConfigError> {
+        let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+        for (name, meant) in mistyped(names) {
+            tracing::warn!("{name} is not a setting of sqs-once and is ignored: did you mean {meant}?");
+        }
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
@@ -151,7 +171,7 @@ impl Config {
                 deadline_margin: Duration::from_millis(env.parse(
                     "SQS_ONCE_DEADLINE_MARGIN_MS",
                     duration_ms(engine_defaults.margins.deadline_margin),
-                    "a number of milliseconds",
+                    DEADLINE_MARGIN,
                 )?),
                 ..engine_defaults.margins
             },
@@ -163,6 +183,9 @@ impl Config {
         }
         if engine.concurrency == 0 {
             return Err(env.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
+        }
+        if engine.margins.deadline_margin < ANSWER_TIME {
+            return Err(env.invalid("SQS_ONCE_DEADLINE_MARGIN_MS", DEADLINE_MARGIN));
         }
         let store = match env.text("SQS_ONCE_STORE").as_deref() {
             None if env.text("SQS_ONCE_TABLE").is_some() => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
@@ -212,6 +235,44 @@ impl Config {
 
 /// The environment, with parsing that names the variable on failure.
 struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
+
+/// The settings' names: those docs/configuration.md's table lists, so that
+/// the documentation and the check for mistyped names share one list.
+fn settings() -> impl Iterator<Item = &'static str> {
+    include_str!("../docs/configuration.md")
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `")?.split('`').next())
+        .filter(|name| name.starts_with("SQS_ONCE_"))
+}
+
+/// The names among `names` that are not settings but one or two letters off
+/// one, each with the setting it is most likely meant to be. A name further
+/// from every setting may be a handler's own, and is left alone.
+fn mistyped(names: impl Iterator<Item = String>) -> Vec<(String, &'static str)> {
+    names
+        .filter(|name| name.starts_with("SQS_ONCE_") && !settings().any(|setting| setting == name))
+        .filter_map(|name| {
+            let (distance, meant) = settings().map(|setting| (edit_distance(&name, setting), setting)).min()?;
+            (distance <= 2).then_some((name, meant))
+        })
+        .collect()
+}
+
+/// Levenshtein distance: letters inserted, deleted or replaced.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, a) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, b) in b.iter().enumerate() {
+            let replaced = diagonal + usize::from(a != *b);
+            diagonal = row[j + 1];
+            row[j + 1] = replaced.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
 
 impl Env<'_> {
     /// A variable's value; empty counts as unset, as it does in Lambda's console.
@@ -342,6 +403,32 @@ mod tests {
 
     fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
         Config::from_lookup(|name| pairs.iter().find(|(key, _)| *key == name).map(|(_, value)| value.to_string()))
+    }
+
+    #[test]
+    fn a_name_a_letter_or_two_off_a_setting_is_taken_for_it_mistyped() {
+        let names =
+            ["SQS_ONCE_KEYS", "SQS_ONCE_TABEL", "SQS_ONCE_KEY", "SQS_ONCE_PAYMENT_URL", "AWS_REGION", "SQS_ONCE_DLQ"];
+        let mistyped = mistyped(names.into_iter().map(String::from));
+        assert_eq!(
+            mistyped,
+            [("SQS_ONCE_KEYS".to_owned(), "SQS_ONCE_KEY"), ("SQS_ONCE_TABEL".to_owned(), "SQS_ONCE_TABLE")],
+            "a setting, a handler's own name, another prefix and a name far from any are left alone"
+        );
+        assert_eq!(settings().count(), 39, "docs/configuration.md's table lists every setting");
+        assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn a_deadline_margin_leaves_the_answer_its_time() {
+        for margin in ["0", "99"] {
+            let error = config(&[("SQS_ONCE_DEADLINE_MARGIN_MS", margin)]).unwrap_err();
+            assert_eq!(error.name, "SQS_ONCE_DEADLINE_MARGIN_MS");
+            assert!(error.to_string().contains("at least 100"), "{error}");
+        }
+        let config = config(&[("SQS_ONCE_DEADLINE_MARGIN_MS", "100")]).unwrap();
+        assert_eq!(config.engine.margins.deadline_margin, ANSWER_TIME);
     }
 
     #[test]

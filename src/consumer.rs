@@ -40,6 +40,20 @@ pub enum StartupError {
     /// The store could not be opened.
     #[error("cannot open the claim store")]
     Store(#[from] StoreError),
+    /// The DynamoDB claim table does not exist. Checked at start outside a
+    /// deployed function (`invoke`, `poll`, `sam local invoke`), where a
+    /// table not created yet is the likely mistake: every record would
+    /// otherwise fail `store_error`.
+    #[error(
+        "the claim table `{table}` does not exist at {endpoint}: create it with `sqs-once create-table --table {table}` \
+         (or deploy template.yaml, which makes it)"
+    )]
+    MissingTable {
+        /// The table `SQS_ONCE_TABLE` names.
+        table: String,
+        /// Where it was looked for.
+        endpoint: String,
+    },
 }
 
 /// The engine around a handler, the claim store and keys the settings
@@ -106,6 +120,12 @@ impl Consumer {
         let needs_aws = matches!(config.store, StoreChoice::DynamoDb(_)) || config.redelivery.is_active();
         // Loaded once: credentials and region are resolved once for every client.
         let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
+        if let (StoreChoice::DynamoDb(layout), Some(aws)) = (&config.store, &aws)
+            && !crate::config::deployed()
+            && dynamodb::table_missing(&aws_sdk_dynamodb::Client::new(aws), &layout.table).await
+        {
+            return Err(StartupError::MissingTable { table: layout.table.clone(), endpoint: dynamodb_endpoint(aws) });
+        }
         let store = store_with(config, aws.as_ref())?;
         tracing::info!(store = %store_target(config, aws.as_ref()), "claims kept in the store");
         Ok(Self::around(config, handler, store, aws))

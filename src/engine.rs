@@ -30,11 +30,13 @@ use tokio::{
     time::{Instant, timeout_at},
 };
 
+use tracing::Instrument;
+
 use crate::{
     ErrorKind, HandlerResult, Record,
     budget::{DeadlineBudget, Margins},
     claim::{Claim, ClaimRequest, Claims, Lease},
-    clock::epoch_ms,
+    clock::{duration_ms, epoch_ms},
     envelope::{EnvelopeKind, Opened},
     event::EventRecord,
     handler::BoxHandler,
@@ -211,6 +213,13 @@ impl Engine {
     /// deadline is spent as [`DeadlineBudget`] says.
     pub(crate) async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> BatchReport {
         let budget = self.budget(invocation.deadline);
+        if budget.cutoff() <= Instant::now() && !records.is_empty() {
+            tracing::warn!(
+                margin_ms = duration_ms(self.inner.options.margins.deadline_margin),
+                "the invocation had no more time than SQS_ONCE_DEADLINE_MARGIN_MS: no record can start, each fails \
+                 `deadline`; the margin must stay well below the function timeout"
+            );
+        }
         let left = budget.deadline().saturating_duration_since(Instant::now());
         tracing::debug!(records = records.len(), remaining_ms = left.as_millis(), "batch received");
         let state = BatchState {
@@ -538,10 +547,16 @@ impl Engine {
     ) -> JoinHandle<(Record, Step, Duration, OwnedSemaphorePermit)> {
         let engine = self.clone();
         let slots = state.handler_slots.clone();
-        tokio::spawn(async move {
-            let (step, claim_latency) = engine.claim_and_handle(&record, deadline_ms, &holder, &progress, &slots).await;
-            (record, step, claim_latency, permit)
-        })
+        // In the invocation's span, so that the handler's own logs and its
+        // panic's line carry the request id.
+        tokio::spawn(
+            async move {
+                let (step, claim_latency) =
+                    engine.claim_and_handle(&record, deadline_ms, &holder, &progress, &slots).await;
+                (record, step, claim_latency, permit)
+            }
+            .in_current_span(),
+        )
     }
 
     /// The task that records the handler's result; nothing cancels it.
@@ -555,10 +570,13 @@ impl Engine {
         permit: OwnedSemaphorePermit,
     ) -> JoinHandle<Outcome> {
         let engine = self.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            engine.write_ending(&record, &lease, result, staged, &progress).await
-        })
+        tokio::spawn(
+            async move {
+                let _permit = permit;
+                engine.write_ending(&record, &lease, result, staged, &progress).await
+            }
+            .in_current_span(),
+        )
     }
 
     /// Claims the record's key and, if the claim is won, runs the handler

@@ -51,7 +51,7 @@ impl Default for KeySpec {
 /// A key specification that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid key source `{0}`: expected messageId, body.<path>, envelope.<path>, attributes.<Name> or messageAttributes.<Name>, comma-separated for a composite key"
+    "messageId, body.<path>, envelope.<path>, attributes.<Name> or messageAttributes.<Name>, comma-separated for a composite key (`{0}` is none of these)"
 )]
 pub(crate) struct InvalidKeySpec(String);
 

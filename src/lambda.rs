@@ -6,18 +6,20 @@
 //! record), so the runtime's own panic handling never fails a whole batch.
 
 use std::{
-    io::{Read, Write},
-    net::TcpStream,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use aws_lambda_events::sqs::SqsBatchResponse;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
-use serde_json::{json, value::RawValue};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 
 mod local;
+mod runtime_api;
 mod shutdown;
+
+use runtime_api::report_init_error;
 
 use crate::{
     clock::{Clock, SystemClock},
@@ -106,17 +108,45 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
         consumer.engine.claims().connect(CONNECT_WITHIN).await;
     }
     let function = Arc::new(Function { consumer, seen: Mutex::new(Extra::default()) });
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| {
+    let invoked = Arc::clone(&function);
+    let service = service_fn(move |event: LambdaEvent<Event>| {
         let function = Arc::clone(&function);
         async move { function.invoke(event).await }
-    }))
-    .await
+    });
+    loop {
+        match lambda_runtime::run(service.clone()).await {
+            Err(error) if runtime_api::unreadable_headers(&*error) => {
+                tracing::warn!(
+                    %error,
+                    "an invocation's headers do not parse (a client context that is not the mobile SDK's: `custom` \
+                     values must be strings); it is served without them"
+                );
+                runtime_api::serve_unreadable(&invoked).await?;
+            }
+            ended => return ended,
+        }
+    }
+}
+
+/// The invocation's payload: the event as JSON text, or why the text is not
+/// JSON. Reading never fails, so that an event that is not JSON is answered
+/// `InvalidEvent` like one that is not an SQS event, instead of with
+/// `lambda_runtime`'s deserialization error; the text is checked once, by
+/// the same pass that reads it.
+struct Event(Result<Box<RawValue>, String>);
+
+impl<'de> Deserialize<'de> for Event {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self(Box::<RawValue>::deserialize(deserializer).map_err(|error| error.to_string())))
+    }
 }
 
 impl Function {
-    async fn invoke(&self, event: LambdaEvent<Box<RawValue>>) -> Result<SqsBatchResponse, InvalidEvent> {
-        let (payload, context) = event.into_parts();
-        let records = parse_event(payload.get()).inspect_err(|error| tracing::error!(%error, "invocation failed"))?;
+    /// Serves one invocation. An event that is not an SQS event fails it as
+    /// a whole; `lambda_runtime` logs that error, once.
+    async fn invoke(&self, event: LambdaEvent<Event>) -> Result<SqsBatchResponse, Diagnostic> {
+        let (Event(payload), context) = event.into_parts();
+        let records = payload.map_err(InvalidEvent::NotJson).and_then(|payload| parse_event(payload.get()))?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
         let processed = self.consumer.process(&records, &invocation).await;
         let metrics = &self.consumer.metrics;
@@ -159,26 +189,4 @@ fn deadline(deadline_ms: u64) -> SystemTime {
         return SystemTime::now() + Duration::from_millis(deadline_ms);
     }
     UNIX_EPOCH + Duration::from_millis(deadline_ms)
-}
-
-/// Tells the Runtime API that initialisation failed, so Lambda reports
-/// `message` as the init error instead of an anonymous exit. Best effort: the
-/// process exits with the message on standard error either way.
-pub(crate) fn report_init_error(error_type: &str, message: &str) {
-    let Ok(api) = std::env::var(LAMBDA_RUNTIME_API) else { return };
-    let body = json!({ "errorType": error_type, "errorMessage": message }).to_string();
-    let request = format!(
-        "POST /2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {api}\r\nLambda-Runtime-Function-Error-Type: {error_type}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let sent = TcpStream::connect(&api).and_then(|mut stream| {
-        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-        stream.write_all(request.as_bytes())?;
-        let mut status = [0; 12];
-        stream.read_exact(&mut status)
-    });
-    if let Err(error) = sent {
-        tracing::warn!(%error, "cannot report the init error to the Runtime API");
-    }
 }

@@ -32,3 +32,24 @@ pub(crate) fn init(lambda: bool) {
     // one line here says where it happened, without a backtrace per record.
     std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
 }
+
+/// Reports the error that ends the process: in Lambda as a log line (JSON
+/// under `AWS_LAMBDA_LOG_FORMAT=JSON`, like every other line there);
+/// elsewhere as one line on standard error, named after the program.
+pub(crate) fn fatal(lambda: bool, error: &dyn std::fmt::Display) {
+    match lambda {
+        true => tracing::error!("{error}"),
+        false => eprintln!("{}: {error}", program()),
+    }
+}
+
+/// The running program's name, as its user typed it: `sqs-once`, or a
+/// consumer crate's own binary.
+pub(crate) fn program() -> String {
+    std::env::args_os()
+        .next()
+        .as_deref()
+        .and_then(|path| std::path::Path::new(path).file_stem())
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "sqs-once".to_owned())
+}

@@ -100,7 +100,7 @@ async fn serve(handler: BuildHandler<'_>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("sqs-once: {error}");
+            crate::logging::fatal(lambda, &error);
             ExitCode::FAILURE
         }
     }

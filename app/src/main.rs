@@ -36,22 +36,19 @@ struct New {
     /// The directory to create; its last component names the crate.
     path: PathBuf,
     /// Depend on the sqs-once library in this directory (a checkout, or a
-    /// package unpacked) instead of its release on crates.io.
+    /// package unpacked) instead of the checkout this binary was built from
+    /// (or, built from crates.io, the release it was built with).
     #[arg(long, value_name = "DIR")]
     library_path: Option<PathBuf>,
 }
 
 fn new_consumer(args: New) -> ExitCode {
-    let created = args
-        .library_path
-        .as_deref()
-        .map(Library::local)
-        .transpose()
-        .and_then(|library| new::create(&args.path, &library.unwrap_or_default()));
+    let library = args.library_path.as_deref().map(Library::local).transpose().map(Option::unwrap_or_default);
+    let created = library.and_then(|library| Ok((new::create(&args.path, &library)?, library)));
     match created {
-        Ok(files) => {
+        Ok((files, library)) => {
             let path = args.path.display();
-            println!("created {path}:");
+            println!("created {path}, depending on {library}:");
             files.iter().for_each(|file| println!("  {}", file.display()));
             println!("next: cd {path} && cargo test && cargo run -- invoke events/batch.json");
             ExitCode::SUCCESS

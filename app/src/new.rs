@@ -22,6 +22,12 @@ const SAMCONFIG: &str = include_str!("../../samconfig.toml");
 /// The settings `sam local invoke` gives the function (samconfig.toml names it).
 const SAM_LOCAL_ENV: &str = include_str!("../../env.json");
 
+/// The key of the example's messages: each order is charged once, whichever
+/// message brings it. The new crate uses it everywhere: its test, the
+/// template's `IdempotencyKey` (deployed and under `sam local invoke`), and
+/// `cargo run -- invoke` (through `.cargo/config.toml`).
+pub const KEY: &str = "body.order_id";
+
 /// The version of the library this binary was built with, which a new
 /// crate depends on unless told otherwise.
 const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -37,10 +43,39 @@ pub enum Library {
 }
 
 impl Default for Library {
-    /// The version this binary was built with.
+    /// The checkout this binary was built from, while it is still there
+    /// (`cargo install --path app`, `cargo run`): the library as it is in
+    /// that checkout, published or not. Otherwise the version this binary
+    /// was built with, from crates.io.
     fn default() -> Self {
-        Self::Registry(LIBRARY_VERSION.to_owned())
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().filter(|dir| holds_the_library(dir));
+        match checkout {
+            Some(dir) => Self::Path(dir.to_owned()),
+            None => Self::Registry(LIBRARY_VERSION.to_owned()),
+        }
     }
+}
+
+impl std::fmt::Display for Library {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Registry(version) => write!(f, "sqs-once {version} from crates.io"),
+            Self::Path(path) => write!(f, "the sqs-once library in {}", path.display()),
+        }
+    }
+}
+
+/// Whether `dir` holds the sqs-once library's manifest: a `[package]`
+/// named `sqs-once` (not a binary target of that name).
+fn holds_the_library(dir: &Path) -> bool {
+    let Ok(manifest) = fs::read_to_string(dir.join("Cargo.toml")) else { return false };
+    let package =
+        format!("\n{manifest}").split("\n[").find(|section| section.starts_with("package]")).map(str::to_owned);
+    package.is_some_and(|package| {
+        package.lines().any(|line| {
+            line.split_once('=').is_some_and(|(key, value)| key.trim() == "name" && value.trim() == "\"sqs-once\"")
+        })
+    })
 }
 
 impl Library {
@@ -156,7 +191,8 @@ fn files(name: &str, library: &Library) -> Vec<(&'static str, String)> {
             "samconfig.toml",
             SAMCONFIG.replace("stack_name = \"sqs-once\"", &format!("stack_name = {}", toml_string(name))),
         ),
-        ("env.json", SAM_LOCAL_ENV.to_owned()),
+        ("env.json", sam_local_env()),
+        (".cargo/config.toml", cargo_config()),
         (".gitignore", "/target\n/.aws-sam\n/.sqs-once\n".to_owned()),
         ("README.md", readme(name)),
     ]
@@ -198,9 +234,10 @@ panic = "unwind"
 }
 
 /// The repository's template, without the bundled handlers' lines, building
-/// the binary `name`.
+/// the binary `name`, with [`KEY`] as its `IdempotencyKey`.
 pub fn template(name: &str) -> String {
     let mut bundled = false;
+    let mut idempotency_key = false;
     let mut lines = Vec::new();
     for line in TEMPLATE.lines() {
         match line.trim() {
@@ -208,11 +245,40 @@ pub fn template(name: &str) -> String {
             "# bundled handlers: end" => bundled = false,
             _ if bundled => {}
             "Binary: sqs-once" => lines.push(line.replace("sqs-once", name)),
+            "IdempotencyKey:" => {
+                idempotency_key = true;
+                lines.push(line.to_owned());
+            }
+            "Default: messageId" if idempotency_key => {
+                idempotency_key = false;
+                lines.push(line.replace("messageId", KEY));
+            }
             _ => lines.push(line.to_owned()),
         }
     }
     lines.push(String::new());
     lines.join("\n")
+}
+
+/// The repository's `env.json` less the bundled handlers' settings.
+fn sam_local_env() -> String {
+    let mut env: serde_json::Value = serde_json::from_str(SAM_LOCAL_ENV).expect("env.json is JSON (tested)");
+    if let Some(function) = env["ConsumerFunction"].as_object_mut() {
+        function.retain(|name, _| !name.starts_with("SQS_ONCE_LEDGER_"));
+    }
+    serde_json::to_string_pretty(&env).expect("JSON values serialize") + "\n"
+}
+
+/// `cargo run` (and so `cargo run -- invoke`) with the key the deployed
+/// function uses.
+fn cargo_config() -> String {
+    format!(
+        "# `cargo run -- invoke` and `cargo test` key each message as the deployed function does\n\
+         # (template.yaml's IdempotencyKey): one key everywhere.\n\
+         [env]\n\
+         SQS_ONCE_KEY = {}\n",
+        toml_string(KEY)
+    )
 }
 
 fn readme(name: &str) -> String {
@@ -313,8 +379,18 @@ mod tests {
     }
 
     #[test]
+    fn by_default_a_binary_built_from_a_checkout_depends_on_that_checkout() {
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        assert_eq!(Library::default(), Library::Path(checkout.to_owned()));
+        assert!(
+            !holds_the_library(Path::new(env!("CARGO_MANIFEST_DIR"))),
+            "the app's own manifest is not the library's"
+        );
+    }
+
+    #[test]
     fn the_manifest_depends_on_the_library_given_and_unwinds() {
-        let registry = manifest("payments", &Library::default());
+        let registry = manifest("payments", &Library::Registry(LIBRARY_VERSION.to_owned()));
         assert!(registry.contains(&format!("sqs-once = {{ version = \"{LIBRARY_VERSION}\" }}")));
         assert!(
             registry.contains(&format!("sqs-once = {{ version = \"{LIBRARY_VERSION}\", features = [\"testing\"] }}"))

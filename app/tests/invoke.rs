@@ -161,7 +161,11 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
         ("SQS_ONCE_ON_MISSING_KEY", "skip", "expected fail or message-id"),
         ("SQS_ONCE_STORE", "redis", "expected dynamodb, file or memory"),
         ("SQS_ONCE_CONCURRENCY", "0", "SQS_ONCE_CONCURRENCY"),
-        ("SQS_ONCE_KEY", "header.x", "invalid key source `header.x`"),
+        (
+            "SQS_ONCE_KEY",
+            "header.x",
+            "invalid SQS_ONCE_KEY=\"header.x\": expected messageId, body.<path>, envelope.<path>, attributes.<Name> or messageAttributes.<Name>, comma-separated for a composite key (`header.x` is none of these)",
+        ),
         ("SQS_ONCE_ENVELOPE", "kinesis", "expected none, sns or eventbridge"),
         ("SQS_ONCE_KEY", "envelope.MessageId", "while SQS_ONCE_ENVELOPE is none"),
         ("SQS_ONCE_DEMO_LOG", "/nonexistent/demo.log", "handler `demo` cannot start: cannot open SQS_ONCE_DEMO_LOG"),

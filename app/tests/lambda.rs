@@ -140,6 +140,9 @@ async fn the_sample_batches_report_exactly_their_failures_and_the_process_keeps_
         logs.iter().find(|line| line["message_id"] == id).map(|line| line["outcome"].as_str().unwrap().to_owned())
     };
     assert_eq!(outcome("b0000000-0000-4000-8000-000000000007").as_deref(), Some("panicked"));
+    // The panic's own line says which invocation it happened in.
+    let panic = logs.iter().find(|line| line["message"] == "panic").expect("a panic line");
+    assert!(panic["span"]["requestId"].is_string(), "{panic}");
     assert_eq!(outcome("b0000000-0000-4000-8000-000000000008").as_deref(), Some("missing_key"));
     assert!(logs.iter().all(|line| line.get("body").is_none()), "bodies are not logged by default");
 
@@ -272,7 +275,10 @@ async fn invalid_configuration_fails_the_init_phase_with_one_clear_line() {
     wait_for(&function.stderr, |lines| !lines.is_empty()).await;
     let stderr = function.stderr.lock().unwrap().clone();
     assert_eq!(stderr.len(), 1, "{stderr:?}");
-    assert!(stderr[0].contains("unknown handler `nope`"), "{stderr:?}");
+    // Under AWS_LAMBDA_LOG_FORMAT=JSON, the init error's line is JSON too.
+    let line: Value = serde_json::from_str(&stderr[0]).unwrap_or_else(|_| panic!("not JSON: {stderr:?}"));
+    assert_eq!(line["level"], "ERROR");
+    assert!(line["message"].as_str().unwrap().contains("unknown handler `nope`"), "{stderr:?}");
     let init_errors = function.api.init_errors();
     assert_eq!(init_errors.len(), 1);
     assert!(init_errors[0]["errorMessage"].as_str().unwrap().contains("registered handlers are demo, ledger, orders"));

@@ -35,6 +35,15 @@ fn a_new_crate_is_the_example_with_a_manifest_template_and_event_around_it() {
     assert!(main.contains("#[global_allocator]\nstatic ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;"), "{main}");
     assert!(main.contains("#[tokio::main(flavor = \"current_thread\")]"), "{main}");
     assert!(read("samconfig.toml").contains("stack_name = \"payments\""));
+    // One key everywhere: its test, `cargo run -- invoke`, the template (deployed and under sam local invoke).
+    let key = sqs_once_app::new::KEY;
+    assert!(main.contains(&format!("TestConsumer::new(Payments).key(\"{key}\")")), "{main}");
+    assert!(read(".cargo/config.toml").contains(&format!("[env]\nSQS_ONCE_KEY = \"{key}\"\n")));
+    assert!(read("template.yaml").contains(&format!("  IdempotencyKey:\n    Type: String\n    Default: {key}\n")));
+    let env: serde_json::Value = serde_json::from_str(&read("env.json")).unwrap();
+    let settings = env["ConsumerFunction"].as_object().unwrap();
+    assert!(settings.contains_key("AWS_ENDPOINT_URL_DYNAMODB") && settings.contains_key("SQS_ONCE_DLQ_URL"));
+    assert!(!settings.keys().any(|name| name.starts_with("SQS_ONCE_LEDGER_")), "{settings:?}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("cargo test"), "it says what to do next: {stdout}");
 }

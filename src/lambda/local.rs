@@ -6,6 +6,8 @@
 //! local invocations only) and none is AWS's own, rather than claim keys in,
 //! or send messages from, a real account.
 
+use crate::config::SAM_LOCAL;
+
 /// The services the function calls: the claim store, SQS (the SQS step and
 /// the outbox), SNS and EventBridge (the outbox).
 const ENDPOINTS: [&str; 4] =
@@ -14,7 +16,7 @@ const ENDPOINTS: [&str; 4] =
 /// Why the function must not start, when SAM runs it locally (`AWS_SAM_LOCAL`
 /// is `true`) and an endpoint is missing or AWS's; `None` elsewhere.
 pub(super) fn refusal(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
-    if lookup("AWS_SAM_LOCAL").as_deref() != Some("true") {
+    if lookup(SAM_LOCAL).as_deref() != Some("true") {
         return None;
     }
     let set = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());

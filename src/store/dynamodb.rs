@@ -38,6 +38,7 @@ use super::{
 };
 
 mod admin;
+pub(crate) use admin::table_missing;
 mod client;
 mod layout;
 mod outbox;

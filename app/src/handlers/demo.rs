@@ -10,7 +10,10 @@
 //! before its side effect starts (so before the log line), `{"fail_first":
 //! "retryable" | "permanent"}` fails that way and `{"stall_first_ms": 10000}`
 //! waits that long: a dependency that is down, or a handler cut off at the
-//! deadline, on one delivery and not the next.
+//! deadline, on one delivery and not the next. `{"block_first_ms": 5000}`
+//! blocks the thread that long instead, as no handler may: the whole
+//! invocation stalls with it, past its deadline, and Lambda kills the
+//! process (what the tests of a late answer need).
 
 use std::{
     fs::{File, OpenOptions},
@@ -36,6 +39,7 @@ struct Directives {
     fail: Option<String>,
     fail_first: Option<String>,
     stall_first_ms: Option<u64>,
+    block_first_ms: Option<u64>,
 }
 
 impl Demo {
@@ -62,6 +66,9 @@ impl Handler for Demo {
         if record.receive_count == 1 {
             if let Some(ms) = directives.stall_first_ms {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            if let Some(ms) = directives.block_first_ms {
+                std::thread::sleep(Duration::from_millis(ms));
             }
             if let Some(kind) = directives.fail_first.as_deref() {
                 return Err(failure(kind));

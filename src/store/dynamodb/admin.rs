@@ -16,6 +16,16 @@ use aws_sdk_dynamodb::{
 use super::{DynamoDbStore, OPEN_INDEX, OPEN_STATUS, TableKey, unavailable};
 use crate::store::StoreError;
 
+/// Whether DynamoDB says `table` does not exist (`ResourceNotFoundException`
+/// to a `DescribeTable`). Any other answer, an error included, counts as
+/// "not known to be missing": a store that is down fails records, not the start.
+pub(crate) async fn table_missing(client: &aws_sdk_dynamodb::Client, table: &str) -> bool {
+    match client.describe_table().table_name(table).send().await {
+        Ok(_) => false,
+        Err(error) => error.code() == Some("ResourceNotFoundException"),
+    }
+}
+
 impl DynamoDbStore {
     /// Creates the table (on-demand billing, TTL on the expiry attribute).
     /// Returns `false` when it already existed; TTL is enabled either way.
