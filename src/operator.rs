@@ -57,12 +57,12 @@ impl Operator {
         self.store.get(id).await
     }
 
-    /// The claim made by the delivery with SQS message id `message_id`. Open
-    /// claims (in progress, failed) are looked up first, as the DynamoDB
-    /// store's index serves them; completed ones after, which on DynamoDB
-    /// reads the whole table.
+    /// The claim made by the delivery with SQS message id `message_id`.
+    /// Failed claims are looked up first, as the DynamoDB store's index
+    /// serves them; claims in progress and completed ones after, each of
+    /// which on DynamoDB reads the whole table.
     pub(crate) async fn find_by_message_id(&self, message_id: &str) -> Result<Option<StoredClaim>, StoreError> {
-        for status in [None, Some(ClaimStatus::Completed)] {
+        for status in [ClaimStatus::Failed, ClaimStatus::InProgress, ClaimStatus::Completed].map(Some) {
             let query =
                 ClaimQuery { status, message_id: Some(message_id.to_owned()), limit: 1, ..ClaimQuery::default() };
             if let Some(claim) = self.store.list(&query).await?.records.into_iter().next() {

@@ -13,7 +13,7 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use sqs_once::store::{ClaimQuery, ClaimStore, DynamoDbStore};
+use sqs_once::store::{ClaimQuery, ClaimStatus, ClaimStore, DynamoDbStore};
 
 /// One consumer's world: a store, a demo log, an event folder.
 struct Setup {
@@ -183,7 +183,7 @@ async fn dynamodb_a_key_completed_by_hand_is_a_duplicate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_listings_query_the_index_and_scan_with_a_warning_without_it() {
+async fn dynamodb_failed_claims_are_listed_through_the_index_open_ones_from_the_table() {
     let store = common::fresh_table().await;
     let setup = Setup { dir: tempfile::tempdir().unwrap(), store: ("SQS_ONCE_TABLE", store.layout().table.clone()) };
     let event = setup.event("mixed.json", &[("a", json!({})), ("b", json!({"fail": "permanent"}))]);
@@ -197,13 +197,20 @@ async fn dynamodb_listings_query_the_index_and_scan_with_a_warning_without_it() 
     })
     .await;
     let counted = DynamoDbStore::new(common::dynamodb::client_at(&proxy).await, store.layout().clone());
+    let failed = ClaimQuery { status: Some(ClaimStatus::Failed), limit: 10, ..ClaimQuery::default() };
+    let listing = counted.list(&failed).await.unwrap();
+    assert_eq!(listing.records.len(), 1, "the failed claim");
+    assert!(!listing.full_scan);
+    // One query per partition of the index: its 16 shards (docs/dynamodb.md),
+    // and the bare status older versions wrote.
+    let queried = std::mem::take(&mut *operations.lock().unwrap());
+    assert_eq!(queried, vec!["Query"; 16 + 1], "queries only, no scan");
+    // Claims in progress are not in the index: the open claims are read from
+    // the table, in 8 segments at once, each one page here.
     let listing = counted.list(&ClaimQuery { limit: 10, ..ClaimQuery::default() }).await.unwrap();
     assert_eq!(listing.records.len(), 1, "only the failed claim is open");
-    assert!(!listing.full_scan);
-    // One query per partition of the index for each open state: its 16
-    // shards (docs/dynamodb.md), and the bare status older versions wrote.
-    let operations = operations.lock().unwrap().clone();
-    assert_eq!(operations, vec!["Query"; 2 * (16 + 1)], "queries only, no scan");
+    assert!(listing.full_scan);
+    assert_eq!(operations.lock().unwrap().clone(), vec!["Scan"; 8]);
 
     // A table created without the index (by hand, or by an older version).
     let bare = common::dynamodb::unique_name("bare");
@@ -232,10 +239,14 @@ async fn dynamodb_listings_query_the_index_and_scan_with_a_warning_without_it() 
     let bare_setup = Setup { dir: tempfile::tempdir().unwrap(), store: ("SQS_ONCE_TABLE", bare) };
     let event = bare_setup.event("mixed.json", &[("a", json!({})), ("b", json!({"fail": "permanent"}))]);
     bare_setup.run(&["invoke", event.to_str().unwrap()]);
-    let output = bare_setup.run(&["claims", "list"]);
+    let output = bare_setup.run(&["claims", "list", "--status", "failed"]);
     assert!(output.status.success(), "{}", text(&output));
     assert!(String::from_utf8_lossy(&output.stderr).contains("reading the whole table instead"), "{}", text(&output));
     assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 2, "header and the failed claim");
+    // Reading the table says what it cost.
+    let output = setup.run(&["claims", "list"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("listed by reading the whole table") && stderr.contains("read_units="), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

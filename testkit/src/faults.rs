@@ -519,7 +519,7 @@ pub struct Message {
 
 impl Message {
     /// The same request with another body.
-    fn with_body(&self, body: &str) -> Vec<u8> {
+    pub(crate) fn with_body(&self, body: &str) -> Vec<u8> {
         let mut head = String::new();
         for line in self.head.split("\r\n").filter(|line| !line.is_empty()) {
             if !line.to_ascii_lowercase().starts_with("content-length:") {

@@ -10,6 +10,7 @@
 //! tests use it as freely as the integration tests of the library and the
 //! binary.
 
+pub mod capacity;
 pub mod delay;
 pub mod dynamodb;
 pub mod faults;

@@ -40,21 +40,25 @@ impl Default for Attributes {
     }
 }
 
-/// The sparse attribute that exists only while a claim is in progress or
-/// failed, and the index on it: listing open claims reads only them, never
-/// the whole table. It holds the claim's status and a shard of its id
-/// (`INPROGRESS#0` to `INPROGRESS#15`, see [`open_partition`]).
+/// The sparse attribute that only failed claims and outbox entries carry, and
+/// the index on it: the outbox sweeps and the listing of failed claims read
+/// only them, never the whole table. It holds the claim's status and a shard
+/// of its id (`FAILED#0` to `FAILED#15`, see [`open_partition`]). Claims in
+/// progress do not carry it: they are most claims, each would cost its
+/// record a write unit to enter the index and one to leave it, and they are
+/// listed only when an operator asks (by reading the table). Items written
+/// by versions that put claims in progress in the index too keep working:
+/// the completion removes the attribute either way.
 pub(crate) const OPEN_STATUS: &str = "open_status";
 
 /// How many index partitions each open status is spread over.
 ///
-/// Every claim writes the index and every completion deletes from it, so an
-/// index keyed by the bare status would take all of them on one or two
-/// partition key values; one value is served by one index partition (about
-/// 1,000 writes a second), and a throttled index throttles the table's
-/// writes. Sixteen values per status take some 16,000 index writes a second
-/// (8,000 new records) before any one is hot, and cost a listing sixteen
-/// small queries per status.
+/// A burst of failures or of staged messages writes the index at the rate
+/// records run; an index keyed by the bare status would take them on one
+/// partition key value, served by one index partition (about 1,000 writes a
+/// second), and a throttled index throttles the table's writes. Sixteen
+/// values per status take some 16,000 index writes a second before any one
+/// is hot, and cost a listing sixteen small queries per status.
 pub(super) const OPEN_SHARDS: u32 = 16;
 
 /// The [`OPEN_STATUS`] value of an open claim: its status and a stable shard
@@ -173,10 +177,7 @@ impl TableLayout {
             (names.validation.as_str(), record.payload_hash.as_deref().map(s)),
             (names.data.as_str(), record.result.as_deref().map(s)),
             (ERROR, record.error.as_deref().map(s)),
-            (
-                OPEN_STATUS,
-                (record.status != ClaimStatus::Completed).then(|| s(open_partition(record.status, &record.id))),
-            ),
+            (OPEN_STATUS, (record.status == ClaimStatus::Failed).then(|| s(open_partition(record.status, &record.id)))),
         ];
         let optional = optional.into_iter().filter_map(|(name, value)| Some((name, value?)));
         key.chain(required).chain(optional).collect()
