@@ -25,7 +25,7 @@ USD_PER_MILLION_READS = 0.125
 
 
 def claim(n, now_ms, stale_every, failed_every):
-    """A claim as the DynamoDB store writes it (about 300 bytes, as real ones are)."""
+    """A claim as the DynamoDB store writes it, attribute for attribute."""
     item = {
         "id": {"S": f"bench#{n:064x}"[-72:]},
         "expiration": {"N": str(now_ms // 1000 + 3600)},
@@ -95,12 +95,13 @@ def main():
         SECTION,
         "",
         f"`bench/listing --claims {args.claims}`: a table of {args.claims:,} claims as the DynamoDB store writes them "
-        "(about 300 bytes each; one in 10,000 in progress with its lease ended, one in 10,000 failed, the rest "
-        "completed), on DynamoDB Local; the read units are DynamoDB's own consumed-capacity answers.",
+        f"(about {stale['read_units'] * 8192 / stale['scanned']:.0f} bytes each, as the read units price them; one in "
+        "10,000 in progress with its lease ended, one in 10,000 failed, the rest completed), on DynamoDB Local; the "
+        "read units are DynamoDB's own consumed-capacity answers.",
         "",
         "| listing | how | items read | read units | USD at on-demand prices | time (DynamoDB Local) | claims found |",
         "|---|---|---|---|---|---|---|",
-        f"| `claims list --stale` | parallel scan, 8 segments, filtered by status | {stale['scanned']:,} | "
+        f"| `claims list --stale` | parallel scan, 8 segments of 1,000-item pages, filtered by status | {stale['scanned']:,} | "
         f"{stale['read_units']:,.1f} | {usd:.4f} | {stale['seconds']:.1f} s | {stale['found']} |",
         f"| `claims list --status failed` | the open-claims index, 17 queries | – | – | – | "
         f"{failed['seconds']:.1f} s | {failed['found']} |",
