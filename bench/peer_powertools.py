@@ -20,6 +20,7 @@ from aws_lambda_powertools.utilities.batch import (
     SqsFifoPartialProcessor,
     process_partial_response,
 )
+from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 from aws_lambda_powertools.utilities.idempotency import (
     DynamoDBPersistenceLayer,
     IdempotencyConfig,
@@ -46,7 +47,10 @@ processor = SqsFifoPartialProcessor() if fifo else BatchProcessor(event_type=Eve
 
 @idempotent_function(data_keyword_argument="record", config=config, persistence_store=persistence)
 def record_handler(record):
-    # The same trivial work as the demo handler of sqs-once: nothing.
+    # The same trivial work as the demo handler of sqs-once: nothing, or, for a
+    # body that asks (`{"fail": "permanent"}`), an error, as the demo fails.
+    if "fail" in json.loads(record["body"]):
+        raise ValueError("asked to fail")
     return None
 
 
@@ -73,6 +77,10 @@ def lambda_handler(event, context):
 with open(event_file) as f:
     event = json.load(f)
 started = time.perf_counter()
-response = lambda_handler(event, Context(900))
+try:
+    response = lambda_handler(event, Context(900))
+except BatchProcessingError:
+    # Every record failed: Powertools fails the whole invocation, and Lambda delivers the batch again.
+    response = {"batchItemFailures": [{"itemIdentifier": record["messageId"]} for record in event["Records"]]}
 seconds = time.perf_counter() - started
 print(json.dumps({"response": response, "requests": requests, "seconds": seconds}))

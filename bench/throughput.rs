@@ -1,5 +1,6 @@
-//! The Rust side of `bench/run` and `bench/cost`: the DynamoDB ceiling, the
-//! engine in process, and what a ledger credit costs.
+//! The Rust side of `bench/run`, `bench/cost` and `bench/units`: the DynamoDB
+//! ceiling, the engine in process, what a ledger credit costs, and the meter
+//! of DynamoDB's capacity units.
 //!
 //! ```text
 //! throughput ceiling --table T --requests N --concurrency C
@@ -7,6 +8,7 @@
 //! throughput engine  --table T --event FILE --concurrency C --passes P
 //! throughput ledger  --table T --records N --concurrency C --writes staged|direct
 //! throughput delay-proxy --upstream URL --round-trip-ms MS [--tls]
+//! throughput meter --upstream URL
 //! throughput lambda --binary PATH --table T --event FILE --invocations N
 //! ```
 //!
@@ -28,7 +30,10 @@
 //! milliseconds' round trip in front of URL (`testkit::delay`), with TLS
 //! terminated behind it if `--tls` (`testkit::tls`), prints `{"url": …,
 //! "certificate": …}` (the PEM file for `SSL_CERT_FILE`, with `--tls`) and
-//! serves until its standard input closes. `lambda` runs the function
+//! serves until its standard input closes. `meter` puts testkit's capacity
+//! meter in front of URL, prints `{"url": …}`, and for each line of its
+//! standard input prints the units DynamoDB charged since the line before.
+//! `lambda` runs the function
 //! binary as Lambda does, against testkit's Runtime API, with this process's
 //! environment (endpoint, `SSL_CERT_FILE`), the `demo` handler and table T,
 //! and sends it the event N times (fresh message ids each time); it prints
@@ -87,6 +92,7 @@ async fn bench(args: Vec<String>) {
             let round_trip = Duration::from_millis(option("round-trip-ms").parse().unwrap());
             return network(&option("upstream"), round_trip, args.iter().any(|arg| arg == "--tls")).await;
         }
+        Some("meter") => return meter(&option("upstream")).await,
         Some("lambda") => {
             let event = std::fs::read_to_string(option("event")).unwrap();
             let invocations = option("invocations").parse().unwrap();
@@ -129,7 +135,9 @@ async fn bench(args: Vec<String>) {
             println!("{}", ledger(&option("table"), records, concurrency, &option("writes")).await);
         }
         other => {
-            panic!("unknown mode {other:?}: expected ceiling, batched-ceiling, engine, ledger, delay-proxy or lambda")
+            panic!(
+                "unknown mode {other:?}: expected ceiling, batched-ceiling, engine, ledger, delay-proxy, meter or lambda"
+            )
         }
     }
 }
@@ -147,6 +155,28 @@ async fn network(upstream: &str, round_trip: Duration, tls: bool) {
     };
     println!("{}", json!({ "url": url, "certificate": certificate }));
     let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut Vec::new()).await;
+}
+
+/// Serves testkit's capacity meter in front of `upstream`: prints its URL,
+/// then, for each line read from standard input, the units charged since
+/// the last one (JSON), until standard input closes.
+async fn meter(upstream: &str) {
+    use tokio::io::AsyncBufReadExt;
+    let meter = testkit::capacity::Meter::start_to(upstream).await;
+    println!("{}", json!({ "url": meter.url }));
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(_)) = lines.next_line().await {
+        let units = meter.take();
+        println!(
+            "{}",
+            json!({
+                "table_writes": units.writes() - units.index_writes(), "index_writes": units.index_writes(),
+                "reads": units.reads, "refused_writes": units.refused_writes, "statements": units.statements,
+                "transaction_actions": units.transaction_actions,
+                "requests": units.requests,
+            })
+        );
+    }
 }
 
 /// The function `binary` as Lambda runs it: its init time, then each of
