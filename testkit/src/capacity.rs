@@ -138,8 +138,7 @@ fn writes(operation: &str) -> bool {
 
 async fn relay(client: TcpStream, upstream: String, units: Arc<Mutex<Units>>) {
     let mut client = BufReader::new(client);
-    let Ok(server) = TcpStream::connect(&upstream).await else { return };
-    let mut server = BufReader::new(server);
+    let mut server: Option<BufReader<TcpStream>> = None;
     while let Some(request) = read_message(&mut client).await {
         let operation = request.target.rsplit('.').next().unwrap_or_default().to_owned();
         let mut body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
@@ -148,10 +147,18 @@ async fn relay(client: TcpStream, upstream: String, units: Arc<Mutex<Units>>) {
             body["ReturnConsumedCapacity"] = "INDEXES".into();
         }
         let raw = if metered { request.with_body(&body.to_string()) } else { request.raw.clone() };
-        if server.get_mut().write_all(&raw).await.is_err() {
+        if server.is_none() {
+            let Ok(connection) = TcpStream::connect(&upstream).await else { return };
+            server = Some(BufReader::new(connection));
+        }
+        let Some(connection) = server.as_mut() else { return };
+        if connection.get_mut().write_all(&raw).await.is_err() {
             return;
         }
-        let Some(answer) = read_message(&mut server).await else { return };
+        let Some(answer) = read_message(connection).await else { return };
+        if answer.closed {
+            server = None;
+        }
         count(&units, &operation, &body, &answer);
         if client.get_mut().write_all(&answer.raw).await.is_err() {
             return;

@@ -115,9 +115,12 @@ async fn relay(
                 if server.is_none() {
                     server = Some(BufReader::new(TcpStream::connect(&upstream).await.unwrap()));
                 }
-                let Some(server) = server.as_mut() else { return };
-                server.get_mut().write_all(&message.raw).await.unwrap();
-                let Some(answer) = read_message(server).await else { return };
+                let Some(connection) = server.as_mut() else { return };
+                connection.get_mut().write_all(&message.raw).await.unwrap();
+                let Some(answer) = read_message(connection).await else { return };
+                if answer.closed {
+                    server = None;
+                }
                 answer.raw
             }
         };

@@ -497,6 +497,9 @@ async fn forward(state: &State, raw: &[u8], server: &mut Option<BufReader<TcpStr
         if connection.get_mut().write_all(raw).await.is_ok()
             && let Some(answer) = read_message(connection).await
         {
+            if answer.closed {
+                *server = None;
+            }
             return Some(answer);
         }
         *server = None;
@@ -515,20 +518,31 @@ pub struct Message {
     pub target: String,
     /// Its body.
     pub body: Vec<u8>,
+    /// The sender closes the connection after it: the next message needs a
+    /// new one.
+    pub closed: bool,
 }
 
 impl Message {
     /// The same request with another body.
     pub(crate) fn with_body(&self, body: &str) -> Vec<u8> {
-        let mut head = String::new();
-        for line in self.head.split("\r\n").filter(|line| !line.is_empty()) {
-            if !line.to_ascii_lowercase().starts_with("content-length:") {
-                head += line;
-                head += "\r\n";
-            }
-        }
-        format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+        [reframed(&self.head, body.len()).as_bytes(), body.as_bytes()].concat()
     }
+}
+
+/// `head` framing a body of `length` bytes by its `Content-Length`, its
+/// other framing headers (chunks, the connection's end) taken out.
+fn reframed(head: &str, length: usize) -> String {
+    let framing = |line: &&str| {
+        let name = line.split_once(':').map_or("", |(name, _)| name);
+        ["transfer-encoding", "connection", "content-length"].iter().any(|framing| name.eq_ignore_ascii_case(framing))
+    };
+    let kept: String = head
+        .split("\r\n")
+        .filter(|line| !line.is_empty() && !framing(line))
+        .map(|line| format!("{line}\r\n"))
+        .collect();
+    format!("{kept}Content-Length: {length}\r\n\r\n")
 }
 
 /// Reads one message from `stream`; `None` at its end or on malformed input.
@@ -550,10 +564,56 @@ pub async fn read_message(stream: &mut BufReader<TcpStream>) -> Option<Message> 
             }
         }
     }
-    let mut body = vec![0; length];
-    stream.read_exact(&mut body).await.ok()?;
+    let header = |name: &str, value: &str| {
+        head.lines().any(|line| {
+            line.split_once(':')
+                .is_some_and(|(n, v)| n.eq_ignore_ascii_case(name) && v.trim().eq_ignore_ascii_case(value))
+        })
+    };
+    let closes = header("connection", "close");
+    let has_length =
+        head.lines().any(|line| line.split_once(':').is_some_and(|(n, _)| n.eq_ignore_ascii_case("content-length")));
+    // DynamoDB Local answers a large response (a BatchGetItem of many items) in chunks, or, to a client that
+    // closes, until the end of the connection. Either is read whole and passed on with its length.
+    let body = if header("transfer-encoding", "chunked") {
+        read_chunks(stream).await?
+    } else if head.starts_with("HTTP/") && closes && !has_length {
+        let mut body = Vec::new();
+        stream.read_to_end(&mut body).await.ok()?;
+        body
+    } else {
+        let mut body = vec![0; length];
+        stream.read_exact(&mut body).await.ok()?;
+        let raw = [head.as_bytes(), &body].concat();
+        return Some(Message { raw, head, target, body, closed: closes });
+    };
+    let head = reframed(&head, body.len());
     let raw = [head.as_bytes(), &body].concat();
-    Some(Message { raw, head, target, body })
+    Some(Message { raw, head, target, body, closed: closes })
+}
+
+/// A chunked body, read to its last chunk and trailers, its chunks joined.
+async fn read_chunks(stream: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).await.ok().filter(|read| *read > 0)?;
+        let size = usize::from_str_radix(line.trim().split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            // Trailers, up to the empty line.
+            loop {
+                let mut trailer = String::new();
+                stream.read_line(&mut trailer).await.ok().filter(|read| *read > 0)?;
+                if trailer == "\r\n" {
+                    return Some(body);
+                }
+            }
+        }
+        let start = body.len();
+        body.resize(start + size + 2, 0);
+        stream.read_exact(&mut body[start..]).await.ok()?;
+        body.truncate(start + size);
+    }
 }
 
 fn http_response(status: u16, body: &str) -> Vec<u8> {
