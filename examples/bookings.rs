@@ -1,8 +1,9 @@
 //! A consumer crate of one's own whose side effects are DynamoDB writes and
 //! a message, so they happen exactly once: each booking takes a seat on its
-//! flight and records the booking in one transaction with the message's
-//! claim, and its confirmation leaves through the outbox once that
-//! transaction has committed.
+//! flight and records the booking in one transaction with the completion of
+//! the message's key, and its confirmation leaves through the outbox once
+//! that transaction has committed. Nothing else is done, so a run needs no
+//! claim first: one request per booking.
 //!
 //! ```sh
 //! BOOKINGS_FLIGHTS_TABLE=flights BOOKINGS_TABLE=bookings \
@@ -64,6 +65,12 @@ impl Handler for Bookings {
             transaction.send(Message::sqs(queue_url, confirmation.to_string()))?;
         }
         Ok(None)
+    }
+
+    // Every effect is staged: a run takes no claim first, and its one transaction completes the key with the
+    // seat, the booking and the confirmation's outbox item.
+    fn stages_every_effect(&self) -> bool {
+        true
     }
 }
 

@@ -42,7 +42,7 @@ use crate::{
     reason,
     store::{
         ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, OutboxEntry, PutOutcome, StoreError, StoredClaim,
-        new_token,
+        Unclaimed, new_token,
     },
     transaction::Staged,
 };
@@ -80,6 +80,10 @@ pub(crate) struct Lease {
     pub lease_until_ms: u64,
     /// The body hash stored with the claim, when payload validation is on.
     pub payload_hash: Option<String>,
+    /// `None` for a claim held in the store. A run that took none (see
+    /// [`Claims::start_unclaimed`]) keeps the claim it would have taken,
+    /// which its commit writes where the key is free.
+    pub unclaimed: Option<Box<StoredClaim>>,
 }
 
 impl Lease {
@@ -89,7 +93,14 @@ impl Lease {
             token: claim.token.unwrap_or_default(),
             lease_until_ms: claim.lease_until_ms.unwrap_or_default(),
             payload_hash: claim.payload_hash,
+            unclaimed: None,
         }
+    }
+
+    /// Whether the run took no claim: nothing of it is in the store until
+    /// it commits.
+    pub(crate) fn is_unclaimed(&self) -> bool {
+        self.unclaimed.is_some()
     }
 }
 
@@ -183,7 +194,7 @@ fn committed(fenced: Fenced) -> Committed {
 fn fenced(committed: Committed) -> Fenced {
     match committed {
         Committed::Applied => Fenced::Applied,
-        Committed::Refused | Committed::Cancelled(_) => Fenced::Refused,
+        Committed::Refused | Committed::Cancelled(_) | Committed::Taken(_) => Fenced::Refused,
     }
 }
 
@@ -265,6 +276,44 @@ impl Claims {
         Err(StoreError::Contended(request.id.to_owned()))
     }
 
+    /// The start of a run that takes no claim, for a handler that stages
+    /// every effect: its commit writes the claim's completion where the key
+    /// is free, with the staged writes, in one request (see
+    /// [`Unclaimed`](crate::store::Unclaimed)). A key this process saw
+    /// completed is a duplicate; a redelivery (attempt > 1) reads the key
+    /// first, one consistent read, since a message delivered before has
+    /// likely completed, and finding that out at the commit costs the
+    /// handler's run and a refused transaction. Otherwise the lease the
+    /// commit is made under, its claim not written.
+    pub(crate) async fn start_unclaimed(&self, request: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let payload_hash = self.policy.validate_payload.then(|| payload_hash(request.body));
+        if let Some(completed) = self.cached(request.id) {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.duplicate(completed.payload_hash.as_deref(), payload_hash.as_deref(), completed.result));
+        }
+        if request.attempt > 1
+            && let Some(existing) = self.store.get(request.id).await?
+            && let Some(claim) = self.judge(existing, payload_hash.as_deref())
+        {
+            return Ok(claim);
+        }
+        let claim = self.new_claim(request, self.clock.now_ms(), payload_hash);
+        Ok(Claim::Won(Lease { unclaimed: Some(Box::new(claim.clone())), ..Lease::of(claim) }))
+    }
+
+    /// What the record that holds a key means for an unclaimed commit it
+    /// refused ([`Committed::Taken`]); read when the store did not return it.
+    pub(crate) async fn taken(&self, lease: &Lease, existing: Option<Box<StoredClaim>>) -> Result<Claim, StoreError> {
+        let existing = match existing {
+            Some(existing) => Some(*existing),
+            None => self.store.get(&lease.id).await?,
+        };
+        // Free by now (expired since, or gone): the redelivery commits.
+        existing
+            .and_then(|existing| self.judge(existing, lease.payload_hash.as_deref()))
+            .ok_or_else(|| StoreError::Contended(lease.id.clone()))
+    }
+
     /// Marks the lease's claim completed, storing `output` if the policy says so.
     pub(crate) async fn complete(&self, lease: &Lease, output: Option<&Value>) -> Result<Fenced, StoreError> {
         let finish = self.finish(ClaimStatus::Completed, self.result_of(lease, output), None);
@@ -272,14 +321,29 @@ impl Claims {
     }
 
     /// Records a permanent failure of the lease's claim, with `error` as the
-    /// reason (capped at [`reason::MAX_BYTES`], the cut marked).
+    /// reason (capped at [`reason::MAX_BYTES`], the cut marked). A run that
+    /// took no claim writes its failed claim where the key is free: a key
+    /// another run completed meanwhile stays completed.
     pub(crate) async fn fail(&self, lease: &Lease, error: &str) -> Result<Fenced, StoreError> {
         let error = reason::capped(error).into_owned();
-        self.settle(lease, Ending::Finish(self.finish(ClaimStatus::Failed, None, Some(error)))).await.map(fenced)
+        let finish = self.finish(ClaimStatus::Failed, None, Some(error));
+        let Some(unclaimed) = &lease.unclaimed else {
+            return self.settle(lease, Ending::Finish(finish)).await.map(fenced);
+        };
+        let mut failed = (**unclaimed).clone();
+        failed.apply(&finish);
+        Ok(match self.store.put_if_free(&failed, finish.finished_at_ms).await? {
+            PutOutcome::Claimed => Fenced::Applied,
+            PutOutcome::Taken(_) => Fenced::Refused,
+        })
     }
 
-    /// Deletes the lease's claim so that a redelivery runs again.
+    /// Deletes the lease's claim so that a redelivery runs again; a run
+    /// that took no claim has nothing to delete.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
+        if lease.is_unclaimed() {
+            return Ok(Fenced::Applied);
+        }
         self.settle(lease, Ending::Release).await.map(fenced)
     }
 
@@ -299,14 +363,15 @@ impl Claims {
         let (writes, messages) = staged.into_parts();
         let lease_until_ms = now_ms + duration_ms(SENDING_LEASE);
         let outbox = OutboxEntry::of_run(&lease.id, &lease.token, message_id, &messages, now_ms, lease_until_ms);
-        Commit { finish, writes, outbox }
+        let unclaimed = lease.unclaimed.as_ref().map(|claim| Unclaimed { claim: (**claim).clone(), now_ms });
+        Commit { finish, unclaimed, writes, outbox }
     }
 
     /// Commits under the lease (see [`ClaimStore::commit`]). Like a
     /// finishing write, the commit is kept until the store answers it, and
     /// sent again by [`resend_unconfirmed`](Self::resend_unconfirmed).
     pub(crate) async fn commit(&self, lease: &Lease, commit: Commit) -> Result<Committed, StoreError> {
-        self.settle(lease, Ending::Commit(commit)).await
+        self.settle(lease, Ending::Commit(Box::new(commit))).await
     }
 
     /// Sends again every finishing write (and commit) whose last send ended
@@ -333,6 +398,13 @@ impl Claims {
                     let result = claims.send(&lease, &ending).await;
                     let landed = matches!(result, Ok(Committed::Applied));
                     sending.answered(&result);
+                    if let Ok(Committed::Taken(_)) = result {
+                        tracing::info!(
+                            id = %lease.id,
+                            "commit refused: the key was taken by another run meanwhile (a copy's commit), which is \
+                             the one that counts; nothing of this run applied"
+                        );
+                    }
                     if !landed {
                         return;
                     }
@@ -421,6 +493,19 @@ impl Claims {
         let (id, token) = (&lease.id, &lease.token);
         let committed = match ending {
             Ending::Finish(finish) => committed(self.store.finish(id, token, finish).await?),
+            Ending::Commit(commit) if commit.writes.is_empty() && commit.outbox.is_empty() => {
+                match commit.unclaimed.as_ref().zip(commit.finished_claim(None)) {
+                    // Nothing staged: the claim's completion alone, a single conditional put.
+                    Some((unclaimed, claim)) => match self.store.put_if_free(&claim, unclaimed.now_ms).await? {
+                        PutOutcome::Claimed => Committed::Applied,
+                        PutOutcome::Taken(existing) => commit.judged_by(token, existing.as_deref()).unwrap_or(
+                            // The key's record went away between the write and the answer: free again.
+                            Committed::Taken(None),
+                        ),
+                    },
+                    None => self.store.commit(id, token, commit).await?,
+                }
+            }
             Ending::Commit(commit) => self.store.commit(id, token, commit).await?,
             Ending::Release => committed(self.store.release(id, token).await?),
         };

@@ -177,6 +177,7 @@ impl Config {
             },
             log_bodies: env.flag("SQS_ONCE_LOG_BODIES", engine_defaults.log_bodies)?,
             envelope: env.parse("SQS_ONCE_ENVELOPE", engine_defaults.envelope, "none, sns or eventbridge")?,
+            claim: env.parse("SQS_ONCE_CLAIM", engine_defaults.claim, "auto or always")?,
         };
         if claims.expires_after.is_zero() {
             return Err(env.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));
@@ -415,9 +416,18 @@ mod tests {
             [("SQS_ONCE_KEYS".to_owned(), "SQS_ONCE_KEY"), ("SQS_ONCE_TABEL".to_owned(), "SQS_ONCE_TABLE")],
             "a setting, a handler's own name, another prefix and a name far from any are left alone"
         );
-        assert_eq!(settings().count(), 39, "docs/configuration.md's table lists every setting");
+        assert_eq!(settings().count(), 40, "docs/configuration.md's table lists every setting");
         assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn runs_claim_first_unless_told_they_need_not() {
+        use crate::engine::ClaimFirst;
+        assert_eq!(config(&[]).unwrap().engine.claim, ClaimFirst::Auto);
+        assert_eq!(config(&[("SQS_ONCE_CLAIM", "always")]).unwrap().engine.claim, ClaimFirst::Always);
+        let error = config(&[("SQS_ONCE_CLAIM", "never")]).unwrap_err();
+        assert_eq!(error.to_string(), r#"invalid SQS_ONCE_CLAIM="never": expected auto or always"#);
     }
 
     #[test]

@@ -61,11 +61,44 @@ pub(crate) struct EngineOptions {
     pub log_bodies: bool,
     /// The envelope message bodies arrive in (`SQS_ONCE_ENVELOPE`).
     pub envelope: EnvelopeKind,
+    /// When a run claims its key before the handler runs (`SQS_ONCE_CLAIM`).
+    pub claim: ClaimFirst,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { concurrency: 64, margins: Margins::default(), log_bodies: false, envelope: EnvelopeKind::None }
+        Self {
+            concurrency: 64,
+            margins: Margins::default(),
+            log_bodies: false,
+            envelope: EnvelopeKind::None,
+            claim: ClaimFirst::Auto,
+        }
+    }
+}
+
+/// When a run claims its key before its handler runs (`SQS_ONCE_CLAIM`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum ClaimFirst {
+    /// Unless the handler stages every effect
+    /// ([`Handler::stages_every_effect`](crate::Handler::stages_every_effect)):
+    /// its run then takes no claim, and its commit writes the completion
+    /// where the key is free.
+    #[default]
+    Auto,
+    /// Always: only the claim's winner runs the handler.
+    Always,
+}
+
+impl std::str::FromStr for ClaimFirst {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "always" => Ok(Self::Always),
+            _ => Err(()),
+        }
     }
 }
 
@@ -349,6 +382,12 @@ impl Engine {
         self.inner.claims.still_unconfirmed()
     }
 
+    /// Whether runs take no claim: the handler stages every effect, and
+    /// `SQS_ONCE_CLAIM` leaves it so.
+    fn unclaimed(&self) -> bool {
+        self.inner.options.claim == ClaimFirst::Auto && self.inner.handler.stages_every_effect()
+    }
+
     /// Handlers running at once.
     fn concurrency(&self) -> usize {
         self.inner.options.concurrency.max(1)
@@ -599,21 +638,14 @@ impl Engine {
             message_id: &record.message_id,
         };
         let started = Instant::now();
-        let claim = self.inner.claims.claim(&request).await;
+        let claim = match self.unclaimed() {
+            true => self.inner.claims.start_unclaimed(&request).await,
+            false => self.inner.claims.claim(&request).await,
+        };
         let claim_latency = started.elapsed();
-        let lease = match claim {
-            Ok(Claim::Won(lease)) => lease,
-            Ok(Claim::Duplicate { .. }) => return (Step::Ended(Outcome::Duplicate), claim_latency),
-            Ok(Claim::Conflict { retry_after }) => {
-                return (Step::Ended(Outcome::Failed(Failure::Conflict { retry_after })), claim_latency);
-            }
-            Ok(Claim::FailedBefore { error }) => {
-                return (Step::Ended(Outcome::Failed(Failure::FailedBefore(error))), claim_latency);
-            }
-            Ok(Claim::PayloadMismatch) => {
-                return (Step::Ended(Outcome::Failed(Failure::PayloadMismatch)), claim_latency);
-            }
-            Err(error) => return (Step::Ended(Outcome::Failed(error.into())), claim_latency),
+        let lease = match claim.map_err(|error| Outcome::Failed(error.into())).and_then(won) {
+            Ok(lease) => lease,
+            Err(outcome) => return (Step::Ended(outcome), claim_latency),
         };
         let Some(_slot) = slots.take(progress).await else {
             tracing::debug!(key = %record.key, "claimed, but no handler slot came free before the cut-off: released");
@@ -643,7 +675,10 @@ impl Engine {
     ) -> Outcome {
         let outcome = provisional_outcome(&result, &staged, lease, self.inner.claims.now_ms());
         match result {
-            Ok(Ok(output)) if !staged.is_empty() => self.commit(record, lease, output, staged, progress).await,
+            // A run that took no claim commits its completion even with nothing staged: that write is its claim.
+            Ok(Ok(output)) if !staged.is_empty() || lease.is_unclaimed() => {
+                self.commit(record, lease, output, staged, progress).await
+            }
             Ok(Ok(output)) => {
                 let confirmed = match self.inner.claims.complete(lease, output.as_ref()).await {
                     Ok(fenced) => fenced == Fenced::Applied,
@@ -698,12 +733,20 @@ impl Engine {
         progress: &Mutex<Progress>,
     ) -> Outcome {
         let claims = &self.inner.claims;
+        let nothing_staged = staged.is_empty();
         let commit = claims.prepare_commit(lease, output.as_ref(), staged, &record.message_id);
         let entries = commit.outbox.clone();
         let (message_id, key) = (&record.message_id, &record.key);
         let outcome = match claims.commit(lease, commit).await {
             Ok(Committed::Applied) => Outcome::Processed { confirmed: true },
             Ok(Committed::Refused) => Outcome::Failed(Failure::LeaseLost),
+            // A run without a claim found the key taken: by a copy that committed first (a duplicate), a claim
+            // live elsewhere, a failure recorded. Nothing of this run applied.
+            Ok(Committed::Taken(existing)) => match claims.taken(lease, existing).await {
+                // A record that holds the key is never a claim won.
+                Ok(claim) => won(claim).err().unwrap_or(Outcome::Failed(Failure::LeaseLost)),
+                Err(error) => Outcome::Failed(error.into()),
+            },
             Ok(Committed::Cancelled(cancellation)) => {
                 let refusal = &cancellation.refusal;
                 let reason = reason::capped(&format!("{} ({})", refusal.reason, cancellation.reasons)).into_owned();
@@ -718,12 +761,21 @@ impl Engine {
                 let reason = reason::capped(&format!("the staged writes cannot be committed: {error}")).into_owned();
                 self.write_failure(record, lease, Failure::Permanent(reason), progress).await
             }
+            // A run without a claim that staged nothing has no effect to lose: its completion is a completion.
+            Err(error) if nothing_staged => {
+                tracing::error!(
+                    %message_id, %key, %error,
+                    "CompletionUnconfirmed: the handler succeeded but its completion could not be recorded; it is \
+                     sent again later"
+                );
+                Outcome::Processed { confirmed: false }
+            }
             Err(error) => {
                 tracing::error!(
                     %message_id, %key, %error,
                     "the handler's transaction could not be confirmed: the record is reported failed and comes \
-                     back after the lease; the commit is sent again, and its claim's token refuses it if another \
-                     delivery has taken the key over"
+                     back after the lease; the commit is sent again, and its claim's token (or, without a claim, \
+                     the key's completion) refuses it if another delivery has committed meanwhile"
                 );
                 Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, claims.now_ms()) })
             }
@@ -774,6 +826,17 @@ impl Done {
             notified.await;
         }
     }
+}
+
+/// The lease of a claim won, or the outcome of one that was not.
+fn won(claim: Claim) -> Result<Lease, Outcome> {
+    Err(Outcome::Failed(match claim {
+        Claim::Won(lease) => return Ok(lease),
+        Claim::Duplicate { .. } => return Err(Outcome::Duplicate),
+        Claim::Conflict { retry_after } => Failure::Conflict { retry_after },
+        Claim::FailedBefore { error } => Failure::FailedBefore(error),
+        Claim::PayloadMismatch => Failure::PayloadMismatch,
+    }))
 }
 
 /// Time until `lease` has ended, at least a second: when a record whose

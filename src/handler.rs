@@ -59,6 +59,41 @@ pub type HandlerResult = Result<Option<Value>, HandlerError>;
 pub trait Handler: Send + Sync + 'static {
     /// Processes one record.
     fn handle(&self, record: &Record) -> impl Future<Output = HandlerResult> + Send;
+
+    /// Whether every side effect of [`handle`](Self::handle) is staged on
+    /// the record's [`transaction`](crate::transaction): DynamoDB writes
+    /// and messages, nothing sent or written any other way. Such a handler
+    /// needs no claim before it runs. It runs, and its transaction writes
+    /// the claim's completion, conditioned on the key being free, with what
+    /// it staged, in one request: exactly once for the price of that
+    /// transaction. Two runs of one key may then run at once (a copy
+    /// delivered meanwhile); one commits, the other is a duplicate and
+    /// nothing of it applies. `false` (the default) claims the key first,
+    /// so that only the claim's winner runs, as a handler with effects
+    /// outside the transaction needs. `SQS_ONCE_CLAIM=always` claims first
+    /// whatever this says.
+    ///
+    /// ```
+    /// use sqs_once::{Handler, HandlerResult, Record, transaction::{Key, Update}};
+    ///
+    /// struct Credit;
+    ///
+    /// impl Handler for Credit {
+    ///     async fn handle(&self, record: &Record) -> HandlerResult {
+    ///         let account: String = record.body_json()?;
+    ///         record.transaction().stage(Update::new("ledger", Key::new("pk", account)).add("balance", 5))?;
+    ///         Ok(None)
+    ///     }
+    ///
+    ///     // Its only effect is the staged update.
+    ///     fn stages_every_effect(&self) -> bool {
+    ///         true
+    ///     }
+    /// }
+    /// ```
+    fn stages_every_effect(&self) -> bool {
+        false
+    }
 }
 
 /// A shared handler is a handler, so tests and callers can keep a reference
@@ -66,6 +101,10 @@ pub trait Handler: Send + Sync + 'static {
 impl<H: Handler> Handler for Arc<H> {
     fn handle(&self, record: &Record) -> impl Future<Output = HandlerResult> + Send {
         H::handle(self, record)
+    }
+
+    fn stages_every_effect(&self) -> bool {
+        H::stages_every_effect(self)
     }
 }
 
@@ -120,11 +159,18 @@ pub(crate) type BuildHandler<'a> = LocalBoxFuture<'a, Result<BoxHandler, String>
 pub(crate) trait DynHandler: Send + Sync + 'static {
     /// [`Handler::handle`] with its future boxed.
     fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult>;
+
+    /// [`Handler::stages_every_effect`].
+    fn stages_every_effect(&self) -> bool;
 }
 
 impl<H: Handler> DynHandler for H {
     fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult> {
         Box::pin(self.handle(record))
+    }
+
+    fn stages_every_effect(&self) -> bool {
+        Handler::stages_every_effect(self)
     }
 }
 

@@ -57,10 +57,56 @@ pub enum Fenced {
 pub struct Commit {
     /// The claim's completion.
     pub finish: Finish,
+    /// `None` when the caller holds the claim (in progress under the
+    /// commit's token), which the commit finishes. A run that took no claim
+    /// (its handler stages every effect) commits the claim it never took.
+    pub unclaimed: Option<Unclaimed>,
     /// The handler's writes, in the order it staged them.
     pub writes: Vec<Write>,
     /// The outbox entries of the messages it staged.
     pub outbox: Vec<OutboxEntry>,
+}
+
+/// The claim a run that took none commits: written, finished, where the
+/// key is free, instead of finishing a claim in progress.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unclaimed {
+    /// The claim as the run would have taken it (its token the commit's);
+    /// the commit writes it with [`Commit::finish`] applied.
+    pub claim: StoredClaim,
+    /// The time the key must be free at, by [`StoredClaim::is_free`].
+    pub now_ms: u64,
+}
+
+impl Commit {
+    /// What the key's claim as stored (`stored`) answers this commit under
+    /// `token` before its writes are evaluated; `None` when it may apply.
+    /// An attempt that meets its own earlier, applied attempt (the claim
+    /// finished under `token`) is [`Committed::Applied`].
+    pub(crate) fn judged_by(&self, token: &str, stored: Option<&StoredClaim>) -> Option<Committed> {
+        let ours = stored.filter(|claim| claim.token.as_deref() == Some(token));
+        if ours.is_some_and(|claim| claim.status == self.finish.status) {
+            return Some(Committed::Applied);
+        }
+        match &self.unclaimed {
+            None if ours.is_some_and(|claim| claim.status == ClaimStatus::InProgress) => None,
+            None => Some(Committed::Refused),
+            Some(unclaimed) => match stored {
+                Some(claim) if !claim.is_free(unclaimed.now_ms) => {
+                    Some(Committed::Taken(Some(Box::new(claim.clone()))))
+                }
+                _ => None,
+            },
+        }
+    }
+
+    /// The claim as this commit leaves it, `stored` being the one it
+    /// finishes (ignored for an unclaimed commit, which writes its own).
+    pub(crate) fn finished_claim(&self, stored: Option<&StoredClaim>) -> Option<StoredClaim> {
+        let mut claim = self.unclaimed.as_ref().map(|unclaimed| &unclaimed.claim).or(stored)?.clone();
+        claim.apply(&self.finish);
+        Some(claim)
+    }
 }
 
 /// The outcome of [`ClaimStore::commit`].
@@ -75,6 +121,10 @@ pub enum Committed {
     Refused,
     /// A staged write's own condition did not hold: nothing applied.
     Cancelled(Cancellation),
+    /// An unclaimed commit found the key not free: nothing applied. The
+    /// record that holds it is returned when the store can say what it is
+    /// in the same request; `None` makes the state machine read it.
+    Taken(Option<Box<StoredClaim>>),
 }
 
 /// Which staged write cancelled a commit, and why.
@@ -268,7 +318,8 @@ pub trait ClaimStore: Send + Sync {
     ) -> Result<Fenced, StoreError>;
 
     /// Applies `commit` atomically, if the in-progress claim `id` still
-    /// carries `token` and every staged write's condition holds: the
+    /// carries `token` (for an unclaimed commit: if the key is free, see
+    /// [`Unclaimed`]) and every staged write's condition holds: the
     /// claim's completion, the writes and the outbox entries, or nothing.
     /// An attempt that meets its own earlier, applied attempt answers
     /// [`Committed::Applied`]. Stores that cannot refuse with

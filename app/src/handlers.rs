@@ -45,16 +45,25 @@ impl Handler for Chosen {
     async fn handle(&self, record: &Record) -> HandlerResult {
         self.0.handle_boxed(record).await
     }
+
+    fn stages_every_effect(&self) -> bool {
+        self.0.stages_every_effect()
+    }
 }
 
 /// [`Handler`] as a trait object: its future boxed.
 trait Erased: Send + Sync {
     fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult>;
+    fn stages_every_effect(&self) -> bool;
 }
 
 impl<H: Handler> Erased for H {
     fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult> {
         Box::pin(self.handle(record))
+    }
+
+    fn stages_every_effect(&self) -> bool {
+        Handler::stages_every_effect(self)
     }
 }
 

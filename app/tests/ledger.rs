@@ -1,7 +1,10 @@
 //! Exactly once for DynamoDB side effects, proved on the bundled `ledger`
 //! handler (`handlers/ledger.rs`): its credits and debits are staged and
-//! commit in one transaction with their claims, and its notices leave
-//! through the outbox. Against DynamoDB Local and the SQS server:
+//! commit in one transaction with their claims' completions, and its
+//! notices leave through the outbox. It stages every effect, so its runs
+//! take no claim first and their commits race (`SQS_ONCE_CLAIM=auto`);
+//! the drains and the takeover run claiming first (`always`) too. Against
+//! DynamoDB Local and the SQS server:
 //!
 //! - `sqs-once invoke` processes get every pending entry twice per round
 //!   until each was reported successful once, then a copy of each after
@@ -49,13 +52,21 @@ struct World {
     balances: String,
     notices: Queue,
     dead_letters: Queue,
+    /// `SQS_ONCE_CLAIM`: the ledger stages every effect, so its runs take no
+    /// claim (`auto`) unless told to claim first (`always`).
+    claim: &'static str,
 }
 
 impl World {
     async fn new() -> Self {
+        Self::claiming("auto").await
+    }
+
+    /// A world whose consumers claim as `claim` (`SQS_ONCE_CLAIM`) says.
+    async fn claiming(claim: &'static str) -> Self {
         let claims = common::fresh_table().await;
         let (notices, dead_letters) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
-        Self { claims, balances: common::dynamodb::items_table().await, notices, dead_letters }
+        Self { claims, balances: common::dynamodb::items_table().await, notices, dead_letters, claim }
     }
 
     /// The settings of a ledger consumer whose DynamoDB and SQS requests go
@@ -69,6 +80,7 @@ impl World {
             ("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.into()),
             ("AWS_ENDPOINT_URL_SQS", sqs.into()),
             ("SQS_ONCE_DLQ_URL", self.dead_letters.url().to_owned()),
+            ("SQS_ONCE_CLAIM", self.claim.to_owned()),
         ]
     }
 
@@ -213,8 +225,8 @@ fn entries(keys: usize, seed: u64) -> BTreeMap<String, String> {
 /// injecting `dynamodb` faults into every DynamoDB request and `sqs` faults
 /// into the notices sent, then, once every lease has ended, a copy of each
 /// again; checks the ledger and returns the figures.
-async fn drain(keys: usize, dynamodb: FaultMix, sqs: FaultMix, seed: u64) -> Value {
-    let world = World::new().await;
+async fn drain(keys: usize, dynamodb: FaultMix, sqs: FaultMix, seed: u64, claim: &'static str) -> Value {
+    let world = World::claiming(claim).await;
     let dynamodb_proxy = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, dynamodb, &[], seed).await;
     let sqs_proxy = FaultProxy::start(&common::sqs::endpoint(), SQS, sqs, &["SendMessage"], seed).await;
     let envs = world.envs(&dynamodb_proxy.url, &sqs_proxy.url);
@@ -234,7 +246,7 @@ async fn drain(keys: usize, dynamodb: FaultMix, sqs: FaultMix, seed: u64) -> Val
     let checked = world.check(&messages).await;
     let sum = |metric: &str| rounds.sum(metric);
     let report = json!({
-        "keys": keys, "dynamodb_faults": FaultMix::rate(&dynamodb), "sqs_faults": FaultMix::rate(&sqs), "seed": seed,
+        "keys": keys, "claim": claim, "dynamodb_faults": FaultMix::rate(&dynamodb), "sqs_faults": FaultMix::rate(&sqs), "seed": seed,
         "rounds": rounds.rounds, "rounds_before_copies": rounds_before_copies, "deliveries": rounds.deliveries,
         "seconds": started.elapsed().as_secs(),
         "processed": sum("Processed"), "duplicates": sum("Duplicates"), "uncommitted": sum("FailedUncommitted"),
@@ -252,20 +264,34 @@ async fn drain(keys: usize, dynamodb: FaultMix, sqs: FaultMix, seed: u64) -> Val
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_entry_applies_once_under_duplicate_deliveries() {
-    let report = drain(120, FaultMix::default(), FaultMix::default(), 3).await;
-    // Without faults, each entry commits in its first round, and every later delivery is a duplicate.
-    assert_eq!(report["uncommitted"], 0, "{report}");
-    assert_eq!(report["checked"]["notices_duplicated"], 0, "{report}");
+    for claim in ["auto", "always"] {
+        let report = drain(120, FaultMix::default(), FaultMix::default(), 3, claim).await;
+        // Without faults, each entry commits in its first round, and every later delivery is a duplicate.
+        assert_eq!(report["uncommitted"], 0, "{report}");
+        assert_eq!(report["checked"]["notices_duplicated"], 0, "{report}");
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_entry_applies_once_on_a_faulty_network() {
+/// Drains entries on a faulty network, its consumers claiming as `claim` says.
+async fn faulty_network(claim: &'static str) {
     for seed in seeds() {
         let rate = setting("SQS_ONCE_FAULTS_RATE", 0.18);
         let keys = setting("SQS_ONCE_FAULTS_KEYS", 150);
         // Notices sent with lost answers, resets, errors, throttling and slow answers: some are sent twice.
-        drain(keys, FaultMix::spread(rate), FaultMix { statement_error: 0.0, ..FaultMix::spread(rate) }, seed).await;
+        let sqs = FaultMix { statement_error: 0.0, ..FaultMix::spread(rate) };
+        drain(keys, FaultMix::spread(rate), sqs, seed, claim).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_applies_once_on_a_faulty_network() {
+    // The ledger stages every effect: its runs take no claim, and their commits race.
+    faulty_network("auto").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_applies_once_on_a_faulty_network_when_runs_claim_first() {
+    faulty_network("always").await;
 }
 
 /// What becomes of commits held by DynamoDB when their process is killed.
@@ -279,8 +305,8 @@ enum Held {
     LandAfterTakeover,
 }
 
-async fn killed_between_return_and_commit(held: Held) {
-    let world = World::new().await;
+async fn killed_between_return_and_commit(held: Held, claim: &'static str) {
+    let world = World::claiming(claim).await;
     let hold = match held {
         Held::LandAfterTakeover => Duration::from_secs(12),
         _ => Duration::from_millis(1500),
@@ -327,22 +353,27 @@ async fn killed_between_return_and_commit(held: Held) {
         tokio::time::sleep(hold.saturating_sub(seen.elapsed()) + Duration::from_secs(1)).await;
     }
     let report = world.check(&messages).await;
-    println!("ledger-report {}", json!({ "case": format!("{held:?}"), "checked": report }));
+    println!("ledger-report {}", json!({ "case": format!("{held:?}"), "claim": claim, "checked": report }));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_before_its_commits_landed_leaves_them_to_the_copies() {
-    killed_between_return_and_commit(Held::Lost).await;
+    killed_between_return_and_commit(Held::Lost, "auto").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_that_land_after_their_process_died_make_the_copies_duplicates() {
-    killed_between_return_and_commit(Held::LandBeforeCopies).await;
+    killed_between_return_and_commit(Held::LandBeforeCopies, "auto").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_that_land_after_a_takeover_are_refused_by_the_claims_token() {
-    killed_between_return_and_commit(Held::LandAfterTakeover).await;
+    killed_between_return_and_commit(Held::LandAfterTakeover, "always").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_without_a_claim_that_land_after_the_copies_committed_are_refused_by_the_completion() {
+    killed_between_return_and_commit(Held::LandAfterTakeover, "auto").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -279,15 +279,21 @@ async fn a_write_held_past_the_margin_and_never_thawed_is_the_window_that_remain
 }
 
 /// The ledger (`handlers/ledger.rs`) through the same lifecycle: its credits
-/// commit in one transaction with their claims, so a commit cut off by the
-/// freeze is reported failed (`uncommitted`), and the copies after the lease
-/// commit each credit once, whatever becomes of the frozen environment.
+/// commit in one transaction with their keys' completions (its runs take no
+/// claim, or claim first with `SQS_ONCE_CLAIM=always`), so a commit cut off
+/// by the freeze is reported failed (`uncommitted`), and the copies after the
+/// lease commit each credit once, whatever becomes of the frozen environment.
 mod ledger {
     use super::*;
 
-    /// The ledger's settings, its balances in `table`.
-    fn ledger(table: &str) -> Vec<(&'static str, String)> {
-        vec![("SQS_ONCE_HANDLER", "ledger".to_owned()), ("SQS_ONCE_LEDGER_TABLE", table.to_owned())]
+    /// The ledger's settings, its balances in `table`, its runs claiming as
+    /// `claim` (`SQS_ONCE_CLAIM`) says.
+    fn ledger(table: &str, claim: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("SQS_ONCE_HANDLER", "ledger".to_owned()),
+            ("SQS_ONCE_LEDGER_TABLE", table.to_owned()),
+            ("SQS_ONCE_CLAIM", claim.to_owned()),
+        ]
     }
 
     /// Twenty credits over five accounts, credit n of n + 1.
@@ -313,11 +319,18 @@ mod ledger {
         }
     }
 
+    /// What the thawed environment logs as its late commits are refused:
+    /// by their claims' tokens, or, for runs that took no claim, by the
+    /// copies' completions.
+    const REFUSED_BY_TOKEN: &str = "commit refused: the lease was taken over";
+    const REFUSED_BY_COMPLETION: &str = "commit refused: the key was taken by another run";
+
     /// Freezes the first environment at its answer while DynamoDB holds its
     /// commits `held`, delivers copies after the lease to a second one, and
-    /// then, if `thaw`, thaws the first and invokes it again. Returns the
-    /// first answer's failures and the copies' outcomes.
-    async fn run(held: Duration, thaw: bool) -> (Vec<String>, Value) {
+    /// then, if `thawed` says what it logs, thaws the first and invokes it
+    /// again. Runs claim as `claim` says. Returns the first answer's
+    /// failures and the copies' outcomes.
+    async fn run(held: Duration, thawed: Option<&str>, claim: &str) -> (Vec<String>, Value) {
         let _alone = ONE_AT_A_TIME.lock().await;
         warm_up().await;
         let store = common::fresh_table().await;
@@ -326,7 +339,7 @@ mod ledger {
         let proxy = FaultProxy::holding_finishing_writes(held).await;
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("demo.log");
-        let first = Environment::with(&table, &proxy.url, true, 2000, &log, &ledger(&balances)).await;
+        let first = Environment::with(&table, &proxy.url, true, 2000, &log, &ledger(&balances, claim)).await;
         first.freeze_at_answer(&proxy);
         let deadline_ms = u64::try_from((SystemTime::now() + DEADLINE).duration_since(UNIX_EPOCH).unwrap().as_millis());
         let failed_first = first.invoke(&credits(1)).await;
@@ -334,16 +347,16 @@ mod ledger {
         let now_ms = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap();
         tokio::time::sleep(Duration::from_millis(lease_end_ms.saturating_sub(now_ms))).await;
         proxy.hold_finishing(Duration::ZERO);
-        let second = Environment::with(&table, &proxy.url, true, 2000, &log, &ledger(&balances)).await;
+        let second = Environment::with(&table, &proxy.url, true, 2000, &log, &ledger(&balances, claim)).await;
         let (answer, _, _) = second.api.invoke(&credits(2), DEADLINE).await.expect("the copies were answered");
         let Answer::Response(response) = answer else { panic!("invocation error: {answer:?}") };
         assert!(common::failed_ids(&response).is_empty(), "copies: {response}\n{}", second.logs());
-        if thaw {
-            // The thawed environment sends its unconfirmed commits again: the claims' tokens refuse them.
+        if let Some(refused) = thawed {
+            // The thawed environment sends its unconfirmed commits again, and they are refused.
             first.thaw();
             assert!(first.invoke(&json!({ "Records": [] })).await.is_empty());
             let logs = first.logs();
-            assert!(logs.contains("commit refused: the lease was taken over"), "{logs}");
+            assert!(logs.contains(refused), "{logs}");
         }
         balances_are_exact(&balances).await;
         (failed_first, outcomes(&second.logs()))
@@ -358,20 +371,26 @@ mod ledger {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_commit_cut_off_by_the_freeze_is_reported_failed_and_the_copies_commit_once() {
         // Held past the deadline: not confirmed when the answer is due.
-        let (failed, outcomes) = run(Duration::from_secs(6), false).await;
+        let (failed, outcomes) = run(Duration::from_secs(6), None, "auto").await;
         assert_eq!(failed.len(), RECORDS, "every credit reported failed (uncommitted), none successful");
         assert_eq!(outcomes["processed"], RECORDS, "the copies took every key over: {outcomes}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_thawed_environment_cannot_commit_over_the_copies() {
-        let (failed, _) = run(Duration::from_secs(6), true).await;
+        let (failed, _) = run(Duration::from_secs(6), Some(REFUSED_BY_TOKEN), "always").await;
+        assert_eq!(failed.len(), RECORDS);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thawed_environment_whose_runs_took_no_claim_cannot_commit_over_the_copies() {
+        let (failed, _) = run(Duration::from_secs(6), Some(REFUSED_BY_COMPLETION), "auto").await;
         assert_eq!(failed.len(), RECORDS);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn commits_confirmed_before_the_answer_make_the_copies_duplicates() {
-        let (failed, outcomes) = run(HELD_WITHIN_MARGIN, false).await;
+        let (failed, outcomes) = run(HELD_WITHIN_MARGIN, None, "auto").await;
         assert!(failed.is_empty(), "{failed:?}");
         assert_eq!(outcomes["duplicate"], RECORDS, "{outcomes}");
     }

@@ -50,8 +50,9 @@ const MAX_ENTRIES: usize = 10_000;
 pub(crate) enum Ending {
     /// Completed or failed, recorded with this change.
     Finish(Finish),
-    /// Completed in one transaction with the handler's staged writes.
-    Commit(Commit),
+    /// Completed in one transaction with the handler's staged writes
+    /// (boxed: a commit may carry the claim it writes).
+    Commit(Box<Commit>),
     /// Deleted, so that a redelivery runs again.
     Release,
 }
@@ -70,7 +71,8 @@ impl Ending {
     /// The change to the claim, unless the claim is deleted.
     pub(crate) fn finish(&self) -> Option<&Finish> {
         match self {
-            Self::Finish(finish) | Self::Commit(Commit { finish, .. }) => Some(finish),
+            Self::Finish(finish) => Some(finish),
+            Self::Commit(commit) => Some(&commit.finish),
             Self::Release => None,
         }
     }
@@ -238,7 +240,7 @@ mod tests {
     use super::*;
 
     fn lease(id: &str) -> Lease {
-        Lease { id: id.into(), token: "t".into(), lease_until_ms: 0, payload_hash: None }
+        Lease { id: id.into(), token: "t".into(), lease_until_ms: 0, payload_hash: None, unclaimed: None }
     }
 
     fn unavailable() -> Result<Committed, StoreError> {

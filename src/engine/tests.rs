@@ -877,3 +877,5 @@ async fn a_claim_won_that_finds_no_handler_slot_before_the_cut_off_is_released()
 async fn a_store_sending_each_call_alone_gets_no_more_than_the_concurrency_bound() {
     assert_eq!(most_calls_under_way(false).await, 3, "a finishing write keeps its run's permit");
 }
+
+mod unclaimed;

@@ -4,19 +4,20 @@
 
 use std::{sync::Arc, time::Duration};
 
+use aws_lambda_events::sqs::SqsMessageAttribute;
 use tokio::{sync::Semaphore, time::Instant};
 
 use super::{
     TICK,
     queue::Delivery,
-    workload::SimHandler,
+    workload::{HOLDER, SimHandler},
     world::{Life, Link, Mode, Sender, World},
 };
 use crate::{
     budget::{LEAVING_TIME, SHUTDOWN_TIME},
     claim::{ClaimPolicy, Claims},
     clock::Clock,
-    engine::{Engine, EngineOptions},
+    engine::{ClaimFirst, Engine, EngineOptions, Invocation},
     event::EventRecord,
     key::Keys,
     outbox::Outbox,
@@ -49,17 +50,30 @@ fn engine(world: &Arc<World>, id: usize) -> Engine {
     let claims = Claims::with_policy(Arc::clone(&store), policy, Arc::clone(&clock));
     let outbox = Outbox::new(store, Arc::new(Sender { link }), clock, Some(scenario.sweep_every));
     let keys = Keys::new("body.id", "sim").expect("a valid key").hashed(false);
-    let options = EngineOptions { concurrency: scenario.concurrency, ..EngineOptions::default() };
+    // The handler stages every effect: a process claims first, or (as `SQS_ONCE_CLAIM=auto` has it) runs
+    // without a claim and commits the key's completion where it is free. Worlds mix the two.
+    let claim = match world.draw(|rng| rng.f64() < scenario.unclaimed) {
+        true => ClaimFirst::Auto,
+        false => ClaimFirst::Always,
+    };
+    let options = EngineOptions { concurrency: scenario.concurrency, claim, ..EngineOptions::default() };
     let handler = Arc::new(SimHandler { world: Arc::clone(world) });
     Engine::new(handler, Arc::new(claims), keys, options).with_outbox(Arc::new(outbox))
 }
 
-fn records(deliveries: &[Delivery]) -> Vec<EventRecord> {
+/// The records of an invocation's `deliveries`, each carrying the
+/// invocation's request id (the claims' holder) in the message attribute
+/// [`HOLDER`], so that a run that takes no claim knows its holder too.
+fn records(deliveries: &[Delivery], invocation: &Invocation) -> Vec<EventRecord> {
     deliveries
         .iter()
         .map(|delivery| {
             let mut message = crate::testing::message(&delivery.message_id, delivery.body.clone());
             message.attributes.insert("ApproximateReceiveCount".into(), delivery.receive_count.to_string());
+            let mut holder = SqsMessageAttribute::default();
+            holder.string_value = Some(invocation.request_id.clone());
+            holder.data_type = Some("String".into());
+            message.message_attributes.insert(HOLDER.into(), holder);
             EventRecord::Message(Arc::new(message))
         })
         .collect()
@@ -83,7 +97,7 @@ async fn lambda(world: &Arc<World>, id: usize, engine: &Engine) {
         };
         world.set_life(id, Life::Running);
         let invocation = world.invocation(id, batch);
-        let records = records(&deliveries);
+        let records = records(&deliveries, &invocation);
         let killed_at = world.strikes(|faults| faults.kill).then(|| {
             Instant::now()
                 + world.draw(|rng| Duration::from_millis(rng.u64(0..world.scenario.timeout.as_millis() as u64)))
@@ -132,7 +146,7 @@ async fn poll(world: &Arc<World>, id: usize, engine: &Engine) {
         let (world_, engine_) = (Arc::clone(world), engine.clone());
         tokio::spawn(async move {
             let invocation = world_.invocation(id, batch);
-            let report = engine_.process(&records(&deliveries), &invocation).await;
+            let report = engine_.process(&records(&deliveries, &invocation), &invocation).await;
             world_.answered(&invocation, &deliveries, &report);
             drop(permit);
         });

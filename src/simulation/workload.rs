@@ -18,6 +18,9 @@ use crate::{
     transaction::{Check, Condition, Key, Message, Put, Update},
 };
 
+/// The message attribute that names the invocation a record runs in.
+pub(super) const HOLDER: &str = "sim-holder";
+
 /// Where the handlers' messages go.
 pub(super) const OUT_QUEUE: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/out";
 
@@ -100,9 +103,14 @@ pub(super) struct SimHandler {
 }
 
 impl Handler for SimHandler {
+    fn stages_every_effect(&self) -> bool {
+        // Sleeping and failing are not effects; every write and message is staged.
+        true
+    }
+
     async fn handle(&self, record: &Record) -> HandlerResult {
         let spec: Spec = record.body_json()?;
-        let run = self.world.start_run(record, &spec).await;
+        let run = self.world.start_run(record, &spec);
         if spec.sleep_ms > 0 {
             tokio::time::sleep(Duration::from_millis(spec.sleep_ms)).await;
         }

@@ -20,7 +20,7 @@ use tokio::{sync::Notify, time::Instant};
 use super::{
     Run, check,
     queue::{Delivery, Queue},
-    workload::{Spec, message_body},
+    workload::{HOLDER, Spec, message_body},
 };
 use crate::{
     Record,
@@ -128,6 +128,8 @@ pub(super) struct Scenario {
     pub gathers: bool,
     pub cache_entries: usize,
     pub sweep_every: Duration,
+    /// The share of processes whose runs take no claim (the rest claim first).
+    pub unclaimed: f64,
     pub faults: Faults,
 }
 
@@ -149,6 +151,7 @@ impl Scenario {
             gathers: rng.bool(),
             cache_entries: if rng.bool() { 1024 } else { 0 },
             sweep_every: Duration::from_secs(rng.u64(1..=10)),
+            unclaimed: [0.0, 0.5, 1.0][rng.usize(..3)],
             faults: Faults::draw(rng),
         }
     }
@@ -205,6 +208,8 @@ pub(super) struct Stats {
     pub messages_sent: u64,
     pub uncommitted: u64,
     pub cancelled: u64,
+    pub unclaimed_commits: u64,
+    pub taken: u64,
 }
 
 impl Stats {
@@ -229,6 +234,8 @@ impl Stats {
             (&mut self.messages_sent, other.messages_sent),
             (&mut self.uncommitted, other.uncommitted),
             (&mut self.cancelled, other.cancelled),
+            (&mut self.unclaimed_commits, other.unclaimed_commits),
+            (&mut self.taken, other.taken),
         ];
         for (total, value) in fields {
             *total += value;
@@ -236,7 +243,7 @@ impl Stats {
     }
 
     /// The faults and schedules the simulation is made to meet, counted.
-    pub(super) fn faults(&self) -> [(&'static str, u64); 13] {
+    pub(super) fn faults(&self) -> [(&'static str, u64); 15] {
         [
             ("a request failed before applying", self.failed_before),
             ("an answer lost after applying", self.lost_after),
@@ -251,6 +258,8 @@ impl Stats {
             ("overlapping batches", self.overlapping),
             ("an uncommitted record", self.uncommitted),
             ("a cancelled commit", self.cancelled),
+            ("a commit without a claim", self.unclaimed_commits),
+            ("a commit without a claim that found the key taken", self.taken),
         ]
     }
 }
@@ -477,10 +486,10 @@ impl World {
         }
     }
 
-    /// A handler run starts: which claim it runs under, and its attempt.
-    pub(super) async fn start_run(&self, record: &Record, spec: &Spec) -> RunInfo {
-        let claim = self.store.get(&record.key).await.ok().flatten();
-        let holder = claim.and_then(|claim| claim.holder).unwrap_or_default();
+    /// A handler run starts: the invocation it runs in, and its attempt.
+    pub(super) fn start_run(&self, record: &Record, spec: &Spec) -> RunInfo {
+        let holder = record.message_attributes().get(HOLDER).and_then(|holder| holder.string_value.clone());
+        let holder = holder.unwrap_or_default();
         let mut ledger = lock(&self.ledger);
         let attempt = {
             let attempts = ledger.attempts.entry(spec.id.clone()).or_default();
@@ -704,8 +713,14 @@ impl ClaimStore for Link {
             }
         }
         let call = Call { name: "commit", about: id, fence: Some((id, token)), entry_body: None };
+        let unclaimed = commit.unclaimed.is_some();
         let (id, token, commit) = (id.to_owned(), token.to_owned(), commit.clone());
-        self.call(call, move |store| async move { store.commit(&id, &token, &commit).await }).await
+        let committed = self.call(call, move |store| async move { store.commit(&id, &token, &commit).await }).await;
+        self.world.count(|stats| {
+            stats.unclaimed_commits += u64::from(unclaimed);
+            stats.taken += u64::from(matches!(committed, Ok(Committed::Taken(_))));
+        });
+        committed
     }
 
     async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {

@@ -342,25 +342,15 @@ impl DynamoDbStore {
 
     /// One conditional `PutItem`.
     async fn put_one(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        let names = &self.layout.attributes;
+        let free = self.layout.free_condition(now_ms);
         let result = self
             .client
             .put_item()
             .table_name(&self.layout.table)
             .set_item(Some(self.layout.write_item(record)))
-            .condition_expression(
-                "attribute_not_exists(#id) \
-                 OR (#status = :inprogress AND #lease < :now_ms) \
-                 OR (#status <> :inprogress AND #expiry < :now_s) \
-                 OR (#status = :inprogress AND attribute_not_exists(#lease) AND #expiry < :now_s)",
-            )
-            .expression_attribute_names("#id", &names.id)
-            .expression_attribute_names("#status", &names.status)
-            .expression_attribute_names("#lease", &names.lease)
-            .expression_attribute_names("#expiry", &names.expiry)
-            .expression_attribute_values(":inprogress", s(ClaimStatus::InProgress.as_str()))
-            .expression_attribute_values(":now_ms", n(now_ms))
-            .expression_attribute_values(":now_s", n(now_ms / 1000))
+            .condition_expression(free.condition)
+            .set_expression_attribute_names(Some(free.names))
+            .set_expression_attribute_values(Some(free.values))
             .return_values_on_condition_check_failure(self.returned_values())
             .send()
             .await;

@@ -128,13 +128,8 @@ impl ClaimStore for MemoryStore {
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         let mut state = self.state();
         let State { records, items, outbox } = &mut *state;
-        let Some(record) = records.get_mut(id).filter(|record| record.token.as_deref() == Some(token)) else {
-            return Ok(Committed::Refused);
-        };
-        match record.status {
-            ClaimStatus::InProgress => {}
-            status if status == commit.finish.status => return Ok(Committed::Applied),
-            _ => return Ok(Committed::Refused),
+        if let Some(answer) = commit.judged_by(token, records.get(id)) {
+            return Ok(answer);
         }
         let changes = match items::evaluate(&commit.writes, |place| Ok(items.get(place).cloned()))? {
             Evaluated::Apply(changes) => changes,
@@ -146,7 +141,9 @@ impl ClaimStore for MemoryStore {
                 Change::Delete(place) => items.remove(&place),
             };
         }
-        record.apply(&commit.finish);
+        if let Some(claim) = commit.finished_claim(records.get(id)) {
+            records.insert(id.to_owned(), claim);
+        }
         outbox.extend(commit.outbox.iter().map(|entry| (entry.id.clone(), entry.clone())));
         Ok(Committed::Applied)
     }

@@ -304,18 +304,13 @@ fn commit_in(
     token: &str,
     commit: &Commit,
 ) -> rusqlite::Result<Result<Committed, StoreError>> {
-    let claim = match select(connection, id)? {
-        Some(Ok(claim)) => claim,
+    let stored = match select(connection, id)? {
+        Some(Ok(claim)) => Some(claim),
         Some(Err(malformed)) => return Ok(Err(malformed)),
-        None => return Ok(Ok(Committed::Refused)),
+        None => None,
     };
-    if claim.token.as_deref() != Some(token) {
-        return Ok(Ok(Committed::Refused));
-    }
-    match claim.status {
-        ClaimStatus::InProgress => {}
-        status if status == commit.finish.status => return Ok(Ok(Committed::Applied)),
-        _ => return Ok(Ok(Committed::Refused)),
+    if let Some(answer) = commit.judged_by(token, stored.as_ref()) {
+        return Ok(Ok(answer));
     }
     let read = |place: &Place| -> Result<Option<Item>, StoreError> {
         let item: Option<String> = connection
@@ -342,7 +337,9 @@ fn commit_in(
             }
         };
     }
-    finish_row(connection, id, token, &commit.finish)?;
+    if let Some(claim) = commit.finished_claim(stored.as_ref()) {
+        upsert(connection, &claim)?;
+    }
     for entry in &commit.outbox {
         let text =
             serde_json::to_string(entry).map_err(|error| rusqlite::Error::ToSqlConversionFailure(error.into()))?;

@@ -54,7 +54,7 @@ impl ClaimStatus {
 }
 
 /// One claim, as every store holds it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredClaim {
     /// The stored key: the key prefix and the key, hashed unless
     /// `SQS_ONCE_HASH_KEYS=false`.

@@ -18,7 +18,7 @@ use super::claim_suite::Machine;
 use crate::{
     claim::Lease,
     clock::Clock,
-    store::{ClaimStatus, ClaimStore, Committed, Fenced, OutboxEntry, OutboxQuery, StoreError},
+    store::{Cancellation, ClaimStatus, ClaimStore, Committed, Fenced, OutboxEntry, OutboxQuery, StoreError},
     transaction::{Check, Condition, Delete, Key, Message, Put, Transaction, Update, Write},
 };
 
@@ -42,6 +42,12 @@ async fn commit_under(
     writes: Vec<Write>,
     messages: Vec<Message>,
 ) -> Result<Committed, StoreError> {
+    let commit = m.claims.prepare_commit(lease, None, staged(writes, messages), "m-suite");
+    m.claims.commit(lease, commit).await
+}
+
+/// `writes` and `messages`, staged.
+fn staged(writes: Vec<Write>, messages: Vec<Message>) -> crate::transaction::Staged {
     let transaction = Transaction::default();
     for write in writes {
         transaction.stage(write).expect("a valid write");
@@ -49,8 +55,29 @@ async fn commit_under(
     for message in messages {
         transaction.send(message).expect("a valid message");
     }
-    let commit = m.claims.prepare_commit(lease, None, transaction.staged(), "m-suite");
-    m.claims.commit(lease, commit).await
+    transaction.staged()
+}
+
+/// Starts a run of `id` that takes no claim, as delivery `attempt` (a
+/// redelivery reads the key first: the run may end there).
+async fn start_unclaimed(m: &Machine, id: &str, attempt: u32) -> crate::claim::Claim {
+    let request = crate::claim::ClaimRequest {
+        id,
+        body: "{}",
+        deadline_ms: m.deadline(),
+        holder: "holder-u",
+        attempt,
+        message_id: "m-unclaimed",
+    };
+    m.claims.start_unclaimed(&request).await.expect("store error")
+}
+
+/// The lease of a run of `id` that takes no claim.
+async fn unclaimed(m: &Machine, id: &str) -> Lease {
+    match start_unclaimed(m, id, 1).await {
+        crate::claim::Claim::Won(lease) => lease,
+        other => panic!("a first delivery of {id} without a claim starts, not {other:?}"),
+    }
 }
 
 /// Whether `condition` holds on the item `pk` of `table`, as a committed
@@ -147,6 +174,78 @@ pub async fn a_condition_that_does_not_hold_cancels_everything(store: Arc<dyn Cl
     assert!(cancellation.reasons.contains("ConditionalCheckFailed"), "{}", cancellation.reasons);
     assert!(holds(&m, &table, &erin, Condition::not_exists("balance")).await, "the first write did not apply");
     assert_eq!(m.stored("k-cancel").await.unwrap().status, ClaimStatus::InProgress);
+}
+
+/// Checks that a run that took no claim commits the key's completion with
+/// its writes and outbox entries where the key is free: one commit, nothing
+/// stored before it; the key is then a duplicate.
+pub async fn an_unclaimed_commit_completes_a_free_key_with_its_writes(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let kim = fresh("kim");
+    let lease = unclaimed(&m, "k-unclaimed").await;
+    assert_eq!(m.stored("k-unclaimed").await, None, "no claim is written before the commit");
+    let writes = vec![Update::new(&table, account(&kim)).add("balance", 3).into()];
+    let committed = commit_under(&m, &lease, writes, vec![Message::sqs(QUEUE, "credited")]).await;
+    assert_eq!(committed.unwrap(), Committed::Applied);
+    assert!(holds(&m, &table, &kim, Condition::eq("balance", 3)).await);
+    let claim = m.stored("k-unclaimed").await.expect("the commit wrote the claim");
+    assert_eq!(claim.status, ClaimStatus::Completed);
+    assert_eq!((claim.token.as_deref(), claim.lease_until_ms), (Some(lease.token.as_str()), None));
+    assert_eq!((claim.holder.as_deref(), claim.message_id.as_deref()), (Some("holder-u"), Some("m-unclaimed")));
+    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    assert_eq!(entries.iter().filter(|entry| entry.claim_id == lease.id).count(), 1);
+    assert!(matches!(m.claim("k-unclaimed", "{}", "holder-2").await, crate::claim::Claim::Duplicate { .. }));
+    // A redelivery reads the key first, and does not run.
+    assert!(matches!(start_unclaimed(&m, "k-unclaimed", 2).await, crate::claim::Claim::Duplicate { .. }));
+}
+
+/// Checks that of two runs of one key that took no claim, the first commit
+/// applies and the second is refused with the record that holds the key;
+/// the first sent again is applied, once.
+pub async fn of_two_unclaimed_commits_of_a_key_one_applies(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let lee = fresh("lee");
+    let (first, second) = (unclaimed(&m, "k-race").await, unclaimed(&m, "k-race").await);
+    let credit = |amount: i64| vec![Update::new(&table, account(&lee)).add("balance", amount).into()];
+    let one = m.claims.prepare_commit(&first, None, staged(credit(5), Vec::new()), "m-1");
+    assert_eq!(m.claims.commit(&first, one.clone()).await.unwrap(), Committed::Applied);
+    let two = commit_under(&m, &second, credit(5), vec![Message::sqs(QUEUE, "never")]).await.unwrap();
+    let Committed::Taken(holder) = two else { panic!("the second commit answered {two:?}") };
+    // A store that cannot say who holds the key answers None, and the state machine reads it.
+    if let Some(holder) = holder {
+        assert_eq!((holder.status, holder.token.as_deref()), (ClaimStatus::Completed, Some(first.token.as_str())));
+    }
+    assert_eq!(m.store.commit(&first.id, &first.token, &one).await.unwrap(), Committed::Applied, "sent again");
+    assert!(holds(&m, &table, &lee, Condition::eq("balance", 5)).await, "applied once");
+    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    assert!(entries.iter().all(|entry| entry.claim_id != second.id || entry.token != second.token));
+}
+
+/// Checks that an unclaimed commit applies nothing while another holder's
+/// claim is live, nor where a staged condition fails (and then writes no
+/// claim), and that it takes over a claim whose lease has ended.
+pub async fn an_unclaimed_commit_respects_live_claims_and_its_conditions(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let mo = fresh("mo");
+    let credit = |amount: i64| vec![Update::new(&table, account(&mo)).add("balance", amount).into()];
+    let held = m.win("k-held").await;
+    let lease = unclaimed(&m, "k-held").await;
+    let refused = commit_under(&m, &lease, credit(1), Vec::new()).await.unwrap();
+    assert!(matches!(refused, Committed::Taken(_)), "{refused:?}");
+    assert_eq!(m.stored("k-held").await.unwrap().token.as_deref(), Some(held.token.as_str()), "the claim stands");
+    assert!(holds(&m, &table, &mo, Condition::not_exists("balance")).await);
+
+    let gated =
+        vec![Update::new(&table, account(&mo)).add("balance", -1).condition(Condition::ge("balance", 1)).into()];
+    let lease = unclaimed(&m, "k-gated").await;
+    let cancelled = commit_under(&m, &lease, gated, Vec::new()).await.unwrap();
+    assert!(matches!(cancelled, Committed::Cancelled(Cancellation { write: 0, .. })), "{cancelled:?}");
+    assert_eq!(m.stored("k-gated").await, None, "a cancelled commit writes no claim");
+
+    m.clock.advance(Duration::from_secs(60));
+    let late = unclaimed(&m, "k-held").await;
+    assert_eq!(commit_under(&m, &late, credit(2), Vec::new()).await.unwrap(), Committed::Applied, "lease ended");
+    assert!(holds(&m, &table, &mo, Condition::eq("balance", 2)).await);
 }
 
 /// Checks that conditions judge as DynamoDB judges them: missing
@@ -279,6 +378,9 @@ macro_rules! commit_suite {
             adding_to_what_is_not_a_number_is_rejected,
             outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder,
             a_message_as_large_as_staging_allows_commits_whole,
+            an_unclaimed_commit_completes_a_free_key_with_its_writes,
+            of_two_unclaimed_commits_of_a_key_one_applies,
+            an_unclaimed_commit_respects_live_claims_and_its_conditions,
         );
     };
     ($make:expr, $($name:ident),* $(,)?) => {

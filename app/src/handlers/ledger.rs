@@ -9,6 +9,11 @@
 //! all. A debit that would take the balance below zero fails permanently
 //! through the write's own condition, and nothing of it applies.
 //!
+//! Every effect is staged, so a run takes no claim first
+//! ([`Handler::stages_every_effect`]): the transaction writes the key's
+//! completion where the key is free, one request and 4 write units per
+//! credit. `SQS_ONCE_CLAIM=always` claims first anyway.
+//!
 //! With `SQS_ONCE_LEDGER_NOTIFY_URL` set, each entry also sends
 //! `{"account", "amount", "message_id"}` to that queue through the outbox:
 //! written in the same transaction, sent once it has committed.
@@ -71,6 +76,10 @@ impl Handler for Ledger {
             transaction.send(Message::sqs(queue_url, notice.to_string()))?;
         }
         Ok(Some(json!({ "account": entry.account, "amount": entry.amount })))
+    }
+
+    fn stages_every_effect(&self) -> bool {
+        true
     }
 }
 

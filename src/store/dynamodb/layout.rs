@@ -227,7 +227,40 @@ pub(super) struct FinishUpdate {
     pub(super) values: HashMap<String, AttributeValue>,
 }
 
+/// The condition of a write that takes a key over: [`StoredClaim::is_free`]
+/// at `now_ms`, as a condition expression with its names and values.
+#[derive(Debug, Clone)]
+pub(super) struct FreeCondition {
+    pub(super) condition: &'static str,
+    pub(super) names: HashMap<String, String>,
+    pub(super) values: HashMap<String, AttributeValue>,
+}
+
 impl TableLayout {
+    /// The key's record is free at `now_ms`.
+    pub(super) fn free_condition(&self, now_ms: u64) -> FreeCondition {
+        let names = &self.attributes;
+        let aliases = [
+            ("#id", names.id.as_str()),
+            ("#status", names.status.as_str()),
+            ("#lease", names.lease.as_str()),
+            ("#expiry", names.expiry.as_str()),
+        ];
+        let values = [
+            (":inprogress", s(ClaimStatus::InProgress.as_str())),
+            (":now_ms", n(now_ms)),
+            (":now_s", n(now_ms / 1000)),
+        ];
+        FreeCondition {
+            condition: "attribute_not_exists(#id) \
+                        OR (#status = :inprogress AND #lease < :now_ms) \
+                        OR (#status <> :inprogress AND #expiry < :now_s) \
+                        OR (#status = :inprogress AND attribute_not_exists(#lease) AND #expiry < :now_s)",
+            names: aliases.into_iter().map(|(alias, name)| (alias.to_owned(), name.to_owned())).collect(),
+            values: values.into_iter().map(|(alias, value)| (alias.to_owned(), value)).collect(),
+        }
+    }
+
     /// Finishes the in-progress claim `id` under `token` as `finish` says.
     pub(super) fn finish_update(&self, id: &str, token: &str, finish: &Finish) -> FinishUpdate {
         let names = &self.attributes;

@@ -23,8 +23,9 @@ use crate::{
     engine::{Engine, EngineOptions, Invocation, tests::Directed},
     event::parse_event,
     key::Keys,
-    report::BatchReport,
+    report::{BatchReport, Outcome},
     store::{ClaimQuery, ClaimStatus, ClaimStore},
+    transaction::{Key, Update},
 };
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Value, json};
@@ -227,6 +228,49 @@ async fn write_units_per_record_path_are_powertools_own_on_the_ordinary_path() {
         (3.0, 1.0),
         "permanent: claim, failure record and its index entry: {failed_for_good:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_without_a_claim_costs_one_transaction_of_two_actions() {
+    /// Stages one credit to the account its body names, and nothing else.
+    struct Credit(String);
+    impl Handler for Credit {
+        async fn handle(&self, record: &Record) -> HandlerResult {
+            let account = record.body_json::<Value>()?["key"].to_string();
+            record.transaction().stage(Update::new(&self.0, Key::new("pk", account)).add("balance", 5))?;
+            Ok(None)
+        }
+        fn stages_every_effect(&self) -> bool {
+            true
+        }
+    }
+    let (created, _) = fresh_table().await;
+    let balances = testkit::dynamodb::items_table().await;
+    let meter = testkit::capacity::Meter::start().await;
+    let store = store_through(&meter.url, created.layout().clone()).await.batching(false);
+    let cold = ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() };
+    let credits = testkit::records((0..20).map(|n| json!({"key": n})));
+    assert_eq!(failed(&run(&engine(store.clone(), Credit(balances.clone()), cold.clone()), &credits).await), 0);
+    let new = meter.take();
+    assert_eq!(new.requests, [("TransactWriteItems".to_owned(), 20)].into(), "one request per credit: {new:?}");
+    assert_eq!(
+        (new.writes() / 20.0, new.index_writes()),
+        (4.0, 0.0),
+        "the claim's completion and the credit, 2 units each, no claim before them: {new:?}"
+    );
+    // A copy delivered again (its receive count above 1) reads the key, strongly consistent: 1 read unit.
+    let copies: Vec<Value> = credits
+        .iter()
+        .map(|record| {
+            let mut record = record.clone();
+            record["attributes"] = json!({"ApproximateReceiveCount": "2"});
+            record
+        })
+        .collect();
+    let report = run(&engine(store, Credit(balances), cold), &copies).await;
+    assert!(report.records.iter().all(|record| record.outcome == Outcome::Duplicate), "{report:?}");
+    let duplicate = meter.take();
+    assert_eq!((duplicate.writes(), duplicate.reads / 20.0), (0.0, 1.0), "a read, no write: {duplicate:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -283,7 +283,7 @@ impl DynamoDbStore {
                     // attempt of this commit can have used it; the claim says
                     // whether it applied.
                     TransactWriteItemsError::IdempotentParameterMismatchException(_) => {
-                        return self.judge_claim(id, token, None).await;
+                        return self.judge_claim(id, token, commit, None).await;
                     }
                     other => return Err(unavailable(other)),
                 },
@@ -318,18 +318,7 @@ impl DynamoDbStore {
                 target.describe()
             )));
         }
-        let finish = self.layout.finish_update(id, token, &commit.finish);
-        let claim = Update::builder()
-            .table_name(&self.layout.table)
-            .set_key(Some(claim_key))
-            .update_expression(finish.update)
-            .condition_expression(finish.condition)
-            .set_expression_attribute_names(Some(finish.names))
-            .set_expression_attribute_values(Some(finish.values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|error| StoreError::Rejected(error.to_string()))?;
-        let mut actions = vec![TransactWriteItem::builder().update(claim).build()];
+        let mut actions = vec![self.claim_action(id, token, commit)?];
         for write in &commit.writes {
             actions.push(action(write)?);
         }
@@ -346,11 +335,41 @@ impl DynamoDbStore {
         Ok(actions)
     }
 
+    /// The claim's action: the conditional update that finishes the claim
+    /// in progress, or, for an unclaimed commit, the put of its claim
+    /// finished, conditioned on the key being free (as a claim is). Either
+    /// returns the claim as it stood when its condition fails.
+    fn claim_action(&self, id: &str, token: &str, commit: &Commit) -> Result<TransactWriteItem, StoreError> {
+        let invalid = |error: aws_sdk_dynamodb::error::BuildError| StoreError::Rejected(error.to_string());
+        let returned = ReturnValuesOnConditionCheckFailure::AllOld;
+        if let (Some(unclaimed), Some(claim)) = (&commit.unclaimed, commit.finished_claim(None)) {
+            let free = self.layout.free_condition(unclaimed.now_ms);
+            let put = Put::builder()
+                .table_name(&self.layout.table)
+                .set_item(Some(self.layout.write_item(&claim)))
+                .condition_expression(free.condition)
+                .set_expression_attribute_names(Some(free.names))
+                .set_expression_attribute_values(Some(free.values))
+                .return_values_on_condition_check_failure(returned);
+            return Ok(TransactWriteItem::builder().put(put.build().map_err(invalid)?).build());
+        }
+        let finish = self.layout.finish_update(id, token, &commit.finish);
+        let update = Update::builder()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.layout.key(id)))
+            .update_expression(finish.update)
+            .condition_expression(finish.condition)
+            .set_expression_attribute_names(Some(finish.names))
+            .set_expression_attribute_values(Some(finish.values))
+            .return_values_on_condition_check_failure(returned);
+        Ok(TransactWriteItem::builder().update(update.build().map_err(invalid)?).build())
+    }
+
     async fn judge(&self, id: &str, token: &str, commit: &Commit, cancelled: &TransactionCanceledException) -> Judged {
         let reasons = reasons(cancelled);
         let text = self.reasons_text(commit, &reasons, cancelled.message());
         if let Some(claim) = reasons.first().filter(|claim| claim.is("ConditionalCheckFailed")) {
-            return Judged::Done(self.judge_claim(id, token, claim.item.as_ref()).await);
+            return Judged::Done(self.judge_claim(id, token, commit, claim.item.as_ref()).await);
         }
         if reasons.iter().any(|reason| reason.is("ValidationError") || reason.is("ItemCollectionSizeLimitExceeded")) {
             return Judged::Done(Err(StoreError::Rejected(text)));
@@ -370,19 +389,28 @@ impl DynamoDbStore {
     /// What the claim says of a commit whose claim condition failed, or
     /// whose token DynamoDB saw with other actions: applied if the claim is
     /// completed under our token (an earlier attempt applied unseen), not
-    /// confirmed if it is still ours and in progress, refused otherwise.
+    /// confirmed if it is still ours and in progress; otherwise refused,
+    /// or for an unclaimed commit the key taken, by the claim returned.
     /// `returned` is the claim as DynamoDB returned it; without it, the
     /// claim is read.
-    async fn judge_claim(&self, id: &str, token: &str, returned: Option<&Item>) -> Result<Committed, StoreError> {
+    async fn judge_claim(
+        &self,
+        id: &str,
+        token: &str,
+        commit: &Commit,
+        returned: Option<&Item>,
+    ) -> Result<Committed, StoreError> {
         let claim = match returned {
             Some(item) => Some(self.layout.read_item(item)?),
             None => self.get_one(id).await?,
         };
-        match claim.filter(|claim| claim.token.as_deref() == Some(token)).map(|claim| claim.status) {
+        let ours = claim.as_ref().filter(|claim| claim.token.as_deref() == Some(token)).map(|claim| claim.status);
+        match ours {
             Some(ClaimStatus::Completed) => Ok(Committed::Applied),
-            Some(ClaimStatus::InProgress) => Err(StoreError::unavailable(
+            Some(ClaimStatus::InProgress) if commit.unclaimed.is_none() => Err(StoreError::unavailable(
                 "DynamoDB saw the transaction's token with other actions, and the claim is still in progress",
             )),
+            _ if commit.unclaimed.is_some() => Ok(Committed::Taken(claim.map(Box::new))),
             _ => Ok(Committed::Refused),
         }
     }

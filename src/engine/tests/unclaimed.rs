@@ -1,0 +1,240 @@
+//! Runs that take no claim: a handler that stages every effect runs, and its
+//! transaction writes the key's completion where the key is free, with what
+//! it staged. What users rely on: the writes apply once however many runs of
+//! a key race, a failure leaves nothing applied, and a live claim elsewhere
+//! is a conflict.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::*;
+use crate::{
+    ErrorKind,
+    engine::ClaimFirst,
+    store::{Commit, Committed},
+    transaction::{Check, Condition, Key, Update},
+};
+
+/// Stages one increment of `applied` for its key; `{"fail": ...}` fails,
+/// `{"gate": "permanent" | "retryable"}` stages a check on an item nobody
+/// writes, `{"sleep_ms": n}` sleeps first, `{"stage": false}` stages nothing.
+#[derive(Clone, Default)]
+struct Credits {
+    runs: Arc<AtomicU32>,
+}
+
+impl Credits {
+    fn runs(&self) -> u32 {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+impl Handler for Credits {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let body: Value = serde_json::from_str(&record.body).unwrap_or_default();
+        if let Some(ms) = body["sleep_ms"].as_u64() {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        match body["fail"].as_str() {
+            Some("retryable") => return Err(HandlerError::retryable("asked to fail")),
+            Some(_) => return Err(HandlerError::permanent("asked to fail")),
+            None => {}
+        }
+        if body["stage"] == json!(false) {
+            return Ok(None);
+        }
+        let transaction = record.transaction();
+        transaction.stage(Update::new("applied", Key::new("pk", record.key.as_str())).add("n", 1))?;
+        if let Some(kind) = body["gate"].as_str() {
+            let kind = if kind == "permanent" { ErrorKind::Permanent } else { ErrorKind::Retryable };
+            let check = Check::new("gates", Key::new("pk", "closed"), Condition::exists("open"));
+            transaction.stage(check.or_fail(kind, "the gate is closed"))?;
+        }
+        Ok(None)
+    }
+
+    fn stages_every_effect(&self) -> bool {
+        true
+    }
+}
+
+/// The memory store, keeping the name of every call it gets.
+#[derive(Default)]
+struct Calls {
+    inner: MemoryStore,
+    calls: Mutex<Vec<&'static str>>,
+}
+
+impl Calls {
+    fn take(&self) -> Vec<&'static str> {
+        std::mem::take(&mut *self.calls.lock().unwrap())
+    }
+
+    fn note(&self, call: &'static str) {
+        self.calls.lock().unwrap().push(call);
+    }
+
+    /// How often the key's writes applied.
+    fn applied(&self, key: &str) -> u64 {
+        let items = self.inner.items("applied");
+        items.iter().find(|item| item["pk"] == key).map_or(0, |item| item["n"].as_u64().unwrap_or(0))
+    }
+
+    async fn status(&self, key: &str) -> Option<ClaimStatus> {
+        self.inner.get(key).await.unwrap().map(|claim| claim.status)
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimStore for Calls {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        self.note("put_if_free");
+        self.inner.put_if_free(record, now_ms).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
+        self.note("get");
+        self.inner.get(id).await
+    }
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        self.note("finish");
+        self.inner.finish(id, token, finish).await
+    }
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        self.note("release");
+        self.inner.release(id, token).await
+    }
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.inner.list(query).await
+    }
+    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
+        self.inner.replace_seen(seen, new).await
+    }
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
+        self.note(if commit.unclaimed.is_some() { "commit unclaimed" } else { "commit" });
+        self.inner.commit(id, token, commit).await
+    }
+}
+
+/// An engine over `store`, running `handler`, its local cache off (so that
+/// each run meets the store), claiming as `claim` says.
+fn engine(store: &Arc<Calls>, handler: &Credits, claim: ClaimFirst) -> Engine {
+    let policy = ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() };
+    let options = EngineOptions { claim, ..EngineOptions::default() };
+    Setup { store: Arc::clone(store) as Arc<dyn ClaimStore>, policy, options, ..Setup::default() }
+        .engine(handler.clone())
+}
+
+/// A delivery of `id`, its `ApproximateReceiveCount` `attempt`.
+fn delivery(id: &str, body: Value, attempt: u32) -> Value {
+    let mut message = message(id, body);
+    message["attributes"]["ApproximateReceiveCount"] = json!(attempt.to_string());
+    message
+}
+
+const SECS_30: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn a_run_takes_no_claim_and_its_commit_completes_the_key_with_its_writes() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    let engine = engine(&store, &handler, ClaimFirst::Auto);
+    let report = run(&engine, vec![message("m-1", json!({}))], SECS_30).await;
+    assert_eq!(outcome(&report, "m-1"), &Outcome::Processed { confirmed: true });
+    assert_eq!(store.take(), ["commit unclaimed"], "one request: the commit, no claim before it");
+    assert_eq!((store.applied("test#m-1"), store.status("test#m-1").await), (1, Some(ClaimStatus::Completed)));
+
+    // A copy runs the handler (it takes no claim), and its commit finds the key completed: a duplicate.
+    let again = run(&engine, vec![message("m-1", json!({}))], SECS_30).await;
+    assert_eq!(outcome(&again, "m-1"), &Outcome::Duplicate);
+    assert_eq!((handler.runs(), store.applied("test#m-1")), (2, 1));
+}
+
+#[tokio::test]
+async fn a_redelivery_reads_the_key_first_and_a_completed_one_does_not_run() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    let engine = engine(&store, &handler, ClaimFirst::Auto);
+    run(&engine, vec![message("m-1", json!({}))], SECS_30).await;
+    store.take();
+    let report = run(&engine, vec![delivery("m-1", json!({}), 2)], SECS_30).await;
+    assert_eq!(outcome(&report, "m-1"), &Outcome::Duplicate);
+    assert_eq!(store.take(), ["get"], "one consistent read");
+    assert_eq!(handler.runs(), 1, "the handler did not run again");
+    // A redelivery of a key never completed reads, then runs and commits.
+    let report = run(&engine, vec![delivery("m-2", json!({}), 3)], SECS_30).await;
+    assert_eq!(outcome(&report, "m-2"), &Outcome::Processed { confirmed: true });
+    assert_eq!(store.take(), ["get", "commit unclaimed"]);
+}
+
+#[tokio::test]
+async fn runs_of_one_key_that_race_both_stage_and_one_commits() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    let (first, second) = (engine(&store, &handler, ClaimFirst::Auto), engine(&store, &handler, ClaimFirst::Auto));
+    let copy = || vec![message("m-1", json!({"sleep_ms": 100}))];
+    let (one, two) = tokio::join!(run(&first, copy(), SECS_30), run(&second, copy(), SECS_30));
+    let mut outcomes = [outcome(&one, "m-1").clone(), outcome(&two, "m-1").clone()];
+    outcomes.sort_by_key(|outcome| outcome.label());
+    assert_eq!(outcomes, [Outcome::Duplicate, Outcome::Processed { confirmed: true }]);
+    assert_eq!(handler.runs(), 2, "both ran: neither took a claim");
+    assert_eq!(store.applied("test#m-1"), 1, "one commit applied");
+}
+
+#[tokio::test]
+async fn a_failed_run_applies_nothing_and_only_a_permanent_one_is_remembered() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    let engine = engine(&store, &handler, ClaimFirst::Auto);
+    let records = vec![
+        message("retry", json!({"fail": "retryable"})),
+        message("perm", json!({"fail": "permanent"})),
+        message("closed", json!({"gate": "permanent"})),
+        message("later", json!({"gate": "retryable"})),
+    ];
+    let report = run(&engine, records, SECS_30).await;
+    assert_eq!(failures(&report), ["retry", "perm", "closed", "later"]);
+    assert!(
+        matches!(outcome(&report, "closed"), Outcome::Failed(Failure::Permanent(reason)) if reason.contains("gate"))
+    );
+    assert!(matches!(outcome(&report, "later"), Outcome::Failed(Failure::Retryable(_))));
+    for key in ["test#retry", "test#later"] {
+        assert_eq!((store.status(key).await, store.applied(key)), (None, 0), "{key}: nothing stored");
+    }
+    for key in ["test#perm", "test#closed"] {
+        assert_eq!((store.status(key).await, store.applied(key)), (Some(ClaimStatus::Failed), 0), "{key}");
+    }
+    let calls = store.take();
+    assert!(!calls.contains(&"release") && !calls.contains(&"finish"), "no claim to finish: {calls:?}");
+    // A later delivery of a key failed for good does not run.
+    let again = run(&engine, vec![delivery("perm", json!({}), 2)], SECS_30).await;
+    assert!(matches!(outcome(&again, "perm"), Outcome::Failed(Failure::FailedBefore(_))));
+    assert_eq!(handler.runs(), 4);
+}
+
+#[tokio::test]
+async fn a_live_claim_elsewhere_refuses_the_commit_as_a_conflict() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    // Another consumer, which claims first, holds the key.
+    let holder = engine(&store, &handler, ClaimFirst::Always);
+    let unclaimed = engine(&store, &handler, ClaimFirst::Auto);
+    let held = run(&holder, vec![message("m-1", json!({"sleep_ms": 300}))], SECS_30);
+    let refused = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        run(&unclaimed, vec![message("m-1", json!({}))], SECS_30).await
+    };
+    let (held, refused) = tokio::join!(held, refused);
+    assert_eq!(outcome(&held, "m-1"), &Outcome::Processed { confirmed: true });
+    assert!(matches!(outcome(&refused, "m-1"), Outcome::Failed(Failure::Conflict { .. })), "{refused:?}");
+    assert_eq!(store.applied("test#m-1"), 1, "the claim's holder committed; the refused run applied nothing");
+}
+
+#[tokio::test]
+async fn claiming_always_claims_first_and_nothing_staged_completes_with_one_conditional_write() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    run(&engine(&store, &handler, ClaimFirst::Always), vec![message("m-1", json!({}))], SECS_30).await;
+    assert_eq!(store.take(), ["put_if_free", "commit"], "SQS_ONCE_CLAIM=always: the claim, then its commit");
+
+    let engine = engine(&store, &handler, ClaimFirst::Auto);
+    let report = run(&engine, vec![message("m-2", json!({"stage": false}))], SECS_30).await;
+    assert_eq!(outcome(&report, "m-2"), &Outcome::Processed { confirmed: true });
+    assert_eq!(store.take(), ["put_if_free"], "the completed claim alone, where the key is free");
+    assert_eq!(store.status("test#m-2").await, Some(ClaimStatus::Completed));
+    let again = run(&engine, vec![message("m-2", json!({"stage": false}))], SECS_30).await;
+    assert_eq!(outcome(&again, "m-2"), &Outcome::Duplicate);
+}
