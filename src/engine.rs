@@ -131,6 +131,35 @@ struct Inner {
     keys: Keys,
     options: EngineOptions,
     outbox: Option<Arc<Outbox>>,
+    bounds: Bounds,
+}
+
+/// The bounds every batch of the process shares, however many run at once
+/// (`poll`'s overlapping batches, Lambda Managed Instances' concurrent
+/// invocations): `SQS_ONCE_CONCURRENCY` bounds the process, not a batch.
+#[derive(Debug, Clone)]
+struct Bounds {
+    /// Records claiming, waiting for a handler slot, or in their handler:
+    /// `concurrency`, and as many more when the store gathers calls into
+    /// shared requests, so that claims run ahead of the handlers.
+    admitted: Arc<Semaphore>,
+    /// Handlers under way, at most `concurrency`.
+    handlers: Arc<Semaphore>,
+    /// Finishing writes under way that gave their run's permit back: at
+    /// most `concurrency` too when the store gathers calls into shared
+    /// requests, none when each call is a request of its own.
+    finishing: Arc<Semaphore>,
+}
+
+impl Bounds {
+    /// `concurrency` handlers, and `overlap` more records on either side of them.
+    fn new(concurrency: usize, overlap: usize) -> Self {
+        Self {
+            admitted: Arc::new(Semaphore::new(concurrency + overlap)),
+            handlers: Arc::new(Semaphore::new(concurrency)),
+            finishing: Arc::new(Semaphore::new(overlap)),
+        }
+    }
 }
 
 /// How a key's run ended.
@@ -194,16 +223,10 @@ struct BatchState {
     /// Outcome of each record, by event index; `None` until it is known.
     reports: Mutex<Vec<Option<RecordReport>>>,
     started: Mutex<Vec<Started>>,
-    /// Records claiming, waiting for a handler slot, or in their handler:
-    /// `concurrency`, and as many more when the store gathers calls into
-    /// shared requests, so that claims run ahead of the handlers.
-    admitted: Arc<Semaphore>,
-    /// Handlers under way, at most `concurrency`.
+    /// The engine's bounds on records admitted and finishing writes.
+    bounds: Bounds,
+    /// The engine's handler slots, until this batch's cut-off.
     handler_slots: HandlerSlots,
-    /// Finishing writes under way that gave their run's permit back: at
-    /// most `concurrency` too when the store gathers calls into shared
-    /// requests, none when each call is a request of its own.
-    finishing: Arc<Semaphore>,
     budget: DeadlineBudget,
     deadline_ms: u64,
     request_id: Arc<str>,
@@ -212,7 +235,14 @@ struct BatchState {
 impl Engine {
     /// An engine running `handler` under `claims`, keying records with `keys`.
     pub(crate) fn new(handler: BoxHandler, claims: Arc<Claims>, keys: Keys, options: EngineOptions) -> Self {
-        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox: None }) }
+        let concurrency = options.concurrency.max(1);
+        // Records whose store calls may be under way beyond the concurrency bound, on either side of the
+        // handlers: claims running ahead of them, and finishing writes after them (see `Engine::start`). Only
+        // calls gathered into shared requests may overlap: a store that sends each call alone would get up to
+        // three times the requests, and under faults three times the late answers.
+        let overlap = if claims.gathers_calls() { concurrency } else { 0 };
+        let bounds = Bounds::new(concurrency, overlap);
+        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox: None, bounds }) }
     }
 
     /// This engine, sending the messages handlers stage through `outbox`
@@ -258,9 +288,8 @@ impl Engine {
         let state = BatchState {
             reports: Mutex::new(vec![None; records.len()]),
             started: Mutex::new(Vec::new()),
-            admitted: Arc::new(Semaphore::new(self.concurrency() + self.overlap())),
-            handler_slots: HandlerSlots::new(self.concurrency(), budget.cutoff()),
-            finishing: Arc::new(Semaphore::new(self.overlap())),
+            bounds: self.inner.bounds.clone(),
+            handler_slots: HandlerSlots { free: Arc::clone(&self.inner.bounds.handlers), cutoff: budget.cutoff() },
             budget,
             deadline_ms: epoch_ms(invocation.deadline),
             request_id: invocation.request_id.as_str().into(),
@@ -357,6 +386,36 @@ impl Engine {
         }
     }
 
+    /// Keeps a process that is never frozen moving between its batches
+    /// (`poll`, Lambda Managed Instances), whether batches come or not:
+    /// sends again, a moment after, each finishing write whose send failed,
+    /// and sweeps the outbox on its schedule, so that neither waits for the
+    /// next batch of a queue gone quiet. Returns once `stopped` completes.
+    pub(crate) async fn tend(&self, stopped: impl Future<Output = ()>) {
+        let resends = async {
+            loop {
+                let failure = self.inner.claims.next_failure();
+                self.resend_unconfirmed().await;
+                failure.await;
+                tokio::time::sleep(RESEND_PAUSE).await;
+            }
+        };
+        let sweeps = async {
+            let timer = self.inner.outbox.as_ref().and_then(|outbox| Some((outbox, outbox.sweep_every()?)));
+            let Some((outbox, every)) = timer else { return std::future::pending().await };
+            loop {
+                tokio::time::sleep(every).await;
+                if let Some(sweep) = outbox.sweep_if_due(None) {
+                    sweep.finished().await;
+                }
+            }
+        };
+        tokio::select! {
+            () = stopped => {}
+            ((), ()) = join(resends, sweeps) => {}
+        }
+    }
+
     /// Before the process leaves (SIGTERM, `poll`'s stop, `invoke`'s exit):
     /// waits for the finishing writes still under way and sends again those
     /// whose send failed, and the messages of the commits that land, and
@@ -386,21 +445,6 @@ impl Engine {
     /// `SQS_ONCE_CLAIM` leaves it so.
     fn unclaimed(&self) -> bool {
         self.inner.options.claim == ClaimFirst::Auto && self.inner.handler.stages_every_effect()
-    }
-
-    /// Handlers running at once.
-    fn concurrency(&self) -> usize {
-        self.inner.options.concurrency.max(1)
-    }
-
-    /// Records whose store calls may be under way beyond the concurrency
-    /// bound, on either side of the handlers: claims running ahead of them,
-    /// and finishing writes after them (see [`Engine::start`]). Only calls
-    /// gathered into shared requests may overlap: a store that sends each
-    /// call alone would get up to three times the requests, and under faults
-    /// three times the late answers.
-    fn overlap(&self) -> usize {
-        if self.inner.claims.gathers_calls() { self.concurrency() } else { 0 }
     }
 
     /// The record as keys, payload validation, logs and the handler read it:
@@ -531,7 +575,7 @@ impl Engine {
             // checked after), and a fixed order keeps a schedule replayable.
             let permit = tokio::select! {
                 biased;
-                permit = Arc::clone(&state.admitted).acquire_owned() => permit.ok(),
+                permit = Arc::clone(&state.bounds.admitted).acquire_owned() => permit.ok(),
                 () = tokio::time::sleep_until(state.budget.cutoff()) => None,
             };
             let Some(permit) = permit.filter(|_| Instant::now() < state.budget.cutoff()) else {
@@ -558,7 +602,7 @@ impl Engine {
                 Step::Ended(outcome) => outcome,
                 Step::Returned(lease, result, staged) => {
                     let fallback = provisional_outcome(&result, &staged, &lease, engine.inner.claims.now_ms());
-                    let permit = Arc::clone(&state.finishing).try_acquire_owned().unwrap_or(permit);
+                    let permit = Arc::clone(&state.bounds.finishing).try_acquire_owned().unwrap_or(permit);
                     engine.spawn_write(record, lease, result, staged, progress, permit).await.unwrap_or(fallback)
                 }
             };
@@ -875,10 +919,6 @@ struct HandlerSlots {
 }
 
 impl HandlerSlots {
-    fn new(slots: usize, cutoff: Instant) -> Self {
-        Self { free: Arc::new(Semaphore::new(slots)), cutoff }
-    }
-
     /// A slot for a run whose claim is won, or `None` once the cut-off has
     /// come. The run is `Waiting` meanwhile, and turns `Running` under the
     /// same lock that [`cancel_running`] reads it with, after the cut-off:

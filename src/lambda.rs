@@ -1,4 +1,6 @@
-//! The Lambda function: the `lambda_runtime` loop around the engine.
+//! The Lambda function: the `lambda_runtime` loop around the engine, one
+//! invocation at a time, or as many at once as Lambda Managed Instances
+//! hands the environment (`AWS_LAMBDA_MAX_CONCURRENCY`).
 //!
 //! The event is taken as JSON text and split per record, so one odd record
 //! fails alone; an event that is not an SQS event at all is an invocation
@@ -25,7 +27,7 @@ use crate::{
     clock::{Clock, SystemClock},
     config::{Config, LAMBDA_RUNTIME_API},
     consumer::Consumer,
-    engine::Invocation,
+    engine::{Engine, Invocation},
     event::{InvalidEvent, parse_event},
     handler::BuildHandler,
     lock::lock,
@@ -43,6 +45,13 @@ const RUNTIME_VARIABLES: [&str; 4] =
 /// come on top of the handshakes they save its first batch.
 fn initialized_ahead() -> bool {
     std::env::var("AWS_LAMBDA_INITIALIZATION_TYPE").is_ok_and(|kind| kind == "provisioned-concurrency")
+}
+
+/// How many invocations Lambda hands this environment at once, when more
+/// than one: `AWS_LAMBDA_MAX_CONCURRENCY`, which Lambda Managed Instances
+/// sets. Unset, 1 or unreadable, one at a time, as classic Lambda does.
+fn invocations_at_once() -> Option<u32> {
+    std::env::var("AWS_LAMBDA_MAX_CONCURRENCY").ok()?.trim().parse().ok().filter(|invocations| *invocations > 1)
 }
 
 /// The longest the init phase waits for the claim store's connections: a
@@ -113,6 +122,9 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
         let function = Arc::clone(&function);
         async move { function.invoke(event).await }
     });
+    if let Some(invocations) = invocations_at_once() {
+        return serve_at_once(invocations, service, invoked.consumer.engine.clone()).await;
+    }
     loop {
         match lambda_runtime::run(service.clone()).await {
             Err(error) if runtime_api::unreadable_headers(&*error) => {
@@ -126,6 +138,39 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
             ended => return ended,
         }
     }
+}
+
+/// Serves `invocations` at once, as Lambda Managed Instances hands them to
+/// one environment, which is never frozen: the writes and the outbox are
+/// tended in the background, between batches too. The environment has
+/// vCPUs to spare for them: if `main` runs a runtime of one thread, the
+/// invocations are served on a runtime of a thread per CPU of its own
+/// (`TOKIO_WORKER_THREADS` sets another number).
+async fn serve_at_once<S>(invocations: u32, service: S, engine: Engine) -> Result<(), lambda_runtime::Error>
+where
+    S: lambda_runtime::Service<LambdaEvent<Event>, Response = SqsBatchResponse, Error = Diagnostic>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    tracing::info!(invocations, "serving invocations at once (AWS_LAMBDA_MAX_CONCURRENCY)");
+    let serve = async move {
+        tokio::spawn(async move { engine.tend(std::future::pending()).await });
+        lambda_runtime::run_concurrent(service).await
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let one_thread = tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread;
+    if cpus == 1 || !one_thread {
+        return serve.await;
+    }
+    let (served, finished) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("sqs-once-invocations".into()).spawn(move || {
+        let served_by = |runtime: tokio::runtime::Runtime| runtime.block_on(serve);
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+        let _ = served.send(runtime.map_err(lambda_runtime::Error::from).and_then(served_by));
+    })?;
+    finished.await?
 }
 
 /// The invocation's payload: the event as JSON text, or why the text is not
@@ -157,10 +202,12 @@ impl Function {
         Ok(processed.response)
     }
 
-    /// Counters gathered since the previous invocation.
+    /// Counters gathered since the previous metrics line. Read under the
+    /// lock, so that the lines of invocations running at once (Lambda
+    /// Managed Instances) each take their own share and add up exactly.
     fn delta(&self) -> Extra {
-        let now = self.consumer.extra();
         let mut seen = lock(&self.seen);
+        let now = self.consumer.extra();
         let delta = Extra {
             lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
             completions_landed_later: now.completions_landed_later - seen.completions_landed_later,

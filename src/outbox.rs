@@ -116,8 +116,8 @@ impl Outbox {
         }
     }
 
-    /// How often the outbox is swept, unless sweeps are off (`poll`'s timer).
-    #[cfg(feature = "cli")]
+    /// How often the outbox is swept, unless sweeps are off (the timer of
+    /// a process that is never frozen: see `Engine::tend`).
     pub(crate) fn sweep_every(&self) -> Option<Duration> {
         self.sweep_every
     }

@@ -166,12 +166,21 @@ impl Poller {
         let receivers: Vec<_> = (0..poller.options.receivers.max(1))
             .map(|_| tokio::spawn(Arc::clone(&poller).receive(Arc::clone(&in_flight), stopped.clone())))
             .collect();
-        let sweeper = tokio::spawn(Arc::clone(&poller).sweep(stopped.clone()));
+        // Failed writes are sent again and the outbox swept whether batches come or not.
+        let tender = tokio::spawn({
+            let (engine, mut stopped) = (poller.consumer.engine.clone(), stopped.clone());
+            async move {
+                let stopping = async {
+                    let _ = stopped.wait_for(|stopped| *stopped).await;
+                };
+                engine.tend(stopping).await;
+            }
+        });
         shutdown.await;
         tracing::info!("stopping: no more receiving; finishing the messages in flight");
         let _ = stop.send(true);
         futures::future::join_all(receivers).await;
-        let _ = sweeper.await;
+        let _ = tender.await;
         // Every batch holds its permits until it has settled.
         let _all_settled = in_flight.acquire_many(u32::try_from(bound).unwrap_or(u32::MAX)).await;
         let unconfirmed = poller.consumer.leave(tokio::time::Instant::now() + LEAVING_TIME).await;
@@ -179,23 +188,6 @@ impl Poller {
         let summary = *lock(&poller.summary);
         tracing::info!(?summary, "stopped");
         summary
-    }
-
-    /// Sweeps the outbox every sweep interval, whether batches come or not:
-    /// a queue gone quiet leaves no entry unsent. Batches sweep too, as they
-    /// start; sweeps never overlap.
-    async fn sweep(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
-        let Some(outbox) = self.consumer.engine.outbox() else { return };
-        let Some(every) = outbox.sweep_every() else { return };
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(every) => {}
-                _ = stopped.wait_for(|stopped| *stopped) => return,
-            }
-            if let Some(sweep) = outbox.sweep_if_due(None) {
-                sweep.finished().await;
-            }
-        }
     }
 
     /// One receiver: waits for room, receives, hands the batch off, again.

@@ -4,101 +4,16 @@
 
 mod common;
 
-use std::{
-    path::Path,
-    sync::{Arc, Mutex, atomic::Ordering},
-    time::Duration,
-};
+use std::{path::Path, sync::atomic::Ordering, time::Duration};
 
 use common::{
     delay::DelayProxy,
-    runtime_api::{Answer, RuntimeApi},
+    function::{Function, wait_for},
+    runtime_api::Answer,
     sqs::{LARGEST_MESSAGE, body_of_size},
 };
 use serde_json::{Value, json};
 use sqs_once::store::{ClaimQuery, ClaimStatus, ClaimStore};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::Child,
-};
-
-/// A running function process and what it printed.
-struct Function {
-    api: RuntimeApi,
-    process: Child,
-    stdout: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<Vec<String>>>,
-}
-
-impl Function {
-    /// Starts the function on a fresh claim table, with extra settings.
-    async fn start(envs: &[(&str, &str)]) -> Self {
-        let store = common::fresh_table().await;
-        Self::start_on(&store.layout().table, envs).await
-    }
-
-    /// Starts the function on the claim table `table`, with extra settings.
-    async fn start_on(table: &str, envs: &[(&str, &str)]) -> Self {
-        let mut settings =
-            vec![("SQS_ONCE_TABLE", table.to_owned()), ("AWS_ENDPOINT_URL_DYNAMODB", common::dynamodb::endpoint())];
-        settings.extend(envs.iter().map(|(name, value)| (*name, value.to_string())));
-        let api = RuntimeApi::start().await;
-        let mut process = api.spawn(common::sqs_once_command(), &settings);
-        let stdout = collect(process.stdout.take().unwrap());
-        let stderr = collect(process.stderr.take().unwrap());
-        Self { api, process, stdout, stderr }
-    }
-
-    async fn invoke(&self, event: &Value, timeout: Duration) -> Answer {
-        let (answer, answered, deadline) = self.api.invoke(event, timeout).await.expect("no answer");
-        assert!(answered < deadline, "answered after the deadline");
-        answer
-    }
-
-    /// The EMF metrics lines, once `count` of them have been read from the
-    /// process's output, which trails the answers it posts.
-    async fn metrics(&self, count: usize) -> Vec<Value> {
-        let metrics = |lines: &[String]| -> Vec<Value> {
-            lines
-                .iter()
-                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-                .filter(|value| value.get("_aws").is_some())
-                .collect()
-        };
-        wait_for(&self.stdout, |lines| metrics(lines).len() >= count).await;
-        metrics(&self.stdout.lock().unwrap())
-    }
-
-    /// The JSON log lines, once `count` of them have been read.
-    async fn logs(&self, count: usize) -> Vec<Value> {
-        wait_for(&self.stderr, |lines| lines.len() >= count).await;
-        let lines = self.stderr.lock().unwrap().clone();
-        lines
-            .iter()
-            .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not a JSON log line: {line}")))
-            .collect()
-    }
-}
-
-/// Waits, up to 10 s, until the lines read so far satisfy `done`.
-async fn wait_for(lines: &Mutex<Vec<String>>, done: impl Fn(&[String]) -> bool) {
-    let started = tokio::time::Instant::now();
-    while !done(&lines.lock().unwrap()) && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn collect(stream: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<Vec<String>>> {
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&lines);
-    tokio::spawn(async move {
-        let mut reader = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = reader.next_line().await {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    lines
-}
 
 /// `AWS_LAMBDA_INITIALIZATION_TYPE` of an environment initialized ahead of
 /// its invocations.

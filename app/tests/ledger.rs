@@ -32,6 +32,7 @@ use std::{
 
 use common::{
     faults::{DYNAMODB, FaultMix, FaultProxy, SQS},
+    function::Function,
     rounds::{Rounds, record, seeds, setting},
     sqs::Queue,
 };
@@ -294,6 +295,72 @@ async fn every_entry_applies_once_on_a_faulty_network_when_runs_claim_first() {
     faulty_network("always").await;
 }
 
+/// Delivers `pending` entries to `function` as SQS delivers them to an
+/// environment serving four invocations at once: each round, every entry
+/// in two of four invocations sent together (receive count `round`), until
+/// each was reported successful once. Returns the rounds it took.
+async fn drain_at_once(function: &Function, pending: &mut BTreeMap<String, String>, round: &mut u32) {
+    let first = *round;
+    while !pending.is_empty() {
+        *round += 1;
+        assert!(*round <= first + 40, "entries never reported successful: {pending:?}\n{}", function.output());
+        let events: Vec<Vec<Value>> = (0..4)
+            .map(|invocation| {
+                let entries = pending.iter().enumerate().filter(|(n, _)| (n + invocation) % 4 < 2);
+                entries.map(|(_, (id, body))| record(id, body, *round)).collect()
+            })
+            .collect();
+        let answers = futures::future::join_all(events.iter().map(|records| {
+            // The deadline of a 6 s function timeout, as each invocation starts.
+            invoke(function, records, Duration::from_secs(6))
+        }))
+        .await;
+        for (records, failed) in events.iter().zip(answers) {
+            for id in records.iter().filter_map(|record| record["messageId"].as_str()) {
+                if !failed.contains(id) {
+                    pending.remove(id);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The ledger as Lambda Managed Instances runs it (four invocations at once
+/// in one environment, `AWS_LAMBDA_MAX_CONCURRENCY`), claiming as `claim`
+/// says, behind proxies that lose, reset, throttle, fail and delay
+/// DynamoDB's and SQS's answers: the entries drained, then a copy of each
+/// after every lease; balances exact, every notice sent.
+async fn at_once_on_a_faulty_network(claim: &'static str) {
+    let world = World::claiming(claim).await;
+    let seed = 13;
+    let rate = setting("SQS_ONCE_FAULTS_RATE", 0.18);
+    let dynamodb = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, FaultMix::spread(rate), &[], seed).await;
+    let sqs_faults = FaultMix { statement_error: 0.0, ..FaultMix::spread(rate) };
+    let sqs = FaultProxy::start(&common::sqs::endpoint(), SQS, sqs_faults, &["SendMessage"], seed).await;
+    let mut envs = world.envs(&dynamodb.url, &sqs.url);
+    envs.push(("AWS_LAMBDA_MAX_CONCURRENCY", "4".to_owned()));
+    let function = Function::spawn(&envs).await;
+    let messages = entries(setting("SQS_ONCE_FAULTS_KEYS", 80), seed);
+    let (mut pending, mut round) = (messages.clone(), 0);
+    drain_at_once(&function, &mut pending, &mut round).await;
+    tokio::time::sleep(Duration::from_secs(6 + 2 + 1)).await;
+    let mut copies = messages.clone();
+    drain_at_once(&function, &mut copies, &mut round).await;
+    let checked = world.check(&messages).await;
+    println!(
+        "ledger-report {}",
+        json!({ "case": "invocations at once", "claim": claim, "rounds": round,
+        "dynamodb_injected": dynamodb.injected.report(), "checked": checked })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_applies_once_with_invocations_at_once_on_a_faulty_network() {
+    at_once_on_a_faulty_network("auto").await;
+    at_once_on_a_faulty_network("always").await;
+}
+
 /// What becomes of commits held by DynamoDB when their process is killed.
 #[derive(Debug, Clone, Copy)]
 enum Held {
@@ -410,52 +477,10 @@ async fn notices_to_a_queue_that_does_not_exist_wait_in_the_outbox() {
     assert_eq!(notice, json!({ "account": "q", "amount": 5, "message_id": "m-q-1" }));
 }
 
-/// The ledger as a Lambda function: the bundled binary on the real
-/// `lambda_runtime` loop, served by the harness's Runtime API.
-struct Function {
-    api: common::runtime_api::RuntimeApi,
-    _process: tokio::process::Child,
-    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl Function {
-    async fn start(envs: &[(&'static str, String)]) -> Self {
-        let api = common::runtime_api::RuntimeApi::start().await;
-        let mut process = api.spawn(common::sqs_once_command(), envs);
-        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        for output in [
-            process.stdout.take().map(|out| Box::new(out) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-            process.stderr.take().map(|err| Box::new(err) as _),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let logs = std::sync::Arc::clone(&logs);
-            tokio::spawn(async move {
-                use tokio::io::AsyncBufReadExt;
-                let mut lines = tokio::io::BufReader::new(output).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    logs.lock().unwrap().push(line);
-                }
-            });
-        }
-        Self { api, _process: process, logs }
-    }
-
-    /// What the function printed so far.
-    fn logs(&self) -> String {
-        self.logs.lock().unwrap().join("\n")
-    }
-
-    /// Invokes it with `records`, due `timeout` from now; the message ids
-    /// it reported failed.
-    async fn invoke(&self, records: &[Value], timeout: Duration) -> BTreeSet<String> {
-        let event = json!({ "Records": records });
-        let (answer, answered, deadline) = self.api.invoke(&event, timeout).await.expect("an answer");
-        assert!(answered < deadline, "answered after the deadline");
-        let common::runtime_api::Answer::Response(response) = answer else { panic!("{answer:?}") };
-        common::failed_ids(&response).into_iter().collect()
-    }
+/// Invokes the ledger function with `records`, due `timeout` from now; the
+/// message ids it reported failed.
+async fn invoke(function: &Function, records: &[Value], timeout: Duration) -> BTreeSet<String> {
+    function.failed(&json!({ "Records": records }), timeout).await.into_iter().collect()
 }
 
 fn records(messages: &BTreeMap<String, String>, receive_count: u32) -> Vec<Value> {
@@ -468,21 +493,21 @@ async fn commits_answered_after_the_next_invocation_started_apply_once_and_notif
     // DynamoDB holds each commit 1.8 s: past the first invocation's 1.5 s deadline, within the SDK's 2 s
     // attempt timeout, so that its answer comes during the next invocation.
     let proxy = FaultProxy::holding_finishing_writes(Duration::from_millis(1800)).await;
-    let function = Function::start(&world.envs(&proxy.url, &common::sqs::endpoint())).await;
+    let function = Function::spawn(&world.envs(&proxy.url, &common::sqs::endpoint())).await;
     let (first, second): (BTreeMap<_, _>, BTreeMap<_, _>) = entries(14, 21)
         .into_iter()
         .filter(|(_, body)| !body.contains(&OVERDRAFT.to_string()))
         .partition(|(id, _)| id.ends_with(['0', '2', '4', '6', '8']));
-    let failed = function.invoke(&records(&first, 1), Duration::from_millis(1500)).await;
+    let failed = invoke(&function, &records(&first, 1), Duration::from_millis(1500)).await;
     assert_eq!(failed, first.keys().cloned().collect(), "uncommitted when the answer was due");
     // The next invocation starts while every commit of the first still waits for its answer.
-    let failed = function.invoke(&records(&second, 1), Duration::from_secs(12)).await;
-    assert!(failed.is_empty(), "{failed:?}\n{}", function.logs());
+    let failed = invoke(&function, &records(&second, 1), Duration::from_secs(12)).await;
+    assert!(failed.is_empty(), "{failed:?}\n{}", function.output());
     // After the first invocation's leases (its deadline and 2 s), SQS delivers its records again: the commits
     // had landed.
     tokio::time::sleep(Duration::from_secs(2)).await;
     proxy.hold_finishing(Duration::ZERO);
-    assert!(function.invoke(&records(&first, 2), Duration::from_secs(12)).await.is_empty());
+    assert!(invoke(&function, &records(&first, 2), Duration::from_secs(12)).await.is_empty());
     let all: BTreeMap<String, String> = first.into_iter().chain(second).collect();
     let report = world.check(&all).await;
     println!("ledger-report {}", json!({ "case": "answered after the next invocation", "checked": report }));
@@ -521,12 +546,12 @@ async fn notices_of_a_process_killed_after_its_commits_are_sent_by_runs_that_sta
     let mut envs = world.direct();
     envs.retain(|(name, _)| *name != "SQS_ONCE_HANDLER");
     envs.extend([("SQS_ONCE_HANDLER", "demo".to_owned()), ("SQS_ONCE_OUTBOX_SWEEP_SECS", "1".to_owned())]);
-    let function = Function::start(&envs).await;
+    let function = Function::spawn(&envs).await;
     let mut received = Vec::new();
     for n in 0.. {
         assert!(n < 40, "the notices were never sent: {received:?}");
         let quiet = record(&format!("quiet-{n}"), "{}", 1);
-        assert!(function.invoke(&[quiet], Duration::from_secs(10)).await.is_empty());
+        assert!(invoke(&function, &[quiet], Duration::from_secs(10)).await.is_empty());
         received.extend(world.notices().await);
         if received.len() >= messages.len() {
             break;

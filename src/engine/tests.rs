@@ -347,6 +347,28 @@ async fn records_run_in_parallel_within_the_concurrency_bound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_running_at_once_share_one_bound_on_handlers() {
+    /// Counts handlers under way, each a moment long.
+    struct Gauge(UnderWay);
+    impl Handler for Gauge {
+        async fn handle(&self, _record: &Record) -> HandlerResult {
+            self.0.during(tokio::time::sleep(Duration::from_millis(5))).await;
+            Ok(None)
+        }
+    }
+    // Four batches at once (concurrent invocations of Lambda Managed Instances, `poll`'s overlapping batches)
+    // on one engine whose bound is three: never more than three handlers at once, every record processed.
+    let gauge = Arc::new(Gauge(UnderWay::default()));
+    let options = EngineOptions { concurrency: 3, ..EngineOptions::default() };
+    let store = Arc::new(HeldStore { gathering: true, ..HeldStore::default() });
+    let engine = Setup { store, options, ..Setup::default() }.engine(gauge.clone());
+    let batch = |b: usize| (0..20).map(|n| message(&format!("b{b}-m{n}"), json!({}))).collect::<Vec<_>>();
+    let reports = futures::future::join_all((0..4).map(|b| run(&engine, batch(b), SECS_30))).await;
+    assert!(reports.iter().all(|report| failures(report).is_empty()), "{reports:?}");
+    assert_eq!(gauge.0.most(), 3, "one bound for the process, not one per batch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_payload_validation_an_in_batch_duplicate_with_another_body_fails() {
     let (handler, log) = demo();
     let policy = ClaimPolicy { validate_payload: true, ..ClaimPolicy::default() };

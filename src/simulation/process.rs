@@ -33,7 +33,15 @@ pub(super) async fn drive(world: Arc<World>, id: usize, mode: Mode) {
     let engine = engine(&world, id);
     match mode {
         Mode::Lambda => lambda(&world, id, &engine).await,
-        Mode::Poll => poll(&world, id, &engine).await,
+        Mode::Poll => poll(&world, id, &engine, Mode::Poll).await,
+        Mode::Managed => {
+            // Tended in the background until the process stops (once killed, its requests never return anyway).
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let tended = engine.clone();
+            tokio::spawn(async move { tended.tend(async move { drop(stopped.await) }).await });
+            poll(&world, id, &engine, Mode::Managed).await;
+            drop(stop);
+        }
     }
 }
 
@@ -121,9 +129,10 @@ async fn lambda(world: &Arc<World>, id: usize, engine: &Engine) {
     }
 }
 
-/// A `poll` process: batches overlapping, never frozen; killed now and then,
-/// or stopped (its batches finish, its unconfirmed writes are sent again).
-async fn poll(world: &Arc<World>, id: usize, engine: &Engine) {
+/// A `poll` process, or an environment of Lambda Managed Instances (`mode`):
+/// batches overlapping, never frozen; killed now and then, or stopped (its
+/// batches finish, its unconfirmed writes are sent again).
+async fn poll(world: &Arc<World>, id: usize, engine: &Engine, mode: Mode) {
     let batches = Arc::new(Semaphore::new(POLL_BATCHES));
     for batch in 0.. {
         if world.stopping() {
@@ -133,8 +142,8 @@ async fn poll(world: &Arc<World>, id: usize, engine: &Engine) {
         let deliveries = world.receive();
         if deliveries.is_empty() {
             drop(permit);
-            // As `poll` does, the outbox is swept between batches too.
-            if let Some(outbox) = engine.outbox() {
+            // As `poll` does, the outbox is swept between batches too (a managed environment's tending does).
+            if let Some(outbox) = engine.outbox().filter(|_| mode == Mode::Poll) {
                 outbox.sweep_if_due(None);
             }
             tokio::time::sleep(TICK).await;
@@ -151,13 +160,13 @@ async fn poll(world: &Arc<World>, id: usize, engine: &Engine) {
             drop(permit);
         });
         if world.strikes(|faults| faults.kill) {
-            return kill(world, id, Mode::Poll);
+            return kill(world, id, mode);
         }
         if world.strikes(|faults| faults.shutdown) {
             world.count(|stats| stats.shutdowns += 1);
             let _all_done = batches.acquire_many(POLL_BATCHES as u32).await;
             engine.leave(Instant::now() + LEAVING_TIME).await;
-            return replace(world, id, Mode::Poll);
+            return replace(world, id, mode);
         }
     }
 }

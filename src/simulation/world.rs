@@ -66,6 +66,9 @@ pub(super) enum Mode {
     Lambda,
     /// Batches overlapping, never frozen.
     Poll,
+    /// Lambda Managed Instances: invocations at once, never frozen, the
+    /// writes and the outbox tended in the background between them.
+    Managed,
 }
 
 /// How often each fault strikes.
@@ -135,7 +138,8 @@ pub(super) struct Scenario {
 
 impl Scenario {
     fn draw(rng: &mut fastrand::Rng) -> Self {
-        let consumers = (0..rng.usize(1..=3)).map(|_| if rng.bool() { Mode::Lambda } else { Mode::Poll }).collect();
+        let modes = [Mode::Lambda, Mode::Poll, Mode::Managed];
+        let consumers = (0..rng.usize(1..=3)).map(|_| modes[rng.usize(..modes.len())]).collect();
         let keys = rng.usize(4..=24);
         let specs = Spec::draw(rng, keys);
         let mut messages: Vec<usize> = (0..keys).collect();
@@ -410,7 +414,7 @@ impl World {
             lives.push(Life::Running);
             lives.len() - 1
         };
-        lock(&self.ledger).note(("start", id, mode == Mode::Lambda));
+        lock(&self.ledger).note(("start", id, mode as u8));
         tokio::spawn(super::process::drive(Arc::clone(self), id, mode));
     }
 

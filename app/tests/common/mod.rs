@@ -6,6 +6,7 @@
 // common`, never as a public API.
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod function;
 pub mod rounds;
 
 pub use testkit::{delay, dynamodb, faults, runtime_api, sqs};
