@@ -184,7 +184,10 @@ def warm_lambda_batch(table, event_path, endpoint):
                "--binary", str(BINARY), "--table", table, "--event", str(event_path), "--invocations", "2"]
     output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT,
                             env=dict(os.environ, AWS_ENDPOINT_URL_DYNAMODB=endpoint)).stdout
-    return json.loads(output.splitlines()[-1])["batches_ms"][1]
+    result = json.loads(output.splitlines()[-1])
+    if any(result["failed"]):
+        sys.exit(f"the function failed records of new messages: {result}")
+    return result["batches_ms"][1]
 
 
 # The latency-bound runs' consumers, in the order of their columns.

@@ -9,7 +9,8 @@
 //! throughput ledger  --table T --records N --concurrency C --writes staged|direct
 //! throughput delay-proxy --upstream URL --round-trip-ms MS [--tls]
 //! throughput meter --upstream URL
-//! throughput lambda --binary PATH --table T --event FILE --invocations N
+//! throughput lambda --binary PATH --table T --event FILE --invocations N [--same-ids]
+//! throughput environments --binary PATH --table T --event FILE --environments E --at-once A --invocations N
 //! ```
 //!
 //! Each prints JSON objects on standard output. `ceiling` sends N claim
@@ -35,10 +36,17 @@
 //! standard input prints the units DynamoDB charged since the line before.
 //! `lambda` runs the function
 //! binary as Lambda does, against testkit's Runtime API, with this process's
-//! environment (endpoint, `SSL_CERT_FILE`), the `demo` handler and table T,
-//! and sends it the event N times (fresh message ids each time); it prints
-//! `{"init_ms": …, "batches_ms": […]}`: process start to the first request
-//! for an event, then each event's delivery to its answer.
+//! environment (endpoint, `SSL_CERT_FILE`, the handler `SQS_ONCE_HANDLER`
+//! names, `demo` by default) and table T, and sends it the event N times
+//! (fresh message ids each time, or the same with `--same-ids`); it prints
+//! `{"init_ms": …, "batches_ms": […], "failed": […]}`: process start to the
+//! first request for an event, then each event's delivery to its answer, and
+//! how many records each answer reported failed. `environments` starts E
+//! such functions, each handed A invocations at once (Lambda Managed
+//! Instances' `AWS_LAMBDA_MAX_CONCURRENCY`; 1: classic Lambda), warms each
+//! with one invocation, then sends N copies of the event together, round
+//! robin; it prints the time to the last answer, the functions' CPU time,
+//! their DynamoDB requests and the largest peak RSS.
 
 use std::{
     sync::{
@@ -93,10 +101,22 @@ async fn bench(args: Vec<String>) {
             return network(&option("upstream"), round_trip, args.iter().any(|arg| arg == "--tls")).await;
         }
         Some("meter") => return meter(&option("upstream")).await,
+        Some("environments") => {
+            let event = std::fs::read_to_string(option("event")).unwrap();
+            let number = |name: &str| option(name).parse::<usize>().unwrap();
+            let (environments_n, at_once, invocations) =
+                (number("environments"), number("at-once"), number("invocations"));
+            println!(
+                "{}",
+                environments(&option("binary"), &option("table"), &event, environments_n, at_once, invocations).await
+            );
+            return;
+        }
         Some("lambda") => {
             let event = std::fs::read_to_string(option("event")).unwrap();
             let invocations = option("invocations").parse().unwrap();
-            println!("{}", lambda(&option("binary"), &option("table"), &event, invocations).await);
+            let same_ids = args.iter().any(|arg| arg == "--same-ids");
+            println!("{}", lambda(&option("binary"), &option("table"), &event, invocations, same_ids).await);
             return;
         }
         _ => {}
@@ -180,12 +200,15 @@ async fn meter(upstream: &str) {
 }
 
 /// The function `binary` as Lambda runs it: its init time, then each of
-/// `invocations` copies of `event` (fresh message ids) from delivery to
-/// answer, in milliseconds.
-async fn lambda(binary: &str, table: &str, event: &str, invocations: usize) -> Value {
+/// `invocations` copies of `event` (fresh message ids, unless `same_ids`:
+/// then each copy after the first is all duplicates) from delivery to
+/// answer, in milliseconds, and the records each answer reported failed.
+/// The handler is `SQS_ONCE_HANDLER`'s, `demo` when it is not set.
+async fn lambda(binary: &str, table: &str, event: &str, invocations: usize, same_ids: bool) -> Value {
     let api = testkit::runtime_api::RuntimeApi::start().await;
     let started = tokio::time::Instant::now();
-    let envs = [("SQS_ONCE_TABLE", table.to_owned()), ("SQS_ONCE_HANDLER", "demo".to_owned())];
+    let handler = std::env::var("SQS_ONCE_HANDLER").unwrap_or_else(|_| "demo".to_owned());
+    let envs = [("SQS_ONCE_TABLE", table.to_owned()), ("SQS_ONCE_HANDLER", handler)];
     let mut function = api.spawn(std::process::Command::new(binary), &envs);
     // The function's logs pass through to this process's standard error; a
     // pipe left unread would stop the function once full.
@@ -193,9 +216,10 @@ async fn lambda(binary: &str, table: &str, event: &str, invocations: usize) -> V
     tokio::spawn(pass_through(function.stderr.take().expect("the function's output is piped")));
     api.initialized().await;
     let init = api.initialized_at().expect("the function asked for an event") - started;
-    let mut batches = Vec::new();
+    let (mut batches, mut failed) = (Vec::new(), Vec::new());
     for invocation in 0..invocations {
-        let event = event.replace("\"messageId\": \"", &format!("\"messageId\": \"{invocation}-"));
+        let prefix = if same_ids { String::new() } else { format!("{invocation}-") };
+        let event = event.replace("\"messageId\": \"", &format!("\"messageId\": \"{prefix}"));
         let event: Value = serde_json::from_str(&event).unwrap();
         let sent = tokio::time::Instant::now();
         let (answer, answered, _) = api.invoke(&event, Duration::from_secs(60)).await.expect("an answer");
@@ -203,11 +227,11 @@ async fn lambda(binary: &str, table: &str, event: &str, invocations: usize) -> V
             testkit::runtime_api::Answer::Response(response) => response,
             failed => panic!("the function failed: {failed:?}"),
         };
-        assert_eq!(response["batchItemFailures"], json!([]), "every record processed");
+        failed.push(response["batchItemFailures"].as_array().map_or(0, Vec::len));
         batches.push((answered - sent).as_secs_f64() * 1000.0);
     }
     let _ = function.kill().await;
-    json!({ "init_ms": init.as_secs_f64() * 1000.0, "batches_ms": batches })
+    json!({ "init_ms": init.as_secs_f64() * 1000.0, "batches_ms": batches, "failed": failed })
 }
 
 /// Copies a function's output to standard error, line by line.
@@ -217,6 +241,97 @@ async fn pass_through(output: impl tokio::io::AsyncRead + Unpin) {
     while let Ok(Some(line)) = lines.next_line().await {
         eprintln!("{line}");
     }
+}
+
+/// `environments` functions as Lambda runs them, each handed `at_once`
+/// invocations at once (`AWS_LAMBDA_MAX_CONCURRENCY`, as Lambda Managed
+/// Instances sets it; 1 is classic Lambda): after one invocation each to
+/// open their connections, `invocations` copies of `event` (fresh message
+/// ids) sent together, round robin over the environments. Prints the time
+/// from the first delivery to the last answer, the functions' CPU time and
+/// DynamoDB requests (their metrics lines) in it, and the largest peak RSS.
+async fn environments(
+    binary: &str,
+    table: &str,
+    event: &str,
+    environments: usize,
+    at_once: usize,
+    invocations: usize,
+) -> Value {
+    let mut envs = vec![("SQS_ONCE_TABLE", table.to_owned()), ("SQS_ONCE_HANDLER", "demo".to_owned())];
+    if at_once > 1 {
+        envs.push(("AWS_LAMBDA_MAX_CONCURRENCY", at_once.to_string()));
+    }
+    let requests = Arc::new(AtomicU64::new(0));
+    let mut functions = Vec::new();
+    for _ in 0..environments {
+        let api = testkit::runtime_api::RuntimeApi::start().await;
+        let mut function = api.spawn(std::process::Command::new(binary), &envs);
+        tokio::spawn(count_requests(function.stdout.take().expect("piped"), Arc::clone(&requests)));
+        tokio::spawn(pass_through(function.stderr.take().expect("piped")));
+        api.initialized().await;
+        functions.push((api, function));
+    }
+    let copy = |name: &str| {
+        let event = event.replace("\"messageId\": \"", &format!("\"messageId\": \"{name}-"));
+        serde_json::from_str::<Value>(&event).unwrap()
+    };
+    for (n, (api, _)) in functions.iter().enumerate() {
+        assert_eq!(failures(api, copy(&format!("warm{n}"))).await, 0, "the warm-up's records processed");
+    }
+    // The warm-ups' metrics lines are counted before the timed invocations start.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pids: Vec<String> = functions.iter().map(|(_, function)| function.id().expect("running").to_string()).collect();
+    let (cpu, requests_before) =
+        (pids.iter().map(|pid| process_cpu_seconds(pid)).sum::<f64>(), requests.load(Ordering::SeqCst));
+    let started = Instant::now();
+    let answers = futures::future::join_all(
+        (0..invocations).map(|n| failures(&functions[n % environments].0, copy(&format!("timed{n}")))),
+    )
+    .await;
+    let wall = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cpu = pids.iter().map(|pid| process_cpu_seconds(pid)).sum::<f64>() - cpu;
+    let peak_rss_kib = pids.iter().map(|pid| peak_rss_kib(pid)).max().unwrap_or(0);
+    for (_, mut function) in functions {
+        let _ = function.kill().await;
+    }
+    json!({
+        "wall_ms": wall.as_secs_f64() * 1000.0, "cpu_s": cpu, "failed": answers.iter().sum::<usize>(),
+        "dynamodb_requests": requests.load(Ordering::SeqCst) - requests_before, "peak_rss_kib": peak_rss_kib,
+    })
+}
+
+/// Invokes the function behind `api` with `event`; how many records its answer reported failed.
+async fn failures(api: &testkit::runtime_api::RuntimeApi, event: Value) -> usize {
+    let (answer, _, _) = api.invoke(&event, Duration::from_secs(120)).await.expect("an answer");
+    match answer {
+        testkit::runtime_api::Answer::Response(response) => {
+            response["batchItemFailures"].as_array().map_or(0, Vec::len)
+        }
+        failed => panic!("the function failed: {failed:?}"),
+    }
+}
+
+/// Adds up the `DynamoDbRequests` of a function's metrics lines, passing its output on to standard error.
+async fn count_requests(output: impl tokio::io::AsyncRead + Unpin, requests: Arc<AtomicU64>) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(output).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(count) =
+            serde_json::from_str::<Value>(&line).ok().and_then(|line| line["DynamoDbRequests"].as_u64())
+        {
+            requests.fetch_add(count, Ordering::SeqCst);
+        }
+        eprintln!("{line}");
+    }
+}
+
+/// The peak resident set of process `pid` (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|line| line.starts_with("VmHWM:")).unwrap_or_default();
+    line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).unwrap_or(0)
 }
 
 /// Requests and write actions a client sends, read off each request's body
@@ -279,7 +394,12 @@ async fn counted_client(actions: &Arc<Actions>) -> aws_sdk_dynamodb::Client {
 /// The process's CPU time so far (user and system), from `/proc/self/stat`
 /// (in USER_HZ, 100 a second on Linux).
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    process_cpu_seconds("self")
+}
+
+/// The CPU time (user and system) of process `pid` so far, in seconds.
+fn process_cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     ticks as f64 / 100.0
