@@ -220,6 +220,13 @@ def described_commit():
                           capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
 
 
+def revision():
+    """The commit measured, marked when the tree differs from it."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return commit.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+
+
 def write_section(path, section, lines):
     """Replaces `section` (a `## ` heading to the next) of the Markdown file at `path` with `lines`, or adds it."""
     output = Path(path)

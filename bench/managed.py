@@ -13,7 +13,7 @@ import statistics
 import subprocess
 import sys
 
-from driver import BINARY, ROOT, Network, create_table, event, fmt, summary, write_section
+from driver import BINARY, ROOT, Network, create_table, event, fmt, revision, summary, write_section
 
 SECTION = "## Many batches in one environment: Lambda Managed Instances"
 
@@ -66,7 +66,7 @@ def main():
     lines = [
         SECTION,
         "",
-        f"`bench/managed --runs {args.runs}`: {n} batches of new records (the `demo` handler) sent together, after "
+        f"`bench/managed --runs {args.runs}` at {revision()}: {n} batches of new records (the `demo` handler) sent together, after "
         "one invocation per environment to open its connections, through `throughput environments`: the release "
         f"binary as Lambda runs it, one environment handed {n} invocations at once (`AWS_LAMBDA_MAX_CONCURRENCY`, "
         "as Lambda Managed Instances sets it; its batches on a runtime of a thread per CPU, 2 here, or of one "

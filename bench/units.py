@@ -20,7 +20,7 @@ from pathlib import Path
 
 import boto3
 
-from driver import BINARY, PEER, PYTHON, Network, create_table, record, write_section
+from driver import BINARY, PEER, PYTHON, Network, create_table, record, revision, write_section
 from cost import harness
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,13 +187,6 @@ def powertools(meter, table, event):
     if run.returncode != 0:
         sys.exit(f"Powertools failed: {run.stderr[-2000:]}")
     return len(json.loads(run.stdout)["response"]["batchItemFailures"])
-
-
-def revision():
-    """The commit measured, marked when the tree differs from it."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    return commit.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
 def redelivered(path):
