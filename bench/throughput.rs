@@ -588,7 +588,7 @@ async fn consumer(store: DynamoDbStore, handler: impl Handler, concurrency: usiz
         _ => None,
     })
     .expect("the settings");
-    Consumer::with_store(&config, handler, Arc::new(store)).await
+    Consumer::builder().config(config).store(Arc::new(store)).build(handler).await.expect("a consumer")
 }
 
 /// One pass of `event` through `consumer`, timed.

@@ -27,16 +27,34 @@ pub(crate) const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The shared configuration, with this module's retry and timeout settings.
 pub(crate) async fn sdk_config() -> SdkConfig {
-    let retries = RetryConfig::standard()
-        .with_max_attempts(MAX_ATTEMPTS)
-        .with_initial_backoff(INITIAL_BACKOFF)
-        .with_max_backoff(MAX_BACKOFF);
     aws_config::defaults(BehaviorVersion::latest())
         .http_client(https_client())
-        .retry_config(retries)
+        .retry_config(retries())
         .timeout_config(timeouts(None))
         .load()
         .await
+}
+
+/// This module's retries.
+fn retries() -> RetryConfig {
+    RetryConfig::standard()
+        .with_max_attempts(MAX_ATTEMPTS)
+        .with_initial_backoff(INITIAL_BACKOFF)
+        .with_max_backoff(MAX_BACKOFF)
+}
+
+/// `config`, given by the program, with this module's retry and timeout
+/// settings where it has none of its own: without request timeouts, a lost
+/// answer would hold its record until the deadline's cut-off.
+pub(crate) fn with_limits(config: &SdkConfig) -> SdkConfig {
+    let mut limited = config.to_builder();
+    if config.timeout_config().is_none_or(|timeouts| !timeouts.has_timeouts()) {
+        limited.set_timeout_config(Some(timeouts(None)));
+    }
+    if config.retry_config().is_none() {
+        limited.set_retry_config(Some(retries()));
+    }
+    limited.build()
 }
 
 /// The SDK's default HTTPS client but for its crypto: rustls on ring, where

@@ -41,8 +41,8 @@ use crate::{
     outbox::SENDING_LEASE,
     reason,
     store::{
-        ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, OutboxEntry, PutOutcome, StoreError, StoredClaim,
-        Unclaimed, new_token,
+        ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, OutboxEntry, PutOutcome, StoreError,
+        StoredClaim, Unclaimed, new_token,
     },
     transaction::Staged,
 };
@@ -204,6 +204,8 @@ const CONTENDED_RETRIES: usize = 2;
 /// The claim state machine over a [`ClaimStore`].
 pub(crate) struct Claims {
     store: Arc<dyn ClaimStore>,
+    /// The store's commits, if it offers them ([`ClaimStore::commits`]).
+    commits: Option<Arc<dyn CommitStore>>,
     clock: Arc<dyn Clock>,
     policy: ClaimPolicy,
     cache: Option<Mutex<LruCache<String, Completed>>>,
@@ -227,7 +229,8 @@ impl Claims {
     /// The state machine over `store`, with `policy`, reading time from `clock`.
     pub(crate) fn with_policy(store: Arc<dyn ClaimStore>, policy: ClaimPolicy, clock: Arc<dyn Clock>) -> Self {
         let cache = NonZeroUsize::new(policy.local_cache_entries).map(|size| Mutex::new(LruCache::new(size)));
-        Self { store, clock, policy, cache, counters: ClaimCounters::default(), unconfirmed: Arc::default() }
+        let commits = Arc::clone(&store).commits();
+        Self { store, commits, clock, policy, cache, counters: ClaimCounters::default(), unconfirmed: Arc::default() }
     }
 
     /// The policy in force.
@@ -367,7 +370,7 @@ impl Claims {
         Commit { finish, unclaimed, writes, outbox }
     }
 
-    /// Commits under the lease (see [`ClaimStore::commit`]). Like a
+    /// Commits under the lease (see [`CommitStore::commit`]). Like a
     /// finishing write, the commit is kept until the store answers it, and
     /// sent again by [`resend_unconfirmed`](Self::resend_unconfirmed).
     pub(crate) async fn commit(&self, lease: &Lease, commit: Commit) -> Result<Committed, StoreError> {
@@ -503,10 +506,10 @@ impl Claims {
                             Committed::Taken(None),
                         ),
                     },
-                    None => self.store.commit(id, token, commit).await?,
+                    None => self.committing()?.commit(id, token, commit).await?,
                 }
             }
-            Ending::Commit(commit) => self.store.commit(id, token, commit).await?,
+            Ending::Commit(commit) => self.committing()?.commit(id, token, commit).await?,
             Ending::Release => committed(self.store.release(id, token).await?),
         };
         if let (Committed::Applied, Some(finish)) = (&committed, ending.finish())
@@ -523,6 +526,13 @@ impl Claims {
             self.count_refusal(lease, ending.name());
         }
         Ok(committed)
+    }
+
+    /// The store's commits, or why there are none: a commit fails its record for good.
+    fn committing(&self) -> Result<&dyn CommitStore, StoreError> {
+        self.commits.as_deref().ok_or_else(|| {
+            StoreError::Unsupported("this claim store does not commit staged writes (ClaimStore::commits)".into())
+        })
     }
 
     fn new_claim(&self, request: &ClaimRequest<'_>, now_ms: u64, payload_hash: Option<String>) -> StoredClaim {

@@ -22,16 +22,15 @@ use crate::{
     budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
     config::{self, Config, StoreChoice},
-    consumer::{self, Consumer},
+    consumer::{Builder, Parts, Uses},
     engine::Invocation,
     event::parse_event,
     handler::BuildHandler,
     logging,
     metrics::{Extra, emf_line},
     operator::{Action, Operator, timestamp},
-    outbox::{AwsDestinations, Outbox},
+    outbox::{Destinations, Outbox},
     poll::{PollOptions, Poller},
-    sqs::Sqs,
     sqs::redelivery::RedeliveryPolicy,
     store::{ClaimQuery, ClaimStore, OutboxQuery},
     store::{ClaimStatus, StoredClaim},
@@ -180,7 +179,7 @@ enum StatusArg {
 
 /// Parses the command line and runs its command; `handler` is awaited only
 /// by the commands that run one.
-pub(crate) async fn main(handler: BuildHandler<'_>) -> ExitCode {
+pub(crate) async fn main(builder: Builder, handler: BuildHandler<'_>) -> ExitCode {
     // Named as the user typed it: a consumer crate's binary is not `sqs-once`.
     let program = logging::program();
     let matches = Cli::command().name(program.clone()).bin_name(program).get_matches();
@@ -189,7 +188,7 @@ pub(crate) async fn main(handler: BuildHandler<'_>) -> ExitCode {
     // `claims` keeps 1 and 2 for "not found" and "refused".
     let error_code = if matches!(cli.command, Some(Command::Claims(_))) { 3 } else { 1 };
     logging::init(lambda);
-    match command(cli, handler).await {
+    match command(cli, builder, handler).await {
         Ok(code) => code.unwrap_or(ExitCode::SUCCESS),
         Err(error) => {
             logging::fatal(lambda, &format_args!("{error:#}"));
@@ -198,28 +197,24 @@ pub(crate) async fn main(handler: BuildHandler<'_>) -> ExitCode {
     }
 }
 
-async fn command(cli: Cli, handler: BuildHandler<'_>) -> anyhow::Result<Option<ExitCode>> {
+async fn command(cli: Cli, builder: Builder, handler: BuildHandler<'_>) -> anyhow::Result<Option<ExitCode>> {
     match cli.command {
-        Some(Command::Invoke { file, timeout, metrics, sqs }) => invoke(file, timeout, metrics, sqs, handler).await,
+        Some(Command::Invoke { file, timeout, metrics, sqs }) => {
+            invoke(file, timeout, metrics, sqs, builder, handler).await
+        }
         Some(Command::Poll { queue_url, receivers, max_in_flight, wait_secs, timeout }) => {
             let timeout = timeout.map(seconds).transpose()?;
             let options = PollOptions { receivers, max_in_flight, wait: Duration::from_secs(wait_secs), timeout };
-            poll(queue_url, options, handler).await
+            poll(queue_url, options, builder, handler).await
         }
-        Some(Command::CreateTable { table }) => create_table(table).await,
-        Some(Command::Claims(command)) => claims(command).await,
+        Some(Command::CreateTable { table }) => create_table(table, builder).await,
+        Some(Command::Claims(command)) => claims(command, builder).await,
         None if config::in_lambda() => {
-            crate::lambda::start(handler).await.map_err(anyhow::Error::msg)?;
+            crate::lambda::start(builder, handler).await.map_err(anyhow::Error::msg)?;
             Ok(None)
         }
         None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
     }
-}
-
-/// The consumer `config` describes around the handler.
-async fn consumer(config: &Config, handler: BuildHandler<'_>) -> anyhow::Result<Consumer> {
-    let handler = handler.await.map_err(anyhow::Error::msg)?;
-    Ok(Consumer::assemble(config, handler).await?)
 }
 
 /// A positive `--timeout`.
@@ -235,6 +230,7 @@ async fn invoke(
     timeout: f64,
     metrics: bool,
     sqs: bool,
+    builder: Builder,
     handler: BuildHandler<'_>,
 ) -> anyhow::Result<Option<ExitCode>> {
     let timeout = seconds(timeout)?;
@@ -242,12 +238,14 @@ async fn invoke(
     let records = parse_event(&text).with_context(|| format!("{name} cannot be processed"))?;
     // The text is not needed once parsed; a 10,000-record event is megabytes.
     drop(text);
-    let mut config = Config::from_env()?;
-    if !sqs {
-        // Offline events carry made-up receipt handles: leave SQS alone.
-        config.redelivery = RedeliveryPolicy::none();
-    }
-    let consumer = consumer(&config, handler).await?;
+    let builder = builder.adjust(|config| {
+        if !sqs {
+            // Offline events carry made-up receipt handles: leave SQS alone.
+            config.redelivery = RedeliveryPolicy::none();
+        }
+    })?;
+    let handler = handler.await.map_err(anyhow::Error::msg)?;
+    let (consumer, _) = builder.assemble(handler, Uses::default()).await?;
     let invocation = Invocation {
         deadline: SystemTime::now() + timeout,
         request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
@@ -264,14 +262,16 @@ async fn invoke(
 }
 
 /// `poll`: runs until SIGINT or SIGTERM, then prints what it did as JSON.
-async fn poll(queue_url: String, options: PollOptions, handler: BuildHandler<'_>) -> anyhow::Result<Option<ExitCode>> {
+async fn poll(
+    queue_url: String,
+    options: PollOptions,
+    builder: Builder,
+    handler: BuildHandler<'_>,
+) -> anyhow::Result<Option<ExitCode>> {
     let shutdown = crate::poll::interrupted();
-    let config = Config::from_env()?;
-    let consumer = consumer(&config, handler).await?;
-    let sqs = match &consumer.redelivery {
-        Some(redelivery) => redelivery.sqs().clone(),
-        None => Sqs::new(&crate::aws::sdk_config().await),
-    };
+    let handler = handler.await.map_err(anyhow::Error::msg)?;
+    let (consumer, sqs) = builder.assemble(handler, Uses { queue: true, ..Uses::default() }).await?;
+    let sqs = sqs.context("no SQS client to receive with")?;
     let poller =
         Poller::new(consumer, sqs, &queue_url, options).await.with_context(|| format!("cannot poll {queue_url}"))?;
     let summary = poller.run(shutdown).await;
@@ -279,16 +279,19 @@ async fn poll(queue_url: String, options: PollOptions, handler: BuildHandler<'_>
     Ok(None)
 }
 
-async fn create_table(table: Option<String>) -> anyhow::Result<Option<ExitCode>> {
-    let config = Config::from_lookup(|name| match (name, &table) {
-        ("SQS_ONCE_TABLE", Some(table)) => Some(table.clone()),
-        _ => std::env::var(name).ok(),
-    })?;
+async fn create_table(table: Option<String>, mut builder: Builder) -> anyhow::Result<Option<ExitCode>> {
+    let config = match table {
+        // The table `--table` names, and every other setting as the environment says.
+        Some(table) => Config::from_lookup(|name| match name {
+            "SQS_ONCE_TABLE" => Some(table.clone()),
+            _ => std::env::var(name).ok(),
+        })?,
+        None => builder.settings()?,
+    };
     let StoreChoice::DynamoDb(layout) = config.store else {
         bail!("no table to create: set SQS_ONCE_TABLE or pass --table NAME");
     };
-    let endpoint = consumer::dynamodb_endpoint(&crate::aws::sdk_config().await);
-    let (store, _) = consumer::dynamodb_store(layout).await;
+    let (store, endpoint) = builder.dynamodb_store(layout).await;
     let layout = store.layout();
     let created =
         store.create_table().await.with_context(|| format!("cannot create table {} at {endpoint}", layout.table))?;
@@ -298,21 +301,18 @@ async fn create_table(table: Option<String>) -> anyhow::Result<Option<ExitCode>>
 }
 
 /// `claims`: what it did, or why not, naming the store it acted on.
-async fn claims(command: ClaimsCommand) -> anyhow::Result<Option<ExitCode>> {
-    let mut config = Config::from_env()?;
+async fn claims(command: ClaimsCommand, builder: Builder) -> anyhow::Result<Option<ExitCode>> {
     // One request at a time: nothing to batch, and no batch permissions needed.
-    config.dynamodb_batching = false;
-    let aws = match config.store {
-        StoreChoice::DynamoDb(_) => Some(crate::aws::sdk_config().await),
-        _ => None,
-    };
-    let target = consumer::store_target(&config, aws.as_ref());
-    claims_in(command, config).await.with_context(|| format!("claims in {target}"))
+    let mut builder = builder.adjust(|config| config.dynamodb_batching = false)?;
+    let config = builder.settings()?;
+    let parts = builder.parts(&config, Uses::default()).await?;
+    let target = parts.store.target.clone();
+    claims_in(command, config, parts).await.with_context(|| format!("claims in {target}"))
 }
 
-async fn claims_in(command: ClaimsCommand, config: Config) -> anyhow::Result<Option<ExitCode>> {
-    let (store, _) = consumer::open_store(&config).await?;
-    let operator = Operator::new(Arc::clone(&store), Arc::new(SystemClock), config.claims.expires_after);
+async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyhow::Result<Option<ExitCode>> {
+    let store = parts.store.store;
+    let operator = Operator::new(Arc::clone(&store), Arc::new(SystemClock), config.claims.expires_after)?;
     // The stored id a target names; `None` when no claim has its message id.
     let id = async |target: Target| -> anyhow::Result<Option<String>> {
         Ok(match (target.id, target.message_id) {
@@ -329,7 +329,9 @@ async fn claims_in(command: ClaimsCommand, config: Config) -> anyhow::Result<Opt
             }
             action => action,
         },
-        ClaimsCommand::Outbox { send, limit, json, .. } => return outbox(store, send, limit, json).await,
+        ClaimsCommand::Outbox { send, limit, json, .. } => {
+            return outbox(store, parts.destinations, send, limit, json).await;
+        }
         ClaimsCommand::List { status, stale, limit, json } => {
             let status = status.map(|status| match status {
                 StatusArg::InProgress => ClaimStatus::InProgress,
@@ -383,9 +385,15 @@ async fn claims_in(command: ClaimsCommand, config: Config) -> anyhow::Result<Opt
 }
 
 /// `claims outbox`: sends what is due if asked, then lists what is left.
-async fn outbox(store: Arc<dyn ClaimStore>, send: bool, limit: usize, json: bool) -> anyhow::Result<Option<ExitCode>> {
+async fn outbox(
+    store: Arc<dyn ClaimStore>,
+    destinations: Arc<dyn Destinations>,
+    send: bool,
+    limit: usize,
+    json: bool,
+) -> anyhow::Result<Option<ExitCode>> {
+    let Some(store) = store.outbox() else { bail!("this claim store keeps no outbox (ClaimStore::outbox)") };
     if send {
-        let destinations = Arc::new(AwsDestinations::from_env());
         let outbox = Outbox::new(Arc::clone(&store), destinations, Arc::new(SystemClock), None);
         // A sweep sends a few hundred entries at most: sweep until none is left due.
         let mut sent = 0;
@@ -399,7 +407,7 @@ async fn outbox(store: Arc<dyn ClaimStore>, send: bool, limit: usize, json: bool
         let failed = outbox.counters().failed.load(std::sync::atomic::Ordering::Relaxed);
         eprintln!("sent {sent} message(s); {failed} could not be sent and stay in the outbox");
     }
-    let entries = store.outbox(&OutboxQuery { due_at_ms: None, limit }).await?;
+    let entries = store.entries(&OutboxQuery { due_at_ms: None, limit }).await?;
     let now_ms = SystemClock.now_ms();
     if json {
         let rows: Vec<serde_json::Value> = entries

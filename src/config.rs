@@ -68,6 +68,28 @@ pub(crate) enum StoreChoice {
     File(std::path::PathBuf),
     /// A DynamoDB table: the production store.
     DynamoDb(TableLayout),
+    /// None named, inside Lambda: only a store given to
+    /// [`Builder::store`](crate::consumer::Builder::store) will do.
+    Unnamed,
+}
+
+impl StoreChoice {
+    /// Whether claims are kept in DynamoDB.
+    pub(crate) fn is_dynamodb(&self) -> bool {
+        matches!(self, Self::DynamoDb(_))
+    }
+
+    /// Why there is no store inside Lambda: no table named, and memory or
+    /// a file would keep claims that the next environment never sees.
+    pub(crate) fn refusal(&self) -> ConfigError {
+        ConfigError {
+            name: "SQS_ONCE_TABLE",
+            value: String::new(),
+            expected: "the name of the DynamoDB claim table: inside Lambda, claims must be kept in DynamoDB \
+                       (or in a store given to Consumer::builder().store(..))"
+                .into(),
+        }
+    }
 }
 
 /// A setting with an invalid value.
@@ -188,8 +210,11 @@ impl Config {
         if engine.margins.deadline_margin < ANSWER_TIME {
             return Err(env.invalid("SQS_ONCE_DEADLINE_MARGIN_MS", DEADLINE_MARGIN));
         }
+        let in_lambda = env.text(LAMBDA_RUNTIME_API).is_some();
         let store = match env.text("SQS_ONCE_STORE").as_deref() {
             None if env.text("SQS_ONCE_TABLE").is_some() => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
+            // A store given to the builder will do; without one, the consumer refuses to start.
+            None if in_lambda => StoreChoice::Unnamed,
             Some("dynamodb") => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
             #[cfg(feature = "sqlite")]
             None | Some("file") => StoreChoice::File(std::path::PathBuf::from(
@@ -200,12 +225,8 @@ impl Config {
             Some("memory") => StoreChoice::Memory,
             Some(_) => return Err(env.invalid("SQS_ONCE_STORE", STORES)),
         };
-        if env.text(LAMBDA_RUNTIME_API).is_some() && !matches!(store, StoreChoice::DynamoDb(_)) {
-            return Err(ConfigError {
-                name: "SQS_ONCE_TABLE",
-                value: String::new(),
-                expected: "the name of the DynamoDB claim table: inside Lambda, claims must be kept in DynamoDB".into(),
-            });
+        if in_lambda && !matches!(store, StoreChoice::DynamoDb(_) | StoreChoice::Unnamed) {
+            return Err(StoreChoice::Unnamed.refusal());
         }
         let spec = env.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?;
         if spec.reads_envelope() && engine.envelope == EnvelopeKind::None {
@@ -506,8 +527,8 @@ mod tests {
 
     #[test]
     fn inside_lambda_only_dynamodb_will_do() {
-        let error = config(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")]).unwrap_err();
-        assert_eq!(error.name, "SQS_ONCE_TABLE");
+        let unnamed = config(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")]).unwrap();
+        assert_eq!(unnamed.store, StoreChoice::Unnamed, "left to the builder, which refuses it without a store");
         assert!(config(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"), ("SQS_ONCE_TABLE", "t")]).is_ok());
         let memory = config(&[("AWS_LAMBDA_RUNTIME_API", "x"), ("SQS_ONCE_TABLE", "t"), ("SQS_ONCE_STORE", "memory")]);
         assert!(memory.is_err(), "an explicit non-DynamoDB store is refused in Lambda too");

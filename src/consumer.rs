@@ -10,36 +10,42 @@ use std::{
     time::SystemTime,
 };
 
-use aws_config::SdkConfig;
 use aws_lambda_events::sqs::SqsBatchResponse;
 
 pub use crate::{engine::Invocation, sqs::redelivery::RedeliveryCounts};
 
+mod builder;
+
+#[cfg(feature = "cli")]
+pub(crate) use builder::Parts;
+pub use builder::{Builder, LambdaService};
+pub(crate) use builder::{Layers, Uses};
+
 use crate::{
-    Handler,
-    claim::Claims,
-    clock::SystemClock,
-    config::{Config, StoreChoice},
+    config::ConfigError,
     engine::Engine,
     event::EventRecord,
-    handler::BoxHandler,
     metrics::{Extra, MetricsConfig},
-    outbox::{AwsDestinations, Outbox},
     report::BatchReport,
-    sqs::Sqs,
     sqs::redelivery::Redelivery,
-    store::{
-        ClaimStore, DynamoDbStore, MemoryStore, StoreError,
-        dynamodb::{self, RequestCounter},
-    },
+    store::{StoreError, dynamodb::RequestCounter},
 };
 
-/// Why the engine could not be built.
+/// Why a consumer could not be put together.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartupError {
+    /// A setting has a value it cannot have.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The store could not be opened.
     #[error("cannot open the claim store")]
     Store(#[from] StoreError),
+    /// The claim store lacks a capability the consumer needs (see
+    /// [`ClaimStore`](crate::store::ClaimStore)): it does not do what the
+    /// text says.
+    #[error("the claim store does not {0}")]
+    StoreLacks(String),
     /// The DynamoDB claim table does not exist. Checked at start outside a
     /// deployed function (`invoke`, `poll`, `sam local invoke`), where a
     /// table not created yet is the likely mistake: every record would
@@ -70,7 +76,7 @@ pub enum StartupError {
 ///     _ => None,
 /// })
 /// .unwrap();
-/// let consumer = Consumer::new(&config, handler_fn(|_| async { Ok(None) })).await.unwrap();
+/// let consumer = Consumer::builder().config(config).build(handler_fn(|_| async { Ok(None) })).await.unwrap();
 /// let event = r#"{ "Records": [{ "messageId": "m-1", "body": "{}" }] }"#;
 /// let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(30), request_id: "r-1".into() };
 /// let answer = consumer.process(&parse_event(event).unwrap(), &invocation).await;
@@ -102,49 +108,10 @@ pub struct Answer {
 }
 
 impl Consumer {
-    /// The consumer `config` describes around `handler`: its store, keys and
-    /// tuning, and the SQS step when the redelivery policy asks for one.
-    pub async fn new(config: &Config, handler: impl Handler) -> Result<Self, StartupError> {
-        Self::assemble(config, Arc::new(handler)).await
-    }
-
-    /// [`new`](Self::new), with the claims kept in `store` whatever the
-    /// settings say of the store: for a [`ClaimStore`] of one's own.
-    pub async fn with_store(config: &Config, handler: impl Handler, store: Arc<dyn ClaimStore>) -> Self {
-        let aws = if config.redelivery.is_active() { Some(crate::aws::sdk_config().await) } else { None };
-        Self::around(config, Arc::new(handler), (store, None), aws)
-    }
-
-    /// [`new`](Self::new), for a handler chosen at run time.
-    pub(crate) async fn assemble(config: &Config, handler: BoxHandler) -> Result<Self, StartupError> {
-        let needs_aws = matches!(config.store, StoreChoice::DynamoDb(_)) || config.redelivery.is_active();
-        // Loaded once: credentials and region are resolved once for every client.
-        let aws = if needs_aws { Some(crate::aws::sdk_config().await) } else { None };
-        if let (StoreChoice::DynamoDb(layout), Some(aws)) = (&config.store, &aws)
-            && !crate::config::deployed()
-            && dynamodb::table_missing(&aws_sdk_dynamodb::Client::new(aws), &layout.table).await
-        {
-            return Err(StartupError::MissingTable { table: layout.table.clone(), endpoint: dynamodb_endpoint(aws) });
-        }
-        let store = store_with(config, aws.as_ref())?;
-        tracing::info!(store = %store_target(config, aws.as_ref()), "claims kept in the store");
-        Ok(Self::around(config, handler, store, aws))
-    }
-
-    fn around(config: &Config, handler: BoxHandler, store: CountedStore, aws: Option<SdkConfig>) -> Self {
-        let (store, dynamodb_requests) = store;
-        let claims = Claims::with_policy(Arc::clone(&store), config.claims.clone(), Arc::new(SystemClock));
-        // Messages handlers stage leave through the outbox; a consumer that
-        // sends none never loads the AWS configuration for it.
-        let destinations = aws.as_ref().map_or_else(AwsDestinations::from_env, AwsDestinations::new);
-        let outbox = Outbox::new(store, Arc::new(destinations), Arc::new(SystemClock), config.outbox_sweep);
-        let redelivery = aws
-            .filter(|_| config.redelivery.is_active())
-            .map(|aws| Redelivery::new(config.redelivery.clone(), Sqs::new(&aws)));
-        let mut options = config.engine.clone();
-        options.margins.sqs_step = redelivery.is_some();
-        let engine = Engine::new(handler, Arc::new(claims), config.keys.clone(), options).with_outbox(Arc::new(outbox));
-        Self { engine, dynamodb_requests, redelivery, metrics: config.metrics.clone() }
+    /// Puts a consumer together from values, the environment supplying the
+    /// rest: see [`Builder`].
+    pub fn builder() -> Builder {
+        Builder::default()
     }
 
     /// Processes a batch, then carries out the redelivery policy on its
@@ -197,66 +164,4 @@ impl Consumer {
         }
         left
     }
-}
-
-/// A claim store, and the counter of its requests when it is DynamoDB.
-pub(crate) type CountedStore = (Arc<dyn ClaimStore>, Option<Arc<RequestCounter>>);
-
-/// The store `config` chooses, and its request counter if it is DynamoDB.
-#[cfg(feature = "cli")]
-pub(crate) async fn open_store(config: &Config) -> Result<CountedStore, StartupError> {
-    let aws = match config.store {
-        StoreChoice::DynamoDb(_) => Some(crate::aws::sdk_config().await),
-        _ => None,
-    };
-    store_with(config, aws.as_ref())
-}
-
-/// [`store`], with the AWS configuration already loaded when the store is DynamoDB.
-fn store_with(config: &Config, aws: Option<&SdkConfig>) -> Result<CountedStore, StartupError> {
-    Ok(match (&config.store, aws) {
-        (StoreChoice::DynamoDb(layout), Some(aws)) => {
-            let (client, requests) = dynamodb::client_from(aws);
-            let store = DynamoDbStore::new(client, layout.clone()).batching(config.dynamodb_batching);
-            (Arc::new(store), Some(requests))
-        }
-        #[cfg(feature = "sqlite")]
-        (StoreChoice::File(path), _) => (Arc::new(crate::store::SqliteStore::open(path)?), None),
-        _ => (Arc::new(MemoryStore::default()), None),
-    })
-}
-
-/// Which store `config` keeps claims in, and where, as a person reads it:
-/// so that a command says what it acts on.
-pub(crate) fn store_target(config: &Config, aws: Option<&SdkConfig>) -> String {
-    match (&config.store, aws) {
-        (StoreChoice::DynamoDb(layout), Some(aws)) => format!("table {} at {}", layout.table, dynamodb_endpoint(aws)),
-        (StoreChoice::DynamoDb(layout), None) => format!("table {}", layout.table),
-        #[cfg(feature = "sqlite")]
-        (StoreChoice::File(path), _) => format!("file {}", path.display()),
-        _ => "memory".to_owned(),
-    }
-}
-
-/// Where DynamoDB requests go, as a person reads it: the endpoint the
-/// environment names (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL`), or
-/// AWS's own in the configuration's Region, of the account its credentials
-/// name.
-pub(crate) fn dynamodb_endpoint(aws: &SdkConfig) -> String {
-    let named = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
-    match named("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| named("AWS_ENDPOINT_URL")) {
-        Some(url) => url,
-        None => format!(
-            "AWS, region {} (no AWS_ENDPOINT_URL_DYNAMODB: the account the credentials name)",
-            aws.region().map_or("unset", |region| region.as_ref())
-        ),
-    }
-}
-
-/// A DynamoDB store on `layout`, with a client built from the SDK's default
-/// configuration chain, and the counter of its requests.
-#[cfg(feature = "cli")]
-pub(crate) async fn dynamodb_store(layout: crate::store::TableLayout) -> (DynamoDbStore, Arc<RequestCounter>) {
-    let (client, requests) = dynamodb::client().await;
-    (DynamoDbStore::new(client, layout), requests)
 }

@@ -248,9 +248,9 @@ impl Engine {
     /// This engine, sending the messages handlers stage through `outbox`
     /// once their transactions commit. Without one, they wait in the store
     /// for a sweep (`sqs-once claims outbox --send`).
-    pub(crate) fn with_outbox(self, outbox: Arc<Outbox>) -> Self {
+    pub(crate) fn with_outbox(self, outbox: Option<Arc<Outbox>>) -> Self {
         let mut inner = Arc::unwrap_or_clone(self.inner);
-        inner.outbox = Some(outbox);
+        inner.outbox = outbox;
         Self { inner: Arc::new(inner) }
     }
 

@@ -13,7 +13,7 @@ use std::{
 };
 
 use aws_lambda_events::sqs::SqsBatchResponse;
-use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
+use lambda_runtime::{Diagnostic, LambdaEvent, service_fn, tower::layer::layer_fn};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
@@ -25,8 +25,8 @@ use runtime_api::report_init_error;
 
 use crate::{
     clock::{Clock, SystemClock},
-    config::{Config, LAMBDA_RUNTIME_API},
-    consumer::Consumer,
+    config::LAMBDA_RUNTIME_API,
+    consumer::{Builder, Consumer, LambdaService, Layers, Uses},
     engine::{Engine, Invocation},
     event::{InvalidEvent, parse_event},
     handler::BuildHandler,
@@ -76,14 +76,15 @@ struct Function {
 /// consumer once, before the loop, so that clients and configuration are
 /// shared by every invocation of the warm process, then serves invocations.
 /// An error before the loop is reported to the Runtime API as the init error.
-pub(crate) async fn start(handler: BuildHandler<'_>) -> Result<(), String> {
+pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result<(), String> {
+    let layers = builder.layers();
     let started = async {
         if let Some(refusal) = local::refusal(|name| std::env::var(name).ok()) {
             return Err(refusal);
         }
-        let config = Config::from_env().map_err(|error| error.to_string())?;
         let handler = handler.await?;
-        Consumer::assemble(&config, handler).await.map_err(|error| with_causes(&error))
+        let assembled = builder.assemble(handler, Uses::default()).await;
+        assembled.map(|(consumer, _)| consumer).map_err(|error| with_causes(&error))
     };
     let consumer = match started.await {
         Ok(consumer) => consumer,
@@ -92,7 +93,7 @@ pub(crate) async fn start(handler: BuildHandler<'_>) -> Result<(), String> {
             return Err(error);
         }
     };
-    run(consumer).await.map_err(|error| error.to_string())
+    run(consumer, layers).await.map_err(|error| error.to_string())
 }
 
 /// An error and its causes on one line, as the init error shows it.
@@ -106,8 +107,9 @@ fn with_causes(error: &dyn std::error::Error) -> String {
     line
 }
 
-/// Serves invocations from the Lambda Runtime API until the process ends.
-async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
+/// Serves invocations from the Lambda Runtime API until the process ends,
+/// the function's service wrapped in `layers`.
+async fn run(consumer: Consumer, layers: Option<Layers>) -> Result<(), lambda_runtime::Error> {
     if let Some(missing) = RUNTIME_VARIABLES.iter().find(|name| std::env::var_os(name).is_none()) {
         return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());
     }
@@ -123,10 +125,11 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
         async move { function.invoke(event).await }
     });
     if let Some(invocations) = invocations_at_once() {
-        return serve_at_once(invocations, service, invoked.consumer.engine.clone()).await;
+        let runtime = runtime(service, layers.as_ref());
+        return serve_at_once(invocations, runtime, invoked.consumer.engine.clone()).await;
     }
     loop {
-        match lambda_runtime::run(service.clone()).await {
+        match runtime(service.clone(), layers.as_ref()).run().await {
             Err(error) if runtime_api::unreadable_headers(&*error) => {
                 tracing::warn!(
                     %error,
@@ -140,13 +143,9 @@ async fn run(consumer: Consumer) -> Result<(), lambda_runtime::Error> {
     }
 }
 
-/// Serves `invocations` at once, as Lambda Managed Instances hands them to
-/// one environment, which is never frozen: the writes and the outbox are
-/// tended in the background, between batches too. The environment has
-/// vCPUs to spare for them: if `main` runs a runtime of one thread, the
-/// invocations are served on a runtime of a thread per CPU of its own
-/// (`TOKIO_WORKER_THREADS` sets another number).
-async fn serve_at_once<S>(invocations: u32, service: S, engine: Engine) -> Result<(), lambda_runtime::Error>
+/// The `lambda_runtime` runtime around the function's `service`: its
+/// tracing (as `lambda_runtime::run` adds it), then the program's `layers`.
+fn runtime<S>(service: S, layers: Option<&Layers>) -> lambda_runtime::Runtime<LambdaService>
 where
     S: lambda_runtime::Service<LambdaEvent<Event>, Response = SqsBatchResponse, Error = Diagnostic>
         + Clone
@@ -154,10 +153,30 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    let boxed = lambda_runtime::Runtime::new(service)
+        .layer(lambda_runtime::layers::TracingLayer::new())
+        .layer(layer_fn(LambdaService::new));
+    match layers {
+        Some(layers) => boxed.layer(layer_fn(|inner| layers(inner))),
+        None => boxed,
+    }
+}
+
+/// Serves `invocations` at once, as Lambda Managed Instances hands them to
+/// one environment, which is never frozen: the writes and the outbox are
+/// tended in the background, between batches too. The environment has
+/// vCPUs to spare for them: if `main` runs a runtime of one thread, the
+/// invocations are served on a runtime of a thread per CPU of its own
+/// (`TOKIO_WORKER_THREADS` sets another number).
+async fn serve_at_once(
+    invocations: u32,
+    runtime: lambda_runtime::Runtime<LambdaService>,
+    engine: Engine,
+) -> Result<(), lambda_runtime::Error> {
     tracing::info!(invocations, "serving invocations at once (AWS_LAMBDA_MAX_CONCURRENCY)");
     let serve = async move {
         tokio::spawn(async move { engine.tend(std::future::pending()).await });
-        lambda_runtime::run_concurrent(service).await
+        runtime.run_concurrent().await
     };
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let one_thread = tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread;

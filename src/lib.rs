@@ -87,7 +87,7 @@ mod logging;
 mod metrics;
 #[cfg(feature = "cli")]
 mod operator;
-mod outbox;
+pub mod outbox;
 #[cfg(feature = "cli")]
 mod poll;
 mod reason;
@@ -102,6 +102,7 @@ pub mod store;
 pub mod testing;
 pub mod transaction;
 
+pub use consumer::Consumer;
 pub use handler::{ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
 pub use record::Record;
 pub use start::{run, run_with};

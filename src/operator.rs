@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 
 use crate::{
     clock::Clock,
-    store::{ClaimQuery, ClaimStore, Fenced, Listing, OutboxQuery, StoreError},
+    store::{ClaimAdmin, ClaimQuery, ClaimStore, Fenced, Listing, OutboxQuery, StoreError},
     store::{ClaimStatus, StoredClaim},
 };
 
@@ -26,6 +26,7 @@ pub(crate) enum Action {
 /// Claims, as an operator sees them.
 pub(crate) struct Operator {
     store: Arc<dyn ClaimStore>,
+    admin: Arc<dyn ClaimAdmin>,
     clock: Arc<dyn Clock>,
     expires_after: Duration,
 }
@@ -37,9 +38,18 @@ impl std::fmt::Debug for Operator {
 }
 
 impl Operator {
-    /// Operations on `store`; claims completed by hand are remembered for `expires_after`.
-    pub(crate) fn new(store: Arc<dyn ClaimStore>, clock: Arc<dyn Clock>, expires_after: Duration) -> Self {
-        Self { store, clock, expires_after }
+    /// Operations on `store`; claims completed by hand are remembered for
+    /// `expires_after`. A store that offers no listing ([`ClaimStore::admin`])
+    /// is refused.
+    pub(crate) fn new(
+        store: Arc<dyn ClaimStore>,
+        clock: Arc<dyn Clock>,
+        expires_after: Duration,
+    ) -> Result<Self, StoreError> {
+        let admin = Arc::clone(&store).admin().ok_or_else(|| {
+            StoreError::Unsupported("this claim store offers no listing of its claims (ClaimStore::admin)".into())
+        })?;
+        Ok(Self { store, admin, clock, expires_after })
     }
 
     /// The current time, for `--stale` listings.
@@ -49,7 +59,7 @@ impl Operator {
 
     /// Claims matching `query`.
     pub(crate) async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        self.store.list(query).await
+        self.admin.list(query).await
     }
 
     /// The claim stored as `id`.
@@ -65,7 +75,7 @@ impl Operator {
         for status in [ClaimStatus::Failed, ClaimStatus::InProgress, ClaimStatus::Completed].map(Some) {
             let query =
                 ClaimQuery { status, message_id: Some(message_id.to_owned()), limit: 1, ..ClaimQuery::default() };
-            if let Some(claim) = self.store.list(&query).await?.records.into_iter().next() {
+            if let Some(claim) = self.admin.list(&query).await?.records.into_iter().next() {
                 return Ok(Some(claim));
             }
         }
@@ -81,7 +91,7 @@ impl Operator {
             return Ok(Action::Refused(format!("{reason}; pass --force to release it anyway")));
         }
         let done = format!("released {id} (was {}); its next delivery runs the handler", describe(&seen));
-        Ok(self.applied(self.store.replace_seen(Some(&seen), None).await?, done))
+        Ok(self.applied(self.admin.replace_seen(Some(&seen), None).await?, done))
     }
 
     /// Marks a key completed by hand (the work was done elsewhere), so that
@@ -115,7 +125,7 @@ impl Operator {
         };
         let was = seen.as_ref().map_or("no claim".to_owned(), describe);
         let done = format!("completed {id} by hand (was {was}); deliveries are duplicates until it expires");
-        Ok(self.applied(self.store.replace_seen(seen.as_ref(), Some(&completed)).await?, done))
+        Ok(self.applied(self.admin.replace_seen(seen.as_ref(), Some(&completed)).await?, done))
     }
 
     /// Drops the outbox entry `id` (its stored id or its outbox id) that an
@@ -123,7 +133,10 @@ impl Operator {
     /// the entry, message and all, is logged as it goes, so that it can be
     /// sent by hand. A sender that took the entry over meanwhile refuses it.
     pub(crate) async fn drop_outbox(&self, id: &str, force: bool) -> Result<Action, StoreError> {
-        let entries = self.store.outbox(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await?;
+        let outbox = Arc::clone(&self.store)
+            .outbox()
+            .ok_or_else(|| StoreError::Unsupported("this claim store keeps no outbox (ClaimStore::outbox)".into()))?;
+        let entries = outbox.entries(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await?;
         let Some(entry) = entries.into_iter().find(|entry| entry.id == id || entry.outbox_id() == id) else {
             return Ok(Action::NotFound);
         };
@@ -133,7 +146,7 @@ impl Operator {
                 "dropping an outbox entry gives its message up for good; pass --force to drop it: {content}"
             )));
         }
-        Ok(match self.store.outbox_sent(&entry.id, &entry.token).await? {
+        Ok(match outbox.entry_sent(&entry.id, &entry.token).await? {
             Fenced::Applied => {
                 tracing::warn!(id = %entry.id, entry = %content, "outbox entry dropped by an operator: its message is not sent");
                 Action::Done(format!("dropped {}; its message is not sent: {content}", entry.id))
@@ -215,7 +228,7 @@ mod tests {
             message_id: "m-7",
         };
         Claims::new(store.clone()).claim(&request).await.unwrap();
-        let operator = Operator::new(store, Arc::new(SystemClock), Duration::from_secs(3600));
+        let operator = Operator::new(store, Arc::new(SystemClock), Duration::from_secs(3600)).unwrap();
         assert_eq!(operator.find_by_message_id("m-7").await.unwrap().unwrap().id, "orders#o-1");
         assert!(operator.find_by_message_id("m-8").await.unwrap().is_none());
     }
@@ -228,7 +241,8 @@ mod tests {
             Arc::new(MemoryStore::default()),
             Arc::new(SystemClock),
             std::time::Duration::from_secs(3600),
-        );
+        )
+        .unwrap();
         assert_eq!(operator.release("orders#o-1", false).await.unwrap(), Action::NotFound);
         assert!(matches!(operator.complete("orders#o-1", false).await.unwrap(), Action::Done(_)));
     }

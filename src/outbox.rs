@@ -4,9 +4,9 @@
 //! Each staged [`Message`] becomes an [`OutboxEntry`] in the claim store,
 //! written in the same transaction as the handler's writes and the claim's
 //! completion, so a message exists exactly when the run that sent it
-//! committed. The entry carries a sending lease ([`entry`]): the run whose
+//! committed. The entry carries a sending lease: the run whose
 //! answer confirmed the commit holds it and sends at once, and no one else
-//! does; an entry whose lease has ended is taken over by a sweep ([`sweep`]),
+//! does; an entry whose lease has ended is taken over by a sweep,
 //! with a conditional write, so two senders never send one entry at the same
 //! time. A sent entry is deleted.
 //!
@@ -19,9 +19,12 @@
 //! ([`OUTBOX_ID_ATTRIBUTE`](crate::transaction::OUTBOX_ID_ATTRIBUTE), the
 //! FIFO deduplication id), on which the receiver deduplicates.
 //!
-//! Here: the entry and its lease ([`entry`]), sending ([`Outbox`]), the
-//! sweep ([`sweep`]), the AWS destinations ([`aws`]); the DynamoDB store's
-//! outbox items and requests are in its own `outbox` module.
+//! Messages go to the AWS services their destinations name, or to the
+//! [`Destinations`] a program gives its consumer.
+//!
+//! Here: the entry and its lease (`entry`), sending (`Outbox`), the sweep
+//! (`sweep`), the AWS destinations (`aws`); the DynamoDB store's outbox
+//! items and requests are in its own `outbox` module.
 
 mod aws;
 mod entry;
@@ -43,14 +46,15 @@ pub use entry::{OutboxEntry, OutboxQuery};
 
 use crate::{
     clock::Clock,
-    store::{ClaimStore, Fenced},
+    store::{Fenced, OutboxStore},
     transaction::Message,
 };
 
 /// Why a message was not sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
-pub(crate) struct SendError {
+#[non_exhaustive]
+pub struct SendError {
     /// The destination refused the message for good as it stands (no
     /// permission, no such queue, an invalid message); otherwise it failed
     /// and may take it later.
@@ -59,10 +63,29 @@ pub(crate) struct SendError {
     pub reason: String,
 }
 
-/// Where outbox messages go: the AWS services ([`AwsDestinations`]), or a
-/// recorder in tests ([`crate::testing::Recorded`]).
+impl SendError {
+    /// A send that failed and may succeed later (a timeout, throttling).
+    pub fn failed(reason: impl Into<String>) -> Self {
+        Self { refused: false, reason: reason.into() }
+    }
+
+    /// A send the destination refused for good as the message stands: the
+    /// entry stays, counted as refused (`OutboxRefused`), until an operator
+    /// acts.
+    pub fn refused(reason: impl Into<String>) -> Self {
+        Self { refused: true, reason: reason.into() }
+    }
+}
+
+/// Where outbox messages go: by default the AWS services their
+/// destinations name; a program may give its own
+/// ([`Builder::destinations`](crate::consumer::Builder::destinations)).
+///
+/// A message may be sent more than once (its sender stopped between the
+/// send and the entry's deletion): `outbox_id` is the same each time, and the
+/// receiver deduplicates on it.
 #[async_trait]
-pub(crate) trait Destinations: Send + Sync {
+pub trait Destinations: Send + Sync {
     /// Sends `message`, carrying `outbox_id` as its deduplication id.
     async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError>;
 }
@@ -82,7 +105,7 @@ pub(crate) struct OutboxCounters {
 
 /// Sends outbox entries and takes over those left unsent.
 pub(crate) struct Outbox {
-    store: Arc<dyn ClaimStore>,
+    store: Arc<dyn OutboxStore>,
     destinations: Arc<dyn Destinations>,
     clock: Arc<dyn Clock>,
     counters: OutboxCounters,
@@ -101,7 +124,7 @@ impl Outbox {
     /// for entries left unsent every `sweep_every` (`None`: only when asked,
     /// as `claims outbox --send` does).
     pub(crate) fn new(
-        store: Arc<dyn ClaimStore>,
+        store: Arc<dyn OutboxStore>,
         destinations: Arc<dyn Destinations>,
         clock: Arc<dyn Clock>,
         sweep_every: Option<Duration>,
@@ -168,7 +191,7 @@ impl Outbox {
             return false;
         }
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
-        match self.store.outbox_sent(&entry.id, &entry.token).await {
+        match self.store.entry_sent(&entry.id, &entry.token).await {
             Ok(Fenced::Applied) => {}
             Ok(Fenced::Refused) => {
                 tracing::warn!(id = %entry.id, "outbox: the entry was taken over while it was sent; it may be sent twice")

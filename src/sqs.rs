@@ -81,7 +81,12 @@ impl Sqs {
     /// A client from the shared SDK configuration ([`crate::aws::sdk_config`]),
     /// so `AWS_ENDPOINT_URL_SQS` points it at another server.
     pub(crate) fn new(config: &SdkConfig) -> Self {
-        Self { client: Client::new(config) }
+        Self::from_client(Client::new(config))
+    }
+
+    /// Requests through `client`.
+    pub(crate) fn from_client(client: Client) -> Self {
+        Self { client }
     }
 
     /// The URL of the queue with `arn`, as SQS forms it. SQS takes the URL in

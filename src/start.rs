@@ -1,14 +1,9 @@
 //! How a consumer binary starts: the Lambda function inside Lambda, the
 //! command line outside it.
 
-use std::{convert::Infallible, fmt::Display, process::ExitCode, sync::Arc};
+use std::{fmt::Display, process::ExitCode};
 
-use futures::future::FutureExt;
-
-use crate::{
-    Handler,
-    handler::{BoxHandler, BuildHandler},
-};
+use crate::{Handler, consumer::Consumer};
 
 /// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
 /// function inside Lambda, otherwise the command line (`invoke`, `poll`,
@@ -39,7 +34,7 @@ use crate::{
 ///
 #[doc = include_str!("../docs/command-line.md")]
 pub async fn run<H: Handler>(handler: H) -> ExitCode {
-    run_with(async || Ok::<H, Infallible>(handler)).await
+    Consumer::builder().run(handler).await
 }
 
 /// [`run`], with the handler built only by the commands that run it
@@ -76,32 +71,5 @@ where
     H: Handler,
     E: Display,
 {
-    let handler = async move {
-        let handler = build().await.map_err(|error| format!("the handler cannot start: {error}"))?;
-        Ok(Arc::new(handler) as BoxHandler)
-    };
-    serve(handler.boxed_local()).await
-}
-
-#[cfg(feature = "cli")]
-async fn serve(handler: BuildHandler<'_>) -> ExitCode {
-    crate::cli::main(handler).await
-}
-
-#[cfg(not(feature = "cli"))]
-async fn serve(handler: BuildHandler<'_>) -> ExitCode {
-    let lambda = crate::config::in_lambda();
-    crate::logging::init(lambda);
-    let result = if lambda {
-        crate::lambda::start(handler).await
-    } else {
-        Err("not in Lambda, and this binary is built without the command line (the `cli` feature of sqs-once)".into())
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            crate::logging::fatal(lambda, &error);
-            ExitCode::FAILURE
-        }
-    }
+    Consumer::builder().run_with(build).await
 }

@@ -9,6 +9,8 @@
 //! conformance suite (`claim_suite!`, feature `testing`) proves a store
 //! keeps its part.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::transaction::{Refusal, Write};
@@ -24,7 +26,7 @@ mod stored;
 pub(crate) use stored::new_token;
 pub use stored::{ClaimStatus, Finish, StoredClaim};
 
-pub use crate::outbox::{OutboxEntry, OutboxQuery};
+pub(crate) use crate::outbox::{OutboxEntry, OutboxQuery};
 
 pub use dynamodb::{Attributes, DynamoDbStore, TableKey, TableLayout};
 pub use memory::MemoryStore;
@@ -109,7 +111,7 @@ impl Commit {
     }
 }
 
-/// The outcome of [`ClaimStore::commit`].
+/// The outcome of [`CommitStore::commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Committed {
     /// Everything applied: the claim is completed, the writes and the outbox
@@ -211,7 +213,7 @@ impl ClaimQuery {
     }
 }
 
-/// Claims found by [`ClaimStore::list`].
+/// Claims found by [`ClaimAdmin::list`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Listing {
     /// The claims, at most the query's limit.
@@ -255,12 +257,20 @@ impl StoreError {
     }
 }
 
-/// Atomic operations on stored claims, keyed by their stored id.
+/// Atomic operations on stored claims, keyed by their stored id: the four
+/// every store offers, and the capabilities a store may add, each a trait
+/// of its own that [`admin`](Self::admin), [`commits`](Self::commits) and
+/// [`outbox`](Self::outbox) hand out when the store has it.
 ///
 /// Implementations must make each method atomic with respect to every other
 /// caller of the same store, including other processes when the store is
 /// shared. The state machine supplies all timestamps, so a store never reads
 /// a clock of its own.
+///
+/// A store with the four methods alone runs handlers that stage nothing; a
+/// consumer that needs more (a handler that stages every effect needs
+/// commits; `sqs-once claims` needs the listing) refuses to start on it,
+/// naming what is missing.
 #[async_trait]
 pub trait ClaimStore: Send + Sync {
     /// Writes `record` (replacing what is there) if no record holds its id or
@@ -297,14 +307,37 @@ pub trait ClaimStore: Send + Sync {
     /// Whether concurrent calls share requests, as batched statements do.
     /// The engine then claims records ahead of its handlers and lets a
     /// record's finishing write overlap the next record's claim: they travel
-    /// in the requests that go out anyway. A
-    /// store that sends each call as a request of its own answers `false`
-    /// (the default), and the engine keeps its calls under way within the
-    /// concurrency bound.
+    /// in the requests that go out anyway. A store that sends each call as a
+    /// request of its own answers `false` (the default), and the engine
+    /// keeps its calls under way within the concurrency bound.
     fn gathers_calls(&self) -> bool {
         false
     }
 
+    /// The store's listing and operator edits (`sqs-once claims`), if it
+    /// offers them; `None` (the default) if not.
+    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
+        None
+    }
+
+    /// The store's commits of staged writes with a claim's completion
+    /// ([`crate::transaction`]), if it offers them; `None` (the default) if
+    /// not, and a handler's staged writes fail its record for good.
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        None
+    }
+
+    /// The store's outbox of messages committed with staged writes, if it
+    /// keeps one; `None` (the default) if not.
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        None
+    }
+}
+
+/// Listing claims and changing one as an operator saw it: what `sqs-once
+/// claims` needs of a store ([`ClaimStore::admin`]).
+#[async_trait]
+pub trait ClaimAdmin: Send + Sync {
     /// Claims matching `query`, for operators.
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError>;
 
@@ -316,40 +349,38 @@ pub trait ClaimStore: Send + Sync {
         seen: Option<&StoredClaim>,
         record: Option<&StoredClaim>,
     ) -> Result<Fenced, StoreError>;
+}
 
+/// Commits of a handler's staged writes with its claim's completion
+/// ([`ClaimStore::commits`]).
+#[async_trait]
+pub trait CommitStore: Send + Sync {
     /// Applies `commit` atomically, if the in-progress claim `id` still
     /// carries `token` (for an unclaimed commit: if the key is free, see
     /// [`Unclaimed`]) and every staged write's condition holds: the
     /// claim's completion, the writes and the outbox entries, or nothing.
     /// An attempt that meets its own earlier, applied attempt answers
-    /// [`Committed::Applied`]. Stores that cannot refuse with
-    /// [`StoreError::Unsupported`] (the default), and the record fails.
-    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
-        let _ = (id, token, commit);
-        Err(StoreError::Unsupported("this claim store does not commit staged writes".into()))
-    }
+    /// [`Committed::Applied`]. A store without an outbox refuses a commit
+    /// that holds outbox entries with [`StoreError::Unsupported`].
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError>;
+}
 
+/// The outbox: messages committed with staged writes, until they are sent
+/// ([`ClaimStore::outbox`]).
+#[async_trait]
+pub trait OutboxStore: Send + Sync {
     /// Outbox entries, oldest run first and each run's in order.
-    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
-        let _ = query;
-        Ok(Vec::new())
-    }
+    async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError>;
 
     /// Gives `entry`'s sending lease to `token` until `lease_until_ms`, if
     /// the entry is still there under the token it was listed with.
-    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
-        let _ = (entry, token, lease_until_ms);
-        Err(StoreError::Unsupported("this claim store keeps no outbox".into()))
-    }
+    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError>;
 
     /// Deletes the sent entry `id`, if it is still leased to `token`.
-    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        let _ = (id, token);
-        Err(StoreError::Unsupported("this claim store keeps no outbox".into()))
-    }
+    async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError>;
 }
 
-/// The id a [`ClaimStore::replace_seen`] call is about.
+/// The id a [`ClaimAdmin::replace_seen`] call is about.
 pub(crate) fn replaced_id<'r>(seen: Option<&'r StoredClaim>, record: Option<&'r StoredClaim>) -> Option<&'r str> {
     seen.or(record).map(|record| record.id.as_str())
 }

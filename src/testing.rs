@@ -48,8 +48,11 @@
 //! # });
 //! ```
 
-// The suites' tests, one function each, are what `claim_suite!` and
-// `commit_suite!` expand to calls of; the macros are their documentation.
+// The suites' tests, one function each, are what `claim_suite!`,
+// `admin_suite!` and `commit_suite!` expand to calls of; the macros are their
+// documentation.
+#[doc(hidden)]
+pub mod admin_suite;
 #[doc(hidden)]
 pub mod claim_suite;
 #[doc(hidden)]
@@ -197,9 +200,10 @@ impl Setup {
         let config = self.config();
         let claims = Claims::with_policy(Arc::clone(&self.store), config.claims.clone(), Arc::new(SystemClock));
         let destinations = Arc::clone(&self.destinations) as Arc<dyn Destinations>;
-        let outbox = Outbox::new(Arc::clone(&self.store), destinations, Arc::new(SystemClock), None);
-        Engine::new(Arc::clone(&self.handler), Arc::new(claims), config.keys, config.engine)
-            .with_outbox(Arc::new(outbox))
+        let outbox = Arc::clone(&self.store)
+            .outbox()
+            .map(|entries| Arc::new(Outbox::new(entries, destinations, Arc::new(SystemClock), None)));
+        Engine::new(Arc::clone(&self.handler), Arc::new(claims), config.keys, config.engine).with_outbox(outbox)
     }
 }
 

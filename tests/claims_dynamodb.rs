@@ -13,6 +13,7 @@ async fn store() -> Arc<dyn ClaimStore> {
 }
 
 sqs_once::claim_suite!(store().await);
+sqs_once::admin_suite!(store().await);
 
 /// The suite again on a table keyed by a static partition value and a sort key.
 mod sort_key_table {
@@ -23,6 +24,7 @@ mod sort_key_table {
     }
 
     sqs_once::claim_suite!(store().await);
+    sqs_once::admin_suite!(store().await);
 }
 
 /// The suite again with every write in a request of its own.

@@ -1,4 +1,4 @@
-//! The claim state machine on the in-memory store.
+//! The claim state machine and the operator's listing on the in-memory store.
 
 use std::sync::Arc;
 
@@ -9,3 +9,4 @@ fn store() -> Arc<dyn ClaimStore> {
 }
 
 sqs_once::claim_suite!(store());
+sqs_once::admin_suite!(store());

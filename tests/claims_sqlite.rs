@@ -18,3 +18,4 @@ fn store() -> Arc<dyn ClaimStore> {
 }
 
 sqs_once::claim_suite!(store());
+sqs_once::admin_suite!(store());

@@ -61,7 +61,7 @@ async fn consumer(messages: Vec<Message>) -> Consumer {
         _ => std::env::var(name).ok(),
     })
     .unwrap();
-    Consumer::new(&config, handler).await.unwrap()
+    Consumer::builder().config(config).build(handler).await.unwrap()
 }
 
 async fn process(consumer: &Consumer, body: &str) {

@@ -13,7 +13,7 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use sqs_once::store::{ClaimQuery, ClaimStatus, ClaimStore, DynamoDbStore};
+use sqs_once::store::{ClaimAdmin, ClaimQuery, ClaimStatus, DynamoDbStore};
 
 /// One consumer's world: a store, a demo log, an event folder.
 struct Setup {

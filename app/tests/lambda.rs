@@ -13,7 +13,7 @@ use common::{
     sqs::{LARGEST_MESSAGE, body_of_size},
 };
 use serde_json::{Value, json};
-use sqs_once::store::{ClaimQuery, ClaimStatus, ClaimStore};
+use sqs_once::store::{ClaimAdmin, ClaimQuery, ClaimStatus};
 
 /// `AWS_LAMBDA_INITIALIZATION_TYPE` of an environment initialized ahead of
 /// its invocations.
@@ -264,7 +264,7 @@ async fn a_crashed_invocations_claim_is_taken_over_by_a_delivery_after_its_lease
         () = crash => {}
     }
     let query = sqs_once::store::ClaimQuery { limit: 10, ..Default::default() };
-    let open = sqs_once::store::ClaimStore::list(&store, &query).await.unwrap().records;
+    let open = sqs_once::store::ClaimAdmin::list(&store, &query).await.unwrap().records;
     let [claim] = open.as_slice() else { panic!("one open claim, the crashed run's: {open:?}") };
     assert_eq!(claim.lease_until_ms, Some(deadline_ms + 1000), "Lambda mode leases until the deadline plus the margin");
 

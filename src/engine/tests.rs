@@ -17,9 +17,7 @@ use crate::{
     event::parse_event,
     key::{Keys, OnMissingKey},
     report::{BatchReport, Failure, Outcome},
-    store::{
-        ClaimQuery, ClaimStatus, ClaimStore, Fenced, Finish, Listing, MemoryStore, PutOutcome, StoreError, StoredClaim,
-    },
+    store::{ClaimStatus, ClaimStore, Fenced, Finish, MemoryStore, PutOutcome, StoreError, StoredClaim},
 };
 use serde_json::{Value, json};
 
@@ -126,12 +124,6 @@ impl ClaimStore for Down {
         Err(StoreError::unavailable("connection refused"))
     }
     async fn release(&self, _: &str, _: &str) -> Result<Fenced, StoreError> {
-        Err(StoreError::unavailable("connection refused"))
-    }
-    async fn list(&self, _: &ClaimQuery) -> Result<Listing, StoreError> {
-        Err(StoreError::unavailable("connection refused"))
-    }
-    async fn replace_seen(&self, _: Option<&StoredClaim>, _: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
 }
@@ -625,12 +617,6 @@ impl ClaimStore for HeldStore {
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         self.releases.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.request(true, self.inner.release(id, token)).await
-    }
-    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        self.inner.list(query).await
-    }
-    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
-        self.inner.replace_seen(seen, new).await
     }
     fn gathers_calls(&self) -> bool {
         self.gathering

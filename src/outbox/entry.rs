@@ -97,7 +97,7 @@ impl OutboxEntry {
     }
 }
 
-/// Which outbox entries [`ClaimStore::outbox`](crate::store::ClaimStore::outbox) lists.
+/// Which outbox entries [`OutboxStore::entries`](crate::store::OutboxStore::entries) lists.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OutboxQuery {
     /// Only entries whose sending lease had ended at this time.

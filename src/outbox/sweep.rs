@@ -165,7 +165,7 @@ impl Outbox {
     /// unsent entry's age.
     pub(crate) async fn sweep(&self, until: Option<Instant>, stop: &AtomicBool) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
-        let listed = self.store.outbox(&OutboxQuery { due_at_ms: None, limit: SWEEP_LIMIT }).await?;
+        let listed = self.store.entries(&OutboxQuery { due_at_ms: None, limit: SWEEP_LIMIT }).await?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
         lock(&self.schedule).oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
         let listed_all = listed.len() < SWEEP_LIMIT;
@@ -202,7 +202,7 @@ impl Outbox {
         for entry in entries {
             let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
             let token = new_token();
-            match self.store.take_outbox(&entry, &token, lease_until_ms).await {
+            match self.store.take_entry(&entry, &token, lease_until_ms).await {
                 Ok(Fenced::Applied) => taken.push(OutboxEntry { token, lease_until_ms, ..entry }),
                 // Sent and deleted, or taken by another sender, since it was listed.
                 Ok(Fenced::Refused) => {}

@@ -20,7 +20,7 @@ use super::world::{World, expected_bodies};
 use crate::{
     lock::lock,
     report::{Failure, Outcome},
-    store::{ClaimStatus, ClaimStore, OutboxQuery},
+    store::{ClaimStatus, ClaimStore, OutboxQuery, OutboxStore},
 };
 
 /// Every invariant the world broke, described.
@@ -37,7 +37,9 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
         .collect();
     let applied_runs: BTreeSet<u64> =
         world.store.items("runs").into_iter().filter_map(|item| item["run"].as_u64()).collect();
-    let unsent = world.store.outbox(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await.unwrap_or_default();
+    let unsent = OutboxStore::entries(&*world.store, &OutboxQuery { due_at_ms: None, limit: usize::MAX })
+        .await
+        .unwrap_or_default();
     let mut statuses = HashMap::new();
     let keys: BTreeSet<String> = lock(&world.ledger).reports.iter().filter_map(|report| report.key.clone()).collect();
     for key in keys {

@@ -56,7 +56,8 @@ fn engine(world: &Arc<World>, id: usize) -> Engine {
         ..ClaimPolicy::default()
     };
     let claims = Claims::with_policy(Arc::clone(&store), policy, Arc::clone(&clock));
-    let outbox = Outbox::new(store, Arc::new(Sender { link }), clock, Some(scenario.sweep_every));
+    let entries = Arc::clone(&link).outbox().expect("the world's store keeps an outbox");
+    let outbox = Outbox::new(entries, Arc::new(Sender { link }), clock, Some(scenario.sweep_every));
     let keys = Keys::new("body.id", "sim").expect("a valid key").hashed(false);
     // The handler stages every effect: a process claims first, or (as `SQS_ONCE_CLAIM=auto` has it) runs
     // without a claim and commits the key's completion where it is free. Worlds mix the two.
@@ -66,7 +67,7 @@ fn engine(world: &Arc<World>, id: usize) -> Engine {
     };
     let options = EngineOptions { concurrency: scenario.concurrency, claim, ..EngineOptions::default() };
     let handler = Arc::new(SimHandler { world: Arc::clone(world) });
-    Engine::new(handler, Arc::new(claims), keys, options).with_outbox(Arc::new(outbox))
+    Engine::new(handler, Arc::new(claims), keys, options).with_outbox(Some(Arc::new(outbox)))
 }
 
 /// The records of an invocation's `deliveries`, each carrying the

@@ -30,8 +30,8 @@ use crate::{
     outbox::{Destinations, SendError},
     report::{BatchReport, Outcome},
     store::{
-        ClaimQuery, ClaimStore, Commit, Committed, Fenced, Finish, Listing, MemoryStore, OutboxEntry, OutboxQuery,
-        PutOutcome, StoreError, StoredClaim,
+        ClaimAdmin, ClaimQuery, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing, MemoryStore,
+        OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
     },
     transaction::Message,
 };
@@ -693,6 +693,25 @@ impl ClaimStore for Link {
         self.call(call, move |store| async move { store.release(&id, &token).await }).await
     }
 
+    fn gathers_calls(&self) -> bool {
+        self.world.scenario.gathers
+    }
+
+    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
+        Some(self)
+    }
+
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        Some(self)
+    }
+
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ClaimAdmin for Link {
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         self.world.store.list(query).await
     }
@@ -704,11 +723,10 @@ impl ClaimStore for Link {
     ) -> Result<Fenced, StoreError> {
         self.world.store.replace_seen(seen, record).await
     }
+}
 
-    fn gathers_calls(&self) -> bool {
-        self.world.scenario.gathers
-    }
-
+#[async_trait]
+impl CommitStore for Link {
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         {
             let mut ledger = lock(&self.world.ledger);
@@ -726,25 +744,28 @@ impl ClaimStore for Link {
         });
         committed
     }
+}
 
-    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+#[async_trait]
+impl OutboxStore for Link {
+    async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
         let call = Call { name: "outbox", about: "", fence: None, entry_body: None };
         let query = *query;
-        self.call(call, move |store| async move { store.outbox(&query).await }).await
+        self.call(call, move |store| async move { store.entries(&query).await }).await
     }
 
-    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
         let call = Call { name: "take", about: &entry.message.body, fence: None, entry_body: None };
         let (entry, token) = (entry.clone(), token.to_owned());
-        self.call(call, move |store| async move { store.take_outbox(&entry, &token, lease_until_ms).await }).await
+        self.call(call, move |store| async move { store.take_entry(&entry, &token, lease_until_ms).await }).await
     }
 
-    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+    async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         let body = self.entry_body(id);
         let about = body.clone().unwrap_or_default();
         let call = Call { name: "delete", about: &about, fence: None, entry_body: body };
         let (id, token) = (id.to_owned(), token.to_owned());
-        self.call(call, move |store| async move { store.outbox_sent(&id, &token).await }).await
+        self.call(call, move |store| async move { store.entry_sent(&id, &token).await }).await
     }
 }
 

@@ -190,12 +190,6 @@ impl Redelivery {
         Self { policy, sqs }
     }
 
-    /// The SQS client it calls through.
-    #[cfg(feature = "cli")]
-    pub(crate) fn sqs(&self) -> &Sqs {
-        &self.sqs
-    }
-
     /// Acts on the failed records of `report` (the engine's report on
     /// `records`) and returns the partial-batch response: the engine's,
     /// less the records now in the dead-letter queue. Records without a

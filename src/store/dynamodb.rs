@@ -33,8 +33,8 @@ use futures::StreamExt;
 
 use self::statements::{Batches, Written};
 use super::{
-    ClaimQuery, ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxEntry, OutboxQuery,
-    PutOutcome, StoreError, StoredClaim, replaced_id,
+    ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
+    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, replaced_id,
 };
 
 mod admin;
@@ -45,8 +45,6 @@ mod outbox;
 mod statements;
 mod transact;
 
-#[cfg(any(test, feature = "cli"))]
-pub(crate) use client::client;
 pub(crate) use client::{RequestCounter, client_from};
 pub use layout::{Attributes, TableKey, TableLayout};
 pub(crate) use layout::{OPEN_INDEX, OPEN_STATUS, open_partition};
@@ -68,13 +66,13 @@ type Item = HashMap<String, AttributeValue>;
 /// ```no_run
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
-/// use sqs_once::{config::Config, consumer::Consumer, handler_fn, store::{DynamoDbStore, TableLayout}};
+/// use sqs_once::{Consumer, handler_fn, store::{DynamoDbStore, TableLayout}};
 ///
 /// let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
 /// let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&aws), TableLayout::new("idempotency"));
 /// store.create_table().await?;
 /// let handler = handler_fn(|_| async { Ok(None) });
-/// let consumer = Consumer::with_store(&Config::from_env()?, handler, Arc::new(store)).await;
+/// let consumer = Consumer::builder().store(Arc::new(store)).build(handler).await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -199,6 +197,21 @@ impl ClaimStore for DynamoDbStore {
         }
     }
 
+    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
+        Some(self)
+    }
+
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        Some(self)
+    }
+
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ClaimAdmin for DynamoDbStore {
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         // Only failed claims are in the open-claims index: one entry per
         // claim in progress would cost every record two more write units
@@ -272,20 +285,26 @@ impl ClaimStore for DynamoDbStore {
             Conditional::Refused(_) => Fenced::Refused,
         })
     }
+}
 
+#[async_trait]
+impl CommitStore for DynamoDbStore {
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         self.commit_transaction(id, token, commit).await
     }
+}
 
-    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+#[async_trait]
+impl OutboxStore for DynamoDbStore {
+    async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
         self.outbox_entries(query).await
     }
 
-    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
         self.take_outbox_entry(entry, token, lease_until_ms).await
     }
 
-    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+    async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         self.delete_outbox_entry(id, token).await
     }
 }

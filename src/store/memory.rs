@@ -2,15 +2,15 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{
-    ClaimQuery, ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxEntry, OutboxQuery,
-    PutOutcome, StoreError, StoredClaim,
+    ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
+    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
     items::{self, Change, Evaluated, Item, Place},
     replaced_id, unchanged,
 };
@@ -104,6 +104,21 @@ impl ClaimStore for MemoryStore {
         }))
     }
 
+    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
+        Some(self)
+    }
+
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        Some(self)
+    }
+
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ClaimAdmin for MemoryStore {
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         Ok(query.select(self.state().records.values().cloned(), false))
     }
@@ -124,7 +139,10 @@ impl ClaimStore for MemoryStore {
         };
         Ok(Fenced::Applied)
     }
+}
 
+#[async_trait]
+impl CommitStore for MemoryStore {
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         let mut state = self.state();
         let State { records, items, outbox } = &mut *state;
@@ -147,8 +165,11 @@ impl ClaimStore for MemoryStore {
         outbox.extend(commit.outbox.iter().map(|entry| (entry.id.clone(), entry.clone())));
         Ok(Committed::Applied)
     }
+}
 
-    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+#[async_trait]
+impl OutboxStore for MemoryStore {
+    async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
         let state = self.state();
         let due = |entry: &&OutboxEntry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms));
         let mut entries: Vec<OutboxEntry> = state.outbox.values().filter(due).cloned().collect();
@@ -157,7 +178,7 @@ impl ClaimStore for MemoryStore {
         Ok(entries)
     }
 
-    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
         let mut state = self.state();
         Ok(match state.outbox.get_mut(&entry.id) {
             Some(stored) if stored.token == entry.token => {
@@ -169,7 +190,7 @@ impl ClaimStore for MemoryStore {
         })
     }
 
-    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+    async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         let mut state = self.state();
         Ok(match state.outbox.get(id) {
             None => Fenced::Applied,

@@ -23,8 +23,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{
-    ClaimQuery, ClaimStatus, ClaimStore, Commit, Committed, Fenced, Finish, Listing, OutboxEntry, OutboxQuery,
-    PutOutcome, StoreError, StoredClaim,
+    ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
+    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
     items::{self, Change, Evaluated, Item, Place},
     replaced_id, unchanged,
 };
@@ -171,6 +171,21 @@ impl ClaimStore for SqliteStore {
         Ok(fenced(changed))
     }
 
+    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
+        Some(self)
+    }
+
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        Some(self)
+    }
+
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ClaimAdmin for SqliteStore {
     async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
         let query = query.clone();
         let statuses: Vec<&'static str> = query.statuses().into_iter().map(ClaimStatus::as_str).collect();
@@ -210,7 +225,10 @@ impl ClaimStore for SqliteStore {
             .await?;
         Ok(if applied { Fenced::Applied } else { Fenced::Refused })
     }
+}
 
+#[async_trait]
+impl CommitStore for SqliteStore {
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         let (id, token, commit) = (id.to_owned(), token.to_owned(), commit.clone());
         self.with_connection(move |connection| {
@@ -223,8 +241,11 @@ impl ClaimStore for SqliteStore {
         })
         .await?
     }
+}
 
-    async fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+#[async_trait]
+impl OutboxStore for SqliteStore {
+    async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
         let query = *query;
         let rows = self
             .with_connection(move |connection| {
@@ -248,7 +269,7 @@ impl ClaimStore for SqliteStore {
             .collect()
     }
 
-    async fn take_outbox(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
         let (id, seen, token) = (entry.id.clone(), entry.token.clone(), token.to_owned());
         let changed = self
             .with_connection(move |connection| {
@@ -261,7 +282,7 @@ impl ClaimStore for SqliteStore {
         Ok(fenced(changed))
     }
 
-    async fn outbox_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+    async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         let (id, token) = (id.to_owned(), token.to_owned());
         let changed = self
             .with_connection(move |connection| {
@@ -295,7 +316,7 @@ fn finish_row(connection: &Connection, id: &str, token: &str, finish: &Finish) -
     )
 }
 
-/// [`ClaimStore::commit`] inside an immediate transaction, which the caller
+/// [`CommitStore::commit`] inside an immediate transaction, which the caller
 /// commits when it applied. The outer error is SQLite's, the inner the
 /// store's answer.
 fn commit_in(

@@ -1,5 +1,5 @@
 //! The commit conformance suite: how a store commits a handler's staged
-//! writes with its claim ([`ClaimStore::commit`]) and keeps the outbox,
+//! writes with its claim ([`CommitStore::commit`](crate::store::CommitStore::commit)) and keeps the outbox,
 //! written once and run against every store that does (memory, SQLite,
 //! DynamoDB Local). [`commit_suite!`](crate::commit_suite) expands to one
 //! test per case; each function here is one of them, for a store and the
@@ -115,7 +115,7 @@ pub async fn a_commit_applies_writes_outbox_and_completion_at_once(store: Arc<dy
     assert!(holds(&m, &table, &alice, Condition::eq("balance", 5).and(Condition::eq("opened", "m-1"))).await);
     assert!(holds(&m, &table, &bob, Condition::eq("tags", json!(["x"]))).await);
     assert_eq!(m.stored("k-apply").await.unwrap().status, ClaimStatus::Completed);
-    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    let entries = m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
     let ours: Vec<&OutboxEntry> = entries.iter().filter(|entry| entry.claim_id == lease.id).collect();
     let bodies: Vec<&str> = ours.iter().map(|entry| entry.message.body.as_str()).collect();
     assert_eq!(bodies, ["one", "two"], "in the order staged");
@@ -135,9 +135,9 @@ pub async fn a_commit_sent_again_applies_once(store: Arc<dyn ClaimStore>, table:
     transaction.send(Message::sqs(QUEUE, "once")).unwrap();
     let commit = m.claims.prepare_commit(&lease, None, transaction.staged(), "m-again");
     assert_eq!(m.claims.commit(&lease, commit.clone()).await.unwrap(), Committed::Applied);
-    assert_eq!(m.store.commit(&lease.id, &lease.token, &commit).await.unwrap(), Committed::Applied);
+    assert_eq!(m.commits().commit(&lease.id, &lease.token, &commit).await.unwrap(), Committed::Applied);
     assert!(holds(&m, &table, &carol, Condition::eq("balance", 5)).await, "added once");
-    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    let entries = m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
     assert_eq!(entries.iter().filter(|entry| entry.claim_id == lease.id).count(), 1, "one outbox entry");
 }
 
@@ -155,7 +155,7 @@ pub async fn a_commit_after_a_takeover_applies_nothing(store: Arc<dyn ClaimStore
     assert!(holds(&m, &table, &dave, Condition::not_exists("balance")).await, "nothing of the late commit applied");
     assert_eq!(commit_under(&m, &second, credit(7), Vec::new()).await.unwrap(), Committed::Applied);
     assert!(holds(&m, &table, &dave, Condition::eq("balance", 7)).await);
-    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    let entries = m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
     assert!(entries.iter().all(|entry| entry.claim_id != first.id), "the refused run sent nothing");
 }
 
@@ -192,7 +192,7 @@ pub async fn an_unclaimed_commit_completes_a_free_key_with_its_writes(store: Arc
     assert_eq!(claim.status, ClaimStatus::Completed);
     assert_eq!((claim.token.as_deref(), claim.lease_until_ms), (Some(lease.token.as_str()), None));
     assert_eq!((claim.holder.as_deref(), claim.message_id.as_deref()), (Some("holder-u"), Some("m-unclaimed")));
-    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    let entries = m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
     assert_eq!(entries.iter().filter(|entry| entry.claim_id == lease.id).count(), 1);
     assert!(matches!(m.claim("k-unclaimed", "{}", "holder-2").await, crate::claim::Claim::Duplicate { .. }));
     // A redelivery reads the key first, and does not run.
@@ -215,9 +215,9 @@ pub async fn of_two_unclaimed_commits_of_a_key_one_applies(store: Arc<dyn ClaimS
     if let Some(holder) = holder {
         assert_eq!((holder.status, holder.token.as_deref()), (ClaimStatus::Completed, Some(first.token.as_str())));
     }
-    assert_eq!(m.store.commit(&first.id, &first.token, &one).await.unwrap(), Committed::Applied, "sent again");
+    assert_eq!(m.commits().commit(&first.id, &first.token, &one).await.unwrap(), Committed::Applied, "sent again");
     assert!(holds(&m, &table, &lee, Condition::eq("balance", 5)).await, "applied once");
-    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
+    let entries = m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap();
     assert!(entries.iter().all(|entry| entry.claim_id != second.id || entry.token != second.token));
 }
 
@@ -321,19 +321,19 @@ pub async fn outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder(
         entries.into_iter().filter(|entry| entry.claim_id == lease.id).collect()
     };
     let due = |m: &Machine| OutboxQuery { due_at_ms: Some(m.clock.now_ms()), limit: 100 };
-    assert!(ours(m.store.outbox(&due(&m)).await.unwrap()).is_empty(), "leased to the committing run");
+    assert!(ours(m.outbox().entries(&due(&m)).await.unwrap()).is_empty(), "leased to the committing run");
     m.clock.advance(crate::outbox::SENDING_LEASE + Duration::from_secs(1));
-    let entries = ours(m.store.outbox(&due(&m)).await.unwrap());
+    let entries = ours(m.outbox().entries(&due(&m)).await.unwrap());
     assert_eq!(entries.len(), 2, "due once the lease has ended");
     let (first, second) = (&entries[0], &entries[1]);
     let until = m.clock.now_ms() + 30_000;
-    assert_eq!(m.store.take_outbox(first, "sweeper-1", until).await.unwrap(), Fenced::Applied);
-    assert_eq!(m.store.take_outbox(first, "sweeper-2", until).await.unwrap(), Fenced::Refused, "taken already");
-    assert_eq!(m.store.outbox_sent(&first.id, &lease.token).await.unwrap(), Fenced::Refused, "no longer its holder");
-    assert_eq!(m.store.outbox_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied);
-    assert_eq!(m.store.outbox_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied, "gone counts as deleted");
-    assert_eq!(m.store.outbox_sent(&second.id, &lease.token).await.unwrap(), Fenced::Applied);
-    assert!(ours(m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap()).is_empty());
+    assert_eq!(m.outbox().take_entry(first, "sweeper-1", until).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.outbox().take_entry(first, "sweeper-2", until).await.unwrap(), Fenced::Refused, "taken already");
+    assert_eq!(m.outbox().entry_sent(&first.id, &lease.token).await.unwrap(), Fenced::Refused, "no longer its holder");
+    assert_eq!(m.outbox().entry_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied);
+    assert_eq!(m.outbox().entry_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied, "gone counts as deleted");
+    assert_eq!(m.outbox().entry_sent(&second.id, &lease.token).await.unwrap(), Fenced::Applied);
+    assert!(ours(m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap()).is_empty());
 }
 
 /// Checks that a message as large as staging lets through, a JSON body
@@ -344,11 +344,11 @@ pub async fn a_message_as_large_as_staging_allows_commits_whole(store: Arc<dyn C
     let writes = vec![Delete::new(&table, account(&fresh("kim"))).into()];
     let (lease, committed) = commit(&m, &fresh("k-large"), writes, vec![Message::sqs(QUEUE, body.clone())]).await;
     assert_eq!(committed.unwrap(), Committed::Applied);
-    let entries = m.store.outbox(&OutboxQuery { due_at_ms: None, limit: 1000 }).await.unwrap();
+    let entries = m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 1000 }).await.unwrap();
     let ours: Vec<&OutboxEntry> = entries.iter().filter(|entry| entry.claim_id == lease.id).collect();
     assert_eq!(ours.len(), 1);
     assert!(ours[0].message.body == body, "the body comes back as it was staged");
-    assert_eq!(m.store.outbox_sent(&ours[0].id, &lease.token).await.unwrap(), Fenced::Applied);
+    assert_eq!(m.outbox().entry_sent(&ours[0].id, &lease.token).await.unwrap(), Fenced::Applied);
 }
 
 /// Expands to one `#[tokio::test]` per case of the commit suite, for the

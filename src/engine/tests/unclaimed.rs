@@ -10,7 +10,7 @@ use super::*;
 use crate::{
     ErrorKind,
     engine::ClaimFirst,
-    store::{Commit, Committed},
+    store::{Commit, CommitStore, Committed},
     transaction::{Check, Condition, Key, Update},
 };
 
@@ -103,12 +103,13 @@ impl ClaimStore for Calls {
         self.note("release");
         self.inner.release(id, token).await
     }
-    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
-        self.inner.list(query).await
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        Some(self)
     }
-    async fn replace_seen(&self, seen: Option<&StoredClaim>, new: Option<&StoredClaim>) -> Result<Fenced, StoreError> {
-        self.inner.replace_seen(seen, new).await
-    }
+}
+
+#[async_trait::async_trait]
+impl CommitStore for Calls {
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         self.note(if commit.unclaimed.is_some() { "commit unclaimed" } else { "commit" });
         self.inner.commit(id, token, commit).await

@@ -123,16 +123,10 @@ impl Intercept for CountRequests {
     }
 }
 
-/// A DynamoDB client as this store uses it: built once per process from the
-/// SDK's default chain (so `AWS_REGION`, credentials and
-/// `AWS_ENDPOINT_URL_DYNAMODB` work as the SDK defines them), with this
-/// [`crate::aws`] retry and timeout settings, counting its requests.
-#[cfg(any(test, feature = "cli"))]
-pub(crate) async fn client() -> (Client, Arc<RequestCounter>) {
-    client_from(&crate::aws::sdk_config().await)
-}
-
-/// A client as [`client`] builds it, from an already loaded configuration.
+/// A DynamoDB client as this store uses it, made from `shared` (the SDK's
+/// default chain, where `AWS_REGION`, credentials and
+/// `AWS_ENDPOINT_URL_DYNAMODB` work as the SDK defines them, or a
+/// configuration given), counting its requests.
 pub(crate) fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounter>) {
     let counter = Arc::new(RequestCounter::default());
     let config =

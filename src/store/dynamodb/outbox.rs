@@ -81,7 +81,7 @@ pub(super) fn is_outbox(item: &Item) -> bool {
 }
 
 impl DynamoDbStore {
-    /// [`ClaimStore::outbox`](crate::store::ClaimStore::outbox): the index's
+    /// [`OutboxStore::entries`](crate::store::OutboxStore::entries): the index's
     /// `OUTBOX` partitions, or the whole table when it has no index.
     pub(super) async fn outbox_entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
         let items = match self.query_partitions(outbox_partitions()).await? {

@@ -13,7 +13,7 @@ use testkit::dynamodb::Reply;
 
 use super::{
     DynamoDbStore, TableLayout,
-    client::{RequestCounter, RequestCounts, client},
+    client::{RequestCounter, RequestCounts, client_from},
     layout::OPEN_SHARDS,
 };
 use crate::{
@@ -24,11 +24,16 @@ use crate::{
     event::parse_event,
     key::Keys,
     report::{BatchReport, Outcome},
-    store::{ClaimQuery, ClaimStatus, ClaimStore},
+    store::{ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore},
     transaction::{Key, Update},
 };
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Value, json};
+
+/// A counting client from the SDK's default chain, as the consumer makes one.
+async fn client() -> (aws_sdk_dynamodb::Client, Arc<RequestCounter>) {
+    client_from(&crate::aws::sdk_config().await)
+}
 
 /// A fresh claim table with a unique name, and the counter of the requests
 /// of the store on it.

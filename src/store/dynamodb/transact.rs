@@ -240,7 +240,7 @@ enum Judged {
 }
 
 impl DynamoDbStore {
-    /// [`ClaimStore::commit`](crate::store::ClaimStore::commit) as one
+    /// [`CommitStore::commit`](crate::store::CommitStore::commit) as one
     /// `TransactWriteItems`, sent again (same token, same actions) while
     /// DynamoDB cancels it for conflicts or throttling, up to
     /// [`crate::aws::MAX_ATTEMPTS`] times. A transaction another request of

@@ -18,8 +18,8 @@ use testkit::{
 use crate::{
     claim::{Claim, ClaimRequest, Claims, Lease},
     store::{
-        ClaimQuery, ClaimStore, Committed, DynamoDbStore, Fenced, MemoryStore, OutboxQuery, StoreError, StoredClaim,
-        TableLayout,
+        ClaimAdmin, ClaimQuery, ClaimStore, Committed, DynamoDbStore, Fenced, MemoryStore, OutboxQuery, OutboxStore,
+        StoreError, StoredClaim, TableLayout,
         dynamodb::tests::{fresh_table, store_through},
     },
     transaction::{Condition, Key, Message, Transaction, Update, Write},
@@ -234,14 +234,14 @@ async fn a_commit_whose_claim_was_taken_over_is_refused_with_the_claim_returned(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_table_without_the_index_the_outbox_and_the_claims_are_read_whole_and_apart() {
-    let (client, _) = crate::store::dynamodb::client().await;
+    let (client, _) = crate::store::dynamodb::client_from(&crate::aws::sdk_config().await);
     let table = testkit::dynamodb::plain_table("no-index", "id").await;
     let store = Arc::new(DynamoDbStore::new(client, TableLayout::new(&table)));
     let claims = Claims::new(store.clone());
     let balances = items_table().await;
     assert_eq!(commit(&claims, "k-1", credit(&balances, "acct", 1)).await.unwrap(), Committed::Applied);
     let _open = win(&claims, "k-2").await;
-    let entries = store.outbox(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap();
+    let entries = store.entries(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap();
     assert_eq!(entries.len(), 1, "the outbox entry, found by reading the table");
     assert_eq!(entries[0].message.body, "notice");
     let listing = store.list(&ClaimQuery { limit: 10, ..ClaimQuery::default() }).await.unwrap();

@@ -1,0 +1,480 @@
+//! How a consumer is put together: the values given, the `SQS_ONCE_`
+//! settings and the AWS SDK's own environment for the rest. The one place
+//! every way to run (the Lambda function, `poll`, `invoke`, `claims`,
+//! `create-table`) assembles its parts.
+
+use std::{fmt::Display, process::ExitCode, sync::Arc};
+
+use aws_config::SdkConfig;
+use futures::FutureExt;
+use lambda_runtime::{
+    LambdaInvocation,
+    tower::{Layer, Service, util::BoxCloneService},
+};
+
+use super::{Consumer, StartupError};
+use crate::{
+    Handler,
+    claim::Claims,
+    clock::SystemClock,
+    config::{Config, StoreChoice},
+    engine::Engine,
+    handler::{BoxHandler, BuildHandler},
+    outbox::{AwsDestinations, Destinations, Outbox},
+    sqs::{Sqs, redelivery::Redelivery},
+    store::{
+        ClaimStore, DynamoDbStore, MemoryStore,
+        dynamodb::{self, RequestCounter},
+    },
+};
+
+/// The Lambda function's service as `lambda_runtime` runs it: each
+/// invocation's raw request and context in, the answer posted to the
+/// Runtime API. [`Builder::layer`] wraps it.
+pub type LambdaService = BoxCloneService<LambdaInvocation, (), lambda_runtime::Error>;
+
+/// The layers [`Builder::layer`] gathered, as one function.
+pub(crate) type Layers = Arc<dyn Fn(LambdaService) -> LambdaService + Send + Sync>;
+
+/// What a [`Consumer`] is made of, each part a value given here or, left
+/// out, made as the `SQS_ONCE_` settings ([`crate::config`]) and the AWS
+/// SDK's environment (`AWS_REGION`, credentials, `AWS_ENDPOINT_URL_*`) say.
+///
+/// ```no_run
+/// # async fn example() -> std::process::ExitCode {
+/// use std::sync::Arc;
+/// use sqs_once::{Consumer, handler_fn, store::MemoryStore};
+///
+/// let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+/// Consumer::builder()
+///     .sdk_config(aws)                        // credentials, Region, endpoints of one's own
+///     .store(Arc::new(MemoryStore::default())) // any ClaimStore, instead of SQS_ONCE_TABLE's
+///     .run(handler_fn(|_| async { Ok(None) }))
+///     .await
+/// # }
+/// ```
+#[derive(Default)]
+pub struct Builder {
+    config: Option<Config>,
+    sdk_config: Option<SdkConfig>,
+    dynamodb: Option<aws_sdk_dynamodb::Client>,
+    sqs: Option<aws_sdk_sqs::Client>,
+    store: Option<Arc<dyn ClaimStore>>,
+    destinations: Option<Arc<dyn Destinations>>,
+    layers: Option<Layers>,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("config", &self.config)
+            .field("sdk_config", &self.sdk_config.is_some())
+            .field("store", &self.store.is_some())
+            .field("destinations", &self.destinations.is_some())
+            .field("layers", &self.layers.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Builder {
+    /// The settings, instead of [`Config::from_env`].
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// The AWS configuration the clients sqs-once makes are made from,
+    /// instead of the SDK's default chain. The clients get sqs-once's
+    /// retry and timeout settings unless it has its own: without request
+    /// timeouts, a lost answer would hold a record until the deadline's
+    /// cut-off.
+    pub fn sdk_config(mut self, config: SdkConfig) -> Self {
+        self.sdk_config = Some(config);
+        self
+    }
+
+    /// The DynamoDB client of the claim store `SQS_ONCE_TABLE` names, instead
+    /// of one made from the AWS configuration.
+    pub fn dynamodb_client(mut self, client: aws_sdk_dynamodb::Client) -> Self {
+        self.dynamodb = Some(client);
+        self
+    }
+
+    /// The SQS client of the redelivery step and of `poll`, instead of one
+    /// made from the AWS configuration.
+    pub fn sqs_client(mut self, client: aws_sdk_sqs::Client) -> Self {
+        self.sqs = Some(client);
+        self
+    }
+
+    /// The claim store, instead of the one the settings choose: a store of
+    /// one's own ([`crate::store`]), or one of this crate's built in code.
+    pub fn store(mut self, store: Arc<dyn ClaimStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Where staged messages go, instead of the AWS services their
+    /// destinations name.
+    pub fn destinations(mut self, destinations: Arc<dyn Destinations>) -> Self {
+        self.destinations = Some(destinations);
+        self
+    }
+
+    /// Wraps the Lambda function's service in `layer`, as
+    /// `lambda_runtime::Runtime::layer` does: a later layer wraps an
+    /// earlier one, so it sees each invocation first. `poll` and `invoke`
+    /// have no Lambda invocation to wrap and leave it out.
+    ///
+    /// ```no_run
+    /// # async fn example() -> std::process::ExitCode {
+    /// use lambda_runtime::{LambdaInvocation, tower::util::MapRequestLayer};
+    /// use sqs_once::{Consumer, handler_fn};
+    ///
+    /// // One log line per invocation, before any record of it is read.
+    /// let announced = MapRequestLayer::new(|invocation: LambdaInvocation| {
+    ///     tracing::info!(request_id = %invocation.context.request_id, "invocation");
+    ///     invocation
+    /// });
+    /// Consumer::builder().layer(announced).run(handler_fn(|_| async { Ok(None) })).await
+    /// # }
+    /// ```
+    pub fn layer<L>(mut self, layer: L) -> Self
+    where
+        L: Layer<LambdaService> + Send + Sync + 'static,
+        L::Service: Service<LambdaInvocation, Response = (), Error = lambda_runtime::Error> + Clone + Send + 'static,
+        <L::Service as Service<LambdaInvocation>>::Future: Send + 'static,
+    {
+        let earlier = self.layers.take();
+        self.layers = Some(Arc::new(move |service: LambdaService| {
+            let service = match &earlier {
+                Some(earlier) => earlier(service),
+                None => service,
+            };
+            BoxCloneService::new(layer.layer(service))
+        }));
+        self
+    }
+
+    /// The consumer of `handler`, its parts assembled.
+    pub async fn build(self, handler: impl Handler) -> Result<Consumer, StartupError> {
+        Ok(self.assemble(Arc::new(handler), Uses::default()).await?.0)
+    }
+
+    /// Runs `handler` as the bundled `sqs-once` binary runs its own: the
+    /// Lambda function inside Lambda, the command line outside it
+    /// ([`crate::run`] is this with every part from the environment).
+    pub async fn run(self, handler: impl Handler) -> ExitCode {
+        let handler: BoxHandler = Arc::new(handler);
+        self.serve(async move { Ok(handler) }.boxed_local()).await
+    }
+
+    /// [`run`](Self::run), with the handler built by `build` only by the
+    /// commands that run one, after the settings are read (see
+    /// [`crate::run_with`]).
+    pub async fn run_with<H, E>(self, build: impl AsyncFnOnce() -> Result<H, E>) -> ExitCode
+    where
+        H: Handler,
+        E: Display,
+    {
+        let handler = async move {
+            let handler = build().await.map_err(|error| format!("the handler cannot start: {error}"))?;
+            Ok(Arc::new(handler) as BoxHandler)
+        };
+        self.serve(handler.boxed_local()).await
+    }
+
+    #[cfg(feature = "cli")]
+    async fn serve(self, handler: BuildHandler<'_>) -> ExitCode {
+        crate::cli::main(self, handler).await
+    }
+
+    #[cfg(not(feature = "cli"))]
+    async fn serve(self, handler: BuildHandler<'_>) -> ExitCode {
+        let lambda = crate::config::in_lambda();
+        crate::logging::init(lambda);
+        let result = if lambda {
+            crate::lambda::start(self, handler).await
+        } else {
+            Err("not in Lambda, and this binary is built without the command line (the `cli` feature of sqs-once)"
+                .into())
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                crate::logging::fatal(lambda, &error);
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// The layers given, to wrap the Lambda function's service in.
+    pub(crate) fn layers(&self) -> Option<Layers> {
+        self.layers.clone()
+    }
+
+    /// The settings: those given, or the environment's.
+    pub(crate) fn settings(&mut self) -> Result<Config, StartupError> {
+        match self.config.take() {
+            Some(config) => Ok(config),
+            None => Ok(Config::from_env()?),
+        }
+    }
+
+    /// Changes the settings before the parts are made (a command's options).
+    #[cfg(feature = "cli")]
+    pub(crate) fn adjust(mut self, adjust: impl FnOnce(&mut Config)) -> Result<Self, StartupError> {
+        let mut config = self.settings()?;
+        adjust(&mut config);
+        self.config = Some(config);
+        Ok(self)
+    }
+
+    /// The consumer of `handler`: the engine over the claim store, the
+    /// outbox when the store keeps one, the SQS step when the redelivery
+    /// policy asks for one; and the SQS client, when `uses` has a queue.
+    pub(crate) async fn assemble(
+        mut self,
+        handler: BoxHandler,
+        uses: Uses,
+    ) -> Result<(Consumer, Option<Sqs>), StartupError> {
+        let config = self.settings()?;
+        let parts = self.parts(&config, Uses { redelivery: config.redelivery.is_active(), ..uses }).await?;
+        tracing::info!(store = %parts.store.target, "claims kept in the store");
+        let store = Arc::clone(&parts.store.store);
+        if handler.stages_every_effect() && Arc::clone(&store).commits().is_none() {
+            return Err(StartupError::StoreLacks(
+                "commit staged writes (ClaimStore::commits), which a handler that stages every effect needs".into(),
+            ));
+        }
+        let claims = Claims::with_policy(Arc::clone(&store), config.claims.clone(), Arc::new(SystemClock));
+        let outbox = store.outbox().map(|entries| {
+            Arc::new(Outbox::new(entries, Arc::clone(&parts.destinations), Arc::new(SystemClock), config.outbox_sweep))
+        });
+        let redelivery = parts
+            .sqs
+            .clone()
+            .filter(|_| config.redelivery.is_active())
+            .map(|sqs| Redelivery::new(config.redelivery.clone(), sqs));
+        let mut options = config.engine.clone();
+        options.margins.sqs_step = redelivery.is_some();
+        let engine = Engine::new(handler, Arc::new(claims), config.keys.clone(), options).with_outbox(outbox);
+        let dynamodb_requests = parts.store.requests;
+        let queue = parts.sqs.filter(|_| uses.queue);
+        Ok((Consumer { engine, dynamodb_requests, redelivery, metrics: config.metrics.clone() }, queue))
+    }
+
+    /// The claim store, and the AWS configuration and SQS client when
+    /// `uses` needs them: what a command that runs no handler (`claims`)
+    /// and one that does share.
+    pub(crate) async fn parts(&mut self, config: &Config, uses: Uses) -> Result<Parts, StartupError> {
+        let needs_aws = (self.store.is_none() && self.dynamodb.is_none() && config.store.is_dynamodb())
+            || ((uses.redelivery || uses.queue) && self.sqs.is_none());
+        // Loaded once: credentials and region are resolved once for every client.
+        let aws = match (self.sdk_config.take(), needs_aws) {
+            (Some(given), _) => Some(crate::aws::with_limits(&given)),
+            (None, true) => Some(crate::aws::sdk_config().await),
+            (None, false) => None,
+        };
+        let store = self.claim_store(config, aws.as_ref()).await?;
+        let destinations = self.destinations.take().unwrap_or_else(|| {
+            // A consumer that sends no message never loads the AWS configuration for it.
+            Arc::new(aws.as_ref().map_or_else(AwsDestinations::from_env, AwsDestinations::new))
+        });
+        let sqs_client = self.sqs.take().or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
+        let sqs = sqs_client.filter(|_| uses.redelivery || uses.queue).map(Sqs::from_client);
+        Ok(Parts { store, destinations, sqs })
+    }
+
+    /// The claim store given, or the one the settings choose: a DynamoDB
+    /// table (which must exist, outside a deployed function), a SQLite
+    /// file, or memory.
+    async fn claim_store(&mut self, config: &Config, aws: Option<&SdkConfig>) -> Result<OpenStore, StartupError> {
+        if let Some(store) = self.store.take() {
+            return Ok(OpenStore { store, requests: None, target: "a store of one's own".into() });
+        }
+        let open = match &config.store {
+            StoreChoice::DynamoDb(layout) => {
+                let table = self.dynamodb_table(aws).await;
+                // Looked for with one DescribeTable, on a client that counts nothing: no metric shows it.
+                if !crate::config::deployed() && dynamodb::table_missing(&table.uncounted, &layout.table).await {
+                    return Err(StartupError::MissingTable { table: layout.table.clone(), endpoint: table.endpoint });
+                }
+                let target = format!("table {} at {}", layout.table, table.endpoint);
+                let store = DynamoDbStore::new(table.client, layout.clone()).batching(config.dynamodb_batching);
+                OpenStore { store: Arc::new(store), requests: table.requests, target }
+            }
+            #[cfg(feature = "sqlite")]
+            StoreChoice::File(path) => OpenStore {
+                store: Arc::new(crate::store::SqliteStore::open(path)?),
+                requests: None,
+                target: format!("file {}", path.display()),
+            },
+            StoreChoice::Memory => {
+                OpenStore { store: Arc::new(MemoryStore::default()), requests: None, target: "memory".into() }
+            }
+            StoreChoice::Unnamed => return Err(config.store.refusal().into()),
+        };
+        Ok(open)
+    }
+}
+
+/// The DynamoDB clients of a claim table, and where they reach it.
+struct DynamoDbTable {
+    client: aws_sdk_dynamodb::Client,
+    /// The same, counting no request (the given client counts what it counts).
+    uncounted: aws_sdk_dynamodb::Client,
+    requests: Option<Arc<RequestCounter>>,
+    endpoint: String,
+}
+
+impl Builder {
+    /// The DynamoDB client given, or one made from `aws` (the SDK's default
+    /// configuration when there is none), counting its requests.
+    async fn dynamodb_table(&mut self, aws: Option<&SdkConfig>) -> DynamoDbTable {
+        if let Some(client) = self.dynamodb.take() {
+            let endpoint = "the endpoint of the DynamoDB client given".to_owned();
+            return DynamoDbTable { uncounted: client.clone(), client, requests: None, endpoint };
+        }
+        let loaded;
+        let aws = match aws {
+            Some(aws) => aws,
+            None => {
+                loaded = crate::aws::sdk_config().await;
+                &loaded
+            }
+        };
+        let (client, requests) = dynamodb::client_from(aws);
+        let uncounted = aws_sdk_dynamodb::Client::new(aws);
+        DynamoDbTable { client, uncounted, requests: Some(requests), endpoint: dynamodb_endpoint(aws) }
+    }
+
+    /// The DynamoDB store on `layout`'s table and where it is, for
+    /// `create-table`: the table need not exist yet.
+    #[cfg(feature = "cli")]
+    pub(crate) async fn dynamodb_store(&mut self, layout: crate::store::TableLayout) -> (DynamoDbStore, String) {
+        let aws = self.sdk_config.take().map(|given| crate::aws::with_limits(&given));
+        let table = self.dynamodb_table(aws.as_ref()).await;
+        (DynamoDbStore::new(table.client, layout), table.endpoint)
+    }
+}
+
+/// What a command needs besides the claim store.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Uses {
+    /// The redelivery step after each batch (SQS).
+    pub(crate) redelivery: bool,
+    /// A queue to receive from (`poll`).
+    pub(crate) queue: bool,
+}
+
+/// The parts every command builds on.
+pub(crate) struct Parts {
+    pub(crate) store: OpenStore,
+    pub(crate) destinations: Arc<dyn Destinations>,
+    /// The SQS client, when the command uses SQS.
+    pub(crate) sqs: Option<Sqs>,
+}
+
+/// A claim store, what counts its DynamoDB requests, and what it is, for logs and errors.
+pub(crate) struct OpenStore {
+    pub(crate) store: Arc<dyn ClaimStore>,
+    pub(crate) requests: Option<Arc<RequestCounter>>,
+    pub(crate) target: String,
+}
+
+/// Where the DynamoDB clients made from `aws` send their requests, for
+/// logs and errors: the endpoint set for DynamoDB, or AWS in the
+/// configuration's Region.
+pub(crate) fn dynamodb_endpoint(aws: &SdkConfig) -> String {
+    let named = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
+    match named("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| named("AWS_ENDPOINT_URL")) {
+        Some(url) => url,
+        None => format!(
+            "AWS, region {} (no AWS_ENDPOINT_URL_DYNAMODB: the account the credentials name)",
+            aws.region().map_or("unset", |region| region.as_ref())
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{
+        HandlerResult, Record,
+        store::{Fenced, Finish, PutOutcome, StoreError, StoredClaim},
+    };
+
+    /// A store of the four core methods alone, over a memory store.
+    #[derive(Default)]
+    struct CoreOnly(MemoryStore);
+
+    #[async_trait]
+    impl ClaimStore for CoreOnly {
+        async fn put_if_free(&self, claim: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+            self.0.put_if_free(claim, now_ms).await
+        }
+        async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
+            self.0.get(id).await
+        }
+        async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+            self.0.finish(id, token, finish).await
+        }
+        async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+            self.0.release(id, token).await
+        }
+    }
+
+    /// Stages every effect, so it needs commits.
+    struct Staging;
+
+    impl Handler for Staging {
+        async fn handle(&self, _: &Record) -> HandlerResult {
+            Ok(None)
+        }
+
+        fn stages_every_effect(&self) -> bool {
+            true
+        }
+    }
+
+    fn settings(pairs: &[(&str, &str)]) -> Config {
+        Config::from_lookup(|name| pairs.iter().find(|(key, _)| *key == name).map(|(_, value)| (*value).to_owned()))
+            .unwrap()
+    }
+
+    /// No redelivery step: the settings ask nothing of SQS.
+    const NO_SQS: [(&str, &str); 2] = [("SQS_ONCE_CONFLICT_BACKOFF", "false"), ("SQS_ONCE_RETRY_BASE_SECS", "0")];
+
+    /// Settings that reach no AWS service: claims in memory, no redelivery step.
+    fn offline() -> Config {
+        settings(&[("SQS_ONCE_STORE", "memory"), NO_SQS[0], NO_SQS[1]])
+    }
+
+    #[tokio::test]
+    async fn a_handler_that_stages_every_effect_needs_a_store_that_commits() {
+        let built = Consumer::builder().config(offline()).store(Arc::new(CoreOnly::default())).build(Staging).await;
+        let Err(StartupError::StoreLacks(what)) = built else { panic!("started: {built:?}") };
+        assert!(what.contains("ClaimStore::commits"), "{what}");
+        let on_memory = Consumer::builder().config(offline()).build(Staging).await;
+        assert!(on_memory.is_ok(), "the memory store commits: {on_memory:?}");
+    }
+
+    #[tokio::test]
+    async fn a_store_given_serves_where_the_settings_name_none() {
+        // Inside Lambda without SQS_ONCE_TABLE: no store, unless one is given.
+        let lambda = [("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"), NO_SQS[0], NO_SQS[1]];
+        let refused =
+            Consumer::builder().config(settings(&lambda)).build(crate::handler_fn(|_| async { Ok(None) })).await;
+        let Err(StartupError::Config(error)) = refused else { panic!("started: {refused:?}") };
+        assert_eq!(error.name, "SQS_ONCE_TABLE");
+        let given = Consumer::builder()
+            .config(settings(&lambda))
+            .store(Arc::new(CoreOnly::default()))
+            .build(crate::handler_fn(|_| async { Ok(None) }))
+            .await;
+        assert!(given.is_ok(), "{given:?}");
+    }
+}
