@@ -95,6 +95,7 @@ impl StoreChoice {
 /// A setting with an invalid value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {name}={value:?}: expected {expected}")]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The variable.
     pub name: &'static str,

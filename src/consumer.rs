@@ -97,6 +97,7 @@ pub struct Consumer {
 
 /// What a batch comes to: the engine's report and the answer Lambda returns.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Answer {
     /// Every record's fate, as the engine saw it.
     pub report: BatchReport,

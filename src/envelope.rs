@@ -52,6 +52,7 @@ impl fmt::Display for EnvelopeKind {
 
 /// The envelope a message arrived in, without the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Envelope {
     /// An SNS notification.
     Sns(SnsNotification),

@@ -12,6 +12,7 @@ use serde_json::{Value, value::RawValue};
 
 /// One entry of an event's `Records`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum EventRecord {
     /// A well-formed SQS message; the records handed to the handler share it.
     Message(Arc<SqsMessage>),
@@ -54,6 +55,7 @@ impl EventRecord {
 
 /// An event that cannot be processed at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InvalidEvent {
     /// The text is not JSON.
     #[error("not JSON: {0}")]

@@ -176,6 +176,7 @@ impl<H: Handler> DynHandler for H {
 
 /// Whether another delivery of the same message could succeed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// Transient: release the claim and let SQS redeliver.
     Retryable,

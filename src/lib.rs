@@ -29,6 +29,30 @@
 //! }
 //! ```
 //!
+//! `run` takes every part from the environment: the `SQS_ONCE_` settings
+//! and the AWS SDK's default chain. [`Consumer::builder`] takes any of them
+//! as a value instead, the environment supplying the rest:
+//!
+//! ```no_run
+//! # use sqs_once::{Handler, HandlerResult, Record};
+//! # struct Ship;
+//! # impl Handler for Ship {
+//! #     async fn handle(&self, _: &Record) -> HandlerResult { Ok(None) }
+//! # }
+//! use std::sync::Arc;
+//! use sqs_once::{Consumer, store::MemoryStore};
+//!
+//! # async fn example() -> std::process::ExitCode {
+//! let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+//! Consumer::builder()
+//!     .sdk_config(aws)                          // credentials, Region, endpoints, retries of one's own
+//!     .store(Arc::new(MemoryStore::default()))  // any ClaimStore, instead of SQS_ONCE_TABLE's
+//!     .layer(lambda_runtime::tower::layer::util::Identity::new()) // tower layers around the Lambda service
+//!     .run(Ship)
+//!     .await
+//! # }
+//! ```
+//!
 //! What a crate of one's own uses, from the inside out:
 //!
 //! - [`Handler`]: the business logic for one [`Record`] ([`handler_fn`]
@@ -37,14 +61,21 @@
 //! - [`transaction`]: DynamoDB writes and messages a handler stages, which
 //!   commit in one transaction with its claim, so they happen exactly once;
 //! - [`run`] and [`run_with`]: the Lambda function inside Lambda, and the
-//!   command line outside it (`invoke`, `poll`, `claims`, `create-table`);
+//!   command line outside it (`invoke`, `poll`, `claims`, `create-table`),
+//!   every part from the environment; [`Consumer::builder`] the same with
+//!   any part given;
 //! - [`config`]: the `SQS_ONCE_` settings, and [`consumer`]: the engine,
 //!   the claim store and the SQS step they describe, for a program that
 //!   serves batches its own way ([`event`] reads them);
 //! - [`report`]: each record's fate, and the partial-batch response;
 //! - [`envelope`]: the SNS or EventBridge envelope a message may arrive in;
 //! - [`store`]: where claims live (DynamoDB, a SQLite file, memory), and
-//!   the [`ClaimStore`](store::ClaimStore) trait for a store of one's own;
+//!   the [`ClaimStore`](store::ClaimStore) trait for a store of one's own:
+//!   four methods, and the capabilities a store may add
+//!   ([`ClaimAdmin`](store::ClaimAdmin), [`CommitStore`](store::CommitStore),
+//!   [`OutboxStore`](store::OutboxStore));
+//! - [`outbox`]: where committed messages go ([`Destinations`](outbox::Destinations)
+//!   for destinations of one's own);
 //! - `testing` (feature `testing`): a handler through the real engine in a
 //!   test, and the conformance suites a store passes.
 //!
@@ -55,7 +86,7 @@
 //! | `cli` | yes | the command line around the Lambda function; without it a binary is the function alone |
 //! | `sqlite` | yes | the SQLite claim store, `invoke`'s default |
 //! | `sns`, `eventbridge` | yes | staged messages to SNS topics and EventBridge buses (SQS queues need nothing) |
-//! | `testing` | no | `sqs_once::testing`, `claim_suite!` and `commit_suite!` |
+//! | `testing` | no | `sqs_once::testing`, `claim_suite!`, `admin_suite!` and `commit_suite!` |
 
 // The engine isolates a handler's panic in its record by catching the unwind;
 // with `panic = "abort"` one panicking record would kill the process and fail

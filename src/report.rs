@@ -11,6 +11,7 @@ use crate::store::StoreError;
 
 /// What became of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The handler ran and succeeded. `confirmed` is false when the
     /// completed state was not confirmed written (the store failed, the lease
@@ -50,6 +51,7 @@ impl Outcome {
 
 /// Why a record failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Failure {
     /// The record's fields do not parse.
     #[error("invalid record: {0}")]
@@ -134,6 +136,7 @@ impl From<StoreError> for Failure {
 
 /// The fate of one record of the batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RecordReport {
     /// The record's message id.
     pub message_id: String,
@@ -150,6 +153,7 @@ pub struct RecordReport {
 
 /// The fate of a whole batch, in event order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BatchReport {
     /// One entry per event record.
     pub records: Vec<RecordReport>,

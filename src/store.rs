@@ -8,6 +8,22 @@
 //! written once above them, so a store of one's own inherits it; the
 //! conformance suite (`claim_suite!`, feature `testing`) proves a store
 //! keeps its part.
+//!
+//! A store of one's own implements [`ClaimStore`]'s four required methods
+//! (claim if free, read, finish, release), then what it can of the
+//! capabilities, each a trait its `ClaimStore` impl hands out:
+//!
+//! | capability | what needs it | its suite |
+//! |---|---|---|
+//! | [`CommitStore`] | a handler that stages writes ([`crate::transaction`]) | `commit_suite!` |
+//! | [`OutboxStore`] | a handler that stages messages | `commit_suite!` |
+//! | [`ClaimAdmin`] | `sqs-once claims` | `admin_suite!` |
+//!
+//! A consumer that needs one its store lacks refuses to start, naming it
+//! (a handler that stages every effect, `claims`); a handler that stages
+//! writes now and then on a store without commits fails those records for
+//! good. `examples/own_store.rs` is a store of the four methods, given to
+//! [`Consumer::builder`](crate::Consumer::builder) and run on Lambda.
 
 use std::sync::Arc;
 
@@ -131,6 +147,7 @@ pub enum Committed {
 
 /// Which staged write cancelled a commit, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Cancellation {
     /// The write, by its place in [`Commit::writes`].
     pub write: usize,
@@ -225,6 +242,7 @@ pub struct Listing {
 /// A failure to reach or understand the store. Records that meet one are
 /// reported failed and never marked done.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or refused the request (I/O error,
     /// network, throttling, timeout).

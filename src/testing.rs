@@ -129,6 +129,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A message a [`TestConsumer`]'s outbox sent: kept, not sent anywhere.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Sent {
     /// The id it carried (its deduplication id).
     pub outbox_id: String,

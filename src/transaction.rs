@@ -72,6 +72,7 @@ pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 
 /// A staging limit a handler would breach, found before anything is sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StageError {
     /// More than [`MAX_ITEMS`] actions.
     #[error(

@@ -155,6 +155,7 @@ pub(crate) fn with_jitter(delay: Duration) -> Duration {
 
 /// What the SQS side of one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RedeliveryCounts {
     /// Visibility timeouts changed.
     pub visibility_changed: u64,

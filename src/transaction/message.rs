@@ -10,6 +10,7 @@ use super::StageError;
 /// Where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "service", rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Destination {
     /// An SQS queue (`SendMessage`).
     Sqs {

@@ -69,6 +69,7 @@ impl fmt::Display for Key {
 
 /// How two values compare in a [`Condition`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Comparison {
     /// `=`
     Eq,
@@ -117,6 +118,7 @@ impl Comparison {
 /// assert_eq!(either, same);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Condition {
     /// The attribute exists.
     Exists(String),
@@ -217,6 +219,7 @@ impl std::ops::BitOr for Condition {
 
 /// One change an [`Update`] makes to its item.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Action {
     /// Sets the attribute to the value.
     Set(String, Value),
@@ -468,6 +471,7 @@ conditioned!(Check);
 /// binary values, nested paths, other expressions). The in-process stores
 /// (memory, SQLite) evaluate the typed ones only.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Write {
     /// See [`Put`].
     Put(Put),

@@ -97,6 +97,7 @@ pub(super) const ERROR: &str = "error";
 
 /// How claims map onto the table's primary key.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum TableKey {
     /// The claim id is the partition key, named [`Attributes::id`].
     #[default]
