@@ -30,7 +30,7 @@ def sample(round_trip, tls, initialization, path):
         env = dict(os.environ, AWS_ENDPOINT_URL_DYNAMODB=network.url, AWS_LAMBDA_INITIALIZATION_TYPE=initialization)
         if network.certificate:
             env["SSL_CERT_FILE"] = network.certificate
-        command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--", "lambda",
+        command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-cli", "--bench", "throughput", "--", "lambda",
                    "--binary", str(BINARY), "--table", create_table(), "--event", str(path), "--invocations", "2"]
         output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT, env=env)
     found = json.loads(output.stdout.splitlines()[-1])

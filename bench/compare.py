@@ -8,7 +8,7 @@ requests per record and records/s, each a median with its min and max.
     bench/compare.py BEFORE AFTER [RUNS] [SIZES]     e.g. bench/compare.py /tmp/old target/release/sqs-once 8 1000,10000
 
 Build the earlier binary from a worktree of its commit (`git worktree add`,
-`cargo build --release -p sqs-once-app` with this checkout's CARGO_TARGET_DIR),
+`cargo build --release --bin sqs-once` with this checkout's CARGO_TARGET_DIR),
 copy it aside, then build this checkout's. Run a round first to warm DynamoDB
 Local up, and extra settings (SQS_ONCE_OUTBOX_SWEEP_SECS=0...) apply to both."""
 

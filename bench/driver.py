@@ -104,7 +104,7 @@ def powertools(table, event_path, size, fifo):
 
 def in_process(table, event_path, size, passes, endpoint=None):
     """The engine inside the harness: `passes` runs of one event through one engine."""
-    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--", "engine", "--table", table,
+    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-cli", "--bench", "throughput", "--", "engine", "--table", table,
                "--event", str(event_path), "--concurrency", str(CONCURRENCY), "--passes", str(passes)]
     env = dict(os.environ, AWS_ENDPOINT_URL_DYNAMODB=endpoint) if endpoint else None
     lines = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT, env=env).stdout.splitlines()
@@ -126,7 +126,7 @@ def sample(run, size, failed, requests, handler_seconds):
 
 
 def ceiling(requests):
-    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--", "ceiling", "--table",
+    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-cli", "--bench", "throughput", "--", "ceiling", "--table",
                create_table(), "--requests", str(requests), "--concurrency", str(CONCURRENCY)]
     output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     result = json.loads(output.splitlines()[-1])
@@ -141,7 +141,7 @@ BATCHED_IN_FLIGHT = 8
 
 def batched_ceiling(records):
     """Records/s DynamoDB Local takes in batched statements: conditional INSERTs, then conditional UPDATEs."""
-    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--",
+    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-cli", "--bench", "throughput", "--",
                "batched-ceiling", "--table", create_table(), "--records", str(records),
                "--concurrency", str(BATCHED_IN_FLIGHT)]
     output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout
@@ -162,7 +162,7 @@ class Network:
     """`throughput delay-proxy`: DynamoDB Local `round_trip_ms` away, behind TLS if `tls`."""
 
     def __init__(self, round_trip_ms, tls=False):
-        command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--",
+        command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-cli", "--bench", "throughput", "--",
                    "delay-proxy", "--upstream", os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
                    "--round-trip-ms", str(round_trip_ms)] + (["--tls"] if tls else [])
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -180,7 +180,7 @@ class Network:
 def warm_lambda_batch(table, event_path, endpoint):
     """Milliseconds from delivery to answer of a running function's second event (new message ids, every
     connection open), the release binary run as Lambda runs it (`throughput lambda`)."""
-    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--", "lambda",
+    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-cli", "--bench", "throughput", "--", "lambda",
                "--binary", str(BINARY), "--table", table, "--event", str(event_path), "--invocations", "2"]
     output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT,
                             env=dict(os.environ, AWS_ENDPOINT_URL_DYNAMODB=endpoint)).stdout

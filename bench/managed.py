@@ -19,7 +19,7 @@ SECTION = "## Many batches in one environment: Lambda Managed Instances"
 
 
 def measure(endpoint, path, environments, at_once, invocations, threads=None):
-    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--",
+    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-cli", "--bench", "throughput", "--",
                "environments", "--binary", str(BINARY), "--table", create_table(), "--event", str(path),
                "--environments", str(environments), "--at-once", str(at_once), "--invocations", str(invocations)]
     env = dict(os.environ, AWS_ENDPOINT_URL_DYNAMODB=endpoint)

@@ -23,7 +23,7 @@ def drains(test, keys, rate, seeds, suite="faults", marker="faults-report "):
     """The report lines of one test of tests/faults.rs (or another suite), and whether it passed."""
     env = dict(os.environ, SQS_ONCE_FAULTS_KEYS=str(keys), SQS_ONCE_FAULTS_RATE=str(rate),
                SQS_ONCE_FAULTS_SEEDS=",".join(map(str, seeds)))
-    command = ["cargo", "test", "--locked", "-p", "sqs-once-app", "--test", suite, test, "--", "--nocapture", "--test-threads", "1"]
+    command = ["cargo", "test", "--locked", "-p", "sqs-once-cli", "--test", suite, test, "--", "--nocapture", "--test-threads", "1"]
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     # The test harness may print a test's name on the line its output starts.
     reports = [json.loads(line[line.index(marker) + len(marker):]) for line in run.stdout.splitlines() if marker in line]

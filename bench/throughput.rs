@@ -74,7 +74,7 @@ use sqs_once::{
     handler_fn,
     store::{ClaimStatus, ClaimStore, DynamoDbStore, PutOutcome, StoredClaim, TableLayout},
 };
-use sqs_once_app::handlers::{demo::Demo, ledger::Ledger};
+use sqs_once_handlers::{demo::Demo, ledger::Ledger};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|arg| arg != "--bench").collect();

@@ -90,7 +90,7 @@ def warm_function_ms(cpu, network, table, bodies, same_ids=False, env=None):
     (`throughput lambda`), held to Lambda's CPU, its second invocation (fresh message ids, or with `same_ids`
     the first's again: duplicates) timed from delivery to answer."""
     path = batch_event(bodies, "fn")
-    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-app", "--bench", "throughput", "--", "lambda",
+    command = ["cargo", "bench", "-q", "--locked", "-p", "sqs-once-cli", "--bench", "throughput", "--", "lambda",
                "--binary", str(cpu.function), "--table", table, "--event", str(path), "--invocations", "2"]
     command += ["--same-ids"] if same_ids else []
     output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT,

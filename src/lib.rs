@@ -61,7 +61,7 @@
 //! - [`transaction`]: DynamoDB writes and messages a handler stages, which
 //!   commit in one transaction with its claim, so they happen exactly once;
 //! - [`run`] and [`run_with`]: the Lambda function inside Lambda, and the
-//!   command line outside it (`invoke`, `poll`, `claims`, `create-table`),
+//!   command line outside it (`new`, `invoke`, `poll`, `claims`, `create-table`),
 //!   every part from the environment; [`Consumer::builder`] the same with
 //!   any part given;
 //! - [`config`]: the `SQS_ONCE_` settings, and [`consumer`]: the engine,

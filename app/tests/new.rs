@@ -25,7 +25,6 @@ fn a_new_crate_is_the_example_with_a_manifest_template_and_event_around_it() {
         |file: &str| std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file)).unwrap();
     assert_eq!(read("src/main.rs"), repository("examples/own_consumer.rs"));
     assert_eq!(read("events/batch.json"), repository("events/payments.json"));
-    assert_eq!(read("template.yaml"), sqs_once_app::new::template("payments"));
     let manifest = read("Cargo.toml");
     assert!(manifest.contains("name = \"payments\""), "{manifest}");
     assert!(manifest.contains("panic = \"unwind\""), "{manifest}");
@@ -36,7 +35,7 @@ fn a_new_crate_is_the_example_with_a_manifest_template_and_event_around_it() {
     assert!(main.contains("#[tokio::main(flavor = \"current_thread\")]"), "{main}");
     assert!(read("samconfig.toml").contains("stack_name = \"payments\""));
     // One key everywhere: its test, `cargo run -- invoke`, the template (deployed and under sam local invoke).
-    let key = sqs_once_app::new::KEY;
+    let key = "body.order_id"; // the example's: each order is charged once, whichever message brings it
     assert!(main.contains(&format!("TestConsumer::new(Payments).key(\"{key}\")")), "{main}");
     assert!(read(".cargo/config.toml").contains(&format!("[env]\nSQS_ONCE_KEY = \"{key}\"\n")));
     assert!(read("template.yaml").contains(&format!("  IdempotencyKey:\n    Type: String\n    Default: {key}\n")));
@@ -80,4 +79,19 @@ fn a_name_cargo_would_refuse_is_refused_before_anything_is_written() {
     let output = new(dir.path(), &["payments", "--library-path", "no/such/dir"]);
     assert!(stderr(&output).contains("no/such/dir holds no library"), "{}", stderr(&output));
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
+}
+
+#[test]
+fn help_lists_new_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::command_in(dir.path()).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|line| *line != "Commands:")
+        .skip(1)
+        .take_while(|line| !line.is_empty())
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(commands, ["new", "invoke", "poll", "create-table", "claims", "help"], "{help}");
 }

@@ -29,7 +29,11 @@ const NEW_CRATE: &str = "payments";
 /// The repository's template and the one `sqs-once new` writes: every
 /// promise below holds for both.
 fn templates() -> [Value; 2] {
-    [template(), serde_yaml::from_str(&sqs_once_app::new::template(NEW_CRATE)).unwrap()]
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::command_in(dir.path()).args(["new", NEW_CRATE]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let written = std::fs::read_to_string(dir.path().join(NEW_CRATE).join("template.yaml")).unwrap();
+    [template(), serde_yaml::from_str(&written).unwrap()]
 }
 
 /// Whether `template` is the repository's, with the bundled handlers' parts.

@@ -1,6 +1,7 @@
-//! The business handlers this binary can run, one file each.
+//! The business handlers the bundled `sqs-once` binary runs, one file each,
+//! and the registry that names them.
 //!
-//! To add one: write `handlers/<name>.rs` with a type implementing
+//! To add one: write `handlers/src/<name>.rs` with a type implementing
 //! [`Handler`], declare the module below, and add a line to [`REGISTRY`].
 //! `SQS_ONCE_HANDLER=<name>` then selects it.
 
@@ -97,8 +98,8 @@ pub fn from_env() -> Result<Chosen, HandlerSetupError> {
 /// Builds the handler registered as `name`.
 ///
 /// ```
-/// assert!(sqs_once_app::handlers::build("demo").is_ok());
-/// let error = sqs_once_app::handlers::build("nope").err().unwrap();
+/// assert!(sqs_once_handlers::build("demo").is_ok());
+/// let error = sqs_once_handlers::build("nope").err().unwrap();
 /// assert!(error.to_string().contains("demo, ledger, orders"));
 /// ```
 pub fn build(name: &str) -> Result<Chosen, HandlerSetupError> {

@@ -1,12 +1,14 @@
-//! `sqs-once new <path>`: a consumer crate of one's own, ready to test,
-//! `invoke` offline and deploy with SAM.
+//! `new <path>`: a consumer crate of one's own, ready to test, `invoke`
+//! offline and deploy with SAM.
 //!
-//! The crate is this repository's example `own_consumer` as its
+//! The crate is the library's example `own_consumer` as its
 //! `src/main.rs` (a handler, its tests through `sqs_once::testing`, and
 //! `sqs_once::run`), the repository's `template.yaml` without the bundled
 //! handlers' parts and building the new crate's binary, its `samconfig.toml`
 //! and `env.json`, and the example's event as `events/batch.json`: the files
-//! the repository tests are the files a new crate starts from.
+//! the repository tests are the files a new crate starts from. They are in
+//! the library's package (its `include`), so a binary built from crates.io
+//! writes them as a checkout's does.
 
 use std::{
     fs, io,
@@ -26,7 +28,7 @@ const SAM_LOCAL_ENV: &str = include_str!("../../env.json");
 /// message brings it. The new crate uses it everywhere: its test, the
 /// template's `IdempotencyKey` (deployed and under `sam local invoke`), and
 /// `cargo run -- invoke` (through `.cargo/config.toml`).
-pub const KEY: &str = "body.order_id";
+pub(super) const KEY: &str = "body.order_id";
 
 /// The version of the library this binary was built with, which a new
 /// crate depends on unless told otherwise.
@@ -34,26 +36,12 @@ const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Where the new crate gets the `sqs-once` library from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Library {
+pub(super) enum Library {
     /// crates.io, at this version requirement.
     Registry(String),
     /// A directory holding the library's `Cargo.toml`: a checkout, or a
     /// package `cargo package` unpacked.
     Path(PathBuf),
-}
-
-impl Default for Library {
-    /// The checkout this binary was built from, while it is still there
-    /// (`cargo install --path app`, `cargo run`): the library as it is in
-    /// that checkout, published or not. Otherwise the version this binary
-    /// was built with, from crates.io.
-    fn default() -> Self {
-        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().filter(|dir| holds_the_library(dir));
-        match checkout {
-            Some(dir) => Self::Path(dir.to_owned()),
-            None => Self::Registry(LIBRARY_VERSION.to_owned()),
-        }
-    }
 }
 
 impl std::fmt::Display for Library {
@@ -65,23 +53,28 @@ impl std::fmt::Display for Library {
     }
 }
 
-/// Whether `dir` holds the sqs-once library's manifest: a `[package]`
-/// named `sqs-once` (not a binary target of that name).
-fn holds_the_library(dir: &Path) -> bool {
-    let Ok(manifest) = fs::read_to_string(dir.join("Cargo.toml")) else { return false };
-    let package =
-        format!("\n{manifest}").split("\n[").find(|section| section.starts_with("package]")).map(str::to_owned);
-    package.is_some_and(|package| {
-        package.lines().any(|line| {
-            line.split_once('=').is_some_and(|(key, value)| key.trim() == "name" && value.trim() == "\"sqs-once\"")
-        })
-    })
-}
-
 impl Library {
+    /// The library this binary was built with. A package (crates.io's, which
+    /// `cargo package` made and marked with `Cargo.toml.orig`) is depended on
+    /// by its version; a checkout (`cargo install --path app`, `cargo run`)
+    /// by its path, published or not, while it is still there.
+    pub(super) fn this_build() -> Result<Self, NewError> {
+        Self::built_in(Path::new(env!("CARGO_MANIFEST_DIR")))
+    }
+
+    fn built_in(dir: &Path) -> Result<Self, NewError> {
+        if dir.join("Cargo.toml.orig").is_file() {
+            Ok(Self::Registry(LIBRARY_VERSION.to_owned()))
+        } else if dir.join("Cargo.toml").is_file() {
+            Ok(Self::Path(dir.to_owned()))
+        } else {
+            Err(NewError::CheckoutGone(dir.to_owned()))
+        }
+    }
+
     /// The library in the directory `path` (made absolute, as the new crate
     /// lives elsewhere), which must hold a `Cargo.toml`.
-    pub fn local(path: &Path) -> Result<Self, NewError> {
+    pub(super) fn local(path: &Path) -> Result<Self, NewError> {
         let path = fs::canonicalize(path).map_err(|source| NewError::Library { path: path.to_owned(), source })?;
         match path.join("Cargo.toml").is_file() {
             true => Ok(Self::Path(path)),
@@ -105,11 +98,11 @@ impl Library {
     }
 }
 
-/// Why `sqs-once new` wrote nothing.
+/// Why `new` wrote nothing.
 #[derive(Debug, thiserror::Error)]
-pub enum NewError {
+pub(super) enum NewError {
     /// Something is already at the path; it is left as it is.
-    #[error("{} already exists; `sqs-once new` writes a new directory and never into an existing one", .0.display())]
+    #[error("{} already exists; `new` writes a new directory and never into an existing one", .0.display())]
     Exists(PathBuf),
     /// The directory's name cannot name a crate.
     #[error("`{name}` cannot name a crate: {reason}")]
@@ -119,6 +112,13 @@ pub enum NewError {
         /// Which rule it breaks.
         reason: &'static str,
     },
+    /// This binary was built from a checkout that is gone, and no library was
+    /// given: a dependency on the version from crates.io might not resolve.
+    #[error(
+        "this binary was built from the sqs-once checkout in {}, which is gone: pass --library-path with a \
+         checkout of sqs-once (a binary installed from crates.io depends on its own version)", .0.display()
+    )]
+    CheckoutGone(PathBuf),
     /// `--library-path` names no directory with a `Cargo.toml`.
     #[error("{} holds no library to depend on (its Cargo.toml: {source})", path.display())]
     Library {
@@ -142,16 +142,7 @@ pub enum NewError {
 ///
 /// Nothing is written when `path` exists or its name cannot name a crate;
 /// when a write fails, the directory is removed again.
-///
-/// ```
-/// let dir = tempfile::tempdir()?;
-/// let files = sqs_once_app::new::create(&dir.path().join("payments"), &Default::default())?;
-/// assert!(files.iter().any(|file| file.ends_with("template.yaml")));
-/// let manifest = std::fs::read_to_string(dir.path().join("payments/Cargo.toml"))?;
-/// assert!(manifest.contains("name = \"payments\""));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn create(path: &Path, library: &Library) -> Result<Vec<PathBuf>, NewError> {
+pub(super) fn create(path: &Path, library: &Library) -> Result<Vec<PathBuf>, NewError> {
     let name = crate_name(path)?;
     let files = files(&name, library);
     if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
@@ -235,7 +226,7 @@ panic = "unwind"
 
 /// The repository's template, without the bundled handlers' lines, building
 /// the binary `name`, with [`KEY`] as its `IdempotencyKey`.
-pub fn template(name: &str) -> String {
+pub(super) fn template(name: &str) -> String {
     let mut bundled = false;
     let mut idempotency_key = false;
     let mut lines = Vec::new();
@@ -379,13 +370,28 @@ mod tests {
     }
 
     #[test]
-    fn by_default_a_binary_built_from_a_checkout_depends_on_that_checkout() {
-        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        assert_eq!(Library::default(), Library::Path(checkout.to_owned()));
-        assert!(
-            !holds_the_library(Path::new(env!("CARGO_MANIFEST_DIR"))),
-            "the app's own manifest is not the library's"
-        );
+    fn a_binary_depends_on_its_checkout_while_it_is_there_and_on_its_version_when_packaged() {
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR"));
+        assert_eq!(Library::this_build().unwrap(), Library::Path(checkout.to_owned()));
+        let packaged = tempfile::tempdir().unwrap();
+        std::fs::write(packaged.path().join("Cargo.toml"), "").unwrap();
+        std::fs::write(packaged.path().join("Cargo.toml.orig"), "").unwrap();
+        assert_eq!(Library::built_in(packaged.path()).unwrap(), Library::Registry(LIBRARY_VERSION.to_owned()));
+        let gone = packaged.path().join("gone");
+        let error = Library::built_in(&gone).unwrap_err().to_string();
+        assert!(error.contains("which is gone: pass --library-path"), "{error}");
+    }
+
+    #[test]
+    fn a_new_crate_uses_one_key_everywhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("payments");
+        create(&path, &Library::Registry(LIBRARY_VERSION.to_owned())).unwrap();
+        let read = |file: &str| std::fs::read_to_string(path.join(file)).unwrap();
+        assert!(read("src/main.rs").contains(&format!("TestConsumer::new(Payments).key(\"{KEY}\")")));
+        assert!(read(".cargo/config.toml").contains(&format!("[env]\nSQS_ONCE_KEY = \"{KEY}\"\n")));
+        assert!(read("template.yaml").contains(&format!("  IdempotencyKey:\n    Type: String\n    Default: {KEY}\n")));
+        assert_eq!(read("template.yaml"), template("payments"));
     }
 
     #[test]
