@@ -30,10 +30,10 @@ use crate::{
     handler::BuildHandler,
     logging,
     metrics::{Extra, emf_line},
-    operator::{Action, Operator, timestamp},
+    operator::{Operator, Verdict, timestamp},
     outbox::{Destinations, Outbox},
     poll::{PollOptions, Poller},
-    sqs::redelivery::RedeliveryPolicy,
+    redelivery::RedeliveryPolicy,
     store::{ClaimQuery, ClaimStore, OutboxQuery},
     store::{ClaimStatus, StoredClaim},
 };
@@ -124,7 +124,7 @@ enum ClaimsCommand {
     /// Show one claim.
     Show {
         #[command(flatten)]
-        target: Target,
+        target: WhichClaim,
         /// JSON for scripts.
         #[arg(long)]
         json: bool,
@@ -132,7 +132,7 @@ enum ClaimsCommand {
     /// Delete a failed or stale claim so that the next delivery runs again.
     Release {
         #[command(flatten)]
-        target: Target,
+        target: WhichClaim,
         /// Also release a live lease or a completed claim.
         #[arg(long)]
         force: bool,
@@ -140,7 +140,7 @@ enum ClaimsCommand {
     /// Mark a key done by hand, so that its deliveries are duplicates.
     Complete {
         #[command(flatten)]
-        target: Target,
+        target: WhichClaim,
         /// Also complete a claim whose lease is live.
         #[arg(long)]
         force: bool,
@@ -169,7 +169,7 @@ enum ClaimsCommand {
 /// Which claim: the key as the user knows it, the stored id, or the message
 /// id of the delivery that claimed it.
 #[derive(Debug, clap::Args)]
-struct Target {
+struct WhichClaim {
     /// The key as in the message (e.g. the messageId or body field value); one value per part of a
     /// composite SQS_ONCE_KEY. Prefix and hashing are applied as configured.
     #[arg(required_unless_present_any = ["id", "message_id"], conflicts_with_all = ["id", "message_id"])]
@@ -338,7 +338,7 @@ async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyh
     let store = parts.store.store;
     let operator = Operator::new(Arc::clone(&store), Arc::new(SystemClock), config.claims.expires_after)?;
     // The stored id a target names; `None` when no claim has its message id.
-    let id = async |target: Target| -> anyhow::Result<Option<String>> {
+    let id = async |target: WhichClaim| -> anyhow::Result<Option<String>> {
         Ok(match (target.id, target.message_id) {
             (Some(id), _) => Some(id),
             (None, Some(message_id)) => operator.find_by_message_id(&message_id).await?.map(|claim| claim.id),
@@ -347,7 +347,7 @@ async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyh
     };
     let action = match command {
         ClaimsCommand::Outbox { drop: Some(id), force, .. } => match operator.drop_outbox(&id, force).await? {
-            Action::NotFound => {
+            Verdict::NotFound => {
                 eprintln!("no outbox entry has the id {id}");
                 return Ok(Some(ExitCode::from(1)));
             }
@@ -385,23 +385,23 @@ async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyh
         }
         ClaimsCommand::Release { target, force } => match id(target).await? {
             Some(id) => operator.release(&id, force).await?,
-            None => Action::NotFound,
+            None => Verdict::NotFound,
         },
         ClaimsCommand::Complete { target, force } => match id(target).await? {
             Some(id) => operator.complete(&id, force).await?,
-            None => Action::NotFound,
+            None => Verdict::NotFound,
         },
     };
     Ok(match action {
-        Action::Done(what) => {
+        Verdict::Done(what) => {
             println!("{what}");
             None
         }
-        Action::NotFound => {
+        Verdict::NotFound => {
             eprintln!("no claim found");
             Some(ExitCode::from(1))
         }
-        Action::Refused(why) => {
+        Verdict::Refused(why) => {
             eprintln!("refused: {why}");
             Some(ExitCode::from(2))
         }

@@ -15,8 +15,8 @@ use crate::{
     envelope::EnvelopeKind,
     key::{KeySpec, Keys, OnMissingKey},
     metrics::MetricsConfig,
+    redelivery::{RedeliveryPolicy, RetryBackoff},
     sqs::MAX_VISIBILITY,
-    sqs::redelivery::{RedeliveryPolicy, RetryBackoff},
     store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
@@ -162,82 +162,10 @@ impl Config {
             .text("SQS_ONCE_KEY_PREFIX")
             .or_else(|| env.text("AWS_LAMBDA_FUNCTION_NAME"))
             .unwrap_or_else(|| crate::key::DEFAULT_KEY_PREFIX.to_owned());
-        let defaults = ClaimPolicy::default();
-        let claims = ClaimPolicy {
-            expires_after: Duration::from_secs(env.parse(
-                "SQS_ONCE_EXPIRES_AFTER_SECS",
-                defaults.expires_after.as_secs(),
-                EXPIRES_AFTER,
-            )?),
-            lease_margin: Duration::from_millis(env.parse(
-                "SQS_ONCE_LEASE_MARGIN_MS",
-                duration_ms(defaults.lease_margin),
-                "a number of milliseconds",
-            )?),
-            validate_payload: env.flag("SQS_ONCE_VALIDATE_PAYLOAD", defaults.validate_payload)?,
-            store_result: env.flag("SQS_ONCE_STORE_RESULT", defaults.store_result)?,
-            local_cache_entries: env.parse(
-                "SQS_ONCE_LOCAL_CACHE",
-                defaults.local_cache_entries,
-                "a number of entries (0 turns the cache off)",
-            )?,
-            ..defaults
-        };
-        let engine_defaults = EngineOptions::default();
-        let engine = EngineOptions {
-            concurrency: env.parse(
-                "SQS_ONCE_CONCURRENCY",
-                engine_defaults.concurrency,
-                "a positive number of records",
-            )?,
-            margins: Margins {
-                deadline_margin: Duration::from_millis(env.parse(
-                    "SQS_ONCE_DEADLINE_MARGIN_MS",
-                    duration_ms(engine_defaults.margins.deadline_margin),
-                    DEADLINE_MARGIN,
-                )?),
-                ..engine_defaults.margins
-            },
-            log_bodies: env.flag("SQS_ONCE_LOG_BODIES", engine_defaults.log_bodies)?,
-            envelope: env.parse("SQS_ONCE_ENVELOPE", engine_defaults.envelope, "none, sns or eventbridge")?,
-            claim: env.parse("SQS_ONCE_CLAIM", engine_defaults.claim, "auto or always")?,
-        };
-        if claims.expires_after.is_zero() {
-            return Err(env.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));
-        }
-        if engine.concurrency == 0 {
-            return Err(env.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
-        }
-        if engine.margins.deadline_margin < ANSWER_TIME {
-            return Err(env.invalid("SQS_ONCE_DEADLINE_MARGIN_MS", DEADLINE_MARGIN));
-        }
-        let in_lambda = env.text(LAMBDA_RUNTIME_API).is_some();
-        let store = match env.text("SQS_ONCE_STORE").as_deref() {
-            None if env.text("SQS_ONCE_TABLE").is_some() => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
-            // A store given to the builder will do; without one, the consumer refuses to start.
-            None if in_lambda => StoreChoice::Unnamed,
-            Some("dynamodb") => StoreChoice::DynamoDb(env.table_layout(&key_prefix)?),
-            #[cfg(feature = "sqlite")]
-            None | Some("file") => StoreChoice::File(std::path::PathBuf::from(
-                env.text("SQS_ONCE_STORE_PATH").unwrap_or_else(|| ".sqs-once/claims.db".into()),
-            )),
-            #[cfg(not(feature = "sqlite"))]
-            None => StoreChoice::Memory,
-            Some("memory") => StoreChoice::Memory,
-            Some(_) => return Err(env.invalid("SQS_ONCE_STORE", STORES)),
-        };
-        if in_lambda && !matches!(store, StoreChoice::DynamoDb(_) | StoreChoice::Unnamed) {
-            return Err(StoreChoice::Unnamed.refusal());
-        }
-        let spec = env.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?;
-        if spec.reads_envelope() && engine.envelope == EnvelopeKind::None {
-            return Err(env.invalid("SQS_ONCE_KEY", "no envelope.<path> part while SQS_ONCE_ENVELOPE is none"));
-        }
-        let keys = Keys::of(spec, key_prefix).hashed(env.flag("SQS_ONCE_HASH_KEYS", true)?).on_missing(env.parse(
-            "SQS_ONCE_ON_MISSING_KEY",
-            OnMissingKey::default(),
-            "fail or message-id",
-        )?);
+        let claims = env.claim_policy()?;
+        let engine = env.engine_options()?;
+        let store = env.store(&key_prefix)?;
+        let keys = env.keys(key_prefix, engine.envelope)?;
         Ok(Self {
             keys,
             claims,
@@ -246,12 +174,7 @@ impl Config {
             dynamodb_batching: env.flag("SQS_ONCE_DYNAMODB_BATCHING", true)?,
             metrics: env.metrics()?,
             redelivery: env.redelivery()?,
-            outbox_sweep: Some(Duration::from_secs(env.parse(
-                "SQS_ONCE_OUTBOX_SWEEP_SECS",
-                DEFAULT_OUTBOX_SWEEP.as_secs(),
-                "a number of seconds (0 turns the sweep off)",
-            )?))
-            .filter(|every| !every.is_zero()),
+            outbox_sweep: env.outbox_sweep()?,
         })
     }
 }
@@ -298,6 +221,109 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 impl Env<'_> {
+    /// How claims are taken and kept: `SQS_ONCE_EXPIRES_AFTER_SECS`, the
+    /// lease margin, payload validation, stored results, the local cache.
+    fn claim_policy(&self) -> Result<ClaimPolicy, ConfigError> {
+        let defaults = ClaimPolicy::default();
+        let claims = ClaimPolicy {
+            expires_after: Duration::from_secs(self.parse(
+                "SQS_ONCE_EXPIRES_AFTER_SECS",
+                defaults.expires_after.as_secs(),
+                EXPIRES_AFTER,
+            )?),
+            lease_margin: Duration::from_millis(self.parse(
+                "SQS_ONCE_LEASE_MARGIN_MS",
+                duration_ms(defaults.lease_margin),
+                "a number of milliseconds",
+            )?),
+            validate_payload: self.flag("SQS_ONCE_VALIDATE_PAYLOAD", defaults.validate_payload)?,
+            store_result: self.flag("SQS_ONCE_STORE_RESULT", defaults.store_result)?,
+            local_cache_entries: self.parse(
+                "SQS_ONCE_LOCAL_CACHE",
+                defaults.local_cache_entries,
+                "a number of entries (0 turns the cache off)",
+            )?,
+            ..defaults
+        };
+        if claims.expires_after.is_zero() {
+            return Err(self.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));
+        }
+        Ok(claims)
+    }
+
+    /// How batches run: concurrency, the deadline margin, body logging, the
+    /// envelope, whether a run that stages every effect takes a claim.
+    fn engine_options(&self) -> Result<EngineOptions, ConfigError> {
+        let defaults = EngineOptions::default();
+        let engine = EngineOptions {
+            concurrency: self.parse("SQS_ONCE_CONCURRENCY", defaults.concurrency, "a positive number of records")?,
+            margins: Margins {
+                deadline_margin: Duration::from_millis(self.parse(
+                    "SQS_ONCE_DEADLINE_MARGIN_MS",
+                    duration_ms(defaults.margins.deadline_margin),
+                    DEADLINE_MARGIN,
+                )?),
+                ..defaults.margins
+            },
+            log_bodies: self.flag("SQS_ONCE_LOG_BODIES", defaults.log_bodies)?,
+            envelope: self.parse("SQS_ONCE_ENVELOPE", defaults.envelope, "none, sns or eventbridge")?,
+            claim: self.parse("SQS_ONCE_CLAIM", defaults.claim, "auto or always")?,
+        };
+        if engine.concurrency == 0 {
+            return Err(self.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
+        }
+        if engine.margins.deadline_margin < ANSWER_TIME {
+            return Err(self.invalid("SQS_ONCE_DEADLINE_MARGIN_MS", DEADLINE_MARGIN));
+        }
+        Ok(engine)
+    }
+
+    /// The claim store `SQS_ONCE_STORE` and `SQS_ONCE_TABLE` name. Inside
+    /// Lambda only DynamoDB, or a store given to the builder, will do.
+    fn store(&self, key_prefix: &str) -> Result<StoreChoice, ConfigError> {
+        let in_lambda = self.text(LAMBDA_RUNTIME_API).is_some();
+        let store = match self.text("SQS_ONCE_STORE").as_deref() {
+            None if self.text("SQS_ONCE_TABLE").is_some() => StoreChoice::DynamoDb(self.table_layout(key_prefix)?),
+            // A store given to the builder will do; without one, the consumer refuses to start.
+            None if in_lambda => StoreChoice::Unnamed,
+            Some("dynamodb") => StoreChoice::DynamoDb(self.table_layout(key_prefix)?),
+            #[cfg(feature = "sqlite")]
+            None | Some("file") => StoreChoice::File(std::path::PathBuf::from(
+                self.text("SQS_ONCE_STORE_PATH").unwrap_or_else(|| ".sqs-once/claims.db".into()),
+            )),
+            #[cfg(not(feature = "sqlite"))]
+            None => StoreChoice::Memory,
+            Some("memory") => StoreChoice::Memory,
+            Some(_) => return Err(self.invalid("SQS_ONCE_STORE", STORES)),
+        };
+        if in_lambda && !matches!(store, StoreChoice::DynamoDb(_) | StoreChoice::Unnamed) {
+            return Err(StoreChoice::Unnamed.refusal());
+        }
+        Ok(store)
+    }
+
+    /// How each record is keyed: `SQS_ONCE_KEY` (whose `envelope.` parts need
+    /// an `envelope`), hashing, and what a record without its key gets.
+    fn keys(&self, key_prefix: String, envelope: EnvelopeKind) -> Result<Keys, ConfigError> {
+        let spec = self.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?;
+        if spec.reads_envelope() && envelope == EnvelopeKind::None {
+            return Err(self.invalid("SQS_ONCE_KEY", "no envelope.<path> part while SQS_ONCE_ENVELOPE is none"));
+        }
+        let on_missing = self.parse("SQS_ONCE_ON_MISSING_KEY", OnMissingKey::default(), "fail or message-id")?;
+        Ok(Keys::of(spec, key_prefix).hashed(self.flag("SQS_ONCE_HASH_KEYS", true)?).on_missing(on_missing))
+    }
+
+    /// How often the outbox is swept for entries left unsent; `None` when
+    /// `SQS_ONCE_OUTBOX_SWEEP_SECS` is 0.
+    fn outbox_sweep(&self) -> Result<Option<Duration>, ConfigError> {
+        let every = self.parse(
+            "SQS_ONCE_OUTBOX_SWEEP_SECS",
+            DEFAULT_OUTBOX_SWEEP.as_secs(),
+            "a number of seconds (0 turns the sweep off)",
+        )?;
+        Ok(Some(Duration::from_secs(every)).filter(|every| !every.is_zero()))
+    }
+
     /// A variable's value; empty counts as unset, as it does in Lambda's console.
     fn text(&self, name: &str) -> Option<String> {
         (self.0)(name).filter(|value| !value.trim().is_empty())

@@ -12,7 +12,7 @@ use std::{
 
 use aws_lambda_events::sqs::SqsBatchResponse;
 
-pub use crate::{engine::Invocation, sqs::redelivery::RedeliveryCounts};
+pub use crate::{engine::Invocation, redelivery::RedeliveryCounts};
 
 mod builder;
 
@@ -26,8 +26,8 @@ use crate::{
     engine::Engine,
     event::EventRecord,
     metrics::{Extra, MetricsConfig},
+    redelivery::Redelivery,
     report::BatchReport,
-    sqs::redelivery::Redelivery,
     store::{StoreError, dynamodb::RequestCounter},
 };
 

@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::Record;
 
 /// What a successful handler returns: an optional JSON value, kept in the
-/// claim record when result storage is on.
+/// stored claim when result storage is on.
 pub type HandlerResult = Result<Option<Value>, HandlerError>;
 
 /// Business logic for one SQS record.

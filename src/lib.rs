@@ -123,6 +123,7 @@ pub mod outbox;
 mod poll;
 mod reason;
 mod record;
+mod redelivery;
 pub mod report;
 #[cfg(test)]
 mod simulation;

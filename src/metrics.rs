@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::{report::BatchReport, sqs::redelivery::RedeliveryCounts};
+use crate::{redelivery::RedeliveryCounts, report::BatchReport};
 
 /// What to publish (`SQS_ONCE_METRICS*`).
 #[derive(Debug, Clone, PartialEq, Eq)]

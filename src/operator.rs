@@ -12,9 +12,9 @@ use crate::{
     store::{ClaimStatus, StoredClaim},
 };
 
-/// The outcome of an operator's action on one claim.
+/// What an operator's command on one claim came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Action {
+pub(crate) enum Verdict {
     /// Done; the text says what was done.
     Done(String),
     /// No claim has that key.
@@ -85,10 +85,10 @@ impl Operator {
     /// Deletes a failed or stale claim so that a redelivery runs again. A live
     /// lease (someone is running it) and a completed claim (it would run twice)
     /// are refused unless `force`.
-    pub(crate) async fn release(&self, id: &str, force: bool) -> Result<Action, StoreError> {
-        let Some(seen) = self.store.get(id).await? else { return Ok(Action::NotFound) };
+    pub(crate) async fn release(&self, id: &str, force: bool) -> Result<Verdict, StoreError> {
+        let Some(seen) = self.store.get(id).await? else { return Ok(Verdict::NotFound) };
         if let Some(reason) = self.busy(&seen).filter(|_| !force) {
-            return Ok(Action::Refused(format!("{reason}; pass --force to release it anyway")));
+            return Ok(Verdict::Refused(format!("{reason}; pass --force to release it anyway")));
         }
         let done = format!("released {id} (was {}); its next delivery runs the handler", describe(&seen));
         Ok(self.applied(self.admin.replace_seen(Some(&seen), None).await?, done))
@@ -97,14 +97,14 @@ impl Operator {
     /// Marks a key completed by hand (the work was done elsewhere), so that
     /// deliveries until it expires are duplicates. A live lease is refused
     /// unless `force`; a key with no claim gets a completed one.
-    pub(crate) async fn complete(&self, id: &str, force: bool) -> Result<Action, StoreError> {
+    pub(crate) async fn complete(&self, id: &str, force: bool) -> Result<Verdict, StoreError> {
         let seen = self.store.get(id).await?;
         if let Some(seen) = &seen {
             if seen.status == ClaimStatus::Completed {
-                return Ok(Action::Done(format!("{id} was already completed")));
+                return Ok(Verdict::Done(format!("{id} was already completed")));
             }
             if let Some(reason) = self.busy(seen).filter(|_| !force) {
-                return Ok(Action::Refused(format!("{reason}; pass --force to complete it anyway")));
+                return Ok(Verdict::Refused(format!("{reason}; pass --force to complete it anyway")));
             }
         }
         let now_ms = self.clock.now_ms();
@@ -132,26 +132,26 @@ impl Operator {
     /// operator gives up on: its message is never sent. Only with `force`;
     /// the entry, message and all, is logged as it goes, so that it can be
     /// sent by hand. A sender that took the entry over meanwhile refuses it.
-    pub(crate) async fn drop_outbox(&self, id: &str, force: bool) -> Result<Action, StoreError> {
+    pub(crate) async fn drop_outbox(&self, id: &str, force: bool) -> Result<Verdict, StoreError> {
         let outbox = Arc::clone(&self.store)
             .outbox()
             .ok_or_else(|| StoreError::Unsupported("this claim store keeps no outbox (ClaimStore::outbox)".into()))?;
         let entries = outbox.entries(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await?;
         let Some(entry) = entries.into_iter().find(|entry| entry.id == id || entry.outbox_id() == id) else {
-            return Ok(Action::NotFound);
+            return Ok(Verdict::NotFound);
         };
         let content = serde_json::to_string(&entry).unwrap_or_default();
         if !force {
-            return Ok(Action::Refused(format!(
+            return Ok(Verdict::Refused(format!(
                 "dropping an outbox entry gives its message up for good; pass --force to drop it: {content}"
             )));
         }
         Ok(match outbox.entry_sent(&entry.id, &entry.token).await? {
             Fenced::Applied => {
                 tracing::warn!(id = %entry.id, entry = %content, "outbox entry dropped by an operator: its message is not sent");
-                Action::Done(format!("dropped {}; its message is not sent: {content}", entry.id))
+                Verdict::Done(format!("dropped {}; its message is not sent: {content}", entry.id))
             }
-            Fenced::Refused => Action::Refused("a sender took the entry over just now; look again".into()),
+            Fenced::Refused => Verdict::Refused("a sender took the entry over just now; look again".into()),
         })
     }
 
@@ -168,10 +168,10 @@ impl Operator {
         }
     }
 
-    fn applied(&self, fenced: Fenced, done: String) -> Action {
+    fn applied(&self, fenced: Fenced, done: String) -> Verdict {
         match fenced {
-            Fenced::Applied => Action::Done(done),
-            Fenced::Refused => Action::Refused("the claim changed since it was read; look again".into()),
+            Fenced::Applied => Verdict::Done(done),
+            Fenced::Refused => Verdict::Refused("the claim changed since it was read; look again".into()),
         }
     }
 }
@@ -243,7 +243,7 @@ mod tests {
             std::time::Duration::from_secs(3600),
         )
         .unwrap();
-        assert_eq!(operator.release("orders#o-1", false).await.unwrap(), Action::NotFound);
-        assert!(matches!(operator.complete("orders#o-1", false).await.unwrap(), Action::Done(_)));
+        assert_eq!(operator.release("orders#o-1", false).await.unwrap(), Verdict::NotFound);
+        assert!(matches!(operator.complete("orders#o-1", false).await.unwrap(), Verdict::Done(_)));
     }
 }

@@ -1,7 +1,7 @@
-//! The SQS side of the consumer after the engine has answered: what becomes
-//! of failed records ([`redelivery`]), and the SQS calls the consumer makes
-//! ([`Sqs`]): visibility changes and dead-lettering after a batch, and, for
-//! `poll`, receiving and deleting ([`receiving`]).
+//! The SQS calls the consumer makes ([`Sqs`]): the visibility changes and
+//! dead-letter sends the redelivery policy decides on
+//! ([`crate::redelivery`]), and, for `poll`, receiving and deleting
+//! ([`receiving`]).
 //!
 //! Batched calls (`ChangeMessageVisibilityBatch`, `DeleteMessageBatch`) take
 //! at most ten entries, so longer lists are split and the parts sent
@@ -10,7 +10,6 @@
 
 #[cfg(feature = "cli")]
 mod receiving;
-pub(crate) mod redelivery;
 
 #[cfg(feature = "cli")]
 pub(crate) use receiving::{QueueInfo, event_message};

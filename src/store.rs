@@ -249,7 +249,7 @@ pub enum StoreError {
     #[error("claim store unavailable: {0}")]
     Unavailable(Box<dyn std::error::Error + Send + Sync>),
     /// The store holds a record this version cannot read.
-    #[error("claim record `{id}` is malformed: {reason}")]
+    #[error("stored claim `{id}` is malformed: {reason}")]
     Malformed {
         /// The record's id.
         id: String,
@@ -257,7 +257,7 @@ pub enum StoreError {
         reason: String,
     },
     /// The record changed under every attempt to claim it.
-    #[error("claim record `{0}` kept changing while it was being claimed")]
+    #[error("stored claim `{0}` kept changing while it was being claimed")]
     Contended(String),
     /// The store refused the request for what it holds (an item over the
     /// size limit, a key too long): sending it again cannot succeed.

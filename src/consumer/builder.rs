@@ -21,7 +21,8 @@ use crate::{
     engine::Engine,
     handler::{BoxHandler, BuildHandler},
     outbox::{AwsDestinations, Destinations, Outbox},
-    sqs::{Sqs, redelivery::Redelivery},
+    redelivery::Redelivery,
+    sqs::Sqs,
     store::{
         ClaimStore, DynamoDbStore, MemoryStore,
         dynamodb::{self, RequestCounter},

@@ -21,7 +21,7 @@ pub(crate) fn new_token() -> String {
     format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// The state of a claim record.
+/// The state of a stored claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimStatus {
     /// A holder is running the handler under a lease.

@@ -1,6 +1,6 @@
 //! How claims map onto a DynamoDB table: the attribute names, the primary
 //! key's shape, the sparse open-claims index, and the item that stores a
-//! claim record.
+//! claim.
 
 use std::collections::HashMap;
 

@@ -1,0 +1,192 @@
+//! How a run ends: the write that records the handler's result (a
+//! completion, a commit of what it staged, a failure record or a release),
+//! and the delivery of a committed run's messages.
+
+use std::{sync::Mutex, time::Duration};
+
+use super::{
+    Engine,
+    run::{Progress, panic_message, won},
+};
+use crate::{
+    ErrorKind, HandlerResult, Record,
+    claim::Lease,
+    lock::lock,
+    reason,
+    report::{Failure, Outcome},
+    store::{Committed, Fenced, OutboxEntry, StoreError},
+    transaction::Staged,
+};
+
+impl Engine {
+    /// Writes how the handler ended (completion, commit, failure record,
+    /// release) and says what that makes of the record.
+    pub(super) async fn write_ending(
+        &self,
+        record: &Record,
+        lease: &Lease,
+        result: std::thread::Result<HandlerResult>,
+        staged: Staged,
+        progress: &Mutex<Progress>,
+    ) -> Outcome {
+        let outcome = provisional_outcome(&result, &staged, lease, self.inner.claims.now_ms());
+        match result {
+            // A run that took no claim commits its completion even with nothing staged: that write is its claim.
+            Ok(Ok(output)) if !staged.is_empty() || lease.is_unclaimed() => {
+                self.commit(record, lease, output, staged, progress).await
+            }
+            Ok(Ok(output)) => {
+                let confirmed = match self.inner.claims.complete(lease, output.as_ref()).await {
+                    Ok(fenced) => fenced == Fenced::Applied,
+                    Err(error) => {
+                        tracing::error!(
+                            message_id = %record.message_id, key = %record.key, %error,
+                            "CompletionUnconfirmed: the handler succeeded but its completion could not be \
+                             recorded; it is sent again later, and until it lands the claim stays in progress"
+                        );
+                        false
+                    }
+                };
+                Outcome::Processed { confirmed }
+            }
+            _ => match outcome {
+                Outcome::Failed(failure) => self.write_failure(record, lease, failure, progress).await,
+                outcome => outcome,
+            },
+        }
+    }
+
+    /// Records how a handler failed (its error, its panic, or its staged
+    /// writes refused): a failure record when it is permanent, a release
+    /// otherwise. The answer reports the failure from now on, whether or
+    /// not the write is confirmed in time.
+    pub(super) async fn write_failure(
+        &self,
+        record: &Record,
+        lease: &Lease,
+        failure: Failure,
+        progress: &Mutex<Progress>,
+    ) -> Outcome {
+        *lock(progress) = Progress::Returned(Outcome::Failed(failure.clone()));
+        let written = match &failure {
+            Failure::Permanent(reason) => self.inner.claims.fail(lease, reason).await,
+            _ => self.inner.claims.release(lease).await,
+        };
+        log_unwritten(record, written);
+        Outcome::Failed(failure)
+    }
+
+    /// Commits what the handler staged with the claim's completion. Only a
+    /// confirmed commit makes the record processed, and its messages are
+    /// sent then; a cancelled one is the handler's failure, as the write
+    /// that cancelled it declared.
+    async fn commit(
+        &self,
+        record: &Record,
+        lease: &Lease,
+        output: Option<serde_json::Value>,
+        staged: Staged,
+        progress: &Mutex<Progress>,
+    ) -> Outcome {
+        let claims = &self.inner.claims;
+        let nothing_staged = staged.is_empty();
+        let commit = claims.prepare_commit(lease, output.as_ref(), staged, &record.message_id);
+        let entries = commit.outbox.clone();
+        let (message_id, key) = (&record.message_id, &record.key);
+        let outcome = match claims.commit(lease, commit).await {
+            Ok(Committed::Applied) => Outcome::Processed { confirmed: true },
+            Ok(Committed::Refused) => Outcome::Failed(Failure::LeaseLost),
+            // A run without a claim found the key taken: by a copy that committed first (a duplicate), a claim
+            // live elsewhere, a failure recorded. Nothing of this run applied.
+            Ok(Committed::Taken(existing)) => match claims.taken(lease, existing).await {
+                // A record that holds the key is never a claim won.
+                Ok(claim) => won(claim).err().unwrap_or(Outcome::Failed(Failure::LeaseLost)),
+                Err(error) => Outcome::Failed(error.into()),
+            },
+            Ok(Committed::Cancelled(cancellation)) => {
+                let refusal = &cancellation.refusal;
+                let reason = reason::capped(&format!("{} ({})", refusal.reason, cancellation.reasons)).into_owned();
+                tracing::warn!(%message_id, %key, %reason, "a staged write's condition did not hold: nothing applied");
+                let failure = match refusal.kind {
+                    ErrorKind::Permanent => Failure::Permanent(reason),
+                    ErrorKind::Retryable => Failure::Retryable(reason),
+                };
+                self.write_failure(record, lease, failure, progress).await
+            }
+            Err(error @ (StoreError::Rejected(_) | StoreError::Unsupported(_))) => {
+                let reason = reason::capped(&format!("the staged writes cannot be committed: {error}")).into_owned();
+                self.write_failure(record, lease, Failure::Permanent(reason), progress).await
+            }
+            // A run without a claim that staged nothing has no effect to lose: its completion is a completion.
+            Err(error) if nothing_staged => {
+                tracing::error!(
+                    %message_id, %key, %error,
+                    "CompletionUnconfirmed: the handler succeeded but its completion could not be recorded; it is \
+                     sent again later"
+                );
+                Outcome::Processed { confirmed: false }
+            }
+            Err(error) => {
+                tracing::error!(
+                    %message_id, %key, %error,
+                    "the handler's transaction could not be confirmed: the record is reported failed and comes \
+                     back after the lease; the commit is sent again, and its claim's token (or, without a claim, \
+                     the key's completion) refuses it if another delivery has committed meanwhile"
+                );
+                Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, claims.now_ms()) })
+            }
+        };
+        *lock(progress) = Progress::Returned(outcome.clone());
+        if outcome == (Outcome::Processed { confirmed: true }) {
+            self.deliver(&entries).await;
+        }
+        outcome
+    }
+
+    /// Sends a committed run's messages, if the engine has an outbox.
+    async fn deliver(&self, entries: &[OutboxEntry]) {
+        if let Some(outbox) = &self.inner.outbox
+            && !entries.is_empty()
+        {
+            outbox.deliver(entries).await;
+        }
+    }
+}
+
+/// Time until `lease` has ended, at least a second: when a record whose
+/// commit is unconfirmed may come back.
+fn lease_left(lease: &Lease, now_ms: u64) -> Duration {
+    Duration::from_millis(lease.lease_until_ms.saturating_sub(now_ms).max(1000))
+}
+
+/// What a handler's result means for its record before the write that
+/// records it is confirmed: the answer due at the deadline reports this. A
+/// handler that staged writes has done nothing until they commit.
+/// Error texts are capped ([`reason::capped`]).
+pub(super) fn provisional_outcome(
+    result: &std::thread::Result<HandlerResult>,
+    staged: &Staged,
+    lease: &Lease,
+    now_ms: u64,
+) -> Outcome {
+    let text = |error: &dyn std::fmt::Display| reason::capped(&error.to_string()).into_owned();
+    match result {
+        Ok(Ok(_)) if !staged.is_empty() => {
+            Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, now_ms) })
+        }
+        Ok(Ok(_)) => Outcome::Processed { confirmed: false },
+        Ok(Err(error)) if error.kind() == ErrorKind::Permanent => Outcome::Failed(Failure::Permanent(text(error))),
+        Ok(Err(error)) => Outcome::Failed(Failure::Retryable(text(error))),
+        Err(panic) => Outcome::Failed(Failure::Panicked(text(&panic_message(panic.as_ref())))),
+    }
+}
+
+fn log_unwritten(record: &Record, written: Result<Fenced, StoreError>) {
+    if let Err(error) = written {
+        tracing::error!(
+            message_id = %record.message_id, key = %record.key, %error,
+            "could not record how the handler ended; it is sent again later, and until it lands the claim \
+             stays in progress"
+        );
+    }
+}

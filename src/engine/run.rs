@@ -1,0 +1,352 @@
+//! A key's run: admitted under the engine's bounds, its claim, its handler
+//! in a task the cut-off can cancel, and the hand-over to the task that
+//! records how it ended.
+
+use std::{
+    collections::HashMap,
+    panic::AssertUnwindSafe,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared},
+};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    task::{AbortHandle, JoinHandle},
+    time::Instant,
+};
+use tracing::Instrument;
+
+use super::{BatchState, Engine, finish::provisional_outcome};
+use crate::{
+    HandlerResult, Record,
+    claim::{Claim, ClaimRequest, Lease},
+    envelope::Opened,
+    lock::lock,
+    report::{Failure, Outcome},
+    transaction::Staged,
+};
+
+/// How a key's run ended.
+#[derive(Debug, Clone)]
+pub(super) struct RunResult {
+    pub(super) outcome: Outcome,
+    pub(super) duration: Duration,
+    pub(super) claim_latency: Option<Duration>,
+}
+
+impl RunResult {
+    pub(super) fn failed(failure: Failure) -> Self {
+        Self { outcome: Outcome::Failed(failure), duration: Duration::ZERO, claim_latency: None }
+    }
+}
+
+/// A key's run, awaited by every record of the batch that shares the key.
+pub(super) type KeyRun<'a> = Shared<BoxFuture<'a, RunResult>>;
+
+/// The run of each key in a batch, with the body it ran with (compared when
+/// payload validation is on).
+pub(super) type Runs<'a> = Mutex<HashMap<String, (KeyRun<'a>, &'a str)>>;
+
+/// How far a key's run has got, as the answer at the deadline sees it.
+#[derive(Debug, Default)]
+pub(super) enum Progress {
+    /// Claiming, or running the handler.
+    #[default]
+    Running,
+    /// The claim is won and waits for a handler slot. The cut-off does not
+    /// cancel it: the run releases its claim itself, so that a redelivery
+    /// need not wait for the lease.
+    Waiting,
+    /// The handler returned: this is the key's outcome, whether or not the
+    /// write that records it is confirmed before the answer is due.
+    Returned(Outcome),
+}
+
+/// What the task that claims and runs the handler hands on.
+enum Step {
+    /// The run ended without a handler's result to record (duplicate,
+    /// conflict, store error...).
+    Ended(Outcome),
+    /// The handler returned under `lease`: its result is to be recorded,
+    /// with what it staged.
+    Returned(Lease, std::thread::Result<HandlerResult>, Staged),
+}
+
+/// A key's run, as the cut-off finds it: the task claiming and running its
+/// handler, and how far it got.
+pub(super) struct Started {
+    pub(super) key: String,
+    pub(super) progress: Arc<Mutex<Progress>>,
+    /// The task, until it has finished: a handle kept longer would keep the
+    /// task's memory until the batch ends (a 10,000-record batch: 13 MB).
+    handler: Option<AbortHandle>,
+}
+
+impl Engine {
+    pub(super) async fn run_record<'a>(
+        &self,
+        message: &'a Opened<'a>,
+        state: &'a BatchState,
+        runs: &Runs<'a>,
+    ) -> (Option<String>, RunResult) {
+        let key = match self.inner.keys.derive(message) {
+            Ok(key) => key,
+            Err(missing) => return (None, RunResult::failed(Failure::MissingKey(missing.to_string()))),
+        };
+        let validate = self.inner.claims.policy().validate_payload;
+        let (run, leader) = {
+            let mut runs = lock(runs);
+            match runs.get(&key) {
+                Some((_, first_body)) if validate && *first_body != message.body => {
+                    return (Some(key), RunResult::failed(Failure::PayloadMismatch));
+                }
+                Some((run, _)) => (run.clone(), false),
+                None => {
+                    let run = self.start(message, key.clone(), state);
+                    runs.insert(key.clone(), (run.clone(), &*message.body));
+                    (run, true)
+                }
+            }
+        };
+        let mut result = run.await;
+        if !leader {
+            result.claim_latency = None;
+        }
+        (Some(key), result)
+    }
+
+    /// The run of a key. Once the record is admitted (and the cut-off has
+    /// not come), the claim and the handler run in a task, so that records
+    /// run concurrently (in parallel on a multi-thread runtime) and the
+    /// handler can be cancelled at the cut-off; the finishing write then
+    /// runs in a task of its own, which nothing cancels.
+    ///
+    /// At most `concurrency` handlers run at once. When the store gathers
+    /// calls into shared requests, twice as many records are admitted, so
+    /// that claims run ahead of the handlers: a store far away does not
+    /// leave the handler slots idle for a round trip per record. A claim won
+    /// that finds no handler slot before the cut-off is released. When the
+    /// handler returns, its finishing write trades the run's admission for
+    /// one of `concurrency` finishing permits, if one is free, so that the
+    /// next record's claim travels while this write does. Without a free
+    /// one, the write keeps the admission, never waiting: at most three
+    /// times `concurrency` records' copies, tasks and store calls are alive
+    /// (`concurrency` when each call is a request of its own).
+    fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
+        let engine = self.clone();
+        async move {
+            // Biased: the outcome is the same either way (the cut-off is
+            // checked after), and a fixed order keeps a schedule replayable.
+            let permit = tokio::select! {
+                biased;
+                permit = Arc::clone(&state.bounds.admitted).acquire_owned() => permit.ok(),
+                () = tokio::time::sleep_until(state.budget.cutoff()) => None,
+            };
+            let Some(permit) = permit.filter(|_| Instant::now() < state.budget.cutoff()) else {
+                return RunResult::failed(Failure::Deadline);
+            };
+            let record = Record::opened(message, key.clone(), state.budget.deadline());
+            let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
+            let progress = Arc::new(Mutex::new(Progress::Running));
+            let started = Instant::now();
+            let handler = engine.spawn_handler(record, deadline_ms, holder, Arc::clone(&progress), permit, state);
+            let slot = {
+                let mut started = lock(&state.started);
+                started.push(Started { key, progress: Arc::clone(&progress), handler: Some(handler.abort_handle()) });
+                started.len() - 1
+            };
+            let ran = handler.await;
+            lock(&state.started)[slot].handler = None;
+            let (record, step, claim_latency, permit) = match ran {
+                Ok(ran) => ran,
+                Err(error) if error.is_cancelled() => return RunResult::failed(Failure::Deadline),
+                Err(error) => return RunResult::failed(Failure::Panicked(error.to_string())),
+            };
+            let outcome = match step {
+                Step::Ended(outcome) => outcome,
+                Step::Returned(lease, result, staged) => {
+                    let fallback = provisional_outcome(&result, &staged, &lease, engine.inner.claims.now_ms());
+                    let permit = Arc::clone(&state.bounds.finishing).try_acquire_owned().unwrap_or(permit);
+                    engine.spawn_write(record, lease, result, staged, progress, permit).await.unwrap_or(fallback)
+                }
+            };
+            RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
+        }
+        .boxed()
+        .shared()
+    }
+
+    // The tasks are built outside the run's future: built inside it, they
+    // would take room in it (rustc keeps a place for them across the awaits),
+    // and every record's run would be allocated and copied at four times its
+    // size.
+
+    /// The task that claims the record's key and runs the handler; it hands
+    /// back the record and the permit for the finishing write.
+    fn spawn_handler(
+        &self,
+        record: Record,
+        deadline_ms: u64,
+        holder: Arc<str>,
+        progress: Arc<Mutex<Progress>>,
+        permit: OwnedSemaphorePermit,
+        state: &BatchState,
+    ) -> JoinHandle<(Record, Step, Duration, OwnedSemaphorePermit)> {
+        let engine = self.clone();
+        let slots = state.handler_slots.clone();
+        // In the invocation's span, so that the handler's own logs and its
+        // panic's line carry the request id.
+        tokio::spawn(
+            async move {
+                let (step, claim_latency) =
+                    engine.claim_and_handle(&record, deadline_ms, &holder, &progress, &slots).await;
+                (record, step, claim_latency, permit)
+            }
+            .in_current_span(),
+        )
+    }
+
+    /// The task that records the handler's result; nothing cancels it.
+    fn spawn_write(
+        &self,
+        record: Record,
+        lease: Lease,
+        result: std::thread::Result<HandlerResult>,
+        staged: Staged,
+        progress: Arc<Mutex<Progress>>,
+        permit: OwnedSemaphorePermit,
+    ) -> JoinHandle<Outcome> {
+        let engine = self.clone();
+        tokio::spawn(
+            async move {
+                let _permit = permit;
+                engine.write_ending(&record, &lease, result, staged, &progress).await
+            }
+            .in_current_span(),
+        )
+    }
+
+    /// Claims the record's key and, if the claim is won, runs the handler
+    /// once a slot is free; a won claim that finds none before the cut-off
+    /// is released. Also returns how long the claim took.
+    async fn claim_and_handle(
+        &self,
+        record: &Record,
+        deadline_ms: u64,
+        holder: &str,
+        progress: &Mutex<Progress>,
+        slots: &HandlerSlots,
+    ) -> (Step, Duration) {
+        let request = ClaimRequest {
+            id: &record.key,
+            body: &record.body,
+            deadline_ms,
+            holder,
+            attempt: record.receive_count,
+            message_id: &record.message_id,
+        };
+        let started = Instant::now();
+        let claim = match self.unclaimed() {
+            true => self.inner.claims.start_unclaimed(&request).await,
+            false => self.inner.claims.claim(&request).await,
+        };
+        let claim_latency = started.elapsed();
+        let lease = match claim.map_err(|error| Outcome::Failed(error.into())).and_then(won) {
+            Ok(lease) => lease,
+            Err(outcome) => return (Step::Ended(outcome), claim_latency),
+        };
+        let Some(_slot) = slots.take(progress).await else {
+            tracing::debug!(key = %record.key, "claimed, but no handler slot came free before the cut-off: released");
+            let outcome = self.write_failure(record, &lease, Failure::Deadline, progress).await;
+            return (Step::Ended(outcome), claim_latency);
+        };
+        // Called inside the caught future, so that a handler that panics while
+        // it builds its future (before its first await) is caught as well.
+        let result = AssertUnwindSafe(async { self.inner.handler.handle_boxed(record).await }).catch_unwind().await;
+        // What the handler staged is committed only if it succeeded.
+        let staged = record.transaction().take();
+        // No await between the handler's return and this: a run cancelled at
+        // the cut-off either has its handler's outcome here or never returned.
+        *lock(progress) = Progress::Returned(provisional_outcome(&result, &staged, &lease, self.inner.claims.now_ms()));
+        (Step::Returned(lease, result, staged), claim_latency)
+    }
+}
+
+/// The lease of a claim won, or the outcome of one that was not.
+pub(super) fn won(claim: Claim) -> Result<Lease, Outcome> {
+    Err(Outcome::Failed(match claim {
+        Claim::Won(lease) => return Ok(lease),
+        Claim::Duplicate { .. } => return Err(Outcome::Duplicate),
+        Claim::Conflict { retry_after } => Failure::Conflict { retry_after },
+        Claim::FailedBefore { error } => Failure::FailedBefore(error),
+        Claim::PayloadMismatch => Failure::PayloadMismatch,
+    }))
+}
+
+/// The handler slots of a batch: a run that has won its claim waits here.
+#[derive(Clone)]
+pub(super) struct HandlerSlots {
+    pub(super) free: Arc<Semaphore>,
+    pub(super) cutoff: Instant,
+}
+
+impl HandlerSlots {
+    /// A slot for a run whose claim is won, or `None` once the cut-off has
+    /// come. The run is `Waiting` meanwhile, and turns `Running` under the
+    /// same lock that [`cancel_running`] reads it with, after the cut-off:
+    /// either the cut-off cancels the handler, or the handler never starts.
+    pub(super) async fn take(&self, progress: &Mutex<Progress>) -> Option<OwnedSemaphorePermit> {
+        let slot = match Arc::clone(&self.free).try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) => {
+                *lock(progress) = Progress::Waiting;
+                tokio::select! {
+                    biased;
+                    slot = Arc::clone(&self.free).acquire_owned() => slot.ok(),
+                    () = tokio::time::sleep_until(self.cutoff) => None,
+                }
+            }
+        };
+        let mut progress = lock(progress);
+        let slot = slot.filter(|_| Instant::now() < self.cutoff);
+        *progress = if slot.is_some() { Progress::Running } else { Progress::Waiting };
+        slot
+    }
+}
+
+/// At the cut-off: cancels the runs whose handler has not returned (their
+/// claims keep their leases until the leases end), each logged with its key:
+/// a side effect the handler had begun may be half done, and a delivery
+/// after the lease runs the handler again (what it staged was never
+/// committed). A handler in the middle of a poll finishes it first, and if
+/// it returns then, its outcome counts. Returns how many were cancelled.
+pub(super) fn cancel_running(state: &BatchState) -> usize {
+    let started = lock(&state.started);
+    // A run that ended at its claim (a duplicate, a conflict) never left `Running`; its task has finished.
+    let running = started.iter().filter_map(|run| {
+        let handler = run.handler.as_ref().filter(|handler| !handler.is_finished())?;
+        matches!(*lock(&run.progress), Progress::Running).then_some((run, handler))
+    });
+    running
+        .map(|(run, handler)| {
+            handler.abort();
+            tracing::warn!(
+                key = %run.key,
+                "run cancelled at the cut-off: its claim keeps its lease, and a delivery after the lease runs the \
+                 handler again"
+            );
+        })
+        .count()
+}
+
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|message| (*message).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
