@@ -33,6 +33,7 @@ use tokio::{
     sync::Semaphore,
     time::{Instant, timeout_at},
 };
+use tracing::Instrument;
 
 use crate::{
     budget::{DeadlineBudget, Margins},
@@ -45,6 +46,7 @@ use crate::{
     lock::lock,
     outbox::Outbox,
     report::{BatchReport, Failure, Outcome, RecordReport},
+    trace,
 };
 use groups::{keep_group_order, message_groups};
 use run::{HandlerSlots, Progress, Runs, Started, cancel_running};
@@ -175,6 +177,8 @@ struct BatchState {
     budget: DeadlineBudget,
     deadline_ms: u64,
     request_id: Arc<str>,
+    /// Each record's `process` span, by event index (see [`crate::trace`]).
+    spans: Vec<tracing::Span>,
 }
 
 impl Engine {
@@ -230,6 +234,7 @@ impl Engine {
         }
         let left = budget.deadline().saturating_duration_since(Instant::now());
         tracing::debug!(records = records.len(), remaining_ms = left.as_millis(), "batch received");
+        let batch_span = trace::batch_span(records.len());
         let state = BatchState {
             reports: Mutex::new(vec![None; records.len()]),
             started: Mutex::new(Vec::new()),
@@ -238,6 +243,7 @@ impl Engine {
             budget,
             deadline_ms: epoch_ms(invocation.deadline),
             request_id: invocation.request_id.as_str().into(),
+            spans: batch_span.in_scope(|| records.iter().map(trace::record_span).collect()),
         };
         let groups = message_groups(records);
         let opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();
@@ -249,7 +255,8 @@ impl Engine {
         let groups_run = async {
             join_all(groups.iter().map(|group| self.run_group(records, &opened, group, &state, &runs))).await;
             done.set();
-        };
+        }
+        .instrument(batch_span);
         let work = join(groups_run, self.resend_while(&done));
         tokio::pin!(work);
         if timeout_at(budget.cutoff(), &mut work).await.is_err() {
@@ -282,6 +289,9 @@ impl Engine {
                 .collect(),
         };
         keep_group_order(&groups, &mut report.records);
+        for (span, report) in state.spans.iter().zip(&report.records) {
+            trace::record_outcome(span, report);
+        }
         for (opened, report) in opened.iter().zip(&report.records) {
             let body = opened.as_ref().map_or("", |opened| &opened.body);
             log_record(report, self.inner.options.log_bodies.then_some(body));

@@ -132,6 +132,7 @@ mod start;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod trace;
 pub mod transaction;
 
 pub use consumer::Consumer;

@@ -3,6 +3,8 @@
 
 use std::io::IsTerminal;
 
+use tracing_subscriber::{Layer, filter::filter_fn, layer::SubscriberExt, util::SubscriberInitExt};
+
 /// Installs the subscriber and the panic hook. In Lambda,
 /// `AWS_LAMBDA_LOG_FORMAT=JSON` switches to JSON lines and
 /// `AWS_LAMBDA_LOG_LEVEL` sets the level; `SQS_ONCE_LOG`, then `RUST_LOG`,
@@ -22,12 +24,16 @@ pub(crate) fn init(lambda: bool) {
             };
             tracing_subscriber::EnvFilter::new(format!("{level},aws_config=error"))
         });
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
-    if lambda && std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|format| format.eq_ignore_ascii_case("json")) {
-        let _ = logs.json().flatten_event(true).with_span_list(false).try_init();
-    } else {
-        let _ = logs.with_ansi(std::io::stderr().is_terminal()).try_init();
-    }
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let logs = match lambda && std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
+        true => logs.json().flatten_event(true).with_span_list(false).boxed(),
+        false => logs.with_ansi(std::io::stderr().is_terminal()).boxed(),
+    };
+    // The batch's and records' spans (crate::trace) are for a tracing
+    // subscriber, not for log lines: at any level, a line keeps the
+    // invocation's span (its request id) and nothing more.
+    let no_trace_spans = filter_fn(|metadata| !(metadata.is_span() && metadata.target() == crate::trace::TARGET));
+    let _ = tracing_subscriber::registry().with(logs.with_filter(filter).with_filter(no_trace_spans)).try_init();
     // A handler's panic fails only its record, and the engine logs it there;
     // one line here says where it happened, without a backtrace per record.
     std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));

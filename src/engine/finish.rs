@@ -4,6 +4,8 @@
 
 use std::{sync::Mutex, time::Duration};
 
+use tracing::Instrument;
+
 use super::{
     Engine,
     run::{Progress, panic_message, won},
@@ -15,6 +17,7 @@ use crate::{
     reason,
     report::{Failure, Outcome},
     store::{Committed, Fenced, OutboxEntry, StoreError},
+    trace,
     transaction::Staged,
 };
 
@@ -36,7 +39,8 @@ impl Engine {
                 self.commit(record, lease, output, staged, progress).await
             }
             Ok(Ok(output)) => {
-                let confirmed = match self.inner.claims.complete(lease, output.as_ref()).await {
+                let completing = self.inner.claims.complete(lease, output.as_ref());
+                let confirmed = match completing.instrument(trace::write_span("complete")).await {
                     Ok(fenced) => fenced == Fenced::Applied,
                     Err(error) => {
                         tracing::error!(
@@ -69,8 +73,10 @@ impl Engine {
     ) -> Outcome {
         *lock(progress) = Progress::Returned(Outcome::Failed(failure.clone()));
         let written = match &failure {
-            Failure::Permanent(reason) => self.inner.claims.fail(lease, reason).await,
-            _ => self.inner.claims.release(lease).await,
+            Failure::Permanent(reason) => {
+                self.inner.claims.fail(lease, reason).instrument(trace::write_span("fail")).await
+            }
+            _ => self.inner.claims.release(lease).instrument(trace::write_span("release")).await,
         };
         log_unwritten(record, written);
         Outcome::Failed(failure)
@@ -93,7 +99,7 @@ impl Engine {
         let commit = claims.prepare_commit(lease, output.as_ref(), staged, &record.message_id);
         let entries = commit.outbox.clone();
         let (message_id, key) = (&record.message_id, &record.key);
-        let outcome = match claims.commit(lease, commit).await {
+        let outcome = match claims.commit(lease, commit).instrument(trace::write_span("commit")).await {
             Ok(Committed::Applied) => Outcome::Processed { confirmed: true },
             Ok(Committed::Refused) => Outcome::Failed(Failure::LeaseLost),
             // A run without a claim found the key taken: by a copy that committed first (a duplicate), a claim
@@ -148,7 +154,7 @@ impl Engine {
         if let Some(outbox) = &self.inner.outbox
             && !entries.is_empty()
         {
-            outbox.deliver(entries).await;
+            outbox.deliver(entries).instrument(trace::send_span(entries.len())).await;
         }
     }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use tracing::Instrument;
+
 use super::{
     BatchState, Engine,
     run::{RunResult, Runs},
@@ -32,7 +34,7 @@ impl Engine {
             let (key, run) = match (failed, &opened[index]) {
                 (Some(message_id), _) => (None, RunResult::failed(Failure::GroupSkipped(message_id.to_owned()))),
                 (None, Err(invalid)) => (None, RunResult::failed(invalid.clone())),
-                (None, Ok(opened)) => self.run_record(opened, state, runs).await,
+                (None, Ok(opened)) => self.run_record(opened, state, runs).instrument(state.spans[index].clone()).await,
             };
             if group.fifo && failed.is_none() && run.outcome.is_failure() {
                 failed = Some(record.message_id());

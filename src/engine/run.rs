@@ -27,6 +27,7 @@ use crate::{
     envelope::Opened,
     lock::lock,
     report::{Failure, Outcome},
+    trace,
     transaction::Staged,
 };
 
@@ -251,8 +252,8 @@ impl Engine {
         };
         let started = Instant::now();
         let claim = match self.unclaimed() {
-            true => self.inner.claims.start_unclaimed(&request).await,
-            false => self.inner.claims.claim(&request).await,
+            true => self.inner.claims.start_unclaimed(&request).instrument(trace::claim_span(true)).await,
+            false => self.inner.claims.claim(&request).instrument(trace::claim_span(false)).await,
         };
         let claim_latency = started.elapsed();
         let lease = match claim.map_err(|error| Outcome::Failed(error.into())).and_then(won) {
@@ -266,7 +267,8 @@ impl Engine {
         };
         // Called inside the caught future, so that a handler that panics while
         // it builds its future (before its first await) is caught as well.
-        let result = AssertUnwindSafe(async { self.inner.handler.handle_boxed(record).await }).catch_unwind().await;
+        let handling = async { self.inner.handler.handle_boxed(record).await }.instrument(trace::handler_span());
+        let result = AssertUnwindSafe(handling).catch_unwind().await;
         // What the handler staged is committed only if it succeeded.
         let staged = record.transaction().take();
         // No await between the handler's return and this: a run cancelled at

@@ -887,3 +887,175 @@ async fn a_store_sending_each_call_alone_gets_no_more_than_the_concurrency_bound
 }
 
 mod unclaimed;
+
+/// Every span the engine opens, as a subscriber sees it: name, fields and
+/// parent (see [`crate::trace`]).
+mod spans {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::{
+        Subscriber,
+        field::{Field, Visit},
+        span::{Attributes, Id, Record as Values},
+    };
+    use tracing_subscriber::{Layer, layer::Context, prelude::*, registry::LookupSpan};
+
+    #[derive(Debug, Clone)]
+    pub(super) struct Span {
+        pub(super) id: u64,
+        pub(super) name: &'static str,
+        pub(super) parent: Option<u64>,
+        pub(super) fields: Vec<(String, String)>,
+    }
+
+    impl Span {
+        pub(super) fn field(&self, name: &str) -> Option<&str> {
+            self.fields.iter().rev().find(|(field, _)| field == name).map(|(_, value)| value.as_str())
+        }
+    }
+
+    struct Fields<'a>(&'a mut Vec<(String, String)>);
+
+    impl Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push((field.name().to_owned(), format!("{value:?}")));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.push((field.name().to_owned(), value.to_owned()));
+        }
+    }
+
+    #[derive(Clone, Default)]
+    pub(super) struct Capture(Arc<Mutex<Vec<Span>>>);
+
+    impl Capture {
+        pub(super) fn spans(&self) -> Vec<Span> {
+            self.0.lock().unwrap().clone()
+        }
+
+        /// Captures every span opened on this thread until the guard drops.
+        pub(super) fn install(&self) -> tracing::subscriber::DefaultGuard {
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()))
+        }
+    }
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let parent = match attrs.parent() {
+                Some(parent) => Some(parent.into_u64()),
+                None if attrs.is_contextual() => ctx.current_span().id().map(Id::into_u64),
+                None => None,
+            };
+            let mut fields = Vec::new();
+            attrs.record(&mut Fields(&mut fields));
+            let span = Span { id: id.into_u64(), name: attrs.metadata().name(), parent, fields };
+            self.0.lock().unwrap().push(span);
+        }
+
+        fn on_record(&self, id: &Id, values: &Values<'_>, _: Context<'_, S>) {
+            let mut spans = self.0.lock().unwrap();
+            if let Some(span) = spans.iter_mut().rev().find(|span| span.id == id.into_u64()) {
+                values.record(&mut Fields(&mut span.fields));
+            }
+        }
+    }
+}
+
+/// The demo handler inside a span of its own, as a handler that traces its
+/// work would be.
+struct Traced(Directed);
+
+impl Handler for Traced {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        use tracing::Instrument;
+        self.0.handle(record).instrument(tracing::info_span!("charge")).await
+    }
+}
+
+#[tokio::test]
+async fn each_record_is_a_process_span_linked_to_its_producer_with_its_claim_handler_and_write() {
+    let capture = spans::Capture::default();
+    let _guard = capture.install();
+    let options = EngineOptions {
+        margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
+        ..Default::default()
+    };
+    let store: Arc<dyn ClaimStore> = Arc::new(MemoryStore::default());
+    let engine = Setup { store: store.clone(), options, ..Setup::default() }.engine(Traced(Directed::default()));
+    let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let mut done = message("done", json!({}));
+    done["attributes"]["AWSTraceHeader"] = json!(xray);
+    let mut retryable = message("retryable", json!({"fail": "retryable"}));
+    retryable["messageAttributes"]["traceparent"] = json!({"stringValue": traceparent, "dataType": "String"});
+    let records = vec![
+        done.clone(),
+        retryable,
+        message("permanent", json!({"fail": "permanent"})),
+        message("slow", json!({"sleep_ms": 60_000})),
+    ];
+    let report = run(&engine, records, Duration::from_millis(1200)).await;
+    assert_eq!(failures(&report), ["retryable", "permanent", "slow"]);
+
+    let spans = capture.spans();
+    let named = |name: &str| spans.iter().filter(|span| span.name == name).cloned().collect::<Vec<_>>();
+    let children = |parent: &spans::Span, name: &str| {
+        spans.iter().filter(|span| span.parent == Some(parent.id) && span.name == name).cloned().collect::<Vec<_>>()
+    };
+    let process = named("process");
+    let [batch] = &process.iter().filter(|span| span.parent.is_none()).cloned().collect::<Vec<_>>()[..] else {
+        panic!("one batch span: {process:#?}");
+    };
+    assert_eq!(batch.field("messaging.batch.message_count"), Some("4"));
+    let records = children(batch, "process");
+    let record = |id: &str| records.iter().find(|span| span.field("messaging.message.id") == Some(id)).unwrap();
+    assert_eq!(records.len(), 4, "{records:#?}");
+    for span in &records {
+        assert_eq!(span.field("messaging.system"), Some("aws_sqs"));
+        assert_eq!(span.field("messaging.operation.type"), Some("process"));
+        assert_eq!(span.field("messaging.destination.name"), Some("work"));
+        let hash = span.field("sqs_once.key_hash").unwrap();
+        assert!(hash.len() == 16 && !hash.contains("test"), "a hash, never the key: {hash}");
+        assert_eq!(children(span, "claim").len(), 1, "{span:#?}");
+        let handler = children(span, "handler");
+        assert_eq!(handler.len(), 1);
+        assert_eq!(children(&handler[0], "charge").len(), 1, "the handler's own span nests under `handler`");
+    }
+    // Linked to the producer's context: the X-Ray header converted, the traceparent as it came.
+    assert_eq!(
+        record("done").field("sqs_once.producer_context"),
+        Some("00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01")
+    );
+    assert_eq!(record("retryable").field("sqs_once.producer_context"), Some(traceparent));
+    assert_eq!(record("permanent").field("sqs_once.producer_context"), None);
+    let outcome_of = |id: &str| (record(id).field("sqs_once.outcome"), record(id).field("error.type"));
+    assert_eq!(outcome_of("done"), (Some("processed"), None));
+    // The outcome as the record's log line labels it; a failure's label is also its `error.type`.
+    assert_eq!(outcome_of("retryable"), (Some("retryable"), Some("retryable")));
+    assert_eq!(outcome_of("permanent"), (Some("permanent"), Some("permanent")));
+    assert_eq!(outcome_of("slow"), (Some("deadline"), Some("deadline")));
+    let writes = |id: &str| {
+        children(record(id), "finish")
+            .iter()
+            .map(|span| span.field("sqs_once.write").unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(writes("done"), ["complete"]);
+    assert_eq!(writes("retryable"), ["release"]);
+    assert_eq!(writes("permanent"), ["fail"]);
+    assert_eq!(writes("slow"), Vec::<String>::new(), "cancelled at the cut-off: no write");
+
+    // Delivered again after it succeeded: a duplicate, whose run ends at its claim.
+    let before = capture.spans().len();
+    let report = run(&engine, vec![done], Duration::from_secs(5)).await;
+    assert_eq!(report.records[0].outcome, Outcome::Duplicate);
+    let spans = capture.spans()[before..].to_vec();
+    let record = spans.iter().find(|span| span.field("messaging.message.id") == Some("done")).unwrap();
+    assert_eq!(record.field("sqs_once.outcome"), Some("duplicate"));
+    assert_eq!(
+        record.field("sqs_once.key_hash"),
+        records.iter().find(|s| s.field("messaging.message.id") == Some("done")).unwrap().field("sqs_once.key_hash")
+    );
+    let under = |name: &str| spans.iter().filter(|span| span.parent == Some(record.id) && span.name == name).count();
+    assert_eq!((under("claim"), under("handler"), under("finish")), (1, 0, 0));
+}
