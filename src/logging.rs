@@ -29,11 +29,13 @@ pub(crate) fn init(lambda: bool) {
         true => logs.json().flatten_event(true).with_span_list(false).boxed(),
         false => logs.with_ansi(std::io::stderr().is_terminal()).boxed(),
     };
-    // The batch's and records' spans (crate::trace) are for a tracing
-    // subscriber, not for log lines: at any level, a line keeps the
-    // invocation's span (its request id) and nothing more.
+    // The batch's and records' spans (crate::trace) are for a subscriber
+    // that collects spans, not for log lines: at any level, a line keeps the
+    // invocation's span (its request id) and nothing more. The settings'
+    // filter is the outer one, so that its maximum level still lets every
+    // callsite above it be skipped at one comparison.
     let no_trace_spans = filter_fn(|metadata| !(metadata.is_span() && metadata.target() == crate::trace::TARGET));
-    let _ = tracing_subscriber::registry().with(logs.with_filter(filter).with_filter(no_trace_spans)).try_init();
+    let _ = tracing_subscriber::registry().with(logs.with_filter(no_trace_spans).with_filter(filter)).try_init();
     // A handler's panic fails only its record, and the engine logs it there;
     // one line here says where it happened, without a backtrace per record.
     std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));

@@ -11,10 +11,10 @@
 //! (W3C Trace Context) or, failing that, the `AWSTraceHeader` system
 //! attribute SQS fills when the producer is traced with X-Ray.
 //!
-//! The spans are at `DEBUG` level under the target `sqs_once::trace`: the
-//! log lines at the default `info` level neither show nor pay for them, and a
-//! subscriber that wants them (an OpenTelemetry layer, `RUST_LOG=debug`)
-//! enables them.
+//! The spans are at `DEBUG` level under the target `sqs_once::trace`. The
+//! log lines never show them, at any level; a subscriber a program installs
+//! before sqs-once's, that collects spans (an OpenTelemetry layer), gets
+//! them, and without one they cost a disabled callsite each.
 
 use std::fmt;
 
@@ -56,7 +56,7 @@ impl TraceContext {
     /// specification asks; version `ff` and all-zero ids are invalid.
     pub(crate) fn from_traceparent(text: &str) -> Option<Self> {
         let mut fields = text.trim().split('-');
-        let version = fields.next().filter(|version| version.len() == 2 && *version != "ff")?;
+        let version = fields.next().filter(|version| hex::<1>(version).is_some() && *version != "ff")?;
         let (trace_id, span_id, flags) = (hex::<16>(fields.next()?)?, hex::<8>(fields.next()?)?, fields.next()?);
         if version == "00" && fields.next().is_some() {
             return None;
@@ -71,8 +71,9 @@ impl TraceContext {
     /// `Lineage`) ignored. The W3C trace id is the root's two hex parts.
     pub(crate) fn from_xray(text: &str) -> Option<Self> {
         let (mut root, mut parent, mut sampled) = (None, None, false);
-        for part in text.split(';') {
-            match part.trim().split_once('=')? {
+        // Parts without a value (a trailing `;`) say nothing.
+        for part in text.split(';').filter_map(|part| part.trim().split_once('=')) {
+            match part {
                 ("Root", value) => root = Some(value),
                 ("Parent", value) => parent = Some(value),
                 ("Sampled", value) => sampled = value == "1",
@@ -106,10 +107,11 @@ fn ignored(text: &str) -> Option<TraceContext> {
     None
 }
 
-/// `N` bytes from exactly `2 × N` hex digits.
+/// `N` bytes from exactly `2 × N` lowercase hex digits (W3C Trace Context
+/// allows no other; X-Ray writes lowercase too).
 fn hex<const N: usize>(text: &str) -> Option<[u8; N]> {
     let digits = text.as_bytes();
-    if digits.len() != 2 * N || !digits.iter().all(u8::is_ascii_hexdigit) {
+    if digits.len() != 2 * N || !digits.iter().all(|digit| matches!(digit, b'0'..=b'9' | b'a'..=b'f')) {
         return None;
     }
     let mut bytes = [0; N];
@@ -224,6 +226,8 @@ mod tests {
         assert_eq!(context.traceparent(), "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01");
         let with_lineage = "Sampled=0;Root=1-5759e988-bd862e3fe1be46a994272793;Lineage=a87bd80c:1|68fd508a:5;\
                             Parent=53995c3f42cd8ad8";
+        let trailing = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1;";
+        assert_eq!(TraceContext::from_xray(trailing), Some(context));
         assert_eq!(
             TraceContext::from_xray(with_lineage).unwrap().traceparent(),
             "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-00"
@@ -255,7 +259,9 @@ mod tests {
             "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
-            "00-0AF7651916CD43DD8448EB211C80319Z-b7ad6b7169203331-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "zz-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "FF-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
         ] {
             assert_eq!(TraceContext::from_traceparent(invalid), None, "{invalid}");

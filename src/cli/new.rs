@@ -54,16 +54,20 @@ impl std::fmt::Display for Library {
 }
 
 impl Library {
-    /// The library this binary was built with. A package (crates.io's, which
-    /// `cargo package` made and marked with `Cargo.toml.orig`) is depended on
-    /// by its version; a checkout (`cargo install --path app`, `cargo run`)
-    /// by its path, published or not, while it is still there.
+    /// The library this binary was built with. A package (crates.io's,
+    /// unpacked in Cargo's `registry/src`, or any `cargo package` made and
+    /// marked with `Cargo.toml.orig`) is depended on by its version, whether
+    /// or not its sources are still on this machine; a checkout (`cargo
+    /// install --path app`, `cargo run`) by its path, published or not, while
+    /// it is still there.
     pub(super) fn this_build() -> Result<Self, NewError> {
         Self::built_in(Path::new(env!("CARGO_MANIFEST_DIR")))
     }
 
     fn built_in(dir: &Path) -> Result<Self, NewError> {
-        if dir.join("Cargo.toml.orig").is_file() {
+        let components: Vec<_> = dir.components().map(|component| component.as_os_str()).collect();
+        let in_registry = components.windows(2).any(|pair| pair[0] == "registry" && pair[1] == "src");
+        if in_registry || dir.join("Cargo.toml.orig").is_file() {
             Ok(Self::Registry(LIBRARY_VERSION.to_owned()))
         } else if dir.join("Cargo.toml").is_file() {
             Ok(Self::Path(dir.to_owned()))
@@ -76,9 +80,14 @@ impl Library {
     /// lives elsewhere), which must hold a `Cargo.toml`.
     pub(super) fn local(path: &Path) -> Result<Self, NewError> {
         let path = fs::canonicalize(path).map_err(|source| NewError::Library { path: path.to_owned(), source })?;
-        match path.join("Cargo.toml").is_file() {
-            true => Ok(Self::Path(path)),
-            false => Err(NewError::Library { path, source: io::ErrorKind::NotFound.into() }),
+        let manifest = fs::read_to_string(path.join("Cargo.toml"));
+        match manifest.map(|manifest| names_the_library(&manifest)) {
+            Ok(true) => Ok(Self::Path(path)),
+            Ok(false) => {
+                let source = io::Error::new(io::ErrorKind::InvalidData, "its package is not sqs-once");
+                Err(NewError::Library { path, source })
+            }
+            Err(source) => Err(NewError::Library { path, source }),
         }
     }
 
@@ -86,7 +95,11 @@ impl Library {
     fn dependency(&self, features: &[&str]) -> String {
         let source = match self {
             Self::Registry(version) => format!("version = {}", toml_string(version)),
-            Self::Path(path) => format!("path = {}", toml_string(&path.to_string_lossy())),
+            // With the version: a checkout whose API moved on fails with a
+            // clear version mismatch rather than compile errors in src/main.rs.
+            Self::Path(path) => {
+                format!("path = {}, version = {}", toml_string(&path.to_string_lossy()), toml_string(LIBRARY_VERSION))
+            }
         };
         let features = match features {
             [] => String::new(),
@@ -115,8 +128,8 @@ pub(super) enum NewError {
     /// This binary was built from a checkout that is gone, and no library was
     /// given: a dependency on the version from crates.io might not resolve.
     #[error(
-        "this binary was built from the sqs-once checkout in {}, which is gone: pass --library-path with a \
-         checkout of sqs-once (a binary installed from crates.io depends on its own version)", .0.display()
+        "this binary was built from the sqs-once sources in {}, which are gone: pass --library-path with a \
+         checkout of sqs-once", .0.display()
     )]
     CheckoutGone(PathBuf),
     /// `--library-path` names no directory with a `Cargo.toml`.
@@ -320,6 +333,19 @@ const KEYWORDS: &[&str] = &[
     "try", "type", "typeof", "unsafe", "unsized", "use", "virtual", "where", "while", "yield",
 ];
 
+/// Whether `manifest` is the sqs-once library's: its `[package]` is named
+/// `sqs-once` (a workspace member's, or a binary of that name, is not).
+fn names_the_library(manifest: &str) -> bool {
+    let mut in_package = false;
+    manifest.lines().map(str::trim).any(|line| {
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+        }
+        in_package
+            && line.split_once('=').is_some_and(|(key, value)| key.trim() == "name" && value.trim() == "\"sqs-once\"")
+    })
+}
+
 /// Names a binary crate cannot take: the standard library's crates, Cargo's
 /// directories in `target/`, and the library the crate depends on.
 const RESERVED: &[&str] =
@@ -379,7 +405,23 @@ mod tests {
         assert_eq!(Library::built_in(packaged.path()).unwrap(), Library::Registry(LIBRARY_VERSION.to_owned()));
         let gone = packaged.path().join("gone");
         let error = Library::built_in(&gone).unwrap_err().to_string();
-        assert!(error.contains("which is gone: pass --library-path"), "{error}");
+        assert!(error.contains("which are gone: pass --library-path"), "{error}");
+        // Installed from crates.io, its sources since cleaned away: still its version.
+        let registry = Path::new("/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/sqs-once-0.1.0");
+        assert_eq!(Library::built_in(registry).unwrap(), Library::Registry(LIBRARY_VERSION.to_owned()));
+    }
+
+    #[test]
+    fn a_library_path_must_hold_the_sqs_once_package() {
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR"));
+        assert_eq!(Library::local(checkout).unwrap(), Library::Path(checkout.canonicalize().unwrap()));
+        let error = Library::local(&checkout.join("handlers")).unwrap_err().to_string();
+        assert!(
+            error.contains("handlers holds no library to depend on (its Cargo.toml: its package is not sqs-once)"),
+            "{error}"
+        );
+        assert!(names_the_library("[workspace]\nmembers = []\n\n[package]\nname = \"sqs-once\"\n"));
+        assert!(!names_the_library("[package]\nname = \"app\"\n[[bin]]\nname = \"sqs-once\"\n"));
     }
 
     #[test]
@@ -403,6 +445,7 @@ mod tests {
         );
         assert!(registry.contains("panic = \"unwind\""));
         let local = manifest("payments", &Library::Path(PathBuf::from("/src/sqs \"once\"")));
-        assert!(local.contains(r#"sqs-once = { path = "/src/sqs \"once\"" }"#), "{local}");
+        let dependency = format!(r#"sqs-once = {{ path = "/src/sqs \"once\"", version = "{LIBRARY_VERSION}" }}"#);
+        assert!(local.contains(&dependency), "{local}");
     }
 }

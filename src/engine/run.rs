@@ -139,6 +139,9 @@ impl Engine {
     /// (`concurrency` when each call is a request of its own).
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
+        // In the span of the record that started the run: the claim, the
+        // handler and the write are its children, whichever record polls it.
+        let span = tracing::Span::current();
         async move {
             // Biased: the outcome is the same either way (the cut-off is
             // checked after), and a fixed order keeps a schedule replayable.
@@ -177,6 +180,7 @@ impl Engine {
             };
             RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
         }
+        .instrument(span)
         .boxed()
         .shared()
     }

@@ -1059,3 +1059,24 @@ async fn each_record_is_a_process_span_linked_to_its_producer_with_its_claim_han
     let under = |name: &str| spans.iter().filter(|span| span.parent == Some(record.id) && span.name == name).count();
     assert_eq!((under("claim"), under("handler"), under("finish")), (1, 0, 0));
 }
+
+#[tokio::test]
+async fn records_that_share_a_key_share_one_run_under_the_first_records_span() {
+    let capture = spans::Capture::default();
+    let _guard = capture.install();
+    let engine = Setup::default().engine(Traced(Directed::default()));
+    let copy = message("m1", json!({}));
+    let report = run(&engine, vec![copy.clone(), copy], Duration::from_secs(5)).await;
+    assert!(failures(&report).is_empty());
+    let spans = capture.spans();
+    let records: Vec<_> = spans.iter().filter(|span| span.name == "process" && span.parent.is_some()).collect();
+    assert_eq!(records.len(), 2, "{spans:#?}");
+    let under = |record: &spans::Span| {
+        let count = |name| spans.iter().filter(|span| span.parent == Some(record.id) && span.name == name).count();
+        (count("claim"), count("handler"), count("finish"))
+    };
+    assert_eq!(under(records[0]), (1, 1, 1));
+    assert_eq!(under(records[1]), (0, 0, 0));
+    assert_eq!(records[0].field("sqs_once.key_hash"), records[1].field("sqs_once.key_hash"));
+    assert_eq!(records[1].field("sqs_once.outcome"), Some("processed"));
+}
