@@ -46,7 +46,9 @@ pub fn records(bodies: impl IntoIterator<Item = serde_json::Value>) -> Vec<serde
 pub fn documented_metrics() -> std::collections::BTreeSet<String> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/outcomes.md");
     let text = std::fs::read_to_string(path).expect("docs/outcomes.md");
-    let section = text.split("\n## Metrics").nth(1).expect("a Metrics section");
+    let after = text.split("\n## Metrics").nth(1).expect("a Metrics section");
+    // The section ends at the next heading of its level (the spans' table follows it).
+    let section = after.split("\n## ").next().unwrap_or_default();
     section
         .lines()
         .filter(|line| line.starts_with("| `"))
