@@ -82,11 +82,12 @@ fn a_second_invoke_of_the_same_event_runs_no_handler() {
 #[test]
 fn log_lines_carry_no_record_spans_even_at_the_most_verbose_level() {
     let ws = Workspace::new();
-    let event = ws.event("event.json", &[json!({"n": 1}), json!({"fail": "retryable"})]);
+    // The panic's line is logged inside the handler's span, under the record's and the batch's.
+    let event = ws.event("event.json", &[json!({"n": 1}), json!({"fail": "panic"})]);
     let output = ws.invoke_with(&["invoke", event.to_str().unwrap()], &[("SQS_ONCE_LOG", "trace")]);
     assert_eq!(failures(&output), ["m-0001"]);
     let stderr = stderr(&output);
-    assert!(stderr.contains("batch received") && stderr.contains("record done"), "{stderr}");
+    assert!(stderr.contains("batch received") && stderr.contains("asked to panic"), "{stderr}");
     for span_field in ["messaging.", "sqs_once.", "process{", "handler{", "claim{"] {
         assert!(!stderr.contains(span_field), "{span_field} in the log lines: {stderr}");
     }
