@@ -33,7 +33,12 @@ def invoke(event, *overrides, env_vars=None, cwd=None):
         command += ["--env-vars", env_vars]
     # As a user's shell: SAM gives a declared variable the shell's value where env.json gives none.
     env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_ENDPOINT_URL")}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+    for attempt in range(3):
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+        # SAM's race with a slow emulator start (see scripts/sam-local): the event never reached the function.
+        if "No response from invoke container" not in run.stderr or "START RequestId" in run.stderr:
+            break
+        print(f"{event}: the emulator was not listening yet, the event not delivered; again", file=sys.stderr)
     lines = [json.loads(line) for line in run.stderr.splitlines() + run.stdout.splitlines()
              if line.startswith("{") and line.endswith("}")]
     answers = [line for line in lines if "batchItemFailures" in line or "errorType" in line]
