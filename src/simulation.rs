@@ -65,13 +65,30 @@ fn seeds() -> Vec<u64> {
     }
 }
 
+/// The runs of `seeds`, in their order, on as many threads as there are
+/// cores: each seed's world is on a runtime of its own and shares nothing.
+fn simulate_all(seeds: &[u64]) -> Vec<(u64, Run)> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from).clamp(1, seeds.len().max(1));
+    let mut runs: Vec<(u64, Run)> = std::thread::scope(|scope| {
+        let shares: Vec<_> = (0..threads)
+            .map(|share| {
+                scope.spawn(move || {
+                    seeds.iter().skip(share).step_by(threads).map(|&seed| (seed, simulate(seed))).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        shares.into_iter().flat_map(|share| share.join().expect("a simulation thread panicked")).collect()
+    });
+    runs.sort_by_key(|(seed, _)| *seed);
+    runs
+}
+
 #[test]
 fn every_schedule_keeps_the_invariants() {
     let seeds = seeds();
     let mut broken = Vec::new();
     let mut total = world::Stats::default();
-    for &seed in &seeds {
-        let run = simulate(seed);
+    for (seed, run) in simulate_all(&seeds) {
         total.add(&run.stats);
         if !run.violations.is_empty() {
             broken.push((seed, run.violations));
@@ -126,8 +143,8 @@ fn a_seed_replays_exactly() {
 #[test]
 fn the_worlds_meet_every_fault_they_are_made_of() {
     let mut total = world::Stats::default();
-    for seed in 0..200 {
-        total.add(&simulate(seed).stats);
+    for (_, run) in simulate_all(&(0..200).collect::<Vec<_>>()) {
+        total.add(&run.stats);
     }
     // A simulation that never loses an answer or kills a process proves nothing.
     for (what, count) in total.faults() {
