@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::{
     envelope::{Envelope, Opened},
     handler::HandlerError,
+    trace::TraceContext,
     transaction::Transaction,
 };
 
@@ -60,7 +61,7 @@ impl Record {
             receive_count: receive_count(message),
             message: Arc::clone(message),
             deadline,
-            transaction: Transaction::default(),
+            transaction: Transaction::carrying(TraceContext::of(message)),
         }
     }
 

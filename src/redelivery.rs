@@ -40,6 +40,7 @@ use crate::{
     record::receive_count,
     report::{BatchReport, Failure, Outcome},
     sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
+    trace::TraceContext,
 };
 
 /// SQS keeps at most ten message attributes per message.
@@ -374,6 +375,13 @@ fn dead_letter(failed: &Failed<'_>, fifo_queue: bool) -> OutgoingMessage {
         group_id: fifo_queue
             .then(|| message.attributes.get("MessageGroupId").cloned().unwrap_or_else(|| "sqs-once".into())),
         deduplication_id: fifo_queue.then_some(message_id),
+        // The copy stays in the trace the message arrived in.
+        // (Only as it parses: SQS refuses a header that is not X-Ray's.)
+        trace_header: message
+            .attributes
+            .get("AWSTraceHeader")
+            .filter(|header| TraceContext::from_xray(header).is_some())
+            .cloned(),
     }
 }
 
@@ -492,6 +500,24 @@ mod tests {
         assert_eq!(outgoing.attributes["SqsOnce.MessageId"].string_value(), Some("m-1"));
         assert!(!outgoing.attributes.contains_key("SqsOnce.ReceiveCount"));
         assert!(dead_letter(&failed, false).group_id.is_none());
+        assert_eq!(outgoing.trace_header, None, "it arrived in no trace");
+    }
+
+    #[test]
+    fn a_dead_letter_stays_in_the_trace_its_message_arrived_in() {
+        let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        let mut message = SqsMessage::default();
+        message.attributes.insert("AWSTraceHeader".into(), xray.into());
+        let failure = Failure::Permanent("bad order".into());
+        let header = |message: &SqsMessage| {
+            let failed =
+                Failed { message, failure: &failure, key: None, fifo: false, receipt_handle: "r", queue_arn: "q" };
+            dead_letter(&failed, false).trace_header
+        };
+        assert_eq!(header(&message).as_deref(), Some(xray));
+        // SQS refuses a header that is not X-Ray's: the copy goes without it.
+        message.attributes.insert("AWSTraceHeader".into(), "Root=nonsense".into());
+        assert_eq!(header(&message), None);
     }
 
     #[test]

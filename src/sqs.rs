@@ -22,7 +22,10 @@ use aws_sdk_sqs::{
     Client,
     error::{BuildError, ProvideErrorMetadata},
     primitives::Blob,
-    types::{BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue},
+    types::{
+        BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue,
+        MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+    },
 };
 use futures::future::join_all;
 
@@ -68,6 +71,9 @@ pub(crate) struct OutgoingMessage {
     pub group_id: Option<String>,
     /// The deduplication id, required by FIFO queues without content-based deduplication.
     pub deduplication_id: Option<String>,
+    /// The trace context in X-Ray's form, sent as the `AWSTraceHeader`
+    /// system attribute (which counts against no limit of attributes).
+    pub trace_header: Option<String>,
 }
 
 /// An SQS client as the consumer uses it.
@@ -137,6 +143,7 @@ impl Sqs {
             .set_message_attributes(Some(message.attributes).filter(|attributes| !attributes.is_empty()))
             .set_message_group_id(message.group_id)
             .set_message_deduplication_id(message.deduplication_id)
+            .set_message_system_attributes(message.trace_header.map(trace_header))
             .send()
             .await
             .map(drop)
@@ -198,6 +205,14 @@ pub(crate) fn outgoing_attribute(attribute: &SqsMessageAttribute) -> Option<Mess
         .set_binary_value(attribute.binary_value.as_ref().map(|data| Blob::new(data.0.clone())))
         .build()
         .ok()
+}
+
+/// The `AWSTraceHeader` system attribute carrying `header`, an X-Ray trace
+/// header.
+fn trace_header(header: String) -> HashMap<MessageSystemAttributeNameForSends, MessageSystemAttributeValue> {
+    // The builder fails only without a data type, which is given.
+    let value = MessageSystemAttributeValue::builder().data_type("String").string_value(header).build();
+    value.into_iter().map(|value| (MessageSystemAttributeNameForSends::AwsTraceHeader, value)).collect()
 }
 
 #[cfg(test)]

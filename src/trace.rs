@@ -29,6 +29,10 @@ use crate::{
 /// The target every span of this module is under.
 pub(crate) const TARGET: &str = "sqs_once::trace";
 
+/// The message attribute that carries a W3C trace context, read from
+/// messages received and written on messages sent through the outbox.
+pub(crate) const TRACEPARENT: &str = "traceparent";
+
 /// A W3C trace context: the trace, the span that is the parent, and
 /// whether the producer sampled it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +47,7 @@ impl TraceContext {
     /// attribute, or its `AWSTraceHeader` system attribute. A value that
     /// does not parse is no context (and is logged at debug level).
     pub(crate) fn of(message: &SqsMessage) -> Option<Self> {
-        let traceparent = message.message_attributes.get("traceparent").and_then(|value| value.string_value.as_deref());
+        let traceparent = message.message_attributes.get(TRACEPARENT).and_then(|value| value.string_value.as_deref());
         let from_traceparent = traceparent.and_then(|text| Self::from_traceparent(text).or_else(|| ignored(text)));
         from_traceparent.or_else(|| {
             let header = message.attributes.get("AWSTraceHeader")?;
@@ -93,6 +97,16 @@ impl TraceContext {
     /// The context as a version `00` `traceparent` header.
     pub(crate) fn traceparent(&self) -> String {
         format!("00-{}-{}-{:02x}", to_hex(&self.trace_id), to_hex(&self.span_id), u8::from(self.sampled))
+    }
+
+    /// The context as an X-Ray trace header, as SQS's `AWSTraceHeader`
+    /// system attribute and EventBridge's `TraceHeader` carry it: the trace
+    /// id's first 8 hex digits are the root's time, the other 24 its random
+    /// part.
+    pub(crate) fn xray_header(&self) -> String {
+        let trace_id = to_hex(&self.trace_id);
+        let (time, random) = trace_id.split_at(8);
+        format!("Root=1-{time}-{random};Parent={};Sampled={}", to_hex(&self.span_id), u8::from(self.sampled))
     }
 }
 
@@ -224,6 +238,7 @@ mod tests {
         let header = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
         let context = TraceContext::from_xray(header).unwrap();
         assert_eq!(context.traceparent(), "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01");
+        assert_eq!(context.xray_header(), header, "and back");
         let with_lineage = "Sampled=0;Root=1-5759e988-bd862e3fe1be46a994272793;Lineage=a87bd80c:1|68fd508a:5;\
                             Parent=53995c3f42cd8ad8";
         let trailing = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1;";

@@ -57,7 +57,7 @@ pub(crate) fn item_size(item: &serde_json::Map<String, serde_json::Value>) -> us
     write::attributes_size(item.iter().map(|(name, value)| (name.as_str(), value)))
 }
 
-use crate::{HandlerError, lock::lock};
+use crate::{HandlerError, lock::lock, trace::TraceContext};
 
 /// Most actions in one transaction, the claim's completion included
 /// (DynamoDB's limit for `TransactWriteItems`).
@@ -189,9 +189,17 @@ impl Staged {
 #[derive(Debug, Clone, Default)]
 pub struct Transaction {
     staged: Arc<Mutex<Staged>>,
+    /// The trace context of the record whose run stages: the messages
+    /// staged carry it onward.
+    context: Option<TraceContext>,
 }
 
 impl Transaction {
+    /// An empty transaction whose messages carry `context` onward.
+    pub(crate) fn carrying(context: Option<TraceContext>) -> Self {
+        Self { staged: Arc::default(), context }
+    }
+
     /// Stages a write, to commit with the claim when the handler succeeds.
     pub fn stage(&self, write: impl Into<Write>) -> Result<(), StageError> {
         let write = write.into();
@@ -211,7 +219,7 @@ impl Transaction {
     /// Stages a message, to leave through the outbox once the transaction
     /// has committed.
     pub fn send(&self, message: Message) -> Result<(), StageError> {
-        let bytes = message.validate()?;
+        let (message, bytes) = message.staged_under(self.context.as_ref())?;
         let mut staged = lock(&self.staged);
         staged.make_room(&|| format!("message to {}", message.destination.name()), bytes)?;
         staged.bytes += bytes;
@@ -332,6 +340,39 @@ mod tests {
             transaction.send(message).unwrap();
         }
         assert_eq!(transaction.staged().messages().len(), 4);
+    }
+
+    #[test]
+    fn messages_carry_the_trace_context_of_their_record_onward_where_there_is_room() {
+        let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let transaction = Transaction::carrying(TraceContext::from_traceparent(traceparent));
+        let own = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-00";
+        let nine = (0..9).fold(Message::sqs(QUEUE, "m"), |message, n| message.attribute(format!("a{n}"), "v"));
+        let event = Message::event("default", "s", "t", serde_json::json!({}));
+        let whole = Message::sns("arn:aws:sns:us-east-1:123456789012:t", "x".repeat(256 * 1024 - 20));
+        for message in [
+            Message::sqs(QUEUE, "m"),
+            Message::sqs(QUEUE, "m").attribute("traceparent", own),
+            nine,
+            event.clone(),
+            whole,
+        ] {
+            transaction.send(message).unwrap();
+        }
+        let staged = transaction.staged();
+        let carried: Vec<Option<&str>> =
+            staged.messages().iter().map(|message| message.attributes.get("traceparent").map(String::as_str)).collect();
+        // The record's; a handler's own; none where the outbox id needs the tenth attribute, or the bytes are taken.
+        assert_eq!(carried, [Some(traceparent), Some(own), None, Some(traceparent), None]);
+        assert_eq!(staged.messages()[0].trace_context(), TraceContext::from_traceparent(traceparent));
+
+        // An event takes a trace context, its trace header, and no other attribute.
+        let untraced = Transaction::default();
+        untraced.send(event.clone().attribute("traceparent", own)).unwrap();
+        assert!(untraced.send(event.attribute("traceparent", "not one")).unwrap_err().to_string().contains("valid"));
+        assert!(untraced.staged().messages()[0].attributes.len() == 1);
+        untraced.send(Message::sqs(QUEUE, "m")).unwrap();
+        assert!(untraced.staged().messages()[1].attributes.is_empty(), "a record in no trace carries none");
     }
 
     #[test]

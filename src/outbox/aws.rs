@@ -116,6 +116,7 @@ impl Clients {
             attributes,
             group_id: message.group_id.clone(),
             deduplication_id: fifo.then(|| outbox_id.to_owned()),
+            trace_header: message.trace_context().map(|context| context.xray_header()),
         };
         self.sqs.send(queue_url, outgoing).await.map_err(|error| SendError {
             refused: REFUSALS.iter().any(|code| error.reason.contains(code)),
@@ -152,17 +153,7 @@ impl Clients {
         outbox_id: &str,
         message: &Message,
     ) -> Result<(), SendError> {
-        let mut detail: serde_json::Value = serde_json::from_str(&message.body)
-            .map_err(|error| refused(format!("the event's detail is not JSON: {error}")))?;
-        if let Some(fields) = detail.as_object_mut() {
-            fields.insert(crate::transaction::OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
-        }
-        let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
-            .event_bus_name(event_bus)
-            .source(source)
-            .detail_type(detail_type)
-            .detail(detail.to_string())
-            .build();
+        let entry = event_entry((event_bus, source, detail_type), outbox_id, message)?;
         let output = self
             .eventbridge
             .put_events()
@@ -184,6 +175,28 @@ impl Clients {
             _ => Ok(()),
         }
     }
+}
+
+/// The `PutEvents` entry of an event: its detail with the outbox id in it,
+/// its trace context as its trace header.
+#[cfg(feature = "eventbridge")]
+fn event_entry(
+    (event_bus, source, detail_type): (&str, &str, &str),
+    outbox_id: &str,
+    message: &Message,
+) -> Result<aws_sdk_eventbridge::types::PutEventsRequestEntry, SendError> {
+    let mut detail: serde_json::Value = serde_json::from_str(&message.body)
+        .map_err(|error| refused(format!("the event's detail is not JSON: {error}")))?;
+    if let Some(fields) = detail.as_object_mut() {
+        fields.insert(crate::transaction::OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
+    }
+    Ok(aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+        .event_bus_name(event_bus)
+        .source(source)
+        .detail_type(detail_type)
+        .detail(detail.to_string())
+        .set_trace_header(message.trace_context().map(|context| context.xray_header()))
+        .build())
 }
 
 #[async_trait]
@@ -240,7 +253,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        event::parse_event,
+        event::{EventRecord, parse_event},
         handler_fn,
         testing::{TestConsumer, failures},
     };
@@ -278,6 +291,60 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_trace_goes_on_through_the_outbox_so_that_the_next_consumer_links_to_it() {
+        use aws_sdk_sqs::types::{MessageSystemAttributeNameForSends, MessageSystemAttributeValue};
+
+        use crate::trace::TraceContext;
+
+        // The producer is traced with X-Ray: SQS delivers its context as the `AWSTraceHeader` system attribute.
+        let (first, next) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
+        let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        let header = MessageSystemAttributeValue::builder().data_type("String").string_value(xray).build().unwrap();
+        let client = testkit::sqs::client().await;
+        let send = client.send_message().queue_url(first.url()).message_body("o-1");
+        send.message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, header)
+            .send()
+            .await
+            .unwrap();
+        let url = next.url().to_owned();
+        let consumer = TestConsumer::new(handler_fn(move |record| {
+            let notice = Message::sqs(&url, format!("paid: {}", record.body));
+            async move { record.transaction().send(notice).map(|()| None).map_err(Into::into) }
+        }));
+        let report = consumer.process(&parse_event(&first.event(&first.drain().await).to_string()).unwrap()).await;
+        assert!(failures(&report).is_empty());
+
+        let [sent] = &consumer.sent()[..] else { panic!("one message staged") };
+        let traceparent = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01";
+        assert_eq!(sent.message.attributes["traceparent"], traceparent, "stored with the entry, as the sweep sends it");
+        AwsDestinations::new(&crate::aws::sdk_config().await).send(&sent.outbox_id, &sent.message).await.unwrap();
+        let received = next.drain().await;
+        let [notice] = &received[..] else { panic!("one notice: {received:?}") };
+        let system = notice.attributes().unwrap();
+        assert_eq!(system[&aws_sdk_sqs::types::MessageSystemAttributeName::AwsTraceHeader], xray);
+        assert_eq!(notice.message_attributes().unwrap()["traceparent"].string_value(), Some(traceparent));
+
+        // The next consumer, sqs-once or not, reads the same context.
+        let records = parse_event(&next.event(&received).to_string()).unwrap();
+        let EventRecord::Message(message) = &records[0] else { panic!("a message") };
+        assert_eq!(TraceContext::of(message), TraceContext::from_xray(xray));
+    }
+
+    #[cfg(feature = "eventbridge")]
+    #[test]
+    fn an_event_carries_its_trace_context_as_its_trace_header() {
+        let traceparent = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-00";
+        let message = Message::event("default", "shop", "Paid", serde_json::json!({"order": "o-1"}));
+        let traced = message.clone().attribute("traceparent", traceparent);
+        let entry = event_entry(("default", "shop", "Paid"), "id", &traced).unwrap();
+        let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=0";
+        assert_eq!(entry.trace_header(), Some(xray));
+        let detail: serde_json::Value = serde_json::from_str(entry.detail().unwrap()).unwrap();
+        assert_eq!(detail, serde_json::json!({"order": "o-1", "sqs_once_outbox_id": "id"}), "the detail as staged");
+        assert_eq!(event_entry(("default", "shop", "Paid"), "id", &message).unwrap().trace_header(), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_queue_of_another_region_gets_its_message_through_a_client_of_that_region() {
         let config = crate::aws::sdk_config().await;
         let europe = aws_sdk_sqs::Client::new(&config.to_builder().region(Region::new("eu-west-1")).build());
@@ -291,6 +358,7 @@ mod tests {
             attributes: HashMap::new(),
             group_id: None,
             deduplication_id: None,
+            trace_header: None,
         };
         assert!(own.send(&url, outgoing("through us-east-1")).await.is_err());
         AwsDestinations::new(&config).send("an-outbox-id", &Message::sqs(&url, "across")).await.unwrap();

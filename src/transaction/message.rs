@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::StageError;
+use crate::trace::{TRACEPARENT, TraceContext};
 
 /// Where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,7 +122,13 @@ impl Message {
         Self::to(destination, detail.to_string())
     }
 
-    /// Adds a string message attribute (SQS and SNS; an event has none).
+    /// Adds a string message attribute (SQS and SNS; an event takes only
+    /// `traceparent`).
+    ///
+    /// `traceparent` is the message's W3C trace context: staged by a run,
+    /// a message carries its record's unless it names its own, so that the
+    /// next consumer links to the trace. Sent, it is also SQS's
+    /// `AWSTraceHeader` system attribute, and an event's `TraceHeader`.
     pub fn attribute(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.attributes.insert(name.into(), value.into());
         self
@@ -137,11 +144,38 @@ impl Message {
         Self { destination, body, attributes: BTreeMap::new(), group_id: None }
     }
 
+    /// The message as staged under `context`, the trace context of the
+    /// record whose run stages it, and its size (see [`validate`]): it
+    /// carries the context onward as its `traceparent` attribute unless it
+    /// has one of its own, or has no room for one (its destination's limit
+    /// of attributes or bytes): a message gives up nothing for its trace.
+    ///
+    /// [`validate`]: Self::validate
+    pub(super) fn staged_under(mut self, context: Option<&TraceContext>) -> Result<(Self, usize), StageError> {
+        if let Some(context) = context
+            && !self.attributes.contains_key(TRACEPARENT)
+        {
+            self.attributes.insert(TRACEPARENT.to_owned(), context.traceparent());
+            match self.validate() {
+                Ok(bytes) => return Ok((self, bytes)),
+                Err(_) => self.attributes.remove(TRACEPARENT),
+            };
+        }
+        let bytes = self.validate()?;
+        Ok((self, bytes))
+    }
+
+    /// The trace context it carries onward: its `traceparent` attribute, if
+    /// that parses.
+    pub(crate) fn trace_context(&self) -> Option<TraceContext> {
+        self.attributes.get(TRACEPARENT).and_then(|value| TraceContext::from_traceparent(value))
+    }
+
     /// What its destination would refuse for good, found as it is staged,
     /// each refusal naming the rule; returns the size of the outbox item
     /// that will hold it. A message staged is committed and then sent until
     /// sent: one its destination refuses would be committed and never sent.
-    pub(super) fn validate(&self) -> Result<usize, StageError> {
+    fn validate(&self) -> Result<usize, StageError> {
         let invalid =
             |reason: String| StageError::InvalidMessage { destination: self.destination.name().into(), reason };
         self.destination.validate().map_err(invalid)?;
@@ -159,8 +193,16 @@ impl Message {
                 }
             }
             Destination::EventBridge { .. } => {
-                if !self.attributes.is_empty() || self.group_id.is_some() {
-                    return Err(invalid("an event has no attributes and no message group".into()));
+                // The one attribute an event takes is its trace context, sent as its `TraceHeader`.
+                let trace_only = self
+                    .attributes
+                    .iter()
+                    .all(|(name, value)| name == TRACEPARENT && TraceContext::from_traceparent(value).is_some());
+                if !trace_only || self.group_id.is_some() {
+                    return Err(invalid(format!(
+                        "an event has no message group and no attributes but a valid `{TRACEPARENT}` (its trace \
+                         header)"
+                    )));
                 }
                 if !serde_json::from_str::<serde_json::Value>(&self.body).is_ok_and(|detail| detail.is_object()) {
                     return Err(invalid("an event's detail must be a JSON object".into()));
