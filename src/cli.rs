@@ -191,7 +191,7 @@ enum StatusArg {
 
 /// Parses the command line and runs its command; `handler` is awaited only
 /// by the commands that run one.
-pub(crate) async fn main(builder: Builder, handler: BuildHandler<'_>) -> ExitCode {
+pub(crate) async fn main(mut builder: Builder, handler: BuildHandler<'_>) -> ExitCode {
     // Named as the user typed it: a consumer crate's binary is not `sqs-once`.
     let program = logging::program();
     let matches = Cli::command().name(program.clone()).bin_name(program).get_matches();
@@ -199,7 +199,7 @@ pub(crate) async fn main(builder: Builder, handler: BuildHandler<'_>) -> ExitCod
     let lambda = cli.command.is_none() && config::in_lambda();
     // `claims` keeps 1 and 2 for "not found" and "refused".
     let error_code = if matches!(cli.command, Some(Command::Claims(_))) { 3 } else { 1 };
-    logging::init(lambda);
+    builder.start_logging(lambda);
     match command(cli, builder, handler).await {
         Ok(code) => code.unwrap_or(ExitCode::SUCCESS),
         Err(error) => {

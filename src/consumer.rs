@@ -25,10 +25,11 @@ use crate::{
     config::ConfigError,
     engine::Engine,
     event::EventRecord,
-    metrics::{Extra, MetricsConfig},
+    metrics::{Extra, MetricsConfig, TraceExportCounts},
     redelivery::Redelivery,
     report::BatchReport,
     store::{StoreError, dynamodb::RequestCounter},
+    trace::TraceContext,
 };
 
 /// Why a consumer could not be put together.
@@ -93,6 +94,9 @@ pub struct Consumer {
     pub(crate) redelivery: Option<Redelivery>,
     /// The metrics published after each batch.
     pub(crate) metrics: MetricsConfig,
+    /// Where spans go, when they are exported.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) export: Option<crate::trace::Export>,
 }
 
 /// What a batch comes to: the engine's report and the answer Lambda returns.
@@ -118,8 +122,33 @@ impl Consumer {
     /// Processes a batch, then carries out the redelivery policy on its
     /// failures.
     pub async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> Answer {
-        let report = self.engine.process(records, invocation).await;
-        self.redeliver(records, report, invocation.deadline).await
+        self.process_in(records, invocation, None).await
+    }
+
+    /// [`process`](Self::process), the batch's span a child of `parent` (in
+    /// Lambda, the invocation's trace); the spans are exported before the
+    /// answer, within its budget.
+    pub(crate) async fn process_in(
+        &self,
+        records: &[EventRecord],
+        invocation: &Invocation,
+        parent: Option<&TraceContext>,
+    ) -> Answer {
+        let report = self.engine.process(records, invocation, parent).await;
+        let answer = self.redeliver(records, report, invocation.deadline).await;
+        self.export_spans(self.engine.budget(invocation.deadline).sqs_by()).await;
+        answer
+    }
+
+    /// Sends the spans finished so far, when they are exported, by `by` at
+    /// the latest (then abandoned and counted).
+    pub(crate) async fn export_spans(&self, by: tokio::time::Instant) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(export) = &self.export {
+            export.flush(by).await;
+        }
+        #[cfg(not(feature = "opentelemetry"))]
+        let _ = by;
     }
 
     /// The redelivery step of [`process`](Self::process). It is best effort
@@ -151,7 +180,20 @@ impl Consumer {
             outbox_oldest_age: outbox.and_then(|outbox| outbox.take_oldest_age()),
             dynamodb_requests: self.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
             redelivery: None,
+            trace_export: self.trace_export(),
         }
+    }
+
+    #[cfg(feature = "opentelemetry")]
+    fn trace_export(&self) -> Option<TraceExportCounts> {
+        let counters = self.export.as_ref()?.counters();
+        let (failed, dropped) = (counters.failed.load(Ordering::Relaxed), counters.dropped.load(Ordering::Relaxed));
+        Some(TraceExportCounts { failed, dropped })
+    }
+
+    #[cfg(not(feature = "opentelemetry"))]
+    fn trace_export(&self) -> Option<TraceExportCounts> {
+        None
     }
 
     /// Before the process leaves: sends the unconfirmed finishing writes
@@ -163,6 +205,7 @@ impl Consumer {
         if let Some(sweep) = self.engine.outbox().and_then(|outbox| outbox.sweep_now(Some(until))) {
             let _ = tokio::time::timeout_at(until, sweep.finished()).await;
         }
+        self.export_spans(until).await;
         left
     }
 }

@@ -46,7 +46,7 @@ use crate::{
     lock::lock,
     outbox::Outbox,
     report::{BatchReport, Failure, Outcome, RecordReport},
-    trace,
+    trace::{self, TraceContext},
 };
 use groups::{keep_group_order, message_groups};
 use run::{HandlerSlots, Progress, Runs, Started, cancel_running};
@@ -222,8 +222,14 @@ impl Engine {
     ///
     /// Finishing writes left unconfirmed by earlier batches are sent again
     /// first (see [`Claims::resend_unconfirmed`]). The time until the
-    /// deadline is spent as [`DeadlineBudget`] says.
-    pub(crate) async fn process(&self, records: &[EventRecord], invocation: &Invocation) -> BatchReport {
+    /// deadline is spent as [`DeadlineBudget`] says. The batch's span is a
+    /// child of `parent` (in Lambda, the invocation's own trace).
+    pub(crate) async fn process(
+        &self,
+        records: &[EventRecord],
+        invocation: &Invocation,
+        parent: Option<&TraceContext>,
+    ) -> BatchReport {
         let budget = self.budget(invocation.deadline);
         if budget.cutoff() <= Instant::now() && !records.is_empty() {
             tracing::warn!(
@@ -234,7 +240,7 @@ impl Engine {
         }
         let left = budget.deadline().saturating_duration_since(Instant::now());
         tracing::debug!(records = records.len(), remaining_ms = left.as_millis(), "batch received");
-        let batch_span = trace::batch_span(records.len());
+        let batch_span = trace::batch_span(records.len(), parent);
         let state = BatchState {
             reports: Mutex::new(vec![None; records.len()]),
             started: Mutex::new(Vec::new()),

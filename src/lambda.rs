@@ -31,7 +31,8 @@ use crate::{
     event::{InvalidEvent, parse_event},
     handler::BuildHandler,
     lock::lock,
-    metrics::{Extra, emf_line},
+    metrics::{Extra, TraceExportCounts, emf_line},
+    trace::TraceContext,
 };
 
 /// Variables the runtime needs, all set by Lambda itself.
@@ -212,7 +213,9 @@ impl Function {
         let (Event(payload), context) = event.into_parts();
         let records = payload.map_err(InvalidEvent::NotJson).and_then(|payload| parse_event(payload.get()))?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
-        let processed = self.consumer.process(&records, &invocation).await;
+        // Lambda's own trace: the batch's span is its child.
+        let trace = context.xray_trace_id.as_deref().and_then(TraceContext::from_xray);
+        let processed = self.consumer.process_in(&records, &invocation, trace.as_ref()).await;
         let metrics = &self.consumer.metrics;
         if metrics.enabled {
             let extra = Extra { redelivery: processed.redelivery, ..self.delta() };
@@ -236,6 +239,10 @@ impl Function {
             outbox_oldest_age: now.outbox_oldest_age,
             dynamodb_requests: now.dynamodb_requests.map(|total| total - seen.dynamodb_requests.unwrap_or(0)),
             redelivery: None,
+            trace_export: now.trace_export.map(|total| {
+                let seen = seen.trace_export.unwrap_or_default();
+                TraceExportCounts { failed: total.failed - seen.failed, dropped: total.dropped - seen.dropped }
+            }),
         };
         *seen = now;
         delta

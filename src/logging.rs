@@ -3,14 +3,18 @@
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::{Layer, filter::filter_fn, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{Layer, Registry, filter::filter_fn, layer::SubscriberExt, util::SubscriberInitExt};
+
+/// A layer beside the log lines' that records spans (the `opentelemetry`
+/// feature's), with its own filter.
+pub(crate) type SpanLayer = Box<dyn Layer<Registry> + Send + Sync>;
 
 /// Installs the subscriber and the panic hook. In Lambda,
 /// `AWS_LAMBDA_LOG_FORMAT=JSON` switches to JSON lines and
 /// `AWS_LAMBDA_LOG_LEVEL` sets the level; `SQS_ONCE_LOG`, then `RUST_LOG`,
-/// take precedence as a full filter. A subscriber the program installed
-/// before stays.
-pub(crate) fn init(lambda: bool) {
+/// take precedence as a full filter. `spans`, when given, records spans
+/// beside the lines. A subscriber the program installed before stays.
+pub(crate) fn init(lambda: bool, spans: Option<SpanLayer>) {
     let lambda_level = lambda.then(|| std::env::var("AWS_LAMBDA_LOG_LEVEL").ok()).flatten();
     let filter = ["SQS_ONCE_LOG", "RUST_LOG"]
         .iter()
@@ -35,7 +39,8 @@ pub(crate) fn init(lambda: bool) {
     // filter is the outer one, so that its maximum level still lets every
     // callsite above it be skipped at one comparison.
     let no_trace_spans = filter_fn(|metadata| !(metadata.is_span() && metadata.target() == crate::trace::TARGET));
-    let _ = tracing_subscriber::registry().with(logs.with_filter(no_trace_spans).with_filter(filter)).try_init();
+    let logs = logs.with_filter(no_trace_spans).with_filter(filter);
+    let _ = tracing_subscriber::registry().with(spans).with(logs).try_init();
     // A handler's panic fails only its record, and the engine logs it there;
     // one line here says where it happened, without a backtrace per record.
     std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));

@@ -43,6 +43,16 @@ pub(crate) struct Extra {
     pub dynamodb_requests: Option<u64>,
     /// What the SQS step did, when there is one.
     pub redelivery: Option<RedeliveryCounts>,
+    /// What the span exports came to, when spans are exported.
+    pub trace_export: Option<TraceExportCounts>,
+}
+
+/// Span exports (feature `opentelemetry`) that failed or were abandoned at
+/// their time, and the spans lost with them or over a full buffer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TraceExportCounts {
+    pub failed: u64,
+    pub dropped: u64,
 }
 
 /// CloudWatch keeps at most 100 values of one metric per EMF line.
@@ -89,6 +99,10 @@ pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extr
     }
     if let Some(requests) = extra.dynamodb_requests {
         put("DynamoDbRequests", "Count", requests.into());
+    }
+    if let Some(export) = extra.trace_export {
+        put("TraceExportsFailed", "Count", export.failed.into());
+        put("TraceSpansDropped", "Count", export.dropped.into());
     }
     if let Some(sqs) = extra.redelivery {
         put("VisibilityChanged", "Count", sqs.visibility_changed.into());
@@ -183,6 +197,7 @@ mod tests {
             outbox_oldest_age: Some(Duration::from_millis(61_900)),
             dynamodb_requests: Some(9),
             redelivery: Some(redelivery),
+            trace_export: Some(TraceExportCounts { failed: 1, dropped: 7 }),
         };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 1)).unwrap();
         let expected = [
@@ -211,6 +226,8 @@ mod tests {
             ("VisibilityChangeFailed", 1),
             ("DeadLettered", 2),
             ("DeadLetterFailed", 3),
+            ("TraceExportsFailed", 1),
+            ("TraceSpansDropped", 7),
         ];
         for (name, value) in expected {
             assert_eq!(line[name], value, "{name}");
@@ -244,6 +261,7 @@ mod tests {
             dynamodb_requests: Some(1),
             redelivery,
             outbox_oldest_age: Some(std::time::Duration::ZERO),
+            trace_export: Some(TraceExportCounts::default()),
             ..Extra::default()
         };
         let report = BatchReport { records: vec![record(Outcome::Duplicate, Some(1))] };

@@ -240,7 +240,7 @@ impl Poller {
         let batch = self.batches.fetch_add(1, Ordering::Relaxed);
         let invocation = Invocation { deadline, request_id: format!("poll-{}-{batch}", self.id) };
         let report = tokio::select! {
-            report = self.consumer.engine.process(&records, &invocation) => report,
+            report = self.consumer.engine.process(&records, &invocation, None) => report,
             never = self.keep_invisible(&records) => match never {},
         };
         let answer = self.consumer.redeliver(&records, report, deadline).await;

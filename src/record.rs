@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::{
     envelope::{Envelope, Opened},
     handler::HandlerError,
-    trace::TraceContext,
+    trace,
     transaction::Transaction,
 };
 
@@ -61,7 +61,7 @@ impl Record {
             receive_count: receive_count(message),
             message: Arc::clone(message),
             deadline,
-            transaction: Transaction::carrying(TraceContext::of(message)),
+            transaction: Transaction::carrying(trace::onward(message)),
         }
     }
 

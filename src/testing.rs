@@ -292,7 +292,7 @@ impl TestConsumer {
             deadline: SystemTime::now() + self.setup.timeout,
             request_id: format!("test-{}", uuid::Uuid::new_v4().simple()),
         };
-        self.engine.process(records, &invocation).await
+        self.engine.process(records, &invocation, None).await
     }
 
     fn rebuilt(mut self, change: impl FnOnce(&mut Setup)) -> Self {

@@ -15,6 +15,12 @@
 //! log lines never show them, at any level; a subscriber a program installs
 //! before sqs-once's, that collects spans (an OpenTelemetry layer), gets
 //! them, and without one they cost a disabled callsite each.
+//!
+//! With the `opentelemetry` feature and an OTLP endpoint set, sqs-once
+//! records them itself and sends them to a collector ([`export`]): the
+//! batch span is then a child of Lambda's own trace, each record span is
+//! linked to its producer's context, and the messages its run sends carry
+//! the record span's context onward.
 
 use std::fmt;
 
@@ -25,6 +31,11 @@ use crate::{
     event::EventRecord,
     report::{Outcome, RecordReport},
 };
+
+#[cfg(feature = "opentelemetry")]
+mod export;
+#[cfg(feature = "opentelemetry")]
+pub(crate) use export::Export;
 
 /// The target every span of this module is under.
 pub(crate) const TARGET: &str = "sqs_once::trace";
@@ -94,6 +105,34 @@ impl TraceContext {
         (trace_id != [0; 16] && span_id != [0; 8]).then_some(Self { trace_id, span_id, sampled })
     }
 
+    /// The context of `span` as an OpenTelemetry layer records it: `None`
+    /// without one (or without the `opentelemetry` feature), since a span
+    /// then has no ids.
+    pub(crate) fn of_span(span: &tracing::Span) -> Option<Self> {
+        #[cfg(feature = "opentelemetry")]
+        if !span.is_disabled() {
+            use opentelemetry::trace::TraceContextExt;
+            use tracing_opentelemetry::OpenTelemetrySpanExt;
+            let context = span.context();
+            let context = context.span().span_context().clone();
+            if context.is_valid() {
+                return Self::new(context.trace_id().to_bytes(), context.span_id().to_bytes(), context.is_sampled());
+            }
+        }
+        #[cfg(not(feature = "opentelemetry"))]
+        let _ = span;
+        None
+    }
+
+    /// The context as OpenTelemetry's, of a span in another process.
+    #[cfg(feature = "opentelemetry")]
+    fn remote(&self) -> opentelemetry::trace::SpanContext {
+        use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+        let flags = if self.sampled { TraceFlags::SAMPLED } else { TraceFlags::default() };
+        let (trace_id, span_id) = (TraceId::from_bytes(self.trace_id), SpanId::from_bytes(self.span_id));
+        SpanContext::new(trace_id, span_id, flags, true, TraceState::default())
+    }
+
     /// The context as a version `00` `traceparent` header.
     pub(crate) fn traceparent(&self) -> String {
         format!("00-{}-{}-{:02x}", to_hex(&self.trace_id), to_hex(&self.span_id), u8::from(self.sampled))
@@ -140,9 +179,11 @@ fn to_hex(bytes: &[u8]) -> String {
 }
 
 /// A batch's `process` span, child of the current span (in Lambda, the
-/// invocation's).
-pub(crate) fn batch_span(records: usize) -> tracing::Span {
-    tracing::debug_span!(
+/// invocation's) or, for OpenTelemetry, of `parent`: Lambda's own trace
+/// (`Lambda-Runtime-Trace-Id`), whose sampling decision it follows unless
+/// `OTEL_TRACES_SAMPLER` says otherwise.
+pub(crate) fn batch_span(records: usize, parent: Option<&TraceContext>) -> tracing::Span {
+    let span = tracing::debug_span!(
         target: TARGET,
         "process",
         otel.name = "process",
@@ -150,7 +191,24 @@ pub(crate) fn batch_span(records: usize) -> tracing::Span {
         messaging.system = "aws_sqs",
         messaging.operation.type = "process",
         messaging.batch.message_count = records,
-    )
+    );
+    #[cfg(feature = "opentelemetry")]
+    if let Some(parent) = parent.filter(|_| !span.is_disabled()) {
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        // Refused only without an OpenTelemetry layer, which leaves nothing to parent.
+        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(parent.remote()));
+    }
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = parent;
+    span
+}
+
+/// The context a record's run gives the messages it sends: its own span's
+/// when spans are recorded, else its producer's as it arrived (what W3C
+/// Trace Context asks of an intermediary that does not trace).
+pub(crate) fn onward(message: &SqsMessage) -> Option<TraceContext> {
+    TraceContext::of_span(&tracing::Span::current()).or_else(|| TraceContext::of(message))
 }
 
 /// A record's `process` span, child of the current span (the batch's).
@@ -174,11 +232,15 @@ pub(crate) fn record_span(record: &EventRecord) -> tracing::Span {
         sqs_once.key_hash = tracing::field::Empty,
         sqs_once.outcome = tracing::field::Empty,
         error.type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     if !span.is_disabled()
         && let Some(context) = message.and_then(TraceContext::of)
     {
         span.record("sqs_once.producer_context", tracing::field::display(context));
+        // A link, not a parent: the batch holds messages of many producers.
+        #[cfg(feature = "opentelemetry")]
+        tracing_opentelemetry::OpenTelemetrySpanExt::add_link(&span, context.remote());
     }
     span
 }
@@ -196,6 +258,7 @@ pub(crate) fn record_outcome(span: &tracing::Span, report: &RecordReport) {
     span.record("sqs_once.outcome", report.outcome.label());
     if let Outcome::Failed(failure) = &report.outcome {
         span.record("error.type", failure.label());
+        span.record("otel.status_code", "ERROR");
     }
 }
 

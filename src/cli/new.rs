@@ -211,6 +211,7 @@ edition = "2024"
 publish = false
 
 [dependencies]
+# `opentelemetry`: spans sent to a collector whenever OTEL_EXPORTER_OTLP_ENDPOINT is set.
 {library}
 mimalloc = {{ version = "0.1", default-features = false, features = ["no_thp"] }}
 serde = {{ version = "1", features = ["derive"] }}
@@ -232,7 +233,7 @@ strip = true
 panic = "unwind"
 "#,
         name = toml_string(name),
-        library = library.dependency(&[]),
+        library = library.dependency(&["opentelemetry"]),
         testing = library.dependency(&["testing"]),
     )
 }
@@ -439,13 +440,16 @@ mod tests {
     #[test]
     fn the_manifest_depends_on_the_library_given_and_unwinds() {
         let registry = manifest("payments", &Library::Registry(LIBRARY_VERSION.to_owned()));
-        assert!(registry.contains(&format!("sqs-once = {{ version = \"{LIBRARY_VERSION}\" }}")));
+        let exporting = format!("sqs-once = {{ version = \"{LIBRARY_VERSION}\", features = [\"opentelemetry\"] }}");
+        assert!(registry.contains(&exporting), "{registry}");
         assert!(
             registry.contains(&format!("sqs-once = {{ version = \"{LIBRARY_VERSION}\", features = [\"testing\"] }}"))
         );
         assert!(registry.contains("panic = \"unwind\""));
         let local = manifest("payments", &Library::Path(PathBuf::from("/src/sqs \"once\"")));
-        let dependency = format!(r#"sqs-once = {{ path = "/src/sqs \"once\"", version = "{LIBRARY_VERSION}" }}"#);
+        let dependency = format!(
+            r#"sqs-once = {{ path = "/src/sqs \"once\"", version = "{LIBRARY_VERSION}", features = ["opentelemetry"] }}"#
+        );
         assert!(local.contains(&dependency), "{local}");
     }
 }

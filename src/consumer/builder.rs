@@ -63,6 +63,10 @@ pub struct Builder {
     store: Option<Arc<dyn ClaimStore>>,
     destinations: Option<Arc<dyn Destinations>>,
     layers: Option<Layers>,
+    /// Where spans go: a provider given, or the environment's endpoint once
+    /// logging starts (or why that cannot be, reported at assembly).
+    #[cfg(feature = "opentelemetry")]
+    export: Option<Result<crate::trace::Export, crate::config::ConfigError>>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -157,6 +161,46 @@ impl Builder {
         self
     }
 
+    /// Records sqs-once's spans and the handlers' with `provider`, and
+    /// flushes it where sqs-once flushes its own exporter: before each Lambda
+    /// answer (abandoned, and counted, if it cannot finish within the
+    /// answer's budget: the flush blocks a thread of its own), at the end of
+    /// each batch of `poll` and `invoke`, and as the process leaves. It
+    /// replaces the export `OTEL_EXPORTER_OTLP_ENDPOINT` would make. With
+    /// [`build`](Self::build), the program installs the `tracing` layer
+    /// over it itself; [`run`](Self::run) installs one.
+    ///
+    /// ```no_run
+    /// use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter};
+    /// use sqs_once::{Consumer, handler_fn};
+    ///
+    /// async fn serve(exporter: impl SpanExporter + 'static) -> std::process::ExitCode {
+    ///     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).build();
+    ///     Consumer::builder().tracer_provider(provider).run(handler_fn(|_| async { Ok(None) })).await
+    /// }
+    /// ```
+    #[cfg(feature = "opentelemetry")]
+    pub fn tracer_provider(mut self, provider: opentelemetry_sdk::trace::SdkTracerProvider) -> Self {
+        self.export = Some(Ok(crate::trace::Export::of_provider(provider)));
+        self
+    }
+
+    /// Starts the log lines and, with the `opentelemetry` feature, the
+    /// spans' export: the provider given, or the one the environment asks
+    /// for. Every way to run does this first.
+    pub(crate) fn start_logging(&mut self, lambda: bool) {
+        #[cfg(feature = "opentelemetry")]
+        {
+            if self.export.is_none() {
+                self.export = crate::trace::Export::from_lookup(|name| std::env::var(name).ok()).transpose();
+            }
+            let spans = self.export.as_ref().and_then(|export| export.as_ref().ok()).map(crate::trace::Export::layer);
+            crate::logging::init(lambda, spans);
+        }
+        #[cfg(not(feature = "opentelemetry"))]
+        crate::logging::init(lambda, None);
+    }
+
     /// The consumer of `handler`, its parts assembled.
     pub async fn build(self, handler: impl Handler) -> Result<Consumer, StartupError> {
         Ok(self.assemble(Arc::new(handler), Uses::default()).await?.0)
@@ -191,9 +235,9 @@ impl Builder {
     }
 
     #[cfg(not(feature = "cli"))]
-    async fn serve(self, handler: BuildHandler<'_>) -> ExitCode {
+    async fn serve(mut self, handler: BuildHandler<'_>) -> ExitCode {
         let lambda = crate::config::in_lambda();
-        crate::logging::init(lambda);
+        self.start_logging(lambda);
         let result = if lambda {
             crate::lambda::start(self, handler).await
         } else {
@@ -262,7 +306,15 @@ impl Builder {
         let engine = Engine::new(handler, Arc::new(claims), config.keys.clone(), options).with_outbox(outbox);
         let dynamodb_requests = parts.store.requests;
         let queue = parts.sqs.filter(|_| uses.queue);
-        Ok((Consumer { engine, dynamodb_requests, redelivery, metrics: config.metrics.clone() }, queue))
+        let consumer = Consumer {
+            engine,
+            dynamodb_requests,
+            redelivery,
+            metrics: config.metrics.clone(),
+            #[cfg(feature = "opentelemetry")]
+            export: self.export.take().transpose()?,
+        };
+        Ok((consumer, queue))
     }
 
     /// The claim store, and the AWS configuration and SQS client when

@@ -68,7 +68,7 @@ impl Setup {
 
 async fn run(engine: &Engine, records: Vec<Value>, timeout: Duration) -> BatchReport {
     let invocation = Invocation { deadline: SystemTime::now() + timeout, request_id: "req-1".into() };
-    engine.process(&parse_event(&json!({ "Records": records }).to_string()).unwrap(), &invocation).await
+    engine.process(&parse_event(&json!({ "Records": records }).to_string()).unwrap(), &invocation, None).await
 }
 
 fn failures(report: &BatchReport) -> Vec<String> {

@@ -113,7 +113,7 @@ async fn lambda(world: &Arc<World>, id: usize, engine: &Engine) {
         });
         let report = tokio::select! {
             biased;
-            report = engine.process(&records, &invocation) => report,
+            report = engine.process(&records, &invocation, None) => report,
             () = sleep_until(killed_at) => return kill(world, id, Mode::Lambda),
         };
         world.answered(&invocation, &deliveries, &report);
@@ -156,7 +156,7 @@ async fn poll(world: &Arc<World>, id: usize, engine: &Engine, mode: Mode) {
         let (world_, engine_) = (Arc::clone(world), engine.clone());
         tokio::spawn(async move {
             let invocation = world_.invocation(id, batch);
-            let report = engine_.process(&records(&deliveries, &invocation), &invocation).await;
+            let report = engine_.process(&records(&deliveries, &invocation), &invocation, None).await;
             world_.answered(&invocation, &deliveries, &report);
             drop(permit);
         });

@@ -14,6 +14,7 @@ pub mod capacity;
 pub mod delay;
 pub mod dynamodb;
 pub mod faults;
+pub mod otlp;
 pub mod runtime_api;
 pub mod sqs;
 pub mod tls;

@@ -31,6 +31,7 @@ pub enum Answer {
 struct Pending {
     request_id: String,
     deadline_ms: u64,
+    trace_header: String,
     event: Vec<u8>,
 }
 
@@ -45,6 +46,8 @@ struct State {
     /// Extensions registered (name, the events they subscribed to), each
     /// with whether the function had asked for an event yet.
     extensions: Mutex<Vec<Registered>>,
+    /// The `Lambda-Runtime-Trace-Id` of each invocation, in order.
+    trace_headers: Mutex<Vec<String>>,
 }
 
 /// An extension as the function registered it with the Extensions API.
@@ -111,9 +114,18 @@ impl RuntimeApi {
         let (answer, answered) = oneshot::channel();
         self.state.answers.lock().unwrap().insert(request_id.clone(), answer);
         let event = serde_json::to_vec(event).unwrap();
-        self.events.send(Pending { request_id, deadline_ms, event }).ok()?;
+        let trace_header = lambda_trace_header();
+        self.state.trace_headers.lock().unwrap().push(trace_header.clone());
+        self.events.send(Pending { request_id, deadline_ms, trace_header, event }).ok()?;
         let answer = tokio::time::timeout(timeout + Duration::from_secs(5), answered).await.ok()?.ok()?;
         Some((answer, Instant::now(), deadline))
+    }
+
+    /// The X-Ray trace header each invocation carried
+    /// (`Lambda-Runtime-Trace-Id`), in the order they were sent: as Lambda
+    /// writes it with active tracing, a new trace per invocation, sampled.
+    pub fn trace_headers(&self) -> Vec<String> {
+        self.state.trace_headers.lock().unwrap().clone()
     }
 
     /// Waits, up to 60 s, until the function has asked for its first event.
@@ -200,8 +212,8 @@ async fn serve(stream: TcpStream, queue: Arc<tokio::sync::Mutex<mpsc::UnboundedR
                 let headers = format!(
                     "Lambda-Runtime-Aws-Request-Id: {}\r\nLambda-Runtime-Deadline-Ms: {}\r\n\
                      Lambda-Runtime-Invoked-Function-Arn: arn:aws:lambda:us-east-1:123456789012:function:sqs-once-test\r\n\
-                     Lambda-Runtime-Trace-Id: Root=1-00000000-000000000000000000000000\r\n",
-                    pending.request_id, pending.deadline_ms
+                     Lambda-Runtime-Trace-Id: {}\r\n",
+                    pending.request_id, pending.deadline_ms, pending.trace_header
                 );
                 response(200, &headers, &pending.event)
             }
@@ -225,9 +237,16 @@ async fn serve(stream: TcpStream, queue: Arc<tokio::sync::Mutex<mpsc::UnboundedR
     }
 }
 
-type Request = (String, String, HashMap<String, String>, Vec<u8>);
+/// A trace header as Lambda's: `Root=1-{epoch seconds, hex}-{24 hex};Parent={16 hex};Sampled=1`.
+fn lambda_trace_header() -> String {
+    let hex = |digits: usize| (0..digits).map(|_| format!("{:x}", fastrand::u8(..16))).collect::<String>();
+    let seconds = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    format!("Root=1-{seconds:08x}-{};Parent={};Sampled=1;Lineage=1:a87bd80c:0", hex(24), hex(16))
+}
 
-async fn read_request(stream: &mut BufReader<TcpStream>) -> Option<Request> {
+pub(crate) type Request = (String, String, HashMap<String, String>, Vec<u8>);
+
+pub(crate) async fn read_request(stream: &mut BufReader<TcpStream>) -> Option<Request> {
     let mut line = String::new();
     stream.read_line(&mut line).await.ok().filter(|read| *read > 0)?;
     let mut parts = line.split_whitespace();
@@ -259,7 +278,7 @@ async fn read_request(stream: &mut BufReader<TcpStream>) -> Option<Request> {
     Some((method, path, headers, body))
 }
 
-fn response(status: u16, headers: &str, body: &[u8]) -> Vec<u8> {
+pub(crate) fn response(status: u16, headers: &str, body: &[u8]) -> Vec<u8> {
     let mut reply = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}\r\n",
         if status < 300 { "OK" } else { "Not Found" },

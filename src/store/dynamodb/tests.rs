@@ -52,7 +52,7 @@ fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> E
 
 async fn run(engine: &Engine, records: &[Value]) -> BatchReport {
     let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(60), request_id: "r".into() };
-    engine.process(&parse_event(&json!({ "Records": records }).to_string()).unwrap(), &invocation).await
+    engine.process(&parse_event(&json!({ "Records": records }).to_string()).unwrap(), &invocation, None).await
 }
 
 fn failed(report: &BatchReport) -> usize {
