@@ -245,6 +245,7 @@ impl Poller {
         };
         let answer = self.consumer.redeliver(&records, report, deadline).await;
         let (deleted, delete_failed) = self.delete_settled(&records, &answer).await;
+        self.consumer.export_spans(self.consumer.engine.budget(deadline).sqs_by()).await;
         let mut summary = lock(&self.summary);
         summary.received += records.len() as u64;
         for record in &answer.report.records {

@@ -11,7 +11,10 @@ use std::{
     time::Duration,
 };
 
-use common::sqs::{LARGEST_MESSAGE, Queue, body_of_size};
+use common::{
+    otlp::Collector,
+    sqs::{LARGEST_MESSAGE, Queue, body_of_size},
+};
 use serde_json::{Value, json};
 use sqs_once::store::{ClaimStore, DynamoDbStore, TableLayout};
 use tokio::time::{Instant, sleep};
@@ -151,6 +154,24 @@ async fn poll_drains_a_queue_with_duplicates_running_each_key_once_and_stops_cle
     let runs = consumers.runs();
     assert_eq!(runs.len(), 1_620);
     assert!(runs.values().all(|&count| count == 1));
+}
+
+#[tokio::test]
+async fn poll_exports_each_batchs_spans_as_the_batch_ends() {
+    let collector = Collector::start().await;
+    let queue = Queue::create(false, 30).await;
+    let consumers = Consumers::new().await;
+    queue.send(&[json!({"id": "traced"})]).await;
+    let endpoint = collector.endpoint();
+    let poller =
+        consumers.poll(&queue, &[], &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), ("OTEL_SERVICE_NAME", "poller")]);
+    // While the poller runs on: not kept for its exit.
+    until("the batch's spans arrived", Duration::from_secs(30), async || {
+        collector.spans().iter().any(|span| span.attribute("sqs_once.outcome") == Some("processed"))
+    })
+    .await;
+    assert!(collector.spans().iter().all(|span| span.service == "poller"));
+    assert_eq!(stop(poller).await["processed"], 1);
 }
 
 #[tokio::test]

@@ -210,6 +210,8 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
             ("HasHandlerQueues".to_owned(), vec!["sqs:SendMessage"], parameter("HandlerQueueArns")),
             ("HasHandlerTopics".to_owned(), vec!["sns:Publish"], parameter("HandlerTopicArns")),
             ("HasHandlerEventBuses".to_owned(), vec!["events:PutEvents"], parameter("HandlerEventBusArns")),
+            // X-Ray's actions name no resource: the one wildcard, with a collector layer only.
+            ("Traced".to_owned(), vec!["xray:PutTelemetryRecords", "xray:PutTraceSegments"], "'*'\n".to_owned()),
         ]);
         if bundled(&template) {
             expected_given.insert(("IsLedger".to_owned(), vec!["dynamodb:UpdateItem"], on("LedgerTable.Arn")));
@@ -220,11 +222,35 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
             assert_eq!(template["Parameters"][name]["Type"], "CommaDelimitedList", "{name}");
             assert_eq!(template["Parameters"][name]["Default"], "", "{name}: nothing granted by default");
         }
-        let text = serde_yaml::to_string(policies).unwrap();
-        assert!(!text.contains('*'), "no wildcards in the role: {text}");
+        let untraced: Vec<&Value> = statements.iter().filter(|statement| !mentions(statement, "Traced")).collect();
+        let text = serde_yaml::to_string(&untraced).unwrap();
+        assert!(!text.contains('*'), "no other wildcard in the role: {text}");
         // The dead-letter queue the role may send to is the one the function sends to.
         let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
         assert_eq!(variables["SQS_ONCE_DLQ_URL"], reference("DeadLetterQueue"));
+    }
+}
+
+/// Whether `statement` is granted on `condition`.
+fn mentions(statement: &Value, condition: &str) -> bool {
+    matches!(statement, Value::Tagged(tagged) if tagged.value.as_sequence().unwrap()[0] == condition)
+}
+
+#[test]
+fn a_collector_layer_given_traces_every_batch_through_it_and_nothing_otherwise() {
+    for template in templates() {
+        assert_eq!(template["Parameters"]["TracingCollectorLayer"]["Default"], "", "no tracing by default");
+        let function = &resource(&template, "ConsumerFunction")["Properties"];
+        let layers = serde_yaml::to_string(&function["Layers"]).unwrap();
+        assert_eq!(layers, "- !If\n  - Traced\n  - !Ref TracingCollectorLayer\n  - !Ref AWS::NoValue\n");
+        let variables = &function["Environment"]["Variables"];
+        for (name, value) in
+            [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"), ("OTEL_TRACES_SAMPLER", "always_on")]
+        {
+            let expected = format!("!If\n- Traced\n- {value}\n- !Ref AWS::NoValue\n");
+            assert_eq!(serde_yaml::to_string(&variables[name]).unwrap(), expected, "{name}");
+        }
+        assert!(function.get("Tracing").is_none(), "SAM would add X-Ray's managed policy whatever its condition");
     }
 }
 

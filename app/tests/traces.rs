@@ -210,3 +210,30 @@ async fn the_outbox_carries_the_record_span_onward_and_the_next_consumer_links_t
         ("next", [(entry.trace_id, entry.span_id)].as_slice())
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_exports_its_batch_before_it_exits_and_refuses_a_protocol_it_cannot_send() {
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let event = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../events/single.json");
+    let run = |envs: Vec<(&'static str, String)>| {
+        let mut command = common::command_in(dir.path());
+        command.arg("invoke").arg(&event).envs(envs);
+        tokio::task::spawn_blocking(move || command.output().unwrap())
+    };
+    // Two spans a request: the batch, its record, the claim, the handler and the completion take three.
+    let two =
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2".into())];
+    let output = run(two).await.unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let records = record_spans(&collector.spans());
+    assert_eq!(records["5f9c6f4e-0001-4d3a-9c1e-000000000001"].attribute("sqs_once.outcome"), Some("processed"));
+    assert_eq!((collector.spans().len(), collector.requests().len()), (5, 3));
+
+    let grpc =
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into())];
+    let output = run(grpc).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && stderr.contains("http/protobuf"), "{stderr}");
+}

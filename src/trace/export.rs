@@ -21,6 +21,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use futures::{StreamExt, stream};
 use http::{HeaderName, HeaderValue, Request, Uri, header::CONTENT_TYPE};
 use http_body_util::{BodyExt, Full};
 use hyper_util::{
@@ -82,20 +83,17 @@ impl Export {
     /// `OTEL_SERVICE_NAME`, else the Lambda function's name; the sampler
     /// `OTEL_TRACES_SAMPLER` (and `…_ARG`), read by the SDK.
     pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ConfigError> {
+        // The specification reads an empty variable as one unset (`sam local invoke` sets a variable whose
+        // condition it cannot resolve to "").
+        let lookup = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());
         if lookup("OTEL_SDK_DISABLED").is_some_and(|value| value.trim().eq_ignore_ascii_case("true")) {
             return Ok(None);
         }
         let Some(endpoint) = Endpoint::from_lookup(&lookup)? else {
             return Ok(None);
         };
-        let capacity = match lookup("OTEL_BSP_MAX_QUEUE_SIZE") {
-            None => DEFAULT_CAPACITY,
-            Some(value) => value.trim().parse().ok().filter(|size| *size > 0).ok_or_else(|| ConfigError {
-                name: "OTEL_BSP_MAX_QUEUE_SIZE",
-                value,
-                expected: "the number of finished spans kept until a flush, above 0".into(),
-            })?,
-        };
+        let capacity =
+            count(&lookup, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_CAPACITY, "finished spans kept until a flush")?;
         let counters = Arc::<ExportCounters>::default();
         let buffer = Arc::new(SpanBuffer::new(capacity, Arc::clone(&counters)));
         let mut resource = Resource::builder();
@@ -149,13 +147,7 @@ impl Export {
                 if spans.is_empty() {
                     return;
                 }
-                let count = spans.len() as u64;
-                let sending = endpoint.send(spans, &resource);
-                match timeout_at(by.min(Instant::now() + endpoint.timeout), sending).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(error)) => Err((error, count)),
-                    Err(_) => Err((ExportError::Late, count)),
-                }
+                endpoint.send_all(spans, &resource, by).await
             }
             Sending::Provider => {
                 let provider = self.provider.clone();
@@ -252,6 +244,8 @@ struct Endpoint {
     uri: Uri,
     headers: Vec<(HeaderName, HeaderValue)>,
     timeout: Duration,
+    /// The most spans in one request (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
+    batch: usize,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -292,14 +286,53 @@ impl Endpoint {
                 expected: "`key=value` pairs separated by commas, values percent-encoded".into(),
             })?,
         };
+        let batch = count(lookup, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH, "the most spans in one request")?;
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Ok(Some(Self { uri, headers, timeout, client }))
+        Ok(Some(Self { uri, headers, timeout, batch, client }))
+    }
+
+    /// Sends `spans` in requests of at most `batch` spans, a few at once,
+    /// by `by` or the timeout, whichever is first; on failure, the first
+    /// error and the spans lost (those of every request that failed or was
+    /// not answered in time).
+    async fn send_all(
+        &self,
+        mut spans: Vec<SpanData>,
+        resource: &Resource,
+        by: Instant,
+    ) -> Result<(), (ExportError, u64)> {
+        let by = by.min(Instant::now() + self.timeout);
+        let resource = ResourceAttributesWithSchema::from(resource);
+        let mut requests = Vec::new();
+        while !spans.is_empty() {
+            let rest = spans.split_off(spans.len().min(self.batch));
+            requests.push(std::mem::replace(&mut spans, rest));
+        }
+        let sent: Vec<Result<(), (ExportError, u64)>> = stream::iter(requests)
+            .map(|spans| {
+                let count = spans.len() as u64;
+                let resource = &resource;
+                async move {
+                    match timeout_at(by, self.send(spans, resource)).await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(error)) => Err((error, count)),
+                        Err(_) => Err((ExportError::Late, count)),
+                    }
+                }
+            })
+            .buffer_unordered(REQUESTS_AT_ONCE)
+            .collect()
+            .await;
+        let lost: u64 = sent.iter().filter_map(|sent| sent.as_ref().err()).map(|(_, count)| count).sum();
+        match sent.into_iter().find_map(Result::err) {
+            Some((error, _)) => Err((error, lost)),
+            None => Ok(()),
+        }
     }
 
     /// Sends `spans` in one request.
-    async fn send(&self, spans: Vec<SpanData>, resource: &Resource) -> Result<(), ExportError> {
-        let resource = ResourceAttributesWithSchema::from(resource);
-        let request = ExportTraceServiceRequest { resource_spans: group_spans_by_resource_and_scope(spans, &resource) };
+    async fn send(&self, spans: Vec<SpanData>, resource: &ResourceAttributesWithSchema) -> Result<(), ExportError> {
+        let request = ExportTraceServiceRequest { resource_spans: group_spans_by_resource_and_scope(spans, resource) };
         let mut post = Request::post(self.uri.clone()).header(CONTENT_TYPE, "application/x-protobuf");
         for (name, value) in &self.headers {
             post = post.header(name, value);
@@ -328,6 +361,29 @@ fn unreachable(error: impl std::error::Error) -> ExportError {
 
 /// The spec's default wait for one export.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The spec's default for the batch processor's largest export, which a
+/// request here is.
+const DEFAULT_BATCH: usize = 512;
+
+/// Requests of one flush in flight at once.
+const REQUESTS_AT_ONCE: usize = 4;
+
+/// A count above 0 that `name` sets, `default` when it is unset.
+fn count(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: usize,
+    what: &str,
+) -> Result<usize, ConfigError> {
+    let Some(value) = lookup(name) else {
+        return Ok(default);
+    };
+    match value.trim().parse() {
+        Ok(count) if count > 0 => Ok(count),
+        _ => Err(ConfigError { name, value, expected: format!("{what}: a number above 0") }),
+    }
+}
 
 /// A plain-HTTP URL: a collector beside the function (the ADOT collector
 /// layer listens on `http://localhost:4318`) signs and sends onward.
@@ -419,5 +475,7 @@ mod tests {
         assert_eq!(Export::from_lookup(lookup(&queue)).unwrap_err().name, "OTEL_BSP_MAX_QUEUE_SIZE");
         let disabled = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"), ("OTEL_SDK_DISABLED", "true")];
         assert!(Export::from_lookup(lookup(&disabled)).unwrap().is_none());
+        let empty = [("OTEL_EXPORTER_OTLP_ENDPOINT", ""), ("OTEL_EXPORTER_OTLP_PROTOCOL", " ")];
+        assert!(Export::from_lookup(lookup(&empty)).unwrap().is_none(), "empty is unset");
     }
 }
