@@ -268,6 +268,7 @@ impl Env<'_> {
             log_bodies: self.flag("SQS_ONCE_LOG_BODIES", defaults.log_bodies)?,
             envelope: self.parse("SQS_ONCE_ENVELOPE", defaults.envelope, "none, sns or eventbridge")?,
             claim: self.parse("SQS_ONCE_CLAIM", defaults.claim, "auto or always")?,
+            propagators: self.parse("OTEL_PROPAGATORS", defaults.propagators, crate::trace::PROPAGATORS)?,
         };
         if engine.concurrency == 0 {
             return Err(self.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));

@@ -46,7 +46,7 @@ use crate::{
     lock::lock,
     outbox::Outbox,
     report::{BatchReport, Failure, Outcome, RecordReport},
-    trace::{self, TraceContext},
+    trace::{self, Propagators, TraceContext},
 };
 use groups::{keep_group_order, message_groups};
 use run::{HandlerSlots, Progress, Runs, Started, cancel_running};
@@ -66,6 +66,8 @@ pub(crate) struct EngineOptions {
     pub envelope: EnvelopeKind,
     /// When a run claims its key before the handler runs (`SQS_ONCE_CLAIM`).
     pub claim: ClaimFirst,
+    /// The trace headers read and written (`OTEL_PROPAGATORS`).
+    pub propagators: Propagators,
 }
 
 impl Default for EngineOptions {
@@ -76,6 +78,7 @@ impl Default for EngineOptions {
             log_bodies: false,
             envelope: EnvelopeKind::None,
             claim: ClaimFirst::Auto,
+            propagators: Propagators::default(),
         }
     }
 }
@@ -203,6 +206,11 @@ impl Engine {
         Self { inner: Arc::new(inner) }
     }
 
+    /// The trace headers it reads and writes (`OTEL_PROPAGATORS`).
+    pub(crate) fn propagators(&self) -> Propagators {
+        self.inner.options.propagators
+    }
+
     /// The claim state machine the engine runs on.
     pub(crate) fn claims(&self) -> &Arc<Claims> {
         &self.inner.claims
@@ -249,7 +257,9 @@ impl Engine {
             budget,
             deadline_ms: epoch_ms(invocation.deadline),
             request_id: invocation.request_id.as_str().into(),
-            spans: batch_span.in_scope(|| records.iter().map(trace::record_span).collect()),
+            spans: batch_span.in_scope(|| {
+                records.iter().map(|record| trace::record_span(record, self.inner.options.propagators)).collect()
+            }),
         };
         let groups = message_groups(records);
         let opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();

@@ -214,7 +214,8 @@ impl Function {
         let records = payload.map_err(InvalidEvent::NotJson).and_then(|payload| parse_event(payload.get()))?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
         // Lambda's own trace: the batch's span is its child.
-        let trace = context.xray_trace_id.as_deref().and_then(TraceContext::from_xray);
+        let trace = context.xray_trace_id.as_deref().filter(|_| self.consumer.engine.propagators().lambda);
+        let trace = trace.and_then(TraceContext::from_xray);
         let processed = self.consumer.process_in(&records, &invocation, trace.as_ref()).await;
         let metrics = &self.consumer.metrics;
         if metrics.enabled {

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::{
     envelope::{Envelope, Opened},
     handler::HandlerError,
-    trace,
+    trace::{self, Propagators},
     transaction::Transaction,
 };
 
@@ -46,12 +46,12 @@ impl Record {
     /// `deadline`; its body is the message's body as it is.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn new(message: &Arc<SqsMessage>, key: String, deadline: Instant) -> Self {
-        Self::opened(&Opened::plain(message), key, deadline)
+        Self::opened(&Opened::plain(message), key, deadline, Propagators::default())
     }
 
     /// A record for a message whose envelope has been opened: its body is
     /// the message inside.
-    pub(crate) fn opened(opened: &Opened<'_>, key: String, deadline: Instant) -> Self {
+    pub(crate) fn opened(opened: &Opened<'_>, key: String, deadline: Instant, propagators: Propagators) -> Self {
         let message = opened.message;
         Self {
             message_id: message.message_id.clone().unwrap_or_default(),
@@ -61,7 +61,7 @@ impl Record {
             receive_count: receive_count(message),
             message: Arc::clone(message),
             deadline,
-            transaction: Transaction::carrying(trace::onward(message)),
+            transaction: Transaction::carrying(trace::onward(message, propagators)),
         }
     }
 

@@ -44,6 +44,49 @@ pub(crate) const TARGET: &str = "sqs_once::trace";
 /// messages received and written on messages sent through the outbox.
 pub(crate) const TRACEPARENT: &str = "traceparent";
 
+/// Which trace headers sqs-once reads from the messages it receives and
+/// writes on those it sends (`OTEL_PROPAGATORS`, a comma-separated list):
+/// W3C's `traceparent` (`tracecontext`), X-Ray's `AWSTraceHeader` and
+/// `TraceHeader` (`xray`), and whether a batch's span is a child of Lambda's
+/// own trace (`xray` or `xray-lambda`); `baggage` is accepted and carries
+/// nothing, `none` is none. Unset, all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Propagators {
+    /// `traceparent`, read and written.
+    pub w3c: bool,
+    /// `AWSTraceHeader` (and an event's `TraceHeader`), read and written.
+    pub xray: bool,
+    /// A batch under Lambda's trace (`Lambda-Runtime-Trace-Id`).
+    pub lambda: bool,
+}
+
+impl Default for Propagators {
+    fn default() -> Self {
+        Self { w3c: true, xray: true, lambda: true }
+    }
+}
+
+impl std::str::FromStr for Propagators {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        let mut chosen = Self { w3c: false, xray: false, lambda: false };
+        for name in text.split(',').map(str::trim) {
+            match name {
+                "tracecontext" => chosen.w3c = true,
+                "xray" => (chosen.xray, chosen.lambda) = (true, true),
+                "xray-lambda" => chosen.lambda = true,
+                "baggage" | "none" => {}
+                _ => return Err(()),
+            }
+        }
+        Ok(chosen)
+    }
+}
+
+/// What `OTEL_PROPAGATORS` takes, for its error.
+pub(crate) const PROPAGATORS: &str = "a comma-separated list of tracecontext, xray, xray-lambda, baggage, or none";
+
 /// A W3C trace context: the trace, the span that is the parent, and
 /// whether the producer sampled it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,14 +97,16 @@ pub(crate) struct TraceContext {
 }
 
 impl TraceContext {
-    /// The producer's context of `message`: its `traceparent` message
-    /// attribute, or its `AWSTraceHeader` system attribute. A value that
-    /// does not parse is no context (and is logged at debug level).
-    pub(crate) fn of(message: &SqsMessage) -> Option<Self> {
+    /// The producer's context of `message`, from the headers `propagators`
+    /// read: its `traceparent` message attribute, or its `AWSTraceHeader`
+    /// system attribute. A value that does not parse is no context (and is
+    /// logged at debug level).
+    pub(crate) fn of(message: &SqsMessage, propagators: Propagators) -> Option<Self> {
         let traceparent = message.message_attributes.get(TRACEPARENT).and_then(|value| value.string_value.as_deref());
+        let traceparent = traceparent.filter(|_| propagators.w3c);
         let from_traceparent = traceparent.and_then(|text| Self::from_traceparent(text).or_else(|| ignored(text)));
         from_traceparent.or_else(|| {
-            let header = message.attributes.get("AWSTraceHeader")?;
+            let header = message.attributes.get("AWSTraceHeader").filter(|_| propagators.xray)?;
             Self::from_xray(header).or_else(|| ignored(header))
         })
     }
@@ -206,13 +251,18 @@ pub(crate) fn batch_span(records: usize, parent: Option<&TraceContext>) -> traci
 
 /// The context a record's run gives the messages it sends: its own span's
 /// when spans are recorded, else its producer's as it arrived (what W3C
-/// Trace Context asks of an intermediary that does not trace).
-pub(crate) fn onward(message: &SqsMessage) -> Option<TraceContext> {
-    TraceContext::of_span(&tracing::Span::current()).or_else(|| TraceContext::of(message))
+/// Trace Context asks of an intermediary that does not trace); none when
+/// `propagators` write no header.
+pub(crate) fn onward(message: &SqsMessage, propagators: Propagators) -> Option<TraceContext> {
+    if !(propagators.w3c || propagators.xray) {
+        return None;
+    }
+    TraceContext::of_span(&tracing::Span::current()).or_else(|| TraceContext::of(message, propagators))
 }
 
-/// A record's `process` span, child of the current span (the batch's).
-pub(crate) fn record_span(record: &EventRecord) -> tracing::Span {
+/// A record's `process` span, child of the current span (the batch's),
+/// naming (and linked to) the producer's context `propagators` read.
+pub(crate) fn record_span(record: &EventRecord, propagators: Propagators) -> tracing::Span {
     let message = match record {
         EventRecord::Message(message) => Some(&**message),
         EventRecord::Malformed { .. } => None,
@@ -235,7 +285,7 @@ pub(crate) fn record_span(record: &EventRecord) -> tracing::Span {
         otel.status_code = tracing::field::Empty,
     );
     if !span.is_disabled()
-        && let Some(context) = message.and_then(TraceContext::of)
+        && let Some(context) = message.and_then(|message| TraceContext::of(message, propagators))
     {
         span.record("sqs_once.producer_context", tracing::field::display(context));
         // A link, not a parent: the batch holds messages of many producers.
@@ -353,10 +403,11 @@ mod tests {
     fn a_message_names_its_producer_by_traceparent_first_then_by_aws_trace_header() {
         let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
         let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let all = Propagators::default();
         let mut message = SqsMessage::default();
-        assert_eq!(TraceContext::of(&message), None);
+        assert_eq!(TraceContext::of(&message, all), None);
         message.attributes.insert("AWSTraceHeader".into(), xray.into());
-        assert_eq!(TraceContext::of(&message), TraceContext::from_xray(xray));
+        assert_eq!(TraceContext::of(&message, all), TraceContext::from_xray(xray));
         let attribute = |value: &str| {
             let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
             attribute.string_value = Some(value.into());
@@ -364,9 +415,28 @@ mod tests {
             attribute
         };
         message.message_attributes.insert("traceparent".into(), attribute(traceparent));
-        assert_eq!(TraceContext::of(&message), TraceContext::from_traceparent(traceparent));
+        assert_eq!(TraceContext::of(&message, all), TraceContext::from_traceparent(traceparent));
+        // Only the headers the propagators name.
+        let w3c: Propagators = "tracecontext".parse().unwrap();
+        let xray_only: Propagators = "xray".parse().unwrap();
+        assert_eq!(TraceContext::of(&message, w3c), TraceContext::from_traceparent(traceparent));
+        assert_eq!(TraceContext::of(&message, xray_only), TraceContext::from_xray(xray));
+        assert_eq!(TraceContext::of(&message, "none".parse().unwrap()), None);
         // A traceparent that does not parse leaves the X-Ray header to say.
         message.message_attributes.insert("traceparent".into(), attribute("nonsense"));
-        assert_eq!(TraceContext::of(&message), TraceContext::from_xray(xray));
+        assert_eq!(TraceContext::of(&message, all), TraceContext::from_xray(xray));
+        assert_eq!(TraceContext::of(&message, w3c), None);
+    }
+
+    #[test]
+    fn the_propagators_are_the_ones_listed() {
+        let parsed = |text: &str| text.parse::<Propagators>().map(|p| (p.w3c, p.xray, p.lambda));
+        assert_eq!(parsed("tracecontext,baggage"), Ok((true, false, false)));
+        assert_eq!(parsed(" xray "), Ok((false, true, true)));
+        assert_eq!(parsed("tracecontext, xray-lambda"), Ok((true, false, true)));
+        assert_eq!(parsed("none"), Ok((false, false, false)));
+        assert_eq!(parsed("tracecontext,b3"), Err(()), "one it cannot read or write is refused");
+        let all = Propagators::default();
+        assert_eq!((all.w3c, all.xray, all.lambda), (true, true, true));
     }
 }

@@ -157,34 +157,44 @@ async fn a_collector_down_slow_or_refusing_costs_the_batch_nothing_but_a_counted
     assert_eq!(counted(&function.metrics(1).await[0]).0, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_outbox_carries_the_record_span_onward_and_the_next_consumer_links_to_it() {
-    let collector = Collector::start().await;
-    let endpoint = collector.endpoint();
-    let (work, notices) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
+/// The `ledger` handler, its notices sent to `notices`, with extra settings.
+async fn ledger(notices: &Queue, settings: &[(&str, &str)]) -> Function {
     let balances = common::dynamodb::items_table().await;
     let sqs = common::sqs::endpoint();
-    let ledger = Function::start(&[
+    let mut all = vec![
         ("SQS_ONCE_HANDLER", "ledger"),
         ("SQS_ONCE_LEDGER_TABLE", balances.as_str()),
         ("SQS_ONCE_LEDGER_NOTIFY_URL", notices.url()),
         ("AWS_ENDPOINT_URL_SQS", sqs.as_str()),
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-    ])
-    .await;
-    // A traced producer sends the entry: SQS keeps its X-Ray header as the AWSTraceHeader system attribute.
+    ];
+    all.extend_from_slice(settings);
+    Function::start(&all).await
+}
+
+/// A ledger entry as a traced producer sends it (SQS keeps its X-Ray header
+/// as the `AWSTraceHeader` system attribute), as Lambda delivers it.
+async fn traced_entry() -> Value {
+    let work = Queue::create(false, 30).await;
     let header = MessageSystemAttributeValue::builder().data_type("String").string_value(XRAY).build().unwrap();
     common::sqs::client()
         .await
         .send_message()
         .queue_url(work.url())
-        .message_body(json!({ "account": "a-1", "amount": 5 }).to_string())
+        .message_body(json!({ "account": format!("a-{}", uuid::Uuid::new_v4()), "amount": 5 }).to_string())
         .message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, header)
         .send()
         .await
         .unwrap();
-    let event = work.event(&work.receive(1).await);
-    assert!(failures(&ledger.invoke(&event, SECONDS_30).await).is_empty());
+    work.event(&work.receive(1).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_carries_the_record_span_onward_and_the_next_consumer_links_to_it() {
+    let collector = Collector::start().await;
+    let endpoint = collector.endpoint();
+    let notices = Queue::create(false, 30).await;
+    let ledger = ledger(&notices, &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())]).await;
+    assert!(failures(&ledger.invoke(&traced_entry().await, SECONDS_30).await).is_empty());
     let spans = collector.spans();
     let entry = record_spans(&spans).into_values().next().unwrap();
     assert_eq!(entry.links, [xray_ids(XRAY)]);
@@ -236,4 +246,72 @@ async fn invoke_exports_its_batch_before_it_exits_and_refuses_a_protocol_it_cann
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && stderr.contains("http/protobuf"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invocations_at_once_each_export_their_batch_in_their_own_trace() {
+    let collector = Collector::start().await;
+    let endpoint = collector.endpoint();
+    let settings = [("AWS_LAMBDA_MAX_CONCURRENCY", "4"), ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let function = Function::start(&settings).await;
+    let batch = |b: usize| {
+        let records: Vec<Value> =
+            (0..5).map(|n| record(&format!("b{b}-{n}"), json!({ "sleep_ms": 200 }), None, None)).collect();
+        json!({ "Records": records })
+    };
+    let events: Vec<Value> = (0..4).map(batch).collect();
+    let answers = futures::future::join_all(events.iter().map(|event| function.invoke(event, SECONDS_30))).await;
+    assert!(answers.iter().all(|answer| failures(answer).is_empty()), "{answers:?}");
+    // Lambda's trace of each invocation: its root and the parent it names.
+    let lambda: HashMap<String, String> = function.api.trace_headers().iter().map(|header| xray_ids(header)).collect();
+    let spans = collector.spans();
+    let records = record_spans(&spans);
+    let mut traces = std::collections::HashSet::new();
+    for b in 0..4 {
+        let parent = &records[&format!("b{b}-0")].parent_span_id;
+        let batch = spans.iter().find(|span| &span.span_id == parent).expect("the batch span was exported");
+        assert_eq!(lambda.get(&batch.trace_id), Some(&batch.parent_span_id), "b{b}: a child of its invocation's trace");
+        for n in 0..5 {
+            let span = &records[&format!("b{b}-{n}")];
+            assert_eq!((&span.trace_id, &span.parent_span_id), (&batch.trace_id, &batch.span_id), "b{b}-{n}");
+        }
+        traces.insert(batch.trace_id.clone());
+    }
+    assert_eq!(traces.len(), 4, "one trace per invocation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otel_propagators_choose_the_headers_read_and_written() {
+    let collector = Collector::start().await;
+    let endpoint = collector.endpoint();
+    let notices = Queue::create(false, 30).await;
+    // W3C's header only: the producer's X-Ray header is not read, Lambda's trace is not the parent, and the notice
+    // carries `traceparent` without `AWSTraceHeader`.
+    let settings = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_PROPAGATORS", "tracecontext,baggage")];
+    let w3c = ledger(&notices, &settings).await;
+    assert!(failures(&w3c.invoke(&traced_entry().await, SECONDS_30).await).is_empty());
+    let spans = collector.spans();
+    let entry = record_spans(&spans).into_values().next().unwrap();
+    assert!(entry.links.is_empty(), "AWSTraceHeader is not read");
+    let batch = spans.iter().find(|span| span.span_id == entry.parent_span_id).unwrap();
+    assert_eq!(batch.parent_span_id, "", "a trace of its own");
+    let [notice] = &notices.receive(1).await[..] else { panic!("one notice") };
+    let traceparent = notice.message_attributes().unwrap()["traceparent"].string_value().unwrap().to_owned();
+    assert_eq!(traceparent_ids(&traceparent), (entry.trace_id.clone(), entry.span_id.clone()));
+    assert!(!notice.attributes().unwrap().contains_key(&MessageSystemAttributeName::AwsTraceHeader));
+
+    // None: nothing read, nothing carried on (the spans are still exported).
+    let settings = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_PROPAGATORS", "none")];
+    let none = ledger(&notices, &settings).await;
+    assert!(failures(&none.invoke(&traced_entry().await, SECONDS_30).await).is_empty());
+    let [notice] = &notices.receive(1).await[..] else { panic!("one notice") };
+    assert!(!notice.message_attributes().unwrap().contains_key("traceparent"));
+    assert!(!notice.attributes().unwrap().contains_key(&MessageSystemAttributeName::AwsTraceHeader));
+
+    // One it cannot read or write stops the start, named.
+    let mut b3 = Function::start(&[("OTEL_PROPAGATORS", "b3")]).await;
+    let status = tokio::time::timeout(Duration::from_secs(20), b3.process.wait()).await.unwrap().unwrap();
+    assert!(!status.success());
+    let errors = b3.api.init_errors();
+    assert!(errors[0]["errorMessage"].as_str().unwrap().contains(r#"invalid OTEL_PROPAGATORS="b3""#), "{errors:?}");
 }

@@ -332,7 +332,8 @@ impl Builder {
         let store = self.claim_store(config, aws.as_ref()).await?;
         let destinations = self.destinations.take().unwrap_or_else(|| {
             // A consumer that sends no message never loads the AWS configuration for it.
-            Arc::new(aws.as_ref().map_or_else(AwsDestinations::from_env, AwsDestinations::new))
+            let destinations = aws.as_ref().map_or_else(AwsDestinations::from_env, AwsDestinations::new);
+            Arc::new(destinations.propagating(config.engine.propagators))
         });
         let sqs_client = self.sqs.take().or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
         let sqs = sqs_client.filter(|_| uses.redelivery || uses.queue).map(Sqs::from_client);

@@ -14,6 +14,7 @@ use super::{Destinations, SendError};
 use crate::{
     lock::lock,
     sqs::{OutgoingMessage, Sqs},
+    trace::{Propagators, TRACEPARENT},
     transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE},
 };
 
@@ -50,6 +51,8 @@ pub(crate) struct AwsDestinations {
     config: tokio::sync::OnceCell<SdkConfig>,
     /// The clients of each Region sent to; `None` is the configuration's own.
     clients: Mutex<HashMap<Option<String>, Arc<Clients>>>,
+    /// The trace headers written.
+    propagators: Propagators,
 }
 
 #[derive(Debug)]
@@ -76,7 +79,17 @@ impl Clients {
 impl AwsDestinations {
     /// The clients, from `config`.
     pub(crate) fn new(config: &SdkConfig) -> Self {
-        Self { config: tokio::sync::OnceCell::new_with(Some(config.clone())), clients: Mutex::default() }
+        Self {
+            config: tokio::sync::OnceCell::new_with(Some(config.clone())),
+            clients: Mutex::default(),
+            propagators: Propagators::default(),
+        }
+    }
+
+    /// Writes the trace headers `propagators` name (`OTEL_PROPAGATORS`).
+    pub(crate) fn propagating(mut self, propagators: Propagators) -> Self {
+        self.propagators = propagators;
+        self
     }
 
     /// The clients, from the SDK's default configuration, loaded when the
@@ -102,11 +115,16 @@ impl AwsDestinations {
 }
 
 impl Clients {
-    async fn send_sqs(&self, queue_url: &str, outbox_id: &str, message: &Message) -> Result<(), SendError> {
+    async fn send_sqs(
+        &self,
+        queue_url: &str,
+        (outbox_id, message): (&str, &Message),
+        propagators: Propagators,
+    ) -> Result<(), SendError> {
         let attribute = |value: &str| {
             aws_sdk_sqs::types::MessageAttributeValue::builder().data_type("String").string_value(value).build()
         };
-        let attributes = with_outbox_id(message, outbox_id)
+        let attributes = sent_attributes(message, outbox_id, propagators)
             .map(|(name, value)| Ok((name.to_owned(), attribute(value)?)))
             .collect::<Result<HashMap<_, _>, aws_sdk_sqs::error::BuildError>>()
             .map_err(|error| refused(format!("invalid message attribute: {error}")))?;
@@ -116,7 +134,7 @@ impl Clients {
             attributes,
             group_id: message.group_id.clone(),
             deduplication_id: fifo.then(|| outbox_id.to_owned()),
-            trace_header: message.trace_context().map(|context| context.xray_header()),
+            trace_header: trace_header(message, propagators),
         };
         self.sqs.send(queue_url, outgoing).await.map_err(|error| SendError {
             refused: REFUSALS.iter().any(|code| error.reason.contains(code)),
@@ -125,11 +143,16 @@ impl Clients {
     }
 
     #[cfg(feature = "sns")]
-    async fn send_sns(&self, topic_arn: &str, outbox_id: &str, message: &Message) -> Result<(), SendError> {
+    async fn send_sns(
+        &self,
+        topic_arn: &str,
+        (outbox_id, message): (&str, &Message),
+        propagators: Propagators,
+    ) -> Result<(), SendError> {
         let attribute = |value: &str| {
             aws_sdk_sns::types::MessageAttributeValue::builder().data_type("String").string_value(value).build()
         };
-        let attributes = with_outbox_id(message, outbox_id)
+        let attributes = sent_attributes(message, outbox_id, propagators)
             .map(|(name, value)| Ok((name.to_owned(), attribute(value)?)))
             .collect::<Result<HashMap<_, _>, aws_sdk_sns::error::BuildError>>()
             .map_err(|error| refused(format!("invalid message attribute: {error}")))?;
@@ -150,10 +173,10 @@ impl Clients {
     async fn send_event(
         &self,
         (event_bus, source, detail_type): (&str, &str, &str),
-        outbox_id: &str,
-        message: &Message,
+        (outbox_id, message): (&str, &Message),
+        propagators: Propagators,
     ) -> Result<(), SendError> {
-        let entry = event_entry((event_bus, source, detail_type), outbox_id, message)?;
+        let entry = event_entry((event_bus, source, detail_type), outbox_id, message, propagators)?;
         let output = self
             .eventbridge
             .put_events()
@@ -178,12 +201,13 @@ impl Clients {
 }
 
 /// The `PutEvents` entry of an event: its detail with the outbox id in it,
-/// its trace context as its trace header.
+/// its trace context as its trace header where X-Ray's header is written.
 #[cfg(feature = "eventbridge")]
 fn event_entry(
     (event_bus, source, detail_type): (&str, &str, &str),
     outbox_id: &str,
     message: &Message,
+    propagators: Propagators,
 ) -> Result<aws_sdk_eventbridge::types::PutEventsRequestEntry, SendError> {
     let mut detail: serde_json::Value = serde_json::from_str(&message.body)
         .map_err(|error| refused(format!("the event's detail is not JSON: {error}")))?;
@@ -195,26 +219,27 @@ fn event_entry(
         .source(source)
         .detail_type(detail_type)
         .detail(detail.to_string())
-        .set_trace_header(message.trace_context().map(|context| context.xray_header()))
+        .set_trace_header(trace_header(message, propagators))
         .build())
 }
 
 #[async_trait]
 impl Destinations for AwsDestinations {
     async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError> {
-        self.clients(&message.destination).await.send(outbox_id, message).await
+        self.clients(&message.destination).await.send(outbox_id, message, self.propagators).await
     }
 }
 
 impl Clients {
-    async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError> {
+    async fn send(&self, outbox_id: &str, message: &Message, propagators: Propagators) -> Result<(), SendError> {
+        let entry = (outbox_id, message);
         match &message.destination {
-            Destination::Sqs { queue_url } => self.send_sqs(queue_url, outbox_id, message).await,
+            Destination::Sqs { queue_url } => self.send_sqs(queue_url, entry, propagators).await,
             #[cfg(feature = "sns")]
-            Destination::Sns { topic_arn } => self.send_sns(topic_arn, outbox_id, message).await,
+            Destination::Sns { topic_arn } => self.send_sns(topic_arn, entry, propagators).await,
             #[cfg(feature = "eventbridge")]
             Destination::EventBridge { event_bus, source, detail_type } => {
-                self.send_event((event_bus, source, detail_type), outbox_id, message).await
+                self.send_event((event_bus, source, detail_type), entry, propagators).await
             }
             #[allow(unreachable_patterns)]
             other => Err(refused(format!(
@@ -226,10 +251,23 @@ impl Clients {
     }
 }
 
-/// The message's attributes, and the outbox id among them.
-fn with_outbox_id<'m>(message: &'m Message, outbox_id: &'m str) -> impl Iterator<Item = (&'m str, &'m str)> {
+/// The attributes a message is sent with: its own, but its `traceparent`
+/// only where W3C's header is written, and the outbox id.
+fn sent_attributes<'m>(
+    message: &'m Message,
+    outbox_id: &'m str,
+    propagators: Propagators,
+) -> impl Iterator<Item = (&'m str, &'m str)> {
     let own = message.attributes.iter().map(|(name, value)| (name.as_str(), value.as_str()));
+    let own = own.filter(move |(name, _)| propagators.w3c || *name != TRACEPARENT);
     own.chain([(OUTBOX_ID_ATTRIBUTE, outbox_id)])
+}
+
+/// The X-Ray trace header a message is sent with (SQS's `AWSTraceHeader`,
+/// an event's `TraceHeader`): its trace context, where X-Ray's header is
+/// written.
+fn trace_header(message: &Message, propagators: Propagators) -> Option<String> {
+    message.trace_context().filter(|_| propagators.xray).map(|context| context.xray_header())
 }
 
 fn refused(reason: String) -> SendError {
@@ -327,7 +365,22 @@ mod tests {
         // The next consumer, sqs-once or not, reads the same context.
         let records = parse_event(&next.event(&received).to_string()).unwrap();
         let EventRecord::Message(message) = &records[0] else { panic!("a message") };
-        assert_eq!(TraceContext::of(message), TraceContext::from_xray(xray));
+        assert_eq!(TraceContext::of(message, Propagators::default()), TraceContext::from_xray(xray));
+
+        // What OTEL_PROPAGATORS names is what goes out: W3C's header alone, or X-Ray's alone.
+        let sdk = crate::aws::sdk_config().await;
+        for (propagators, w3c, x_ray) in [("tracecontext", true, false), ("xray", false, true)] {
+            let destinations = AwsDestinations::new(&sdk).propagating(propagators.parse().unwrap());
+            destinations.send(&sent.outbox_id, &sent.message).await.unwrap();
+            let received = next.drain().await;
+            let [notice] = &received[..] else { panic!("one notice: {received:?}") };
+            let attributes = notice.message_attributes().unwrap();
+            assert_eq!(attributes.contains_key("traceparent"), w3c, "{propagators}");
+            assert!(attributes.contains_key(OUTBOX_ID_ATTRIBUTE), "{propagators}: the rest as before");
+            let system = notice.attributes().unwrap();
+            let header = system.get(&aws_sdk_sqs::types::MessageSystemAttributeName::AwsTraceHeader);
+            assert_eq!(header.map(String::as_str), x_ray.then_some(xray), "{propagators}");
+        }
     }
 
     #[cfg(feature = "eventbridge")]
@@ -336,12 +389,16 @@ mod tests {
         let traceparent = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-00";
         let message = Message::event("default", "shop", "Paid", serde_json::json!({"order": "o-1"}));
         let traced = message.clone().attribute("traceparent", traceparent);
-        let entry = event_entry(("default", "shop", "Paid"), "id", &traced).unwrap();
+        let all = Propagators::default();
+        let entry = event_entry(("default", "shop", "Paid"), "id", &traced, all).unwrap();
         let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=0";
         assert_eq!(entry.trace_header(), Some(xray));
         let detail: serde_json::Value = serde_json::from_str(entry.detail().unwrap()).unwrap();
         assert_eq!(detail, serde_json::json!({"order": "o-1", "sqs_once_outbox_id": "id"}), "the detail as staged");
-        assert_eq!(event_entry(("default", "shop", "Paid"), "id", &message).unwrap().trace_header(), None);
+        assert_eq!(event_entry(("default", "shop", "Paid"), "id", &message, all).unwrap().trace_header(), None);
+        let w3c_only = "tracecontext".parse().unwrap();
+        let untraced = event_entry(("default", "shop", "Paid"), "id", &traced, w3c_only).unwrap();
+        assert_eq!(untraced.trace_header(), None, "X-Ray's header only where OTEL_PROPAGATORS names it");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -445,6 +445,24 @@ mod tests {
         assert_eq!(own.headers[1].1, "Bearer t");
     }
 
+    #[test]
+    fn spans_over_the_buffer_are_dropped_and_counted_and_a_flush_takes_the_rest() {
+        use opentelemetry::trace::{Span as _, Tracer as _};
+        let counters = Arc::<ExportCounters>::default();
+        let buffer = Arc::new(SpanBuffer::new(2, Arc::clone(&counters)));
+        let provider = SdkTracerProvider::builder().with_span_processor(Keep(Arc::clone(&buffer))).build();
+        let tracer = provider.tracer("test");
+        for name in ["a", "b", "c"] {
+            tracer.start(name).end();
+        }
+        assert_eq!(counters.dropped.load(Ordering::Relaxed), 1);
+        let (spans, _) = buffer.take();
+        assert_eq!(spans.iter().map(|span| span.name.as_ref()).collect::<Vec<_>>(), ["a", "b"]);
+        assert!(buffer.take().0.is_empty(), "taken once");
+        tracer.start("d").end();
+        assert_eq!(buffer.take().0.len(), 1, "room again after a flush");
+    }
+
     #[tokio::test]
     async fn settings_that_cannot_be_sent_are_refused_by_name() {
         for (pairs, refused) in [
