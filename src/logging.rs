@@ -3,7 +3,9 @@
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::{Layer, Registry, filter::filter_fn, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{
+    Layer, Registry, filter::filter_fn, layer::SubscriberExt, registry::LookupSpan, util::SubscriberInitExt,
+};
 
 /// A layer beside the log lines' that records spans (the `opentelemetry`
 /// feature's), with its own filter.
@@ -15,6 +17,23 @@ pub(crate) type SpanLayer = Box<dyn Layer<Registry> + Send + Sync>;
 /// take precedence as a full filter. `spans`, when given, records spans
 /// beside the lines. A subscriber the program installed before stays.
 pub(crate) fn init(lambda: bool, spans: Option<SpanLayer>) {
+    // Two subscribers rather than an optional layer: an absent `Option`
+    // layer takes an interest in every callsite, so that each of the AWS
+    // SDK's `trace!` events would be built and filtered per record.
+    let _ = match spans {
+        Some(spans) => tracing_subscriber::registry().with(spans).with(lines(lambda)).try_init(),
+        None => tracing_subscriber::registry().with(lines(lambda)).try_init(),
+    };
+    // A handler's panic fails only its record, and the engine logs it there;
+    // one line here says where it happened, without a backtrace per record.
+    std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
+}
+
+/// The log lines' layer, its filter the settings'.
+fn lines<S>(lambda: bool) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+{
     let lambda_level = lambda.then(|| std::env::var("AWS_LAMBDA_LOG_LEVEL").ok()).flatten();
     let filter = ["SQS_ONCE_LOG", "RUST_LOG"]
         .iter()
@@ -39,11 +58,7 @@ pub(crate) fn init(lambda: bool, spans: Option<SpanLayer>) {
     // filter is the outer one, so that its maximum level still lets every
     // callsite above it be skipped at one comparison.
     let no_trace_spans = filter_fn(|metadata| !(metadata.is_span() && metadata.target() == crate::trace::TARGET));
-    let logs = logs.with_filter(no_trace_spans).with_filter(filter);
-    let _ = tracing_subscriber::registry().with(spans).with(logs).try_init();
-    // A handler's panic fails only its record, and the engine logs it there;
-    // one line here says where it happened, without a backtrace per record.
-    std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
+    logs.with_filter(no_trace_spans).with_filter(filter)
 }
 
 /// Reports the error that ends the process: in Lambda as a log line (JSON
