@@ -43,18 +43,54 @@ fn retries() -> RetryConfig {
         .with_max_backoff(MAX_BACKOFF)
 }
 
-/// `config`, given by the program, with this module's retry and timeout
-/// settings where it has none of its own: without request timeouts, a lost
-/// answer would hold its record until the deadline's cut-off.
+/// `config`, given by the program, with this module's retries where it has
+/// none, and each of this module's timeouts (connect, attempt, operation)
+/// that it lacks filled in on its own: `aws_config::load_defaults` sets a
+/// connect timeout and nothing else, and without the others a lost answer
+/// would hold its write until the deadline's cut-off, and a send could
+/// outlast its outbox lease (see [`crate::outbox`]). A timeout the program
+/// set stays as it set it.
 pub(crate) fn with_limits(config: &SdkConfig) -> SdkConfig {
     let mut limited = config.to_builder();
-    if config.timeout_config().is_none_or(|timeouts| !timeouts.has_timeouts()) {
-        limited.set_timeout_config(Some(timeouts(None)));
-    }
+    limited.set_timeout_config(Some(filled(config.timeout_config())));
     if config.retry_config().is_none() {
         limited.set_retry_config(Some(retries()));
     }
     limited.build()
+}
+
+/// A DynamoDB client given by the program, with the timeouts it lacks
+/// filled in as [`with_limits`] fills them.
+pub(crate) fn dynamodb_with_limits(client: aws_sdk_dynamodb::Client) -> aws_sdk_dynamodb::Client {
+    let config = client.config();
+    aws_sdk_dynamodb::Client::from_conf(config.to_builder().timeout_config(filled(config.timeout_config())).build())
+}
+
+/// An SQS client given by the program, with the timeouts it lacks filled in.
+pub(crate) fn sqs_with_limits(client: aws_sdk_sqs::Client) -> aws_sdk_sqs::Client {
+    let config = client.config();
+    aws_sdk_sqs::Client::from_conf(config.to_builder().timeout_config(filled(config.timeout_config())).build())
+}
+
+/// `given` timeouts, each of connect, attempt and operation that is unset
+/// (or disabled) filled in with this module's.
+fn filled(given: Option<&TimeoutConfig>) -> TimeoutConfig {
+    let given = given.cloned().unwrap_or_else(TimeoutConfig::disabled);
+    let mut timeouts = TimeoutConfig::builder()
+        .connect_timeout(given.connect_timeout().unwrap_or(CONNECT_TIMEOUT))
+        .operation_attempt_timeout(given.operation_attempt_timeout().unwrap_or(ATTEMPT_TIMEOUT))
+        .operation_timeout(given.operation_timeout().unwrap_or(OPERATION_TIMEOUT));
+    if let Some(read) = given.read_timeout() {
+        timeouts = timeouts.read_timeout(read);
+    }
+    timeouts.build()
+}
+
+/// The operation timeout of clients made with `timeouts` (after
+/// [`filled`], always one): how long one of their requests may take,
+/// retries included.
+pub(crate) fn operation_timeout(timeouts: Option<&TimeoutConfig>) -> Duration {
+    timeouts.and_then(TimeoutConfig::operation_timeout).unwrap_or(OPERATION_TIMEOUT)
 }
 
 /// The SDK's default HTTPS client but for its crypto: rustls on ring, where
@@ -105,7 +141,57 @@ pub(crate) fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) 
 
 #[cfg(test)]
 mod tests {
+    use aws_config::Region;
+
     use super::*;
+
+    /// A configuration as programs load it: `aws_config::defaults(..).load()`,
+    /// which sets a connect timeout of 3.1 s and no other.
+    async fn loaded(timeouts: Option<TimeoutConfig>) -> SdkConfig {
+        let loader = aws_config::defaults(BehaviorVersion::latest()).region(Region::new("us-east-1")).no_credentials();
+        match timeouts {
+            Some(timeouts) => loader.timeout_config(timeouts).load().await,
+            None => loader.load().await,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_configuration_loaded_the_usual_way_gets_every_timeout_it_lacks() {
+        let given = loaded(None).await;
+        assert_eq!(given.timeout_config().unwrap().operation_timeout(), None, "the SDK's default loader sets none");
+        let limited = with_limits(&given);
+        let timeouts = limited.timeout_config().unwrap();
+        assert_eq!(timeouts.operation_timeout(), Some(OPERATION_TIMEOUT));
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+        assert_eq!(timeouts.connect_timeout(), Some(Duration::from_millis(3100)), "the loader's own connect timeout");
+        assert!(limited.retry_config().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_timeout_the_program_set_stays_and_disabled_ones_are_filled_in() {
+        let own = TimeoutConfig::builder()
+            .operation_timeout(Duration::from_secs(9))
+            .read_timeout(Duration::from_secs(4))
+            .build();
+        let limited = with_limits(&loaded(Some(own)).await);
+        let timeouts = limited.timeout_config().unwrap();
+        assert_eq!(timeouts.operation_timeout(), Some(Duration::from_secs(9)));
+        assert_eq!(operation_timeout(limited.timeout_config()), Duration::from_secs(9));
+        assert_eq!(timeouts.read_timeout(), Some(Duration::from_secs(4)));
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+        let disabled = with_limits(&loaded(Some(TimeoutConfig::disabled())).await);
+        assert_eq!(disabled.timeout_config().unwrap().operation_timeout(), Some(OPERATION_TIMEOUT));
+    }
+
+    #[tokio::test]
+    async fn a_client_given_gets_the_timeouts_it_lacks() {
+        let client = aws_sdk_dynamodb::Client::new(&loaded(None).await);
+        assert_eq!(client.config().timeout_config().unwrap().operation_timeout(), None);
+        let limited = dynamodb_with_limits(client);
+        assert_eq!(operation_timeout(limited.config().timeout_config()), OPERATION_TIMEOUT);
+        let sqs = sqs_with_limits(aws_sdk_sqs::Client::new(&loaded(None).await));
+        assert_eq!(sqs.config().timeout_config().unwrap().operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+    }
 
     #[test]
     fn describe_names_the_code_and_message() {

@@ -393,7 +393,7 @@ impl Claims {
     {
         let writes: Vec<_> = self
             .unconfirmed
-            .to_resend()
+            .to_resend(self.clock.now_ms())
             .into_iter()
             .map(|Resend { lease, ending, sending }| {
                 let (claims, deliver) = (Arc::clone(self), deliver.clone());
@@ -437,6 +437,12 @@ impl Claims {
     /// Completes at the next finishing write whose send ends, either way.
     pub(crate) fn next_answer(&self) -> impl Future<Output = ()> + Send + '_ {
         self.unconfirmed.next_answer()
+    }
+
+    /// How many finishing writes were given up unconfirmed so far (see
+    /// [`Commit::send_by_ms`]).
+    pub(crate) fn writes_given_up(&self) -> u64 {
+        self.unconfirmed.given_up()
     }
 
     /// Whether every finishing write sent so far was answered for good.

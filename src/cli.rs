@@ -31,7 +31,7 @@ use crate::{
     logging,
     metrics::{Extra, emf_line},
     operator::{Operator, Verdict, timestamp},
-    outbox::{Destinations, Outbox},
+    outbox::{Destinations, Outbox, OutboxTimes},
     poll::{PollOptions, Poller},
     redelivery::RedeliveryPolicy,
     store::{ClaimQuery, ClaimStore, OutboxQuery},
@@ -335,6 +335,7 @@ async fn claims(command: ClaimsCommand, builder: Builder) -> anyhow::Result<Opti
 }
 
 async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyhow::Result<Option<ExitCode>> {
+    let times = OutboxTimes { send: parts.send_time, delete: parts.store.operation_timeout }.checked()?;
     let store = parts.store.store;
     let operator = Operator::new(Arc::clone(&store), Arc::new(SystemClock), config.claims.expires_after)?;
     // The stored id a target names; `None` when no claim has its message id.
@@ -354,7 +355,7 @@ async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyh
             action => action,
         },
         ClaimsCommand::Outbox { send, limit, json, .. } => {
-            return outbox(store, parts.destinations, send, limit, json).await;
+            return outbox(store, (parts.destinations, times), send, limit, json).await;
         }
         ClaimsCommand::List { status, stale, limit, json } => {
             let status = status.map(|status| match status {
@@ -411,14 +412,14 @@ async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyh
 /// `claims outbox`: sends what is due if asked, then lists what is left.
 async fn outbox(
     store: Arc<dyn ClaimStore>,
-    destinations: Arc<dyn Destinations>,
+    (destinations, times): (Arc<dyn Destinations>, OutboxTimes),
     send: bool,
     limit: usize,
     json: bool,
 ) -> anyhow::Result<Option<ExitCode>> {
     let Some(store) = store.outbox() else { bail!("this claim store keeps no outbox (ClaimStore::outbox)") };
     if send {
-        let outbox = Outbox::new(Arc::clone(&store), destinations, Arc::new(SystemClock), None);
+        let outbox = Outbox::new(Arc::clone(&store), destinations, Arc::new(SystemClock), times, None);
         // A sweep sends a few hundred entries at most: sweep until none is left due.
         let mut sent = 0;
         loop {

@@ -61,6 +61,21 @@ pub enum StartupError {
         /// Where it was looked for.
         endpoint: String,
     },
+    /// The operation timeouts of the clients that send outbox messages and
+    /// delete their entries are too long for an entry's sending lease
+    /// (docs/transactions.md): a send and its deletion could outlast it,
+    /// and another sender send the message while the first is under way.
+    #[error(
+        "outbox sends may take {send:?} and their deletions {delete:?} (the clients' operation timeouts): more than \
+         the outbox's 15 s sending lease holds, with a second to spare; give the SDK configuration shorter \
+         operation timeouts"
+    )]
+    OutboxTimeouts {
+        /// The operation timeout of the destinations' clients.
+        send: std::time::Duration,
+        /// The operation timeout of the claim store's client.
+        delete: std::time::Duration,
+    },
 }
 
 /// The engine around a handler, the claim store and keys the settings
@@ -174,6 +189,7 @@ impl Consumer {
         Extra {
             lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
             completions_landed_later: self.engine.claims().counters().landed_later.load(Ordering::Relaxed),
+            writes_given_up: self.engine.claims().writes_given_up(),
             outbox_sent: count(|counters| &counters.sent),
             outbox_failed: count(|counters| &counters.failed),
             outbox_refused: count(|counters| &counters.refused),
@@ -194,6 +210,20 @@ impl Consumer {
     #[cfg(not(feature = "opentelemetry"))]
     fn trace_export(&self) -> Option<TraceExportCounts> {
         None
+    }
+
+    /// A consumer of `engine` alone: no SQS step, no metrics, no span export.
+    #[cfg(test)]
+    pub(crate) fn of(engine: Engine) -> Self {
+        let metrics = MetricsConfig { enabled: false, ..MetricsConfig::default() };
+        Self {
+            engine,
+            dynamodb_requests: None,
+            redelivery: None,
+            metrics,
+            #[cfg(feature = "opentelemetry")]
+            export: None,
+        }
     }
 
     /// Before the process leaves: sends the unconfirmed finishing writes

@@ -19,8 +19,11 @@
 
 mod finish;
 mod groups;
+mod parts;
 mod run;
 mod tending;
+
+pub(crate) use parts::{EngineParts, OutboxParts};
 
 use std::{
     collections::HashMap,
@@ -108,6 +111,12 @@ impl std::str::FromStr for ClaimFirst {
     }
 }
 
+/// The shortest `SQS_ONCE_EXPIRES_AFTER_SECS` under which runs take no
+/// claim: a commit without a claim must be sent before the completion it
+/// writes could expire, less a margin, which a shorter memory leaves too
+/// little room for; runs then claim first.
+const UNCLAIMED_MEMORY: Duration = Duration::from_secs(2 * crate::store::SEND_MARGIN.as_secs());
+
 /// One invocation of the engine.
 #[derive(Debug, Clone)]
 pub struct Invocation {
@@ -130,7 +139,6 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-#[derive(Clone)]
 struct Inner {
     handler: BoxHandler,
     claims: Arc<Claims>,
@@ -185,8 +193,17 @@ struct BatchState {
 }
 
 impl Engine {
-    /// An engine running `handler` under `claims`, keying records with `keys`.
-    pub(crate) fn new(handler: BoxHandler, claims: Arc<Claims>, keys: Keys, options: EngineOptions) -> Self {
+    /// An engine running `handler` under `claims`, keying records with
+    /// `keys`, sending the messages handlers stage through `outbox` once
+    /// their transactions commit (without one, they wait in the store for a
+    /// sweep: `sqs-once claims outbox --send`). Assembled by [`EngineParts`].
+    fn new(
+        handler: BoxHandler,
+        claims: Arc<Claims>,
+        keys: Keys,
+        options: EngineOptions,
+        outbox: Option<Arc<Outbox>>,
+    ) -> Self {
         let concurrency = options.concurrency.max(1);
         // Records whose store calls may be under way beyond the concurrency bound, on either side of the
         // handlers: claims running ahead of them, and finishing writes after them (see `Engine::start`). Only
@@ -194,16 +211,7 @@ impl Engine {
         // three times the requests, and under faults three times the late answers.
         let overlap = if claims.gathers_calls() { concurrency } else { 0 };
         let bounds = Bounds::new(concurrency, overlap);
-        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox: None, bounds }) }
-    }
-
-    /// This engine, sending the messages handlers stage through `outbox`
-    /// once their transactions commit. Without one, they wait in the store
-    /// for a sweep (`sqs-once claims outbox --send`).
-    pub(crate) fn with_outbox(self, outbox: Option<Arc<Outbox>>) -> Self {
-        let mut inner = Arc::unwrap_or_clone(self.inner);
-        inner.outbox = outbox;
-        Self { inner: Arc::new(inner) }
+        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox, bounds }) }
     }
 
     /// The trace headers it reads and writes (`OTEL_PROPAGATORS`).
@@ -315,10 +323,14 @@ impl Engine {
         report
     }
 
-    /// Whether runs take no claim: the handler stages every effect, and
-    /// `SQS_ONCE_CLAIM` leaves it so.
+    /// Whether runs take no claim: the handler stages every effect,
+    /// `SQS_ONCE_CLAIM` leaves it so, and keys are remembered long enough
+    /// for a commit without a claim to be sent (see
+    /// [`Commit::send_by_ms`](crate::store::Commit::send_by_ms)).
     fn unclaimed(&self) -> bool {
-        self.inner.options.claim == ClaimFirst::Auto && self.inner.handler.stages_every_effect()
+        self.inner.options.claim == ClaimFirst::Auto
+            && self.inner.handler.stages_every_effect()
+            && self.inner.claims.policy().expires_after >= UNCLAIMED_MEMORY
     }
 
     /// The record as keys, payload validation, logs and the handler read it:

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 
 mod local;
 mod runtime_api;
-mod shutdown;
+pub(crate) mod shutdown;
 
 use runtime_api::report_init_error;
 
@@ -234,6 +234,7 @@ impl Function {
         let delta = Extra {
             lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
             completions_landed_later: now.completions_landed_later - seen.completions_landed_later,
+            writes_given_up: now.writes_given_up - seen.writes_given_up,
             outbox_sent: now.outbox_sent - seen.outbox_sent,
             outbox_failed: now.outbox_failed - seen.outbox_failed,
             outbox_refused: now.outbox_refused - seen.outbox_refused,

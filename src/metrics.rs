@@ -30,6 +30,8 @@ pub(crate) struct Extra {
     /// Finishing writes unconfirmed when first sent that landed when sent
     /// again (see [`crate::claim::Claims::resend_unconfirmed`]).
     pub completions_landed_later: u64,
+    /// Finishing writes given up unconfirmed (see [`crate::store::Commit::send_by_ms`]).
+    pub writes_given_up: u64,
     /// Messages the outbox sent.
     pub outbox_sent: u64,
     /// Outbox sends that failed or were refused (the entries stay for a sweep).
@@ -91,6 +93,7 @@ pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extr
     }
     put("LeaseTakeoversRefused", "Count", extra.lease_takeovers_refused.into());
     put("CompletionsLandedLater", "Count", extra.completions_landed_later.into());
+    put("WritesGivenUp", "Count", extra.writes_given_up.into());
     put("OutboxSent", "Count", extra.outbox_sent.into());
     put("OutboxFailed", "Count", extra.outbox_failed.into());
     put("OutboxRefused", "Count", extra.outbox_refused.into());
@@ -191,6 +194,7 @@ mod tests {
         let extra = Extra {
             lease_takeovers_refused: 2,
             completions_landed_later: 3,
+            writes_given_up: 8,
             outbox_sent: 5,
             outbox_failed: 6,
             outbox_refused: 1,
@@ -217,6 +221,7 @@ mod tests {
             ("FailedLeaseLost", 1),
             ("LeaseTakeoversRefused", 2),
             ("CompletionsLandedLater", 3),
+            ("WritesGivenUp", 8),
             ("OutboxSent", 5),
             ("OutboxFailed", 6),
             ("OutboxRefused", 1),

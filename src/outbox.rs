@@ -42,11 +42,16 @@ use async_trait::async_trait;
 
 pub(crate) use aws::AwsDestinations;
 pub(crate) use entry::SENDING_LEASE;
+
+/// Kept free in a sending lease besides a send's and a deletion's times:
+/// the steps between them, and clocks that differ.
+const LEASE_SPARE: Duration = Duration::from_secs(1);
 pub use entry::{OutboxEntry, OutboxQuery};
 
 use crate::{
     clock::Clock,
-    store::{Fenced, OutboxStore},
+    consumer::StartupError,
+    store::{Fenced, OutboxStore, StoreError},
     transaction::Message,
 };
 
@@ -103,11 +108,49 @@ pub(crate) struct OutboxCounters {
     pub refused: AtomicU64,
 }
 
+/// How long a send and the deletion of its entry may take: the operation
+/// timeouts of the clients that make them (a program's own destinations
+/// and stores get the SDK's, [`crate::aws::OPERATION_TIMEOUT`]). The outbox
+/// holds each to its time, and starts a send only while the entry's sending
+/// lease has room for both, so that a healthy sender is done with an entry
+/// before another sender may take it over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OutboxTimes {
+    /// A destination's send, retries included.
+    pub send: Duration,
+    /// The entry's deletion once sent, retries included.
+    pub delete: Duration,
+}
+
+impl Default for OutboxTimes {
+    fn default() -> Self {
+        Self { send: crate::aws::OPERATION_TIMEOUT, delete: crate::aws::OPERATION_TIMEOUT }
+    }
+}
+
+impl OutboxTimes {
+    /// The room a send needs in its lease: the send and the deletion.
+    fn room(&self) -> Duration {
+        self.send + self.delete
+    }
+
+    /// These times, or why a sending lease cannot hold them: a send and its
+    /// deletion could then outlast the lease, and another sender send the
+    /// message too.
+    pub(crate) fn checked(self) -> Result<Self, StartupError> {
+        if self.room() + LEASE_SPARE > SENDING_LEASE {
+            return Err(StartupError::OutboxTimeouts { send: self.send, delete: self.delete });
+        }
+        Ok(self)
+    }
+}
+
 /// Sends outbox entries and takes over those left unsent.
 pub(crate) struct Outbox {
     store: Arc<dyn OutboxStore>,
     destinations: Arc<dyn Destinations>,
     clock: Arc<dyn Clock>,
+    times: OutboxTimes,
     counters: OutboxCounters,
     sweep_every: Option<Duration>,
     schedule: Mutex<sweep::Schedule>,
@@ -120,19 +163,21 @@ impl std::fmt::Debug for Outbox {
 }
 
 impl Outbox {
-    /// An outbox over `store`'s entries, sending to `destinations`, sweeping
-    /// for entries left unsent every `sweep_every` (`None`: only when asked,
-    /// as `claims outbox --send` does).
+    /// An outbox over `store`'s entries, sending to `destinations` within
+    /// `times`, sweeping for entries left unsent every `sweep_every`
+    /// (`None`: only when asked, as `claims outbox --send` does).
     pub(crate) fn new(
         store: Arc<dyn OutboxStore>,
         destinations: Arc<dyn Destinations>,
         clock: Arc<dyn Clock>,
+        times: OutboxTimes,
         sweep_every: Option<Duration>,
     ) -> Self {
         Self {
             store,
             destinations,
             clock,
+            times,
             counters: OutboxCounters::default(),
             sweep_every,
             schedule: Mutex::new(sweep::Schedule::starting_now()),
@@ -165,14 +210,22 @@ impl Outbox {
         sent
     }
 
-    /// Sends one entry and deletes it; whether it was sent.
+    /// Sends one entry and deletes it, each within its time; whether it was sent.
     async fn send(&self, entry: &OutboxEntry) -> bool {
-        if !entry.has_room_to_send(self.clock.now_ms()) {
+        if !entry.has_room_to_send(self.clock.now_ms(), self.times.room()) {
             tracing::info!(id = %entry.id, "outbox: too little of the sending lease is left; the next sweep sends it");
             return false;
         }
         let destination = entry.message.destination.name();
-        if let Err(error) = self.destinations.send(&entry.outbox_id(), &entry.message).await {
+        let sent = tokio::time::timeout(self.times.send, self.destinations.send(&entry.outbox_id(), &entry.message))
+            .await
+            .unwrap_or_else(|_| {
+                Err(SendError::failed(format!(
+                    "no answer within {:?} (it may have arrived: a later send carries the same outbox id)",
+                    self.times.send
+                )))
+            });
+        if let Err(error) = sent {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             if error.refused {
                 self.counters.refused.fetch_add(1, Ordering::Relaxed);
@@ -191,7 +244,10 @@ impl Outbox {
             return false;
         }
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
-        match self.store.entry_sent(&entry.id, &entry.token).await {
+        let deleted = tokio::time::timeout(self.times.delete, self.store.entry_sent(&entry.id, &entry.token)).await;
+        let deleted = deleted
+            .unwrap_or_else(|_| Err(StoreError::unavailable(format!("no answer within {:?}", self.times.delete))));
+        match deleted {
             Ok(Fenced::Applied) => {}
             Ok(Fenced::Refused) => {
                 tracing::warn!(id = %entry.id, "outbox: the entry was taken over while it was sent; it may be sent twice")
@@ -203,5 +259,142 @@ impl Outbox {
             ),
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::{
+        clock::duration_ms,
+        store::{
+            ClaimStatus, Commit, CommitStore, Finish, MemoryStore, OutboxEntry, OutboxQuery, StoredClaim, Unclaimed,
+        },
+    };
+
+    /// Epoch milliseconds moved by tokio's (paused) clock.
+    struct PausedClock(Instant);
+
+    impl Clock for PausedClock {
+        fn now_ms(&self) -> u64 {
+            1_800_000_000_000 + duration_ms(self.0.elapsed())
+        }
+    }
+
+    /// The memory store's outbox, its deletions answered (and applied) `deleting` after they are sent.
+    struct SlowDeletions {
+        inner: MemoryStore,
+        deleting: Duration,
+    }
+
+    #[async_trait]
+    impl OutboxStore for SlowDeletions {
+        async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+            self.inner.entries(query).await
+        }
+        async fn take_entry(
+            &self,
+            entry: &OutboxEntry,
+            token: &str,
+            lease_until_ms: u64,
+        ) -> Result<Fenced, StoreError> {
+            self.inner.take_entry(entry, token, lease_until_ms).await
+        }
+        async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+            tokio::time::sleep(self.deleting).await;
+            self.inner.entry_sent(id, token).await
+        }
+    }
+
+    /// Destinations whose every send takes `sending`, recording the bodies.
+    struct SlowSends {
+        sending: Duration,
+        sent: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Destinations for SlowSends {
+        async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), SendError> {
+            tokio::time::sleep(self.sending).await;
+            self.sent.lock().unwrap().push(message.body.clone());
+            Ok(())
+        }
+    }
+
+    /// A committed run of `bodies`, its entries leased to it for the sending lease from `now_ms`.
+    async fn committed(store: &MemoryStore, bodies: &[&str], now_ms: u64) -> Vec<OutboxEntry> {
+        let messages: Vec<Message> =
+            bodies.iter().map(|body| Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", *body)).collect();
+        let lease_until_ms = now_ms + duration_ms(SENDING_LEASE);
+        let entries = OutboxEntry::of_run("k", "t", "m-1", &messages, now_ms, lease_until_ms);
+        let claim = StoredClaim {
+            id: "k".into(),
+            status: ClaimStatus::InProgress,
+            expires_at_s: now_ms / 1000 + 3600,
+            lease_until_ms: Some(now_ms + 30_000),
+            token: Some("t".into()),
+            holder: None,
+            attempt: None,
+            message_id: None,
+            claimed_at_ms: Some(now_ms),
+            updated_at_ms: None,
+            payload_hash: None,
+            result: None,
+            error: None,
+        };
+        let finish = Finish {
+            status: ClaimStatus::Completed,
+            expires_at_s: now_ms / 1000 + 3600,
+            finished_at_ms: now_ms,
+            result: None,
+            error: None,
+        };
+        let commit = Commit {
+            finish,
+            unclaimed: Some(Unclaimed { claim, now_ms }),
+            writes: Vec::new(),
+            outbox: entries.clone(),
+        };
+        store.commit("k", "t", &commit).await.unwrap();
+        entries
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_starts_only_while_its_lease_holds_the_deletion_after_it_too() {
+        let clock: Arc<dyn Clock> = Arc::new(PausedClock(Instant::now()));
+        let store = Arc::new(SlowDeletions { inner: MemoryStore::default(), deleting: Duration::from_secs(3) });
+        let destinations = Arc::new(SlowSends { sending: Duration::from_millis(4_800), sent: Mutex::default() });
+        let entries = committed(&store.inner, &["first", "second"], clock.now_ms()).await;
+        let outbox = |sweep_every| {
+            let (store, destinations) = (Arc::clone(&store) as Arc<dyn OutboxStore>, Arc::clone(&destinations));
+            Arc::new(Outbox::new(store, destinations, Arc::clone(&clock), OutboxTimes::default(), sweep_every))
+        };
+        let (committer, sweeper) = (outbox(None), outbox(Some(Duration::from_secs(1))));
+        // The committer sends its run: the second send would start 7.9 s into the 15 s lease, and its deletion
+        // would land after it. A healthy sweeper looks once the lease has ended.
+        let delivered = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            committer.deliver(&entries).await
+        };
+        let swept = async {
+            tokio::time::sleep(SENDING_LEASE + Duration::from_millis(200)).await;
+            sweeper.sweep(None, &std::sync::atomic::AtomicBool::new(false)).await.unwrap()
+        };
+        let (delivered, swept) = tokio::join!(delivered, swept);
+        assert_eq!((delivered, swept.sent), (1, 1), "the second message waits for the lease to end");
+        assert_eq!(*destinations.sent.lock().unwrap(), ["first", "second"], "each sent once, in order");
+    }
+
+    #[test]
+    fn timeouts_too_long_for_the_sending_lease_refuse_to_start() {
+        assert!(OutboxTimes::default().checked().is_ok());
+        let long = OutboxTimes { send: Duration::from_secs(10), delete: Duration::from_secs(5) };
+        let refused = long.checked().unwrap_err();
+        assert!(matches!(refused, StartupError::OutboxTimeouts { .. }), "{refused}");
+        assert!(refused.to_string().contains("shorter operation timeouts"), "{refused}");
     }
 }

@@ -2,21 +2,28 @@
 //! commits and the outbox, in the manner of FoundationDB's and TigerBeetle's
 //! simulators.
 //!
-//! One seed makes one world: a queue of messages (some sharing a business
-//! key, some copied by SQS), a handler that stages DynamoDB writes and
-//! messages (some conditioned on items other records write), and one to
-//! three consumers, each a Lambda function (batches one after another, the
-//! process frozen from its answer to its next invocation, sometimes shut
-//! down or reclaimed) or a `poll` process (batches overlapping). They share
-//! one store whose answers the seed delays, reorders, loses after applying,
-//! fails or leaves to apply after the caller gave up, and destinations that
-//! fail, refuse or lose their answers. Time is tokio's paused clock, so a
-//! schedule of minutes runs in milliseconds and the same seed replays the
-//! same schedule.
+//! One seed makes one world: a queue of messages (standard, some copied by
+//! SQS, or FIFO with message groups; some sharing a business key), a
+//! handler that stages DynamoDB writes and messages (some conditioned on
+//! items other records write), and one to three consumers, each a Lambda
+//! function (batches one after another, frozen from each answer to the next
+//! invocation, now and then for minutes to hours, shut down, killed or
+//! reclaimed with SIGTERM), a `poll` process or a Lambda Managed Instances
+//! environment (batches overlapping). They share one table (`table`) that
+//! keeps DynamoDB's clocks: a transaction's token answers as its first
+//! answer for ten minutes only, keys expire (after seconds to an hour) and
+//! TTL deletes them at some later moment, transactions on one item
+//! conflict, and the outbox's index lags. Each process meets it through a
+//! link (`link`) whose requests the seed delays, loses after they applied,
+//! fails, or leaves to apply seconds after the caller gave up; and
+//! destinations that fail, refuse, lose their answers or take seconds.
+//! Time is tokio's paused clock, so a world of hours runs in milliseconds
+//! and the same seed replays the same schedule.
 //!
-//! After the queue has drained, the faults heal and a tail of records that
-//! stage nothing keeps the consumers running, as live traffic would. Then
-//! [`check`] judges the world against what sqs-once promises.
+//! After the queue has drained, the faults heal; traffic goes on for a
+//! while, or stops for good; the world is left alone for minutes to hours;
+//! then every process is stopped (Lambda environments reclaimed with
+//! SIGTERM) and [`check`] judges the world against what sqs-once promises.
 //!
 //! ```text
 //! cargo test -p sqs-once --lib simulation                     # 2,000 seeds
@@ -25,8 +32,11 @@
 //! ```
 
 mod check;
+mod ledger;
+mod link;
 mod process;
 mod queue;
+mod table;
 mod workload;
 mod world;
 
@@ -43,7 +53,7 @@ struct Run {
     /// A digest of everything that happened, to prove a replay is exact.
     digest: u64,
     /// What happened, in a few numbers, for the summary line.
-    stats: world::Stats,
+    stats: ledger::Stats,
 }
 
 /// Runs the world of `seed` on a runtime of its own with paused time.
@@ -87,7 +97,7 @@ fn simulate_all(seeds: &[u64]) -> Vec<(u64, Run)> {
 fn every_schedule_keeps_the_invariants() {
     let seeds = seeds();
     let mut broken = Vec::new();
-    let mut total = world::Stats::default();
+    let mut total = ledger::Stats::default();
     for (seed, run) in simulate_all(&seeds) {
         total.add(&run.stats);
         if !run.violations.is_empty() {
@@ -142,7 +152,7 @@ fn a_seed_replays_exactly() {
 
 #[test]
 fn the_worlds_meet_every_fault_they_are_made_of() {
-    let mut total = world::Stats::default();
+    let mut total = ledger::Stats::default();
     for (_, run) in simulate_all(&(0..200).collect::<Vec<_>>()) {
         total.add(&run.stats);
     }
@@ -154,3 +164,7 @@ fn the_worlds_meet_every_fault_they_are_made_of() {
 
 /// A short pause, as the consumers' loops take between looks at the queue.
 const TICK: Duration = Duration::from_millis(100);
+
+/// How long a consumer waits for a message before it looks again, as
+/// SQS's long polling (and Lambda's poller) does.
+const LONG_POLL: Duration = Duration::from_secs(20);

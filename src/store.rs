@@ -25,11 +25,14 @@
 //! good. `examples/own_store.rs` is a store of the four methods, given to
 //! [`Consumer::builder`](crate::Consumer::builder) and run on Lambda.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 
-use crate::transaction::{Refusal, Write};
+use crate::{
+    clock::duration_ms,
+    transaction::{Refusal, Write},
+};
 
 mod batched;
 pub(crate) mod dynamodb;
@@ -118,6 +121,27 @@ impl Commit {
         }
     }
 
+    /// The last moment (epoch milliseconds) this commit may still be sent,
+    /// for a commit that takes no claim; `None` for one that finishes a
+    /// claim, whose token refuses it whenever it comes.
+    ///
+    /// A commit without a claim is conditioned on its key being free, and
+    /// what refuses a second application is the key's completion: its own
+    /// (an earlier send applied unseen) or a redelivery's. Once that record
+    /// can have expired and been deleted by the table's TTL, a late send
+    /// would find the key free and apply again; and after DynamoDB's ten
+    /// minutes a request token is new. So every send, first or again, goes
+    /// out before the completion it writes could expire and within the
+    /// token's window, each less a margin (a send's own time, clocks that
+    /// differ); after that it is given up, and the record's redelivery
+    /// (reported `uncommitted`) decides.
+    pub fn send_by_ms(&self) -> Option<u64> {
+        let unclaimed = self.unclaimed.as_ref()?;
+        let token_window = unclaimed.now_ms + duration_ms(TOKEN_WINDOW - SEND_MARGIN);
+        let expiry = (self.finish.expires_at_s * 1000).saturating_sub(duration_ms(SEND_MARGIN));
+        Some(token_window.min(expiry))
+    }
+
     /// The claim as this commit leaves it, `stored` being the one it
     /// finishes (ignored for an unclaimed commit, which writes its own).
     pub(crate) fn finished_claim(&self, stored: Option<&StoredClaim>) -> Option<StoredClaim> {
@@ -126,6 +150,17 @@ impl Commit {
         Some(claim)
     }
 }
+
+/// How long DynamoDB answers a `TransactWriteItems` sent again with the same
+/// `ClientRequestToken` as it answered the first: "A client request token is
+/// valid for 10 minutes after the first request that uses it is completed.
+/// After 10 minutes, any request with the same client token is treated as a
+/// new request" (the API reference).
+pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
+
+/// Kept back from each bound of [`Commit::send_by_ms`]: a send's own time
+/// (its attempts, within the SDK's operation timeout), and clocks that differ.
+pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(30);
 
 /// The outcome of [`CommitStore::commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -379,7 +414,10 @@ pub trait CommitStore: Send + Sync {
     /// claim's completion, the writes and the outbox entries, or nothing.
     /// An attempt that meets its own earlier, applied attempt answers
     /// [`Committed::Applied`]. A store without an outbox refuses a commit
-    /// that holds outbox entries with [`StoreError::Unsupported`].
+    /// that holds outbox entries with [`StoreError::Unsupported`]. A store
+    /// whose records expire by a TTL (a key free again once deleted) sends no
+    /// attempt of a commit without a claim after [`Commit::send_by_ms`], and
+    /// answers it with an error.
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError>;
 }
 

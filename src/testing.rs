@@ -68,13 +68,11 @@ use aws_lambda_events::sqs::SqsMessage;
 
 use crate::{
     Handler, Record,
-    claim::Claims,
-    clock::SystemClock,
     config::Config,
-    engine::{Engine, Invocation},
+    engine::{Engine, EngineParts, Invocation, OutboxParts},
     event::EventRecord,
     lock::lock,
-    outbox::{Destinations, Outbox, SendError},
+    outbox::{Destinations, OutboxTimes, SendError},
     report::BatchReport,
     store::{ClaimStore, MemoryStore},
     transaction::Message,
@@ -199,12 +197,15 @@ impl Setup {
 
     fn engine(&self) -> Engine {
         let config = self.config();
-        let claims = Claims::with_policy(Arc::clone(&self.store), config.claims.clone(), Arc::new(SystemClock));
         let destinations = Arc::clone(&self.destinations) as Arc<dyn Destinations>;
-        let outbox = Arc::clone(&self.store)
-            .outbox()
-            .map(|entries| Arc::new(Outbox::new(entries, destinations, Arc::new(SystemClock), None)));
-        Engine::new(Arc::clone(&self.handler), Arc::new(claims), config.keys, config.engine).with_outbox(outbox)
+        let outbox = OutboxParts { destinations, times: OutboxTimes::default(), sweep_every: None };
+        EngineParts {
+            policy: config.claims,
+            options: config.engine,
+            outbox: Some(outbox),
+            ..EngineParts::new(Arc::clone(&self.store), config.keys)
+        }
+        .engine(Arc::clone(&self.handler))
     }
 }
 

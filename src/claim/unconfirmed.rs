@@ -18,7 +18,9 @@
 //! "cancelled" is never sent again: DynamoDB does not remember a cancelled
 //! transaction, and a second send could apply what the first caller
 //! reported as not applied. The writes are fenced by the claim's token, so a
-//! late one never overwrites a newer holder's claim.
+//! late one never overwrites a newer holder's claim; a commit that takes no
+//! claim has no token to be fenced by, and is sent again only until
+//! [`Commit::send_by_ms`](crate::store::Commit::send_by_ms), then given up.
 
 use std::{
     collections::HashMap,
@@ -68,6 +70,16 @@ impl Ending {
         }
     }
 
+    /// The last moment (epoch milliseconds) the write may still be sent:
+    /// only a commit that takes no claim has one (see
+    /// [`Commit::send_by_ms`](crate::store::Commit::send_by_ms)).
+    pub(crate) fn send_by_ms(&self) -> Option<u64> {
+        match self {
+            Self::Commit(commit) => commit.send_by_ms(),
+            Self::Finish(_) | Self::Release => None,
+        }
+    }
+
     /// The change to the claim, unless the claim is deleted.
     pub(crate) fn finish(&self) -> Option<&Finish> {
         match self {
@@ -107,6 +119,8 @@ pub(crate) struct Unconfirmed {
     failures: Notify,
     /// Woken when a send ends, either way, for a process leaving.
     answers: Notify,
+    /// Writes given up unconfirmed, for metrics.
+    given_up: AtomicU64,
 }
 
 /// A write taken for sending again: the write and its send's ownership.
@@ -126,7 +140,7 @@ impl Unconfirmed {
             && let Some(oldest) = entries.keys().min().copied()
             && let Some(dropped) = entries.remove(&oldest)
         {
-            give_up(&dropped, "too many unconfirmed writes are kept");
+            self.give_up(&dropped, "too many unconfirmed writes are kept");
         }
         let kept = Kept { lease: lease.clone(), ending: Arc::clone(ending), resends: 0, state: State::Sending };
         entries.insert(ticket, kept);
@@ -135,9 +149,26 @@ impl Unconfirmed {
 
     /// The writes whose last send ended in an error, oldest first, each now
     /// owned by the caller and counted as resent. Writes whose send is under
-    /// way are not among them.
-    pub(crate) fn to_resend(self: &Arc<Self>) -> Vec<Resend> {
+    /// way are not among them; a commit without a claim past the moment it
+    /// may be sent (`now_ms` beyond its [`Ending::send_by_ms`]) is given up.
+    pub(crate) fn to_resend(self: &Arc<Self>, now_ms: u64) -> Vec<Resend> {
         let mut entries = lock(&self.entries);
+        let late: Vec<u64> = entries
+            .iter()
+            .filter(|(_, kept)| kept.state == State::Failed)
+            .filter(|(_, kept)| kept.ending.send_by_ms().is_some_and(|send_by_ms| now_ms > send_by_ms))
+            .map(|(&ticket, _)| ticket)
+            .collect();
+        for ticket in late {
+            if let Some(kept) = entries.remove(&ticket) {
+                self.give_up(
+                    &kept,
+                    "a commit without a claim is not sent again once the key's completion could have expired and \
+                     been deleted, or DynamoDB's ten-minute token window has passed: it could apply a second time; \
+                     its record was reported failed, and its redelivery decides",
+                );
+            }
+        }
         let mut resends: Vec<(u64, Resend)> = entries
             .iter_mut()
             .filter(|(_, kept)| kept.state == State::Failed)
@@ -150,6 +181,11 @@ impl Unconfirmed {
             .collect();
         resends.sort_by_key(|(ticket, _)| *ticket);
         resends.into_iter().map(|(_, resend)| resend).collect()
+    }
+
+    /// How many writes were given up unconfirmed so far.
+    pub(crate) fn given_up(&self) -> u64 {
+        self.given_up.load(Ordering::Relaxed)
     }
 
     /// Completes at the next send that fails (or is abandoned) from now on.
@@ -183,7 +219,7 @@ impl Unconfirmed {
         let Some(kept) = entries.get_mut(&ticket) else { return };
         if kept.resends >= MAX_RESENDS {
             if let Some(kept) = entries.remove(&ticket) {
-                give_up(&kept, "its sends kept failing");
+                self.give_up(&kept, "its sends kept failing");
             }
         } else {
             kept.state = State::Failed;
@@ -228,11 +264,17 @@ impl Drop for Sending {
     }
 }
 
-fn give_up(kept: &Kept, why: &str) {
-    tracing::error!(
-        id = %kept.lease.id, write = kept.ending.name(),
-        "{why}: giving up a finishing write; the claim stays in progress until its lease ends"
-    );
+impl Unconfirmed {
+    /// Gives up a write (logged, counted): the claim stays as it stands (in
+    /// progress until its lease ends, or, without a claim, not written).
+    fn give_up(&self, kept: &Kept, why: &str) {
+        self.given_up.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            id = %kept.lease.id, write = kept.ending.name(),
+            "WriteGivenUp: {why}; giving up a finishing write; a claim it would have finished stays in progress until \
+             its lease ends"
+        );
+    }
 }
 
 #[cfg(test)]
@@ -251,11 +293,11 @@ mod tests {
     fn a_write_whose_send_is_under_way_is_not_sent_again() {
         let unconfirmed = Arc::new(Unconfirmed::default());
         let first = unconfirmed.keep(&lease("a"), &Arc::new(Ending::Release));
-        assert!(unconfirmed.to_resend().is_empty(), "its first send still waits for its answer");
+        assert!(unconfirmed.to_resend(0).is_empty(), "its first send still waits for its answer");
         first.answered(&unavailable());
-        let resends = unconfirmed.to_resend();
+        let resends = unconfirmed.to_resend(0);
         assert_eq!(resends.len(), 1, "its send failed: it is sent again");
-        assert!(unconfirmed.to_resend().is_empty(), "and that resend is under way");
+        assert!(unconfirmed.to_resend(0).is_empty(), "and that resend is under way");
         let Resend { sending, .. } = resends.into_iter().next().unwrap();
         let cancelled = crate::store::Cancellation::by(&[], 0, String::new());
         sending.answered(&Ok(Committed::Cancelled(cancelled)));
@@ -266,7 +308,7 @@ mod tests {
     fn an_abandoned_send_leaves_the_write_to_be_sent_again() {
         let unconfirmed = Arc::new(Unconfirmed::default());
         drop(unconfirmed.keep(&lease("a"), &Arc::new(Ending::Release)));
-        assert_eq!(unconfirmed.to_resend().len(), 1);
+        assert_eq!(unconfirmed.to_resend(0).len(), 1);
     }
 
     #[test]
@@ -274,11 +316,11 @@ mod tests {
         let unconfirmed = Arc::new(Unconfirmed::default());
         unconfirmed.keep(&lease("a"), &Arc::new(Ending::Release)).answered(&unavailable());
         for _ in 0..MAX_RESENDS {
-            let resends = unconfirmed.to_resend();
+            let resends = unconfirmed.to_resend(0);
             assert_eq!(resends.len(), 1);
             resends.into_iter().for_each(|resend| resend.sending.answered(&unavailable()));
         }
-        assert!(unconfirmed.to_resend().is_empty());
+        assert!(unconfirmed.to_resend(0).is_empty());
         assert!(unconfirmed.ids().is_empty());
     }
 }

@@ -3,7 +3,7 @@
 //! every way to run (the Lambda function, `poll`, `invoke`, `claims`,
 //! `create-table`) assembles its parts.
 
-use std::{fmt::Display, process::ExitCode, sync::Arc};
+use std::{fmt::Display, process::ExitCode, sync::Arc, time::Duration};
 
 use aws_config::SdkConfig;
 use futures::FutureExt;
@@ -15,12 +15,10 @@ use lambda_runtime::{
 use super::{Consumer, StartupError};
 use crate::{
     Handler,
-    claim::Claims,
-    clock::SystemClock,
     config::{Config, StoreChoice},
-    engine::Engine,
+    engine::{EngineParts, OutboxParts},
     handler::{BoxHandler, BuildHandler},
-    outbox::{AwsDestinations, Destinations, Outbox},
+    outbox::{AwsDestinations, Destinations, OutboxTimes},
     redelivery::Redelivery,
     sqs::Sqs,
     store::{
@@ -292,10 +290,11 @@ impl Builder {
                 "commit staged writes (ClaimStore::commits), which a handler that stages every effect needs".into(),
             ));
         }
-        let claims = Claims::with_policy(Arc::clone(&store), config.claims.clone(), Arc::new(SystemClock));
-        let outbox = store.outbox().map(|entries| {
-            Arc::new(Outbox::new(entries, Arc::clone(&parts.destinations), Arc::new(SystemClock), config.outbox_sweep))
-        });
+        let outbox = OutboxParts {
+            destinations: Arc::clone(&parts.destinations),
+            times: OutboxTimes { send: parts.send_time, delete: parts.store.operation_timeout }.checked()?,
+            sweep_every: config.outbox_sweep,
+        };
         let redelivery = parts
             .sqs
             .clone()
@@ -303,7 +302,13 @@ impl Builder {
             .map(|sqs| Redelivery::new(config.redelivery.clone(), sqs));
         let mut options = config.engine.clone();
         options.margins.sqs_step = redelivery.is_some();
-        let engine = Engine::new(handler, Arc::new(claims), config.keys.clone(), options).with_outbox(outbox);
+        let engine = EngineParts {
+            policy: config.claims.clone(),
+            options,
+            outbox: Some(outbox),
+            ..EngineParts::new(store, config.keys.clone())
+        }
+        .engine(handler);
         let dynamodb_requests = parts.store.requests;
         let queue = parts.sqs.filter(|_| uses.queue);
         let consumer = Consumer {
@@ -330,14 +335,20 @@ impl Builder {
             (None, false) => None,
         };
         let store = self.claim_store(config, aws.as_ref()).await?;
+        // A program's own destinations are held to the SDK's operation timeout; the AWS ones, to their clients'.
+        let send_time = match self.destinations {
+            Some(_) => crate::aws::OPERATION_TIMEOUT,
+            None => crate::aws::operation_timeout(aws.as_ref().and_then(SdkConfig::timeout_config)),
+        };
         let destinations = self.destinations.take().unwrap_or_else(|| {
             // A consumer that sends no message never loads the AWS configuration for it.
             let destinations = aws.as_ref().map_or_else(AwsDestinations::from_env, AwsDestinations::new);
             Arc::new(destinations.propagating(config.engine.propagators))
         });
-        let sqs_client = self.sqs.take().or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
+        let sqs_client =
+            self.sqs.take().map(crate::aws::sqs_with_limits).or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
         let sqs = sqs_client.filter(|_| uses.redelivery || uses.queue).map(Sqs::from_client);
-        Ok(Parts { store, destinations, sqs })
+        Ok(Parts { store, destinations, send_time, sqs })
     }
 
     /// The claim store given, or the one the settings choose: a DynamoDB
@@ -345,7 +356,8 @@ impl Builder {
     /// file, or memory.
     async fn claim_store(&mut self, config: &Config, aws: Option<&SdkConfig>) -> Result<OpenStore, StartupError> {
         if let Some(store) = self.store.take() {
-            return Ok(OpenStore { store, requests: None, target: "a store of one's own".into() });
+            let target = "a store of one's own".into();
+            return Ok(OpenStore { store, requests: None, target, operation_timeout: crate::aws::OPERATION_TIMEOUT });
         }
         let open = match &config.store {
             StoreChoice::DynamoDb(layout) => {
@@ -355,18 +367,23 @@ impl Builder {
                     return Err(StartupError::MissingTable { table: layout.table.clone(), endpoint: table.endpoint });
                 }
                 let target = format!("table {} at {}", layout.table, table.endpoint);
+                let operation_timeout = crate::aws::operation_timeout(table.client.config().timeout_config());
                 let store = DynamoDbStore::new(table.client, layout.clone()).batching(config.dynamodb_batching);
-                OpenStore { store: Arc::new(store), requests: table.requests, target }
+                OpenStore { store: Arc::new(store), requests: table.requests, target, operation_timeout }
             }
             #[cfg(feature = "sqlite")]
             StoreChoice::File(path) => OpenStore {
                 store: Arc::new(crate::store::SqliteStore::open(path)?),
                 requests: None,
                 target: format!("file {}", path.display()),
+                operation_timeout: crate::aws::OPERATION_TIMEOUT,
             },
-            StoreChoice::Memory => {
-                OpenStore { store: Arc::new(MemoryStore::default()), requests: None, target: "memory".into() }
-            }
+            StoreChoice::Memory => OpenStore {
+                store: Arc::new(MemoryStore::default()),
+                requests: None,
+                target: "memory".into(),
+                operation_timeout: crate::aws::OPERATION_TIMEOUT,
+            },
             StoreChoice::Unnamed => return Err(config.store.refusal().into()),
         };
         Ok(open)
@@ -386,7 +403,7 @@ impl Builder {
     /// The DynamoDB client given, or one made from `aws` (the SDK's default
     /// configuration when there is none), counting its requests.
     async fn dynamodb_table(&mut self, aws: Option<&SdkConfig>) -> DynamoDbTable {
-        if let Some(client) = self.dynamodb.take() {
+        if let Some(client) = self.dynamodb.take().map(crate::aws::dynamodb_with_limits) {
             let endpoint = "the endpoint of the DynamoDB client given".to_owned();
             return DynamoDbTable { uncounted: client.clone(), client, requests: None, endpoint };
         }
@@ -426,6 +443,8 @@ pub(crate) struct Uses {
 pub(crate) struct Parts {
     pub(crate) store: OpenStore,
     pub(crate) destinations: Arc<dyn Destinations>,
+    /// How long a send to them may take (see [`OutboxTimes`]).
+    pub(crate) send_time: Duration,
     /// The SQS client, when the command uses SQS.
     pub(crate) sqs: Option<Sqs>,
 }
@@ -435,6 +454,9 @@ pub(crate) struct OpenStore {
     pub(crate) store: Arc<dyn ClaimStore>,
     pub(crate) requests: Option<Arc<RequestCounter>>,
     pub(crate) target: String,
+    /// How long one of its requests may take, retries included: its
+    /// client's operation timeout, or the SDK's for a store of one's own.
+    pub(crate) operation_timeout: Duration,
 }
 
 /// Where the DynamoDB clients made from `aws` send their requests, for

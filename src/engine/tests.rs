@@ -10,9 +10,9 @@ use std::{
 use crate::{
     Handler, HandlerError, HandlerResult, Record,
     budget::Margins,
-    claim::{ClaimPolicy, Claims},
-    clock::SystemClock,
-    engine::{Engine, EngineOptions, Invocation},
+    claim::ClaimPolicy,
+    clock::{Clock, SystemClock},
+    engine::{Engine, EngineOptions, EngineParts, Invocation},
     envelope::{Envelope, EnvelopeKind},
     event::parse_event,
     key::{Keys, OnMissingKey},
@@ -44,6 +44,7 @@ struct Setup {
     on_missing: OnMissingKey,
     options: EngineOptions,
     policy: ClaimPolicy,
+    clock: Arc<dyn Clock>,
 }
 
 impl Default for Setup {
@@ -54,15 +55,16 @@ impl Default for Setup {
             on_missing: OnMissingKey::Fail,
             options: EngineOptions::default(),
             policy: ClaimPolicy::default(),
+            clock: Arc::new(SystemClock),
         }
     }
 }
 
 impl Setup {
     fn engine(self, handler: impl Handler) -> Engine {
-        let claims = Claims::with_policy(self.store, self.policy, Arc::new(SystemClock));
         let keys = Keys::new(self.key, "test").unwrap().hashed(false).on_missing(self.on_missing);
-        Engine::new(Arc::new(handler), Arc::new(claims), keys, self.options)
+        let Self { store, policy, options, clock, .. } = self;
+        EngineParts { policy, options, clock, ..EngineParts::new(store, keys) }.engine(Arc::new(handler))
     }
 }
 

@@ -39,13 +39,21 @@ fn listen(engine: Engine) {
             tokio::spawn(async move {
                 if sigterm.recv().await.is_some() {
                     tracing::info!("SIGTERM: the execution environment is shutting down");
-                    engine.leave(Instant::now() + SHUTDOWN_TIME).await;
+                    shut_down(&engine).await;
                     std::process::exit(0);
                 }
             });
         }
         Err(error) => tracing::warn!(%error, "cannot listen for SIGTERM"),
     }
+}
+
+/// What an environment does at SIGTERM: sends its unconfirmed finishing
+/// writes again, and the messages of the commits that land, within
+/// [`SHUTDOWN_TIME`]; the ids of the claims whose writes are still
+/// unconfirmed.
+pub(crate) async fn shut_down(engine: &Engine) -> Vec<String> {
+    engine.leave(Instant::now() + SHUTDOWN_TIME).await
 }
 
 /// Registers the extension with the Extensions API, then asks for its next

@@ -13,13 +13,10 @@ use sha2::{Digest, Sha256};
 use crate::{clock::duration_ms, transaction::Message};
 
 /// How long a sender holds an entry: the send and the deletion, each within
-/// the SDK's operation timeout, with room to spare. A sender frozen or
-/// stopped longer than this leaves the entry to the next sweep.
+/// its time ([`OutboxTimes`](super::OutboxTimes)), with room to spare. A
+/// sender frozen or stopped longer than this leaves the entry to the next
+/// sweep.
 pub(crate) const SENDING_LEASE: Duration = Duration::from_secs(15);
-
-/// A send starts only while this much of its lease is left: a send (the SDK's
-/// operation timeout) ends before another sender can take the entry over.
-const SEND_ROOM: Duration = crate::aws::OPERATION_TIMEOUT;
 
 /// One message in the outbox, as the claim store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,10 +78,10 @@ impl OutboxEntry {
         self.lease_until_ms < now_ms
     }
 
-    /// Whether enough of its lease is left at `now_ms` for a send to end
-    /// before another sender may take it over.
-    pub(crate) fn has_room_to_send(&self, now_ms: u64) -> bool {
-        now_ms <= self.lease_until_ms.saturating_sub(duration_ms(SEND_ROOM))
+    /// Whether enough of its lease is left at `now_ms` for a send and the
+    /// deletion after it (`room`) to end before another sender may take it over.
+    pub(crate) fn has_room_to_send(&self, now_ms: u64, room: Duration) -> bool {
+        now_ms <= self.lease_until_ms.saturating_sub(duration_ms(room))
     }
 
     /// The run that committed it: its claim and the claim's token, from the

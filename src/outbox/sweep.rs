@@ -170,10 +170,16 @@ impl Outbox {
         lock(&self.schedule).oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
         let listed_all = listed.len() < SWEEP_LIMIT;
         let mut runs: BTreeMap<(String, String), Vec<OutboxEntry>> = BTreeMap::new();
-        for entry in listed.into_iter().filter(|entry| entry.is_due(now_ms)) {
+        for entry in listed {
             let (claim, token) = entry.run();
             runs.entry((claim.to_owned(), token.to_owned())).or_default().push(entry);
         }
+        // A run's entries leave in order: those due before the first held by a sender (its lease not ended).
+        for entries in runs.values_mut() {
+            let due = entries.iter().take_while(|entry| entry.is_due(now_ms)).count();
+            entries.truncate(due);
+        }
+        runs.retain(|_, entries| !entries.is_empty());
         if runs.is_empty() {
             return Ok(Swept { sent: 0, complete: listed_all });
         }
@@ -197,6 +203,10 @@ impl Outbox {
     }
 
     /// Takes over one run's due entries, in order, and sends those taken.
+    /// The first it cannot take stops the rest: another sender holds it (and
+    /// sends the run's later entries after it), or it was sent and deleted
+    /// since the listing, which the next sweep's listing shows. Either way
+    /// no later entry of the run leaves before an earlier one.
     async fn take_and_deliver(&self, entries: Vec<OutboxEntry>) -> usize {
         let mut taken = Vec::new();
         for entry in entries {
@@ -204,8 +214,7 @@ impl Outbox {
             let token = new_token();
             match self.store.take_entry(&entry, &token, lease_until_ms).await {
                 Ok(Fenced::Applied) => taken.push(OutboxEntry { token, lease_until_ms, ..entry }),
-                // Sent and deleted, or taken by another sender, since it was listed.
-                Ok(Fenced::Refused) => {}
+                Ok(Fenced::Refused) => break,
                 Err(error) => {
                     tracing::warn!(id = %entry.id, %error, "outbox: cannot take the entry over; the next sweep tries again");
                     break;

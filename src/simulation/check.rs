@@ -1,26 +1,38 @@
 //! What sqs-once promises, judged against what the simulated world did:
 //!
-//! - a key's staged writes apply at most once, and exactly once when a
-//!   delivery of the key succeeded;
+//! - a run's staged writes apply at most once, ever: across expiry, TTL
+//!   and DynamoDB's token window;
+//! - a key's writes apply again only by a run that decided to apply them
+//!   (claimed, or judged the key free) after the last application, once
+//!   that application's completion had expired: never by a run that
+//!   decided before it (a commit kept and sent again late);
 //! - a run reported failed (anything but `uncommitted`, whose commit may
 //!   still land) never has its writes applied, and a run reported processed
 //!   has them;
-//! - no outcome contradicts the store: a key reported processed or a
-//!   duplicate is completed, one reported failed before is failed;
-//! - every message of a run that committed is sent, and none of a run that
-//!   did not; a message is sent twice only when its send or its deletion met
-//!   a fault, a freeze or a kill (its sender stopped between the two);
+//! - no outcome contradicts the table while the key is remembered: a key
+//!   reported processed or a duplicate is completed, one reported failed
+//!   before is failed;
+//! - every message of a run that committed is sent, none of a run that did
+//!   not, a run's messages in the order they were staged, and a message
+//!   twice only when a process died or froze while its send or deletion was
+//!   under way, its send's answer was lost, or its deletion failed;
+//! - a FIFO group's messages apply in the order they were sent;
 //! - the outbox empties itself, and the queue drains;
 //! - no finishing write is sent while an earlier send of it waits for its
-//!   answer (checked as it happens, by the world's store).
+//!   answer (checked as it happens, by the world's link).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::world::{World, expected_bodies};
+use super::{
+    ledger::{Ledger, RunInfo},
+    table::Application,
+    workload::message_body,
+    world::World,
+};
 use crate::{
     lock::lock,
     report::{Failure, Outcome},
-    store::{ClaimStatus, ClaimStore, OutboxQuery, OutboxStore},
+    store::{ClaimStatus, ClaimStore},
 };
 
 /// Every invariant the world broke, described.
@@ -29,47 +41,50 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
     if !drained {
         violations.push("the queue did not drain".to_owned());
     }
-    let applied: BTreeMap<String, u64> = world
-        .store
-        .items("applied")
+    let applications = world.table.applications();
+    let run_items: BTreeMap<u64, u64> = world
+        .table
+        .items("runs")
         .into_iter()
-        .map(|item| (item["pk"].as_str().unwrap_or_default().to_owned(), item["n"].as_u64().unwrap_or(0)))
+        .filter_map(|item| Some((item["run"].as_u64()?, item["n"].as_u64().unwrap_or(0))))
         .collect();
-    let applied_runs: BTreeSet<u64> =
-        world.store.items("runs").into_iter().filter_map(|item| item["run"].as_u64()).collect();
-    let unsent = OutboxStore::entries(&*world.store, &OutboxQuery { due_at_ms: None, limit: usize::MAX })
-        .await
-        .unwrap_or_default();
+    let unsent = world.table.unsent();
     let mut statuses = HashMap::new();
     let keys: BTreeSet<String> = lock(&world.ledger).reports.iter().filter_map(|report| report.key.clone()).collect();
     for key in keys {
-        let status = world.store.get(&key).await.ok().flatten().map(|claim| claim.status);
+        let status = world.table.get(&key).await.ok().flatten().map(|claim| claim.status);
         statuses.insert(key, status);
     }
 
     let mut ledger = lock(&world.ledger);
-    ledger.stats.applied_runs = applied_runs.len() as u64;
-    for (key, times) in &applied {
+    ledger.stats.applied_runs = run_items.len() as u64;
+    for (run, times) in &run_items {
         if *times > 1 {
-            violations.push(format!("the writes of {key} applied {times} times"));
+            violations.push(format!("the writes of run {run} applied {times} times"));
         }
     }
-    let runs: HashMap<(&str, &str), _> =
+    violations.extend(reapplications(&applications));
+    let runs: HashMap<(&str, &str), &RunInfo> =
         ledger.runs.iter().map(|run| ((run.holder.as_str(), run.key.as_str()), run)).collect();
     let mut succeeded = BTreeSet::new();
     for report in &ledger.reports {
         let Some(key) = &report.key else { continue };
         let run = runs.get(&(report.holder.as_str(), key.as_str()));
-        let run_applied = run.is_some_and(|run| applied_runs.contains(&run.id));
+        let run_applied = run.is_some_and(|run| run_items.contains_key(&run.id));
+        // Once the key's finished claim was forgotten (deleted by TTL, replaced once expired), the table no
+        // longer says what it said when the batch answered.
+        let judged = !world.table.forgotten_since(key, report.batch_started_ms);
         let status = statuses.get(key).copied().flatten();
         let what = format!("{} ({key}) in {}", report.message_id, report.holder);
         match &report.outcome {
-            Outcome::Failed(Failure::Uncommitted { .. }) => {}
+            // An uncommitted run's commit may still land; a skipped record did not run (a record of its key that
+            // did, earlier in the batch, reports its own outcome).
+            Outcome::Failed(Failure::Uncommitted { .. } | Failure::GroupSkipped(_)) => {}
             Outcome::Failed(failure) => {
                 if run_applied {
                     violations.push(format!("{what}: reported {} but its run's writes applied", failure.label()));
                 }
-                if matches!(failure, Failure::FailedBefore(_)) && status != Some(ClaimStatus::Failed) {
+                if matches!(failure, Failure::FailedBefore(_)) && judged && status != Some(ClaimStatus::Failed) {
                     violations.push(format!("{what}: reported failed before, and the claim is {status:?}"));
                 }
             }
@@ -79,13 +94,13 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
                 if staged && !run_applied {
                     violations.push(format!("{what}: reported processed but its run's writes did not apply"));
                 }
-                if *confirmed && status != Some(ClaimStatus::Completed) {
+                if *confirmed && judged && status != Some(ClaimStatus::Completed) {
                     violations.push(format!("{what}: reported processed, and the claim is {status:?}"));
                 }
             }
             Outcome::Duplicate => {
                 succeeded.insert(key.clone());
-                if status != Some(ClaimStatus::Completed) {
+                if judged && status != Some(ClaimStatus::Completed) {
                     violations.push(format!("{what}: reported a duplicate, and the claim is {status:?}"));
                 }
             }
@@ -93,28 +108,107 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
     }
     for spec in &world.scenario.specs {
         let key = format!("sim#{}", spec.id);
-        let times = applied.get(&spec.id).copied().unwrap_or(0);
-        if spec.staged.is_some() && succeeded.contains(&key) && times != 1 {
-            violations.push(format!("{key} succeeded, and its writes applied {times} times"));
+        let applied = applications.iter().any(|application| application.key == key);
+        if spec.staged.is_some() && succeeded.contains(&key) && !applied {
+            violations.push(format!("{key} succeeded, and its writes never applied"));
         }
     }
+    let swept = world.swept();
+    violations.extend(sends(&ledger, &run_items, swept));
+    violations.extend(group_order(world, &applications));
+    if swept && !unsent.is_empty() {
+        let bodies: Vec<&str> = unsent.iter().map(|entry| entry.message.body.as_str()).collect();
+        violations.push(format!("the outbox still holds {} entries: {}", unsent.len(), bodies.join(", ")));
+    }
+    violations
+}
+
+/// A key's writes applied again by a run that decided before the last
+/// application, or while it was still remembered.
+fn reapplications(applications: &[Application]) -> Vec<String> {
+    let mut last: HashMap<&str, &Application> = HashMap::new();
+    let mut violations = Vec::new();
+    for application in applications {
+        if let Some(before) = last.get(application.key.as_str()) {
+            if application.decided_ms <= before.applied_ms {
+                violations.push(format!(
+                    "the writes of {} applied again by run {}, which decided at {} ms, before run {} applied them at \
+                     {} ms",
+                    application.key, application.run, application.decided_ms, before.run, before.applied_ms
+                ));
+            } else if application.applied_ms / 1000 <= before.expires_at_s {
+                violations.push(format!(
+                    "the writes of {} applied again by run {} at {} ms, while run {}'s completion was remembered \
+                     (until {} s)",
+                    application.key, application.run, application.applied_ms, before.run, before.expires_at_s
+                ));
+            }
+        }
+        last.insert(&application.key, application);
+    }
+    violations
+}
+
+/// Every message of a committed run sent (when something sweeps), in the
+/// run's order; none of a run that did not commit; none twice unexcused.
+fn sends(ledger: &Ledger, run_items: &BTreeMap<u64, u64>, swept: bool) -> Vec<String> {
+    let first_sent: HashMap<&str, usize> =
+        ledger.first_sent.iter().enumerate().map(|(at, body)| (body.as_str(), at)).collect();
+    let mut violations = Vec::new();
     for run in &ledger.runs {
-        let committed = applied_runs.contains(&run.id);
-        for body in expected_bodies(run) {
-            let sent = ledger.sends.get(&body).copied().unwrap_or(0);
+        let committed = run_items.contains_key(&run.id);
+        let messages = run.spec.staged.as_ref().map_or(0, |staged| staged.messages);
+        let bodies: Vec<String> = (0..messages).map(|n| message_body(run.id, n)).collect();
+        for (n, body) in bodies.iter().enumerate() {
+            let sent = ledger.sends.get(body).copied().unwrap_or(0);
             match (committed, sent) {
-                (true, 0) => violations.push(format!("{body}: committed and never sent")),
+                (true, 0) if swept => violations.push(format!("{body}: committed and never sent")),
                 (false, 1..) => violations.push(format!("{body}: sent {sent} times, and its run never committed")),
-                (true, 2..) if !ledger.disturbed.contains(&body) => {
+                (true, 2..) if !ledger.excused.contains(body) => {
                     violations.push(format!("{body}: sent {sent} times by senders that never stopped"))
                 }
                 _ => {}
             }
+            if let (Some(earlier), Some(&at)) = (n.checked_sub(1).map(|n| &bodies[n]), first_sent.get(body.as_str()))
+                && first_sent.get(earlier.as_str()).is_none_or(|&earlier_at| earlier_at > at)
+            {
+                violations.push(format!("{body}: sent before {earlier}, which its run staged first"));
+            }
         }
     }
-    if !unsent.is_empty() {
-        let bodies: Vec<&str> = unsent.iter().map(|entry| entry.message.body.as_str()).collect();
-        violations.push(format!("the outbox still holds {} entries: {}", unsent.len(), bodies.join(", ")));
+    violations
+}
+
+/// The keys of a FIFO group applied out of the order their messages were
+/// sent (of the keys one message alone carries, another's may come from
+/// another group; and of the messages not dead-lettered: SQS's order ends
+/// there, and the group goes on without it).
+fn group_order(world: &World, applications: &[Application]) -> Vec<String> {
+    let scenario = &world.scenario;
+    if scenario.groups == 0 {
+        return Vec::new();
+    }
+    let first_applied: HashMap<&str, usize> =
+        applications.iter().enumerate().rev().map(|(at, application)| (application.key.as_str(), at)).collect();
+    let mut violations = Vec::new();
+    for group in 0..scenario.groups {
+        let mut last: Option<(&str, usize)> = None;
+        let specs = scenario.messages.iter().enumerate().filter(|(n, _)| n % scenario.groups == group);
+        for (n, &spec) in specs {
+            if scenario.messages.iter().filter(|&&other| other == spec).count() > 1
+                || world.dead_lettered(&format!("m-{n}"))
+            {
+                continue;
+            }
+            let key = format!("sim#{}", scenario.specs[spec].id);
+            let Some(&at) = first_applied.get(key.as_str()) else { continue };
+            if let Some((before, before_at)) = last
+                && before_at > at
+            {
+                violations.push(format!("group g-{group}: {key} applied before {before}, which was sent first"));
+            }
+            last = Some((applications[at].key.as_str(), at));
+        }
     }
     violations
 }

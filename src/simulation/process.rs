@@ -1,6 +1,11 @@
-//! The consumers of the simulated world, each a process with its own engine,
-//! claims and outbox over its own view of the shared store: a Lambda
-//! function or a `poll` process.
+//! The consumers of the simulated world, each a process with its own
+//! engine, claims and outbox over its own view of the shared table: a
+//! Lambda function, a `poll` process or an environment of Lambda Managed
+//! Instances. Each is assembled as the builder assembles a real consumer
+//! ([`EngineParts`]), on the world's clock, and runs its batches, its
+//! tending and its leaving through the same calls the real loops make:
+//! [`Consumer::process`], `Engine::tend`, the SIGTERM handler's
+//! [`shut_down`], and [`Consumer::leave`] as `poll` stops.
 
 use std::{sync::Arc, time::Duration};
 
@@ -8,66 +13,77 @@ use aws_lambda_events::sqs::SqsMessageAttribute;
 use tokio::{sync::Semaphore, time::Instant};
 
 use super::{
-    TICK,
+    LONG_POLL,
+    link::{Link, Sender},
     queue::Delivery,
     workload::{HOLDER, SimHandler},
-    world::{Life, Link, Mode, Sender, World},
+    world::{Life, Mode, World},
 };
 use crate::{
-    budget::{LEAVING_TIME, SHUTDOWN_TIME},
-    claim::{ClaimPolicy, Claims},
+    budget::LEAVING_TIME,
+    claim::ClaimPolicy,
     clock::Clock,
-    engine::{ClaimFirst, Engine, EngineOptions, Invocation},
+    consumer::Consumer,
+    engine::{ClaimFirst, EngineOptions, EngineParts, Invocation, OutboxParts},
     event::EventRecord,
     key::Keys,
-    outbox::Outbox,
+    lambda::shutdown::shut_down,
+    outbox::OutboxTimes,
     store::ClaimStore,
 };
 
-/// Batches a `poll` process runs at once.
+/// Batches a `poll` process (or a managed environment) runs at once.
 const POLL_BATCHES: usize = 3;
 
 /// Runs process `id` as `mode` says, until the world stops or the process
 /// dies (a replacement then takes its place).
 pub(super) async fn drive(world: Arc<World>, id: usize, mode: Mode) {
-    let engine = engine(&world, id);
+    let consumer = consumer(&world, id);
     match mode {
-        Mode::Lambda => lambda(&world, id, &engine).await,
-        Mode::Poll => poll(&world, id, &engine, Mode::Poll).await,
-        Mode::Managed => {
-            // Tended in the background until the process stops (once killed, its requests never return anyway).
+        Mode::Lambda => lambda(&world, id, &consumer).await,
+        Mode::Poll | Mode::Managed => {
+            // Tended in the background until the process stops, as `poll` and a managed environment are (once
+            // killed, its requests never return anyway).
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let tended = engine.clone();
+            let tended = consumer.engine.clone();
             tokio::spawn(async move { tended.tend(async move { drop(stopped.await) }).await });
-            poll(&world, id, &engine, Mode::Managed).await;
+            poll(&world, id, &consumer, mode).await;
             drop(stop);
         }
     }
+    let given_up = consumer.engine.claims().writes_given_up();
+    world.count(|stats| stats.given_up += given_up);
 }
 
-fn engine(world: &Arc<World>, id: usize) -> Engine {
+/// The consumer of process `id`, as the builder would assemble it.
+fn consumer(world: &Arc<World>, id: usize) -> Consumer {
     let scenario = &world.scenario;
     let link = Arc::new(Link { world: Arc::clone(world), process: id });
     let store: Arc<dyn ClaimStore> = Arc::clone(&link) as Arc<dyn ClaimStore>;
     let clock: Arc<dyn Clock> = Arc::clone(&world.clock) as Arc<dyn Clock>;
-    let policy = ClaimPolicy {
-        expires_after: Duration::from_secs(86_400),
-        local_cache_entries: scenario.cache_entries,
-        ..ClaimPolicy::default()
-    };
-    let claims = Claims::with_policy(Arc::clone(&store), policy, Arc::clone(&clock));
-    let entries = Arc::clone(&link).outbox().expect("the world's store keeps an outbox");
-    let outbox = Outbox::new(entries, Arc::new(Sender { link }), clock, Some(scenario.sweep_every));
-    let keys = Keys::new("body.id", "sim").expect("a valid key").hashed(false);
     // The handler stages every effect: a process claims first, or (as `SQS_ONCE_CLAIM=auto` has it) runs
     // without a claim and commits the key's completion where it is free. Worlds mix the two.
     let claim = match world.draw(|rng| rng.f64() < scenario.unclaimed) {
         true => ClaimFirst::Auto,
         false => ClaimFirst::Always,
     };
-    let options = EngineOptions { concurrency: scenario.concurrency, claim, ..EngineOptions::default() };
-    let handler = Arc::new(SimHandler { world: Arc::clone(world) });
-    Engine::new(handler, Arc::new(claims), keys, options).with_outbox(Some(Arc::new(outbox)))
+    let outbox = OutboxParts {
+        destinations: Arc::new(Sender { link }),
+        times: OutboxTimes::default(),
+        sweep_every: Some(scenario.sweep_every),
+    };
+    let parts = EngineParts {
+        policy: ClaimPolicy {
+            expires_after: scenario.expires_after,
+            local_cache_entries: scenario.cache_entries,
+            ..ClaimPolicy::default()
+        },
+        options: EngineOptions { concurrency: scenario.concurrency, claim, ..EngineOptions::default() },
+        clock,
+        outbox: Some(outbox),
+        ..EngineParts::new(store, Keys::new("body.id", "sim").expect("a valid key").hashed(false))
+    };
+    Consumer::of(parts.engine(Arc::new(SimHandler { world: Arc::clone(world) })))
 }
 
 /// The records of an invocation's `deliveries`, each carrying the
@@ -79,6 +95,10 @@ fn records(deliveries: &[Delivery], invocation: &Invocation) -> Vec<EventRecord>
         .map(|delivery| {
             let mut message = crate::testing::message(&delivery.message_id, delivery.body.clone());
             message.attributes.insert("ApproximateReceiveCount".into(), delivery.receive_count.to_string());
+            if let Some(group) = &delivery.group {
+                message.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:work.fifo".into());
+                message.attributes.insert("MessageGroupId".into(), group.clone());
+            }
             let mut holder = SqsMessageAttribute::default();
             holder.string_value = Some(invocation.request_id.clone());
             holder.data_type = Some("String".into());
@@ -90,20 +110,16 @@ fn records(deliveries: &[Delivery], invocation: &Invocation) -> Vec<EventRecord>
 
 /// A Lambda function: one invocation at a time, frozen from its answer to
 /// its next invocation; killed now and then mid-batch or while frozen, or
-/// shut down with SIGTERM's time to send its unconfirmed writes again.
-async fn lambda(world: &Arc<World>, id: usize, engine: &Engine) {
+/// shut down with SIGTERM; now and then left frozen for minutes to hours
+/// while another environment takes the traffic, then invoked again or
+/// reclaimed; reclaimed with SIGTERM when the world stops.
+async fn lambda(world: &Arc<World>, id: usize, consumer: &Consumer) {
     world.set_life(id, Life::Frozen);
     for batch in 0.. {
-        let deliveries = loop {
-            if world.stopping() {
-                return;
-            }
-            let deliveries = world.receive();
-            if !deliveries.is_empty() {
-                break deliveries;
-            }
-            tokio::time::sleep(TICK).await;
-        };
+        let deliveries = world.receive().await;
+        if deliveries.is_empty() {
+            return shut_down_by_sigterm(world, id, consumer).await;
+        }
         world.set_life(id, Life::Running);
         let invocation = world.invocation(id, batch);
         let records = records(&deliveries, &invocation);
@@ -111,65 +127,91 @@ async fn lambda(world: &Arc<World>, id: usize, engine: &Engine) {
             Instant::now()
                 + world.draw(|rng| Duration::from_millis(rng.u64(0..world.scenario.timeout.as_millis() as u64)))
         });
-        let report = tokio::select! {
+        let answer = tokio::select! {
             biased;
-            report = engine.process(&records, &invocation, None) => report,
+            answer = consumer.process(&records, &invocation) => answer,
             () = sleep_until(killed_at) => return kill(world, id, Mode::Lambda),
         };
-        world.answered(&invocation, &deliveries, &report);
+        world.answered(&invocation, &deliveries, &answer.report);
         world.set_life(id, Life::Frozen);
         if world.strikes(|faults| faults.kill) {
             return kill(world, id, Mode::Lambda);
         }
         if world.strikes(|faults| faults.shutdown) {
-            world.set_life(id, Life::Running);
-            world.count(|stats| stats.shutdowns += 1);
-            engine.leave(Instant::now() + SHUTDOWN_TIME).await;
-            return replace(world, id, Mode::Lambda);
+            shut_down_by_sigterm(world, id, consumer).await;
+            return world.start(Mode::Lambda);
+        }
+        if world.strikes(|faults| faults.long_freeze) && !long_freeze(world).await {
+            return shut_down_by_sigterm(world, id, consumer).await;
         }
     }
 }
 
+/// The environment stays frozen for minutes to hours, while another takes
+/// the traffic; whether it is then invoked again (or else reclaimed).
+async fn long_freeze(world: &Arc<World>) -> bool {
+    world.count(|stats| stats.long_freezes += 1);
+    world.start(Mode::Lambda);
+    let frozen_for = world.draw(|rng| Duration::from_secs(rng.u64(120..=3 * 3_600)));
+    let until = Instant::now() + frozen_for;
+    while Instant::now() < until && !world.stopping() {
+        tokio::time::sleep(LONG_POLL.min(until - Instant::now())).await;
+    }
+    !world.stopping() && world.draw(|rng| rng.bool())
+}
+
+/// Lambda reclaims the environment: SIGTERM, its time to send its
+/// unconfirmed writes again, and it is gone.
+async fn shut_down_by_sigterm(world: &Arc<World>, id: usize, consumer: &Consumer) {
+    world.set_life(id, Life::Running);
+    world.count(|stats| stats.shutdowns += 1);
+    shut_down(&consumer.engine).await;
+    world.set_life(id, Life::Dead);
+}
+
 /// A `poll` process, or an environment of Lambda Managed Instances (`mode`):
-/// batches overlapping, never frozen; killed now and then, or stopped (its
-/// batches finish, its unconfirmed writes are sent again).
-async fn poll(world: &Arc<World>, id: usize, engine: &Engine, mode: Mode) {
+/// batches overlapping, never frozen; killed now and then, or stopped: its
+/// batches finish, its unconfirmed writes are sent again (`poll` leaving,
+/// or a managed environment's SIGTERM).
+async fn poll(world: &Arc<World>, id: usize, consumer: &Consumer, mode: Mode) {
     let batches = Arc::new(Semaphore::new(POLL_BATCHES));
     for batch in 0.. {
-        if world.stopping() {
-            return;
-        }
         let Ok(permit) = Arc::clone(&batches).acquire_owned().await else { return };
-        let deliveries = world.receive();
+        let deliveries = world.receive().await;
         if deliveries.is_empty() {
             drop(permit);
-            // As `poll` does, the outbox is swept between batches too (a managed environment's tending does).
-            if let Some(outbox) = engine.outbox().filter(|_| mode == Mode::Poll) {
-                outbox.sweep_if_due(None);
-            }
-            tokio::time::sleep(TICK).await;
-            continue;
+            return leave(world, id, consumer, mode, &batches).await;
         }
         if batches.available_permits() < POLL_BATCHES - 1 {
             world.count(|stats| stats.overlapping += 1);
         }
-        let (world_, engine_) = (Arc::clone(world), engine.clone());
+        let (world_, consumer_) = (Arc::clone(world), consumer.clone());
         tokio::spawn(async move {
             let invocation = world_.invocation(id, batch);
-            let report = engine_.process(&records(&deliveries, &invocation), &invocation, None).await;
-            world_.answered(&invocation, &deliveries, &report);
+            let answer = consumer_.process(&records(&deliveries, &invocation), &invocation).await;
+            world_.answered(&invocation, &deliveries, &answer.report);
             drop(permit);
         });
         if world.strikes(|faults| faults.kill) {
             return kill(world, id, mode);
         }
         if world.strikes(|faults| faults.shutdown) {
-            world.count(|stats| stats.shutdowns += 1);
-            let _all_done = batches.acquire_many(POLL_BATCHES as u32).await;
-            engine.leave(Instant::now() + LEAVING_TIME).await;
-            return replace(world, id, mode);
+            leave(world, id, consumer, mode, &batches).await;
+            return world.start(mode);
         }
     }
+}
+
+/// A `poll` process or a managed environment stops: its batches finish,
+/// then it leaves as each does.
+async fn leave(world: &Arc<World>, id: usize, consumer: &Consumer, mode: Mode, batches: &Semaphore) {
+    world.count(|stats| stats.shutdowns += 1);
+    let _all_done = batches.acquire_many(POLL_BATCHES as u32).await;
+    match mode {
+        Mode::Managed => drop(shut_down(&consumer.engine).await),
+        _ => drop(consumer.leave(Instant::now() + LEAVING_TIME).await),
+    }
+    world.set_life(id, Life::Dead);
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -179,14 +221,9 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// The process is gone; another takes its place.
-fn replace(world: &Arc<World>, id: usize, mode: Mode) {
-    world.set_life(id, Life::Dead);
-    world.start(mode);
-}
-
 /// The process is killed without notice; another takes its place.
 fn kill(world: &Arc<World>, id: usize, mode: Mode) {
     world.count(|stats| stats.kills += 1);
-    replace(world, id, mode);
+    world.set_life(id, Life::Dead);
+    world.start(mode);
 }

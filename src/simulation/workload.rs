@@ -3,7 +3,8 @@
 //!
 //! A staging handler writes, in its transaction, one increment of its key's
 //! `applied` counter (so the store shows how often a key's writes applied)
-//! and one item of its own run (so the store shows which runs applied), may
+//! and one of its own run's (so the store shows how often each run's
+//! writes applied: once at most, ever), may
 //! open a gate or be conditioned on one (a `Check` whose refusal is
 //! retryable or permanent), and sends messages through the outbox whose
 //! bodies name the run. A plain handler stages nothing.
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::world::World;
 use crate::{
     ErrorKind, Handler, HandlerError, HandlerResult, Record,
+    lock::lock,
     transaction::{Check, Condition, Key, Message, Put, Update},
 };
 
@@ -110,7 +112,8 @@ impl Handler for SimHandler {
 
     async fn handle(&self, record: &Record) -> HandlerResult {
         let spec: Spec = record.body_json()?;
-        let run = self.world.start_run(record, &spec);
+        let holder = record.message_attributes().get(HOLDER).and_then(|holder| holder.string_value.clone());
+        let run = lock(&self.world.ledger).start_run(record.key.clone(), holder.unwrap_or_default(), &spec);
         if spec.sleep_ms > 0 {
             tokio::time::sleep(Duration::from_millis(spec.sleep_ms)).await;
         }
@@ -123,7 +126,7 @@ impl Handler for SimHandler {
         let Some(staging) = &spec.staged else { return Ok(None) };
         let transaction = record.transaction();
         transaction.stage(Update::new("applied", Key::new("pk", spec.id.as_str())).add("n", 1))?;
-        transaction.stage(Put::new("runs", Key::new("run", run.id)).set("key", spec.id.as_str()))?;
+        transaction.stage(Update::new("runs", Key::new("run", run.id)).set("key", spec.id.as_str()).add("n", 1))?;
         if let Some(gate) = &staging.opens {
             transaction.stage(Put::new("gates", Key::new("pk", gate.as_str())).set("open", true))?;
         }

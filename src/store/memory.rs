@@ -57,6 +57,25 @@ impl MemoryStore {
         items.into_iter().map(|(_, item)| Value::Object(item.clone())).collect()
     }
 
+    /// Deletes, as a table's TTL does, each claim whose expiry has passed at
+    /// `now_ms` and that `deletes` picks (by id, in id order); the ids deleted.
+    #[cfg(test)]
+    pub(crate) fn delete_expired(&self, now_ms: u64, mut deletes: impl FnMut(&str) -> bool) -> Vec<String> {
+        let mut state = self.state();
+        let mut expired: Vec<String> = state
+            .records
+            .values()
+            .filter(|record| record.expires_at_s < now_ms / 1000)
+            .map(|record| record.id.clone())
+            .collect();
+        expired.sort();
+        expired.retain(|id| deletes(id));
+        for id in &expired {
+            state.records.remove(id);
+        }
+        expired
+    }
+
     /// Applies `change` to the in-progress record `id` if it still holds `token`.
     fn fenced(&self, id: &str, token: &str, change: impl FnOnce(&mut HashMap<String, StoredClaim>)) -> Fenced {
         let mut state = self.state();

@@ -4,7 +4,7 @@
 //! a key race, a failure leaves nothing applied, and a live claim elsewhere
 //! is a conflict.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use super::*;
 use crate::{
@@ -238,4 +238,88 @@ async fn claiming_always_claims_first_and_nothing_staged_completes_with_one_cond
     assert_eq!(store.status("test#m-2").await, Some(ClaimStatus::Completed));
     let again = run(&engine, vec![message("m-2", json!({"stage": false}))], SECS_30).await;
     assert_eq!(outcome(&again, "m-2"), &Outcome::Duplicate);
+}
+
+/// The memory store, whose commits apply and whose answers are lost while
+/// `losing` is set: as DynamoDB slow to answer, or a freeze at the answer.
+#[derive(Default)]
+struct LosesCommitAnswers {
+    inner: MemoryStore,
+    losing: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl ClaimStore for LosesCommitAnswers {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        self.inner.put_if_free(record, now_ms).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        self.inner.finish(id, token, finish).await
+    }
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        self.inner.release(id, token).await
+    }
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl CommitStore for LosesCommitAnswers {
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
+        let committed = self.inner.commit(id, token, commit).await;
+        match self.losing.load(Ordering::SeqCst) {
+            true => Err(StoreError::unavailable("the answer was lost")),
+            false => committed,
+        }
+    }
+}
+
+/// A commit whose answer was lost, kept, and sent again `later` (as the
+/// process leaves: SIGTERM), the key's completion deleted by TTL first when
+/// `deleted`: how often the key's writes applied, and how many writes the
+/// engine gave up.
+async fn kept_commit_sent_again(later: Duration, deleted: bool) -> (u64, u64) {
+    let store = Arc::new(LosesCommitAnswers { losing: AtomicBool::new(true), ..LosesCommitAnswers::default() });
+    let clock = Arc::new(crate::clock::ManualClock::new(SystemClock.now_ms()));
+    let policy =
+        ClaimPolicy { expires_after: Duration::from_secs(60), local_cache_entries: 0, ..ClaimPolicy::default() };
+    let setup =
+        Setup { store: Arc::clone(&store) as Arc<dyn ClaimStore>, policy, clock: clock.clone(), ..Setup::default() };
+    let engine = setup.engine(Credits::default());
+    let deadline = std::time::UNIX_EPOCH + Duration::from_millis(clock.now_ms()) + SECS_30;
+    let invocation = Invocation { deadline, request_id: "r-1".into() };
+    let event = parse_event(&json!({ "Records": [message("m-1", json!({}))] }).to_string()).unwrap();
+    let report = engine.process(&event, &invocation, None).await;
+    assert!(matches!(outcome(&report, "m-1"), Outcome::Failed(Failure::Uncommitted { .. })), "{report:?}");
+    let applied = |store: &LosesCommitAnswers| {
+        let items = store.inner.items("applied");
+        items.iter().find(|item| item["pk"] == "test#m-1").map_or(0, |item| item["n"].as_u64().unwrap_or(0))
+    };
+    assert_eq!(applied(&store), 1, "the commit applied; its answer was lost");
+    clock.advance(later);
+    if deleted {
+        // The key's completion expired (60 s), and TTL deleted it, as it may at any moment after.
+        store.inner.delete_expired(clock.now_ms(), |_| true);
+        assert_eq!(store.inner.get("test#m-1").await.unwrap(), None);
+    }
+    store.losing.store(false, Ordering::SeqCst);
+    engine.leave(tokio::time::Instant::now() + Duration::from_secs(1)).await;
+    (applied(&store), engine.claims().writes_given_up())
+}
+
+#[tokio::test]
+async fn a_kept_commit_is_not_sent_again_once_the_completion_that_refuses_it_can_be_gone() {
+    let (applied, given_up) = kept_commit_sent_again(Duration::from_secs(11 * 60), true).await;
+    assert_eq!(applied, 1, "the key's writes applied a second time, hours after the first");
+    assert_eq!(given_up, 1, "the commit is given up, counted");
+}
+
+#[tokio::test]
+async fn a_kept_commit_sent_again_within_its_time_finds_its_own_completion() {
+    let (applied, given_up) = kept_commit_sent_again(Duration::from_secs(10), false).await;
+    assert_eq!((applied, given_up), (1, 0), "sent again, it lands as the write that had applied");
 }

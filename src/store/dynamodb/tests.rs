@@ -20,7 +20,7 @@ use crate::{
     Handler, HandlerResult, Record,
     claim::{Claim, ClaimPolicy, ClaimRequest, Claims},
     clock::{Clock, SystemClock},
-    engine::{Engine, EngineOptions, Invocation, tests::Directed},
+    engine::{Engine, EngineParts, Invocation, tests::Directed},
     event::parse_event,
     key::Keys,
     report::{BatchReport, Outcome},
@@ -45,9 +45,8 @@ pub(crate) async fn fresh_table() -> (DynamoDbStore, Arc<RequestCounter>) {
 }
 
 fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> Engine {
-    let claims = Claims::with_policy(Arc::new(store), policy, Arc::new(SystemClock));
     let keys = Keys::new("body.key", "test").unwrap();
-    Engine::new(Arc::new(handler), Arc::new(claims), keys, EngineOptions::default())
+    EngineParts { policy, ..EngineParts::new(Arc::new(store), keys) }.engine(Arc::new(handler))
 }
 
 async fn run(engine: &Engine, records: &[Value]) -> BatchReport {
@@ -371,10 +370,9 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
     })
     .await;
     let store = store_through(&proxy, TableLayout::new(table)).await;
-    let claims = Claims::with_policy(Arc::new(store), ClaimPolicy::default(), Arc::new(SystemClock));
     let keys = Keys::new("body.key", "test").unwrap().hashed(false);
     let handler = Directed::default();
-    let engine = Engine::new(Arc::new(handler.clone()), Arc::new(claims), keys, EngineOptions::default());
+    let engine = EngineParts::new(Arc::new(store), keys).engine(Arc::new(handler.clone()));
 
     let bodies = (0..30).map(|n| json!({"key": format!("{}-{n}", ["done", "held", "free"][n % 3])}));
     let report = run(&engine, &testkit::records(bodies)).await;
@@ -544,10 +542,9 @@ impl Handler for FailsWithItsText {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() {
     let (store, requests) = fresh_table().await;
-    let claims = Claims::with_policy(Arc::new(store.clone()), ClaimPolicy::default(), Arc::new(SystemClock));
     // Keys stored as they are, so that one can be longer than DynamoDB's 2,048-byte partition key.
     let keys = Keys::new("body.key", "test").unwrap().hashed(false);
-    let engine = Engine::new(Arc::new(FailsWithItsText), Arc::new(claims), keys, EngineOptions::default());
+    let engine = EngineParts::new(Arc::new(store.clone()), keys).engine(Arc::new(FailsWithItsText));
     let long_key = "k".repeat(3000);
     let mut bodies: Vec<Value> = (0..20).map(|n| json!({ "key": format!("ok-{n}") })).collect();
     bodies.push(json!({ "key": "huge-error", "error": "e".repeat(1 << 20) }));

@@ -232,6 +232,22 @@ const TRANSIENT: &[&str] = &[
 /// progress.
 const IN_PROGRESS_RETRY: std::time::Duration = std::time::Duration::from_millis(5_100);
 
+/// Why an attempt of a commit without a claim is not sent: its time to be
+/// sent has passed ([`Commit::send_by_ms`]), read from the wall clock at the
+/// attempt, since an attempt held by a freeze goes out at the thaw. The
+/// answer is an error, and the commit is given up (its record was reported
+/// failed, and its redelivery decides).
+fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
+    let send_by_ms = send_by_ms?;
+    let now_ms = crate::clock::epoch_ms(std::time::SystemTime::now());
+    (now_ms > send_by_ms).then(|| {
+        StoreError::unavailable(format!(
+            "a commit without a claim is sent by {send_by_ms} (epoch ms), and it is {now_ms}: the key's completion \
+             could have expired and been deleted, or DynamoDB's token window has passed"
+        ))
+    })
+}
+
 /// What a cancellation means for the commit.
 enum Judged {
     Done(Result<Committed, StoreError>),
@@ -254,17 +270,24 @@ impl DynamoDbStore {
         commit: &Commit,
     ) -> Result<Committed, StoreError> {
         let actions = self.actions(id, token, commit)?;
+        let send_by_ms = commit.send_by_ms();
         let mut backoff = Backoff::default();
         let mut attempts = 0;
         let first = tokio::time::Instant::now();
         loop {
             attempts += 1;
+            if let Some(late) = too_late(send_by_ms) {
+                return Err(late);
+            }
             let sent_at = tokio::time::Instant::now();
             let sent = self
                 .client
                 .transact_write_items()
                 .set_transact_items(Some(actions.clone()))
                 .client_request_token(token)
+                .customize()
+                // Checked again before each of the SDK's own attempts: a freeze can hold one for hours.
+                .map_request(move |request| too_late(send_by_ms).map_or(Ok(request), Err))
                 .send()
                 .await;
             let (again, in_progress) = match sent {

@@ -1,0 +1,230 @@
+//! What happened in a world, as [`super::check`] judges it: the runs of the
+//! handler, the outcomes the batches reported, the messages the
+//! destinations received and which of them may be received twice, and a
+//! few counts for the summary line.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    fmt,
+    hash::{DefaultHasher, Hash, Hasher},
+};
+
+use super::workload::Spec;
+use crate::report::Outcome;
+
+/// A run of the handler, as it saw itself.
+#[derive(Debug, Clone)]
+pub(super) struct RunInfo {
+    pub id: u64,
+    pub key: String,
+    /// The run's place among the runs of its key, from 1.
+    pub attempt: u32,
+    /// The invocation it ran in.
+    pub holder: String,
+    pub spec: Spec,
+}
+
+/// A record's outcome as its batch reported it.
+#[derive(Debug, Clone)]
+pub(super) struct Reported {
+    /// When its batch started: what the table said of the key from then on
+    /// is what the outcome answers to.
+    pub batch_started_ms: u64,
+    pub holder: String,
+    pub message_id: String,
+    pub key: Option<String>,
+    pub outcome: Outcome,
+}
+
+/// Counts of what the world did, summed over seeds for the summary line.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Stats {
+    pub batches: u64,
+    pub records: u64,
+    pub store_calls: u64,
+    pub failed_before: u64,
+    pub lost_after: u64,
+    pub lingered: u64,
+    pub slow: u64,
+    pub conflicts: u64,
+    pub send_failed: u64,
+    pub send_refused: u64,
+    pub send_lost: u64,
+    pub slow_sends: u64,
+    pub kills: u64,
+    pub shutdowns: u64,
+    pub copies: u64,
+    pub freezes: u64,
+    pub long_freezes: u64,
+    pub overlapping: u64,
+    pub applied_runs: u64,
+    pub messages_sent: u64,
+    pub uncommitted: u64,
+    pub cancelled: u64,
+    pub unclaimed_commits: u64,
+    pub taken: u64,
+    pub ttl_deleted: u64,
+    pub given_up: u64,
+    pub quiet_worlds: u64,
+    pub fifo_worlds: u64,
+}
+
+impl Stats {
+    pub(super) fn add(&mut self, other: &Stats) {
+        let fields = [
+            (&mut self.batches, other.batches),
+            (&mut self.records, other.records),
+            (&mut self.store_calls, other.store_calls),
+            (&mut self.failed_before, other.failed_before),
+            (&mut self.lost_after, other.lost_after),
+            (&mut self.lingered, other.lingered),
+            (&mut self.slow, other.slow),
+            (&mut self.conflicts, other.conflicts),
+            (&mut self.send_failed, other.send_failed),
+            (&mut self.send_refused, other.send_refused),
+            (&mut self.send_lost, other.send_lost),
+            (&mut self.slow_sends, other.slow_sends),
+            (&mut self.kills, other.kills),
+            (&mut self.shutdowns, other.shutdowns),
+            (&mut self.copies, other.copies),
+            (&mut self.freezes, other.freezes),
+            (&mut self.long_freezes, other.long_freezes),
+            (&mut self.overlapping, other.overlapping),
+            (&mut self.applied_runs, other.applied_runs),
+            (&mut self.messages_sent, other.messages_sent),
+            (&mut self.uncommitted, other.uncommitted),
+            (&mut self.cancelled, other.cancelled),
+            (&mut self.unclaimed_commits, other.unclaimed_commits),
+            (&mut self.taken, other.taken),
+            (&mut self.ttl_deleted, other.ttl_deleted),
+            (&mut self.given_up, other.given_up),
+            (&mut self.quiet_worlds, other.quiet_worlds),
+            (&mut self.fifo_worlds, other.fifo_worlds),
+        ];
+        for (total, value) in fields {
+            *total += value;
+        }
+    }
+
+    /// The faults and schedules the simulation is made to meet, counted.
+    pub(super) fn faults(&self) -> [(&'static str, u64); 23] {
+        [
+            ("a request failed before applying", self.failed_before),
+            ("an answer lost after applying", self.lost_after),
+            ("a request applied after its caller gave up", self.lingered),
+            ("a slow answer", self.slow),
+            ("a transaction conflict", self.conflicts),
+            ("a failed send", self.send_failed),
+            ("a refused send", self.send_refused),
+            ("a send whose answer was lost", self.send_lost),
+            ("a send that took seconds", self.slow_sends),
+            ("a killed process", self.kills),
+            ("a shutdown", self.shutdowns),
+            ("an SQS copy", self.copies),
+            ("an environment frozen for minutes to hours", self.long_freezes),
+            ("overlapping batches", self.overlapping),
+            ("an uncommitted record", self.uncommitted),
+            ("a cancelled commit", self.cancelled),
+            ("a commit without a claim", self.unclaimed_commits),
+            ("a commit without a claim that found the key taken", self.taken),
+            ("a claim deleted by TTL", self.ttl_deleted),
+            ("a commit given up unconfirmed", self.given_up),
+            ("a world whose traffic stops", self.quiet_worlds),
+            ("a FIFO queue", self.fifo_worlds),
+            ("a run applied", self.applied_runs),
+        ]
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} batches, {} records, {} store calls, {} runs applied, {} messages sent; faults: {}",
+            self.batches,
+            self.records,
+            self.store_calls,
+            self.applied_runs,
+            self.messages_sent,
+            self.faults().iter().map(|(what, count)| format!("{what} {count}")).collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+/// What happened, for the checks.
+#[derive(Debug, Default)]
+pub(super) struct Ledger {
+    pub runs: Vec<RunInfo>,
+    attempts: HashMap<String, u32>,
+    pub reports: Vec<Reported>,
+    /// Each message body received by its destination, with how often.
+    pub sends: HashMap<String, u32>,
+    /// The bodies in the order their destination first received them.
+    pub first_sent: Vec<String>,
+    /// Bodies that may be received twice: a process died or froze while
+    /// their send or deletion was under way, the send's answer was lost, or
+    /// the deletion failed.
+    pub excused: BTreeSet<String>,
+    /// Bodies each process sent and has not yet deleted the entry of.
+    in_flight: BTreeMap<usize, BTreeSet<String>>,
+    /// The body of each outbox entry, by entry id.
+    pub entries: HashMap<String, String>,
+    /// Finishing writes waiting for their answer, by claim and token.
+    pub pending: HashMap<(String, String), u32>,
+    pub violations: Vec<String>,
+    pub stats: Stats,
+    digest: DefaultHasher,
+}
+
+impl Ledger {
+    /// Adds `event` to the digest that proves a replay exact; with
+    /// `SQS_ONCE_SIM_TRACE` set, prints it too, at the world's time.
+    pub(super) fn note(&mut self, event: impl Hash + fmt::Debug) {
+        if std::env::var_os("SQS_ONCE_SIM_TRACE").is_some() {
+            eprintln!("{event:?}");
+        }
+        event.hash(&mut self.digest);
+    }
+
+    pub(super) fn digest(&self) -> u64 {
+        self.digest.finish()
+    }
+
+    /// A handler run starts.
+    pub(super) fn start_run(&mut self, key: String, holder: String, spec: &Spec) -> RunInfo {
+        let attempt = {
+            let attempts = self.attempts.entry(spec.id.clone()).or_default();
+            *attempts += 1;
+            *attempts
+        };
+        let run = RunInfo { id: self.runs.len() as u64, key, attempt, holder, spec: spec.clone() };
+        self.note(("run", run.id, &run.key, &run.holder));
+        self.runs.push(run.clone());
+        run
+    }
+
+    /// `process` delivered `body` to its destination.
+    pub(super) fn received(&mut self, process: usize, body: &str) {
+        self.stats.messages_sent += 1;
+        let times = self.sends.entry(body.to_owned()).or_default();
+        *times += 1;
+        if *times == 1 {
+            self.first_sent.push(body.to_owned());
+        }
+        self.in_flight.entry(process).or_default().insert(body.to_owned());
+    }
+
+    /// `process` deleted the entry of `body`: sent once by it, for good.
+    pub(super) fn deleted(&mut self, process: usize, body: &str) {
+        if let Some(bodies) = self.in_flight.get_mut(&process) {
+            bodies.remove(body);
+        }
+    }
+
+    /// `process` died or froze: what it sent and had not deleted yet may be
+    /// sent again by another.
+    pub(super) fn stopped(&mut self, process: usize) {
+        let bodies = self.in_flight.remove(&process).unwrap_or_default();
+        self.excused.extend(bodies);
+    }
+}

@@ -1,0 +1,397 @@
+//! The table and the destinations as one process meets them: each request
+//! travels there and back in its own time, may fail before it applies, be
+//! lost after, or apply after its caller gave up (even after the caller's
+//! next request was answered); a frozen process holds its requests until
+//! it thaws, and a dead one never gets an answer.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+
+use super::{
+    table::Table,
+    world::{Life, World},
+};
+use crate::{
+    clock::Clock,
+    lock::lock,
+    outbox::{Destinations, SendError},
+    store::{
+        ClaimAdmin, ClaimQuery, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing, OutboxEntry,
+        OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
+    },
+    transaction::Message,
+};
+
+/// The table as one process meets it.
+#[derive(Debug)]
+pub(super) struct Link {
+    pub world: Arc<World>,
+    pub process: usize,
+}
+
+/// What becomes of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Fate {
+    Answered,
+    FailedBefore,
+    LostAfter,
+    /// The caller gives up after the first duration; the request applies
+    /// after the second, seconds later.
+    Lingers,
+}
+
+/// A request, for the fences it must respect and the ledger.
+struct Call<'a> {
+    name: &'static str,
+    /// What it is about, as the digest may see it (no tokens: they are
+    /// random per test process).
+    about: &'a str,
+    /// The claim and token of a finishing write: only one may be waiting
+    /// for its answer at a time.
+    fence: Option<(&'a str, &'a str)>,
+    /// The outbox entry's body, for a deletion.
+    deletes: Option<String>,
+}
+
+/// Excuses a second send of `body` unless disarmed: a send or deletion
+/// whose caller stopped waiting, or met an error, leaves the entry to be
+/// sent again.
+struct Excuse<'w> {
+    world: &'w World,
+    body: Option<String>,
+}
+
+impl Excuse<'_> {
+    fn disarm(mut self) {
+        self.body = None;
+    }
+}
+
+impl Drop for Excuse<'_> {
+    fn drop(&mut self) {
+        if let Some(body) = self.body.take() {
+            lock(&self.world.ledger).excused.insert(body);
+        }
+    }
+}
+
+impl Link {
+    /// Waits while the process is frozen; never returns once it is dead.
+    pub(super) async fn hold(&self) {
+        self.world.hold(self.process).await;
+    }
+
+    fn fate(&self) -> (Fate, Duration, Duration) {
+        let world = &self.world;
+        let short = |rng: &mut fastrand::Rng| Duration::from_millis(rng.u64(1..=15));
+        let long = |rng: &mut fastrand::Rng| Duration::from_millis(rng.u64(200..=8_000));
+        let fate = if world.strikes(|faults| faults.fail_before) {
+            Fate::FailedBefore
+        } else if world.strikes(|faults| faults.lost_after) {
+            Fate::LostAfter
+        } else if world.strikes(|faults| faults.linger) {
+            Fate::Lingers
+        } else {
+            Fate::Answered
+        };
+        let slow = world.strikes(|faults| faults.slow);
+        world.draw(|rng| match fate {
+            Fate::Lingers => {
+                let gives_up = Duration::from_millis(rng.u64(500..=3_000));
+                (fate, gives_up, gives_up + Duration::from_millis(rng.u64(1..=30_000)))
+            }
+            _ if slow && rng.bool() => (fate, long(rng), short(rng)),
+            _ if slow => (fate, short(rng), long(rng)),
+            _ => (fate, short(rng), short(rng)),
+        })
+    }
+
+    /// One request: its fate drawn, the operation applied to the table (or
+    /// not) after its way there, the answer back after its way back, held
+    /// while the process is frozen, never once it is dead.
+    async fn call<T, F>(&self, call: Call<'_>, operation: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Table) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.hold().await;
+        let world = &self.world;
+        let (fate, there, back) = self.fate();
+        let excuse = Excuse { world, body: call.deletes.clone() };
+        {
+            let mut ledger = lock(&world.ledger);
+            ledger.note((self.process, call.name, call.about, fate, there, back));
+            ledger.stats.store_calls += 1;
+            match fate {
+                Fate::FailedBefore => ledger.stats.failed_before += 1,
+                Fate::LostAfter => ledger.stats.lost_after += 1,
+                Fate::Lingers => ledger.stats.lingered += 1,
+                Fate::Answered => {}
+            }
+            if there + back > Duration::from_millis(100) && fate != Fate::Lingers {
+                ledger.stats.slow += 1;
+            }
+            if let Some((id, token)) = call.fence {
+                let pending = ledger.pending.entry((id.to_owned(), token.to_owned())).or_default();
+                *pending += 1;
+                if *pending > 1 {
+                    let violation = format!(
+                        "process {}: the {} of {id} was sent while an earlier send of it waited for its answer",
+                        self.process, call.name
+                    );
+                    ledger.violations.push(violation);
+                }
+            }
+        }
+        let (applied, answer) = tokio::sync::oneshot::channel();
+        if fate != Fate::FailedBefore {
+            // The request travels on its own: once sent, it applies whatever becomes of its sender.
+            let world = Arc::clone(world);
+            let (process, deletes) = (self.process, call.deletes.clone());
+            let applies_after = if fate == Fate::Lingers { back } else { there };
+            tokio::spawn(async move {
+                tokio::time::sleep(applies_after).await;
+                let result = operation(&world.table);
+                if let (Some(body), Ok(_)) = (&deletes, &result) {
+                    lock(&world.ledger).deleted(process, body);
+                }
+                let _ = applied.send(result);
+            });
+        }
+        let result = match fate {
+            Fate::Answered => {
+                let result = answer.await.unwrap_or_else(|_| Err(StoreError::unavailable("no answer")));
+                tokio::time::sleep(back).await;
+                result
+            }
+            Fate::FailedBefore => {
+                tokio::time::sleep(there + back).await;
+                Err(StoreError::unavailable("throttled"))
+            }
+            Fate::LostAfter => {
+                let _ = answer.await;
+                tokio::time::sleep(back).await;
+                Err(StoreError::unavailable("the answer was lost"))
+            }
+            Fate::Lingers => {
+                tokio::time::sleep(there).await;
+                Err(StoreError::unavailable("timed out"))
+            }
+        };
+        if world.life(self.process) != Life::Running {
+            // The answer waits for a thaw that may come after the sending lease, or never.
+            drop(excuse);
+        } else if result.is_ok() {
+            excuse.disarm();
+        }
+        self.hold().await;
+        let mut ledger = lock(&world.ledger);
+        if let Some((id, token)) = call.fence
+            && let Some(pending) = ledger.pending.get_mut(&(id.to_owned(), token.to_owned()))
+        {
+            *pending -= 1;
+        }
+        result
+    }
+
+    fn entry_body(&self, id: &str) -> Option<String> {
+        lock(&self.world.ledger).entries.get(id).cloned()
+    }
+}
+
+#[async_trait]
+impl ClaimStore for Link {
+    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        let call = Call { name: "claim", about: &record.id, fence: None, deletes: None };
+        let record = record.clone();
+        self.call(call, move |table| table.put_if_free(&record, now_ms).now()).await
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
+        let call = Call { name: "read", about: id, fence: None, deletes: None };
+        let id = id.to_owned();
+        self.call(call, move |table| table.get(&id).now()).await
+    }
+
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
+        let call = Call { name: "finish", about: id, fence: Some((id, token)), deletes: None };
+        let (id, token, finish) = (id.to_owned(), token.to_owned(), finish.clone());
+        self.call(call, move |table| table.finish(&id, &token, &finish).now()).await
+    }
+
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        let call = Call { name: "release", about: id, fence: Some((id, token)), deletes: None };
+        let (id, token) = (id.to_owned(), token.to_owned());
+        self.call(call, move |table| table.release(&id, &token).now()).await
+    }
+
+    fn gathers_calls(&self) -> bool {
+        self.world.scenario.gathers
+    }
+
+    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
+        Some(self)
+    }
+
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        Some(self)
+    }
+
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ClaimAdmin for Link {
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError> {
+        self.world.table.list(query).await
+    }
+
+    async fn replace_seen(
+        &self,
+        seen: Option<&StoredClaim>,
+        record: Option<&StoredClaim>,
+    ) -> Result<Fenced, StoreError> {
+        self.world.table.replace_seen(seen, record).await
+    }
+}
+
+#[async_trait]
+impl CommitStore for Link {
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
+        {
+            let mut ledger = lock(&self.world.ledger);
+            for entry in &commit.outbox {
+                ledger.entries.insert(entry.id.clone(), entry.message.body.clone());
+            }
+        }
+        // The DynamoDB store's client sends no attempt of a commit without a claim past its time (the attempt
+        // held by a freeze goes out at the thaw, and is checked then).
+        if let Some(send_by_ms) = commit.send_by_ms() {
+            self.hold().await;
+            if self.world.clock.now_ms() > send_by_ms {
+                return Err(StoreError::unavailable("too late to send a commit without a claim"));
+            }
+        }
+        let call = Call { name: "commit", about: id, fence: Some((id, token)), deletes: None };
+        let unclaimed = commit.unclaimed.is_some();
+        let holds_ms = self.world.draw(|rng| rng.u64(0..=self.world.scenario.transaction_ms));
+        let (id, token, commit) = (id.to_owned(), token.to_owned(), commit.clone());
+        let world = Arc::clone(&self.world);
+        let committed = self
+            .call(call, move |table| {
+                let committed = table.commit(&id, &token, &commit, holds_ms);
+                if matches!(&committed, Err(StoreError::Unavailable(error)) if error.to_string().starts_with("TransactionConflict"))
+                {
+                    world.count(|stats| stats.conflicts += 1);
+                }
+                committed
+            })
+            .await;
+        self.world.count(|stats| {
+            stats.unclaimed_commits += u64::from(unclaimed);
+            stats.taken += u64::from(matches!(committed, Ok(Committed::Taken(_))));
+        });
+        committed
+    }
+}
+
+#[async_trait]
+impl OutboxStore for Link {
+    async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+        let call = Call { name: "outbox", about: "", fence: None, deletes: None };
+        let query = *query;
+        let lag_ms = self.world.draw(|rng| rng.u64(0..=self.world.scenario.index_lag_ms));
+        self.call(call, move |table| Ok(table.entries(&query, lag_ms))).await
+    }
+
+    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+        let call = Call { name: "take", about: &entry.message.body, fence: None, deletes: None };
+        let (entry, token) = (entry.clone(), token.to_owned());
+        self.call(call, move |table| table.take_entry(&entry, &token, lease_until_ms).now()).await
+    }
+
+    async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        let body = self.entry_body(id);
+        let about = body.clone().unwrap_or_default();
+        let call = Call { name: "delete", about: &about, fence: None, deletes: body };
+        let (id, token) = (id.to_owned(), token.to_owned());
+        self.call(call, move |table| table.entry_sent(&id, &token).now()).await
+    }
+}
+
+/// A future of the in-memory table, which never waits: its answer now.
+trait Now: Future + Sized {
+    fn now(self) -> Self::Output {
+        futures::FutureExt::now_or_never(self).expect("the table answers at once")
+    }
+}
+
+impl<F: Future> Now for F {}
+
+/// The destinations as one process meets them.
+#[derive(Debug)]
+pub(super) struct Sender {
+    pub link: Arc<Link>,
+}
+
+#[async_trait]
+impl Destinations for Sender {
+    async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), SendError> {
+        let link = &self.link;
+        let world = &link.world;
+        link.hold().await;
+        let (failed, refused, lost, slow) = (
+            world.strikes(|faults| faults.send_fail),
+            world.strikes(|faults| faults.send_refused),
+            world.strikes(|faults| faults.send_lost),
+            world.strikes(|faults| faults.slow_send),
+        );
+        let (there, back) = world.draw(|rng| match slow {
+            true => (Duration::from_millis(rng.u64(1_000..=8_000)), Duration::from_millis(rng.u64(1..=2_000))),
+            false => (Duration::from_millis(rng.u64(1..=10)), Duration::from_millis(rng.u64(1..=10))),
+        });
+        let body = message.body.clone();
+        let delivered = !failed && !refused;
+        let excuse = Excuse { world, body: delivered.then(|| body.clone()) };
+        {
+            let mut ledger = lock(&world.ledger);
+            ledger.note((link.process, "send", &body, failed, refused, lost, there, back));
+            if failed {
+                ledger.stats.send_failed += 1;
+            } else if refused {
+                ledger.stats.send_refused += 1;
+            }
+            ledger.stats.send_lost += u64::from(delivered && lost);
+            ledger.stats.slow_sends += u64::from(slow);
+        }
+        let (arrived, arrival) = tokio::sync::oneshot::channel();
+        if delivered {
+            // The message travels on its own: once sent, it arrives whatever becomes of its sender.
+            let (world, process) = (Arc::clone(world), link.process);
+            tokio::spawn(async move {
+                tokio::time::sleep(there).await;
+                lock(&world.ledger).received(process, &body);
+                let _ = arrived.send(());
+            });
+            let _ = arrival.await;
+        } else {
+            tokio::time::sleep(there).await;
+        }
+        tokio::time::sleep(back).await;
+        if world.life(link.process) != Life::Running {
+            drop(excuse);
+        } else if delivered && !lost {
+            excuse.disarm();
+        }
+        link.hold().await;
+        match (failed, refused, lost) {
+            (true, _, _) => Err(SendError::failed("the destination failed")),
+            (_, true, _) => Err(SendError::refused("AccessDenied")),
+            (_, _, true) => Err(SendError::failed("the answer was lost")),
+            _ => Ok(()),
+        }
+    }
+}
