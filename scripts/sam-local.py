@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import boto3
 
@@ -115,6 +116,33 @@ for round in ("", " again"):
     notices = sorted(json.loads(body)["message_id"][-2:] for body in drain("ledger-notices"))
     check(f"ledger.json{round}: notices", notices, ["01", "02", "04"] if not round else [])
     check(f"ledger.json{round}: dead-lettered (the overdraft)", len(drain("sqs-once-dead-letters")), 1)
+
+# The outbox swept as the template's schedule asks (events/outbox-sweep.json): a credit committed while its notice
+# queue did not exist waits in the outbox; once the queue exists and the entry's sending lease (15 s) has ended, the
+# sweep event sends it, whether or not a message comes.
+later = "ledger-notices-later"
+with open("env.json") as shipped, tempfile.NamedTemporaryFile("w", suffix=".json") as quiet, \
+        tempfile.NamedTemporaryFile("w", suffix=".json") as credit:
+    settings = json.load(shipped)
+    notices = settings["ConsumerFunction"]["SQS_ONCE_LEDGER_NOTIFY_URL"]
+    settings["ConsumerFunction"]["SQS_ONCE_LEDGER_NOTIFY_URL"] = notices.rsplit("/", 1)[0] + "/" + later
+    json.dump(settings, quiet)
+    quiet.flush()
+    with open("events/ledger.json") as ledger:
+        record = json.load(ledger)["Records"][0]
+    record.update(messageId="sweep-01", body=json.dumps({"account": "acct-quiet", "amount": 7}))
+    json.dump({"Records": [record]}, credit)
+    credit.flush()
+    answer, _, _ = invoke(credit.name, "HandlerName=ledger", env_vars=quiet.name)
+    check("a notice to a queue not there yet: failed records", failures(answer), [])
+    check("a notice to a queue not there yet: the credit", balance("acct-quiet"), 7)
+    SQS.create_queue(QueueName=later)
+    time.sleep(16)
+    answer, logs, _ = invoke("events/outbox-sweep.json", "HandlerName=ledger", env_vars=quiet.name)
+    check("a sweep after the sending lease: answered", failures(answer), [])
+    sent = [json.loads(body)["message_id"] for body in drain(later)]
+    check("a sweep after the sending lease: the notice sent", sent, ["sweep-01"])
+    check("a sweep after the sending lease: logged", [line.get("sent") for line in logs if "sent" in line], [1])
 
 # A claim table that does not exist stops the start with the table and endpoint named, instead of failing every
 # record `store_error`.

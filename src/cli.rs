@@ -26,7 +26,7 @@ use crate::{
     config::{self, Config, StoreChoice},
     consumer::{Builder, Parts, Uses},
     engine::Invocation,
-    event::parse_event,
+    event::{Invoked, parse_invocation},
     handler::BuildHandler,
     logging,
     metrics::{Extra, emf_line},
@@ -34,6 +34,7 @@ use crate::{
     outbox::{Destinations, Outbox, OutboxTimes},
     poll::{PollOptions, Poller},
     redelivery::RedeliveryPolicy,
+    report::BatchReport,
     store::{ClaimQuery, ClaimStore, OutboxQuery},
     store::{ClaimStatus, StoredClaim},
 };
@@ -259,7 +260,7 @@ async fn invoke(
 ) -> anyhow::Result<Option<ExitCode>> {
     let timeout = seconds(timeout)?;
     let (name, text) = read_event(file)?;
-    let records = parse_event(&text).with_context(|| format!("{name} cannot be processed"))?;
+    let invoked = parse_invocation(&text).with_context(|| format!("{name} cannot be processed"))?;
     // The text is not needed once parsed; a 10,000-record event is megabytes.
     drop(text);
     let builder = builder.adjust(|config| {
@@ -273,6 +274,20 @@ async fn invoke(
     let invocation = Invocation {
         deadline: SystemTime::now() + timeout,
         request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
+    };
+    let records = match invoked {
+        Invoked::Batch(records) => records,
+        Invoked::OutboxSweep => {
+            let sent = consumer.sweep_outbox(invocation.deadline).await;
+            println!("{}", serde_json::json!({ "outboxSent": sent }));
+            if metrics {
+                eprintln!(
+                    "{}",
+                    emf_line(&consumer.metrics, &BatchReport::default(), consumer.extra(), SystemClock.now_ms())
+                );
+            }
+            return Ok(None);
+        }
     };
     let processed = consumer.process(&records, &invocation).await;
     println!("{}", serde_json::to_string(&processed.response)?);
@@ -423,7 +438,7 @@ async fn outbox(
         // A sweep sends a few hundred entries at most: sweep until none is left due.
         let mut sent = 0;
         loop {
-            let swept = outbox.sweep(None, &std::sync::atomic::AtomicBool::new(false)).await?;
+            let swept = outbox.sweep(None).await?;
             sent += swept.sent;
             if swept.complete || swept.sent == 0 {
                 break;

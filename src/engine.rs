@@ -297,9 +297,8 @@ impl Engine {
             }
         }
         if let Some(sweep) = sweep {
-            // The sweep takes nothing new once the batch is done, and its sends under way end before the
-            // answer, so that none is left in flight when Lambda freezes the process.
-            sweep.stop();
+            // The sweep goes through what it listed (starting nothing after the cut-off) before the answer,
+            // however fast the batch was, so that nothing is left in flight when Lambda freezes the process.
             let _ = timeout_at(budget.writes_by(), sweep.finished()).await;
         }
         let returned = returned_outcomes(&state);

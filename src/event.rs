@@ -102,6 +102,45 @@ pub fn parse_event(event: &str) -> Result<Vec<EventRecord>, InvalidEvent> {
     records.into_iter().enumerate().map(|(index, record)| parse_record(index, record.get())).collect()
 }
 
+/// What an invocation asks of the consumer.
+#[derive(Debug)]
+pub(crate) enum Invoked {
+    /// Process these records.
+    Batch(Vec<EventRecord>),
+    /// Sweep the outbox: send the committed messages whose sender stopped or
+    /// whose destination failed, as a schedule asks when the queue is quiet.
+    OutboxSweep,
+}
+
+/// The `sqs-once` field of the event that asks for an outbox sweep, and its
+/// value: `{"sqs-once": "outbox-sweep"}` (`events/outbox-sweep.json`, what
+/// the template's schedule sends).
+const SWEEP_FIELD: (&str, &str) = ("sqs-once", "outbox-sweep");
+
+/// Reads an invocation's event: an SQS event ([`parse_event`]), or the
+/// event that asks for an outbox sweep. Only an event that is not an SQS
+/// event is looked at again, so a batch costs nothing more.
+pub(crate) fn parse_invocation(event: &str) -> Result<Invoked, InvalidEvent> {
+    match parse_event(event) {
+        Ok(records) => Ok(Invoked::Batch(records)),
+        Err(InvalidEvent::NotSqs(reason)) => {
+            let asked = serde_json::from_str::<Value>(event).ok().and_then(|event| {
+                let value = event.get(SWEEP_FIELD.0)?;
+                Some(value.as_str() == Some(SWEEP_FIELD.1))
+            });
+            match asked {
+                Some(true) => Ok(Invoked::OutboxSweep),
+                Some(false) => Err(InvalidEvent::NotSqs(format!(
+                    "`{}` asks for `{}` alone (an outbox sweep)",
+                    SWEEP_FIELD.0, SWEEP_FIELD.1
+                ))),
+                None => Err(InvalidEvent::NotSqs(reason)),
+            }
+        }
+        Err(invalid) => Err(invalid),
+    }
+}
+
 fn parse_record(index: usize, record: &str) -> Result<EventRecord, InvalidEvent> {
     let message = match serde_json::from_str::<SqsMessage>(record) {
         Ok(message) => message,
@@ -203,6 +242,17 @@ mod tests {
         let malformed_fifo = json!({"Records": [{"messageId": "m", "eventSourceARN": "arn:aws:sqs:us-east-1:1:w.fifo",
                                 "body": 1, "attributes": {"MessageGroupId": "t"}}]});
         assert_eq!(groups(malformed_fifo), [Some("t".to_owned())]);
+    }
+
+    #[test]
+    fn an_outbox_sweep_is_asked_for_by_its_own_event() {
+        let sample = include_str!("../events/outbox-sweep.json");
+        assert!(matches!(parse_invocation(sample), Ok(Invoked::OutboxSweep)));
+        assert!(matches!(parse_invocation(r#"{"Records": []}"#), Ok(Invoked::Batch(records)) if records.is_empty()));
+        let other = parse_invocation(r#"{"sqs-once": "sweep"}"#).unwrap_err();
+        assert!(other.to_string().contains("outbox-sweep"), "{other}");
+        assert!(matches!(parse_invocation(r#"{"detail-type": "x"}"#), Err(InvalidEvent::NotSqs(_))));
+        assert!(matches!(parse_invocation("{"), Err(InvalidEvent::NotJson(_))));
     }
 
     #[test]

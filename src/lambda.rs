@@ -28,10 +28,12 @@ use crate::{
     config::LAMBDA_RUNTIME_API,
     consumer::{Builder, Consumer, LambdaService, Layers, Uses},
     engine::{Engine, Invocation},
-    event::{InvalidEvent, parse_event},
+    event::{InvalidEvent, Invoked, parse_invocation},
     handler::BuildHandler,
     lock::lock,
     metrics::{Extra, TraceExportCounts, emf_line},
+    redelivery::RedeliveryCounts,
+    report::BatchReport,
     trace::TraceContext,
 };
 
@@ -211,18 +213,32 @@ impl Function {
     /// a whole; `lambda_runtime` logs that error, once.
     async fn invoke(&self, event: LambdaEvent<Event>) -> Result<SqsBatchResponse, Diagnostic> {
         let (Event(payload), context) = event.into_parts();
-        let records = payload.map_err(InvalidEvent::NotJson).and_then(|payload| parse_event(payload.get()))?;
+        let invoked = payload.map_err(InvalidEvent::NotJson).and_then(|payload| parse_invocation(payload.get()))?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
+        let records = match invoked {
+            Invoked::Batch(records) => records,
+            Invoked::OutboxSweep => {
+                let sent = self.consumer.sweep_outbox(invocation.deadline).await;
+                tracing::info!(sent, "outbox swept, as the schedule asked");
+                self.publish(&BatchReport::default(), None);
+                return Ok(SqsBatchResponse::default());
+            }
+        };
         // Lambda's own trace: the batch's span is its child.
         let trace = context.xray_trace_id.as_deref().filter(|_| self.consumer.engine.propagators().lambda);
         let trace = trace.and_then(TraceContext::from_xray);
         let processed = self.consumer.process_in(&records, &invocation, trace.as_ref()).await;
+        self.publish(&processed.report, processed.redelivery);
+        Ok(processed.response)
+    }
+
+    /// Prints the invocation's metrics line, when metrics are on.
+    fn publish(&self, report: &BatchReport, redelivery: Option<RedeliveryCounts>) {
         let metrics = &self.consumer.metrics;
         if metrics.enabled {
-            let extra = Extra { redelivery: processed.redelivery, ..self.delta() };
-            println!("{}", emf_line(metrics, &processed.report, extra, SystemClock.now_ms()));
+            let extra = Extra { redelivery, ..self.delta() };
+            println!("{}", emf_line(metrics, report, extra, SystemClock.now_ms()));
         }
-        Ok(processed.response)
     }
 
     /// Counters gathered since the previous metrics line. Read under the

@@ -98,6 +98,10 @@ pub trait Destinations: Send + Sync {
 /// Counts of what the outbox did, for metrics.
 #[derive(Debug, Default)]
 pub(crate) struct OutboxCounters {
+    /// Whether this process may have left a committed message unsent: a
+    /// run's send stopped short, or a commit with messages was not confirmed
+    /// (it may have applied unseen). A process that leaves sweeps only then.
+    pub left_unsent: std::sync::atomic::AtomicBool,
     /// Messages sent (and their entries deleted, or left for a sweep to delete).
     pub sent: AtomicU64,
     /// Sends that failed or were refused; their entries stay for a later sweep.
@@ -203,11 +207,18 @@ impl Outbox {
         let mut sent = 0;
         for entry in entries {
             if !self.send(entry).await {
+                self.note_left_unsent();
                 break;
             }
             sent += 1;
         }
         sent
+    }
+
+    /// Notes that this process may have left a committed message unsent (see
+    /// [`OutboxCounters::left_unsent`]).
+    pub(crate) fn note_left_unsent(&self) {
+        self.counters.left_unsent.store(true, Ordering::Relaxed);
     }
 
     /// Sends one entry and deletes it, each within its time; whether it was sent.
@@ -382,7 +393,7 @@ mod tests {
         };
         let swept = async {
             tokio::time::sleep(SENDING_LEASE + Duration::from_millis(200)).await;
-            sweeper.sweep(None, &std::sync::atomic::AtomicBool::new(false)).await.unwrap()
+            sweeper.sweep(None).await.unwrap()
         };
         let (delivered, swept) = tokio::join!(delivered, swept);
         assert_eq!((delivered, swept.sent), (1, 1), "the second message waits for the lease to end");

@@ -299,6 +299,19 @@ mod tests {
         assert!(refused(Message::sqs(format!("{QUEUE}.fifo"), "m")).contains("message group"));
         assert!(refused(Message::event("default", "s", "t", serde_json::json!([1]))).contains("JSON object"));
         assert!(refused(Message::sns(TOPIC, "x".repeat(300 * 1024))).contains("bytes"));
+        // What the send adds counts: the outbox id (an attribute of `SqsOnce.OutboxId`, `String` and 64 digits).
+        assert!(refused(Message::sns(TOPIC, "x".repeat(256 * 1024 - 40))).contains("bytes"));
+        transaction.send(Message::sns(TOPIC, "x".repeat(256 * 1024 - 86))).unwrap();
+        // An event's detail as sent: with the outbox id field, 1 MiB at most for source, detail type and detail
+        // (the outbox item's 392 KB come first: a detail that large is for S3).
+        let detail = |len: usize| serde_json::json!({ "d": "x".repeat(len) });
+        let event = |len| Message::event("default", "s", "t", detail(len));
+        transaction.send(event(300 * 1024)).unwrap();
+        let event_len = |len| "s".len() + "t".len() + detail(len).to_string().len();
+        let limit_len = 1024 * 1024 - event_len(0);
+        assert!(event_len(limit_len) <= 1024 * 1024);
+        let too_large = Message::event("default", "s", "t", detail(limit_len)).sent_size();
+        assert!(too_large.0 > too_large.1, "the outbox id field takes it over: {too_large:?}");
         let crowded = (0..10).fold(Message::sqs(QUEUE, "m"), |message, n| message.attribute(format!("a{n}"), "v"));
         assert!(refused(crowded).contains("attributes"));
         // Attributes SQS and SNS refuse.
@@ -339,7 +352,7 @@ mod tests {
         for message in fine {
             transaction.send(message).unwrap();
         }
-        assert_eq!(transaction.staged().messages().len(), 4);
+        assert_eq!(transaction.staged().messages().len(), 6);
     }
 
     #[test]
@@ -349,7 +362,8 @@ mod tests {
         let own = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-00";
         let nine = (0..9).fold(Message::sqs(QUEUE, "m"), |message, n| message.attribute(format!("a{n}"), "v"));
         let event = Message::event("default", "s", "t", serde_json::json!({}));
-        let whole = Message::sns("arn:aws:sns:us-east-1:123456789012:t", "x".repeat(256 * 1024 - 20));
+        // Room for the outbox id (86 bytes as an attribute), none for the trace context.
+        let whole = Message::sns("arn:aws:sns:us-east-1:123456789012:t", "x".repeat(256 * 1024 - 100));
         for message in [
             Message::sqs(QUEUE, "m"),
             Message::sqs(QUEUE, "m").attribute("traceparent", own),

@@ -388,6 +388,105 @@ mod ledger {
         assert_eq!(failed.len(), RECORDS);
     }
 
+    /// Twenty credits of `prefix`'s own five accounts.
+    fn credits_of(prefix: &str, receive_count: u32) -> Value {
+        let mut event = credits(receive_count);
+        for record in event["Records"].as_array_mut().unwrap() {
+            let message_id = format!("{prefix}-{}", record["messageId"].as_str().unwrap());
+            let mut body: Value = serde_json::from_str(record["body"].as_str().unwrap()).unwrap();
+            body["account"] = json!(format!("{prefix}-{}", body["account"].as_str().unwrap()));
+            record["messageId"] = json!(message_id);
+            record["body"] = json!(body.to_string());
+        }
+        event
+    }
+
+    /// How a frozen environment comes back, hours later as far as its keys know.
+    #[derive(Debug, Clone, Copy)]
+    enum Back {
+        /// Thawed for an invocation.
+        Invoked,
+        /// Thawed to be reclaimed: SIGTERM.
+        Reclaimed,
+    }
+
+    /// An environment frozen at its answer with its commits held (and then
+    /// lost: they never reached DynamoDB), whose copies another environment
+    /// commits; `back` after the keys' completions (60 s) expired and TTL
+    /// deleted them.
+    async fn frozen(table: &str, balances: &str, prefix: &str, log: &Path) -> (Environment, FaultProxy) {
+        let proxy = FaultProxy::holding_finishing_writes(Duration::from_secs(6)).await;
+        let mut settings = ledger(balances, "auto");
+        settings.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "60".to_owned()));
+        let first = Environment::with(table, &proxy.url, true, 2000, log, &settings).await;
+        first.freeze_at_answer(&proxy);
+        let failed = first.invoke(&credits_of(prefix, 1)).await;
+        assert_eq!(failed.len(), RECORDS, "every credit uncommitted when the answer was due");
+        (first, proxy)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_environment_back_after_its_keys_expired_and_were_deleted_applies_no_credit_twice() {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        warm_up().await;
+        let store = common::fresh_table().await;
+        let table = store.layout().table.clone();
+        let balances = common::dynamodb::items_table().await;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("demo.log");
+        let ways = [("a", Back::Invoked), ("b", Back::Reclaimed)];
+        let mut frozen_environments = Vec::new();
+        for (prefix, back) in ways {
+            frozen_environments.push((frozen(&table, &balances, prefix, &log).await, prefix, back));
+        }
+        // After the leases, the copies go to another environment, which commits every credit.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        let mut settings = ledger(&balances, "auto");
+        settings.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "60".to_owned()));
+        let direct = common::dynamodb::endpoint();
+        let second = Environment::with(&table, &direct, true, 2000, &log, &settings).await;
+        for (prefix, _) in ways {
+            assert!(second.invoke(&credits_of(prefix, 2)).await.is_empty(), "copies\n{}", second.logs());
+        }
+        // The completions expire, and TTL deletes them (as it may at any moment after).
+        use sqs_once::store::{ClaimAdmin, ClaimQuery, ClaimStatus};
+        let query = ClaimQuery { status: Some(ClaimStatus::Completed), limit: 1000, ..ClaimQuery::default() };
+        let completed = store.list(&query).await.unwrap().records;
+        assert_eq!(completed.len(), 2 * RECORDS);
+        let expired_s = completed.iter().map(|claim| claim.expires_at_s).max().unwrap() + 1;
+        let now_s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        tokio::time::sleep(Duration::from_secs(expired_s.saturating_sub(now_s) + 1)).await;
+        for claim in &completed {
+            store.replace_seen(Some(claim), None).await.unwrap();
+        }
+        // The frozen environments come back: one invoked, one reclaimed.
+        let mut logs = Vec::new();
+        for ((mut first, proxy), prefix, back) in frozen_environments {
+            proxy.hold_finishing(Duration::ZERO);
+            first.thaw();
+            match back {
+                Back::Invoked => assert!(first.invoke(&json!({ "Records": [] })).await.is_empty()),
+                Back::Reclaimed => {
+                    signal(first.process.id().unwrap(), "-TERM");
+                    let status = tokio::time::timeout(Duration::from_millis(500), first.process.wait()).await;
+                    assert!(status.expect("gone 500 ms after SIGTERM").unwrap().success(), "{prefix}");
+                }
+            }
+            logs.push((prefix, back, first.logs()));
+        }
+        for (prefix, _) in ways {
+            for account in 0..5 {
+                let expected: usize = (0..RECORDS).filter(|n| n % 5 == account).map(|n| n + 1).sum();
+                let item = common::dynamodb::item(&balances, &format!("{prefix}-acct-{account}")).await;
+                let balance = item.map(|item| item["balance"].as_u64().unwrap());
+                assert_eq!(balance, Some(expected as u64), "{prefix}-acct-{account}: each credit applied once");
+            }
+        }
+        for (prefix, back, logs) in logs {
+            assert!(logs.contains("WriteGivenUp"), "{prefix}: {back:?}: the kept commits are given up\n{logs}");
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn commits_confirmed_before_the_answer_make_the_copies_duplicates() {
         let (failed, outcomes) = run(HELD_WITHIN_MARGIN, None, "auto").await;

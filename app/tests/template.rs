@@ -400,7 +400,14 @@ fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
                 assert!(published.contains(alarm["MetricName"].as_str().unwrap()), "{name}: not a published metric");
             }
             assert_eq!(alarm["ComparisonOperator"], "GreaterThanThreshold", "{name}");
-            assert_eq!(alarm["TreatMissingData"], "notBreaching", "{name}: no data is no failure");
+            match alarm["MetricName"].as_str() {
+                // Every scheduled sweep publishes the outbox's age: no data is a sweep not heard from.
+                Some("OutboxOldestAge") => {
+                    let missing = serde_yaml::to_string(&alarm["TreatMissingData"]).unwrap();
+                    assert_eq!(missing, "!If\n- SweepsOnSchedule\n- breaching\n- notBreaching\n", "{name}");
+                }
+                _ => assert_eq!(alarm["TreatMissingData"], "notBreaching", "{name}: no data is no failure"),
+            }
             let actions = serde_yaml::to_string(&alarm["AlarmActions"]).unwrap();
             assert!(actions.contains("AlarmTopicArn") && actions.contains("AlarmTopic"), "{name}: {actions}");
             assert_eq!(alarm["OKActions"], alarm["AlarmActions"], "{name}");
@@ -410,6 +417,37 @@ fn alarms_watch_dead_letters_failed_records_function_errors_and_queue_age() {
                 _ => Value::from(0),
             };
             assert_eq!(alarm["Threshold"], threshold, "{name}: any failure alarms, an age past its setting");
+        }
+    }
+}
+
+#[test]
+fn a_schedule_sweeps_the_outbox_when_the_queue_is_quiet() {
+    let sample: serde_json::Value =
+        serde_json::from_str(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../events/outbox-sweep.json")))
+            .unwrap();
+    for template in templates() {
+        let schedule = &resource(&template, "ConsumerFunction")["Properties"]["Events"]["OutboxSweep"];
+        assert_eq!(schedule["Type"], "ScheduleV2");
+        let input: serde_json::Value = serde_json::from_str(schedule["Properties"]["Input"].as_str().unwrap()).unwrap();
+        assert_eq!(input, sample, "the schedule sends the sample event");
+        let state = serde_yaml::to_string(&schedule["Properties"]["State"]).unwrap();
+        assert_eq!(state, "!If\n- SweepsOnSchedule\n- ENABLED\n- DISABLED\n");
+        let minutes = &template["Parameters"]["OutboxSweepMinutes"];
+        assert_eq!(minutes["Default"], "5", "on by default");
+        for choice in minutes["AllowedValues"].as_sequence().unwrap() {
+            let periods = &template["Mappings"]["OutboxSweeps"][choice.as_str().unwrap()];
+            let seconds = number(&periods["Seconds"]);
+            let expression = periods["Expression"].as_str().unwrap();
+            match choice.as_str().unwrap() {
+                "0" => assert_eq!(seconds, 60, "no schedule: the alarm as before"),
+                minutes => {
+                    let minutes: u64 = minutes.parse().unwrap();
+                    assert_eq!(seconds, minutes * 60, "the alarm's period is the schedule's");
+                    let unit = if minutes == 1 { "minute" } else { "minutes" };
+                    assert_eq!(expression, format!("rate({minutes} {unit})"));
+                }
+            }
         }
     }
 }

@@ -133,6 +133,10 @@ impl Engine {
                 Outcome::Processed { confirmed: false }
             }
             Err(error) => {
+                if let Some(outbox) = self.inner.outbox.as_ref().filter(|_| !entries.is_empty()) {
+                    // Applied unseen, its messages wait for a sweep.
+                    outbox.note_left_unsent();
+                }
                 tracing::error!(
                     %message_id, %key, %error,
                     "the handler's transaction could not be confirmed: the record is reported failed and comes \

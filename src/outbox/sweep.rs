@@ -48,27 +48,20 @@ pub(crate) struct Swept {
     pub complete: bool,
 }
 
-/// A sweep under way in a task of its own, started beside a batch: it takes
-/// no new run once [`stop`](Self::stop)ped, and [`finished`](Self::finished)
-/// waits for the sends under way.
+/// A sweep under way in a task of its own: [`finished`](Self::finished)
+/// waits for it to end.
 #[derive(Clone)]
 pub(crate) struct Sweep {
-    stop: Arc<AtomicBool>,
     done: Shared<BoxFuture<'static, ()>>,
 }
 
 impl std::fmt::Debug for Sweep {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sweep").field("stopped", &self.stop.load(Ordering::Relaxed)).finish_non_exhaustive()
+        f.debug_struct("Sweep").finish_non_exhaustive()
     }
 }
 
 impl Sweep {
-    /// The sweep takes no new run of entries; the sends under way go on.
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-
     /// Completes when the sweep has ended.
     pub(crate) async fn finished(&self) {
         self.done.clone().await;
@@ -100,10 +93,10 @@ impl Outbox {
     /// Starts a sweep in a task of its own, if one is due (none has started
     /// for the sweep interval, the process's start counting as one, or the
     /// last was cut short) and none is under way. It takes no new run of
-    /// entries after `until`, nor once stopped. Every process that can send
-    /// calls it: as each batch starts, and `poll` on a timer of its own too,
-    /// so that an entry whose sender stopped is sent whether or not anyone
-    /// stages messages.
+    /// entries after `until`. Every process that can send calls it: as each
+    /// batch starts (the batch's answer waits for it, within its budget),
+    /// and `poll` on a timer of its own too; a schedule invokes a Lambda
+    /// function for one when its queue is quiet ([`sweep_asked`](Self::sweep_asked)).
     pub(crate) fn sweep_if_due(self: &Arc<Self>, until: Option<Instant>) -> Option<Sweep> {
         let every = self.sweep_every?;
         let due = lock(&self.schedule).last.is_none_or(|last| last.elapsed() >= every);
@@ -122,12 +115,33 @@ impl Outbox {
         if schedule.running.is_some() {
             return None;
         }
+        Some(self.start(&mut schedule, until))
+    }
+
+    /// A sweep asked for (a scheduled invocation): one now, or the one under
+    /// way, whatever the sweep interval says, its runs started until `until`
+    /// and waited for until `by`; how many messages this process sent
+    /// meanwhile.
+    pub(crate) async fn sweep_asked(self: &Arc<Self>, until: Instant, by: Instant) -> u64 {
+        let sent = || self.counters.sent.load(Ordering::Relaxed);
+        let before = sent();
+        let sweep = {
+            let mut schedule = lock(&self.schedule);
+            match &schedule.running {
+                Some(running) => running.clone(),
+                None => self.start(&mut schedule, Some(until)),
+            }
+        };
+        let _ = tokio::time::timeout_at(by, sweep.finished()).await;
+        sent() - before
+    }
+
+    /// Starts a sweep in a task of its own, noted in `schedule`.
+    fn start(self: &Arc<Self>, schedule: &mut Schedule, until: Option<Instant>) -> Sweep {
         schedule.last = Some(Instant::now());
-        let stop = Arc::new(AtomicBool::new(false));
         let outbox = Arc::clone(self);
-        let stopped = Arc::clone(&stop);
         let task = tokio::spawn(async move {
-            let swept = outbox.sweep(until, &stopped).await;
+            let swept = outbox.sweep(until).await;
             let complete = match swept {
                 Ok(swept) => swept.complete,
                 Err(error) => {
@@ -141,9 +155,9 @@ impl Outbox {
                 schedule.last = None;
             }
         });
-        let sweep = Sweep { stop, done: task.map(drop).boxed().shared() };
+        let sweep = Sweep { done: task.map(drop).boxed().shared() };
         schedule.running = Some(sweep.clone());
-        Some(sweep)
+        sweep
     }
 
     /// Before the process leaves: waits for a sweep under way, until `until`.
@@ -161,9 +175,8 @@ impl Outbox {
 
     /// Takes over the entries whose sending lease has ended (at most a few
     /// hundred per call) and sends them, the entries of one run in order,
-    /// starting no run after `until` or once `stop` is set. Notes the oldest
-    /// unsent entry's age.
-    pub(crate) async fn sweep(&self, until: Option<Instant>, stop: &AtomicBool) -> Result<Swept, StoreError> {
+    /// starting no run after `until`. Notes the oldest unsent entry's age.
+    pub(crate) async fn sweep(&self, until: Option<Instant>) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
         let listed = self.store.entries(&OutboxQuery { due_at_ms: None, limit: SWEEP_LIMIT }).await?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
@@ -188,8 +201,7 @@ impl Outbox {
         let sent = futures::stream::iter(runs.into_values().map(|entries| {
             let cut_short = &cut_short;
             async move {
-                let ended = until.is_some_and(|until| Instant::now() >= until) || stop.load(Ordering::Relaxed);
-                if ended {
+                if until.is_some_and(|until| Instant::now() >= until) {
                     cut_short.store(true, Ordering::Relaxed);
                     return 0;
                 }

@@ -12,8 +12,10 @@
 //! - no outcome contradicts the table while the key is remembered: a key
 //!   reported processed or a duplicate is completed, one reported failed
 //!   before is failed;
-//! - every message of a run that committed is sent, none of a run that did
-//!   not, a run's messages in the order they were staged, and a message
+//! - every message of a run that committed is sent, within a bound of its
+//!   commit or of the faults' healing (a sending lease and a scheduled
+//!   sweep), whether or not traffic goes on; none of a run that did not
+//!   commit; a run's messages in the order they were staged; and a message
 //!   twice only when a process died or froze while its send or deletion was
 //!   under way, its send's answer was lost, or its deletion failed;
 //! - a FIFO group's messages apply in the order they were sent;
@@ -30,7 +32,9 @@ use super::{
     world::World,
 };
 use crate::{
+    clock::duration_ms,
     lock::lock,
+    outbox::SENDING_LEASE,
     report::{Failure, Outcome},
     store::{ClaimStatus, ClaimStore},
 };
@@ -113,10 +117,9 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
             violations.push(format!("{key} succeeded, and its writes never applied"));
         }
     }
-    let swept = world.swept();
-    violations.extend(sends(&ledger, &run_items, swept));
+    violations.extend(sends(world, &ledger, &applications));
     violations.extend(group_order(world, &applications));
-    if swept && !unsent.is_empty() {
+    if !unsent.is_empty() {
         let bodies: Vec<&str> = unsent.iter().map(|entry| entry.message.body.as_str()).collect();
         violations.push(format!("the outbox still holds {} entries: {}", unsent.len(), bodies.join(", ")));
     }
@@ -149,28 +152,40 @@ fn reapplications(applications: &[Application]) -> Vec<String> {
     violations
 }
 
-/// Every message of a committed run sent (when something sweeps), in the
-/// run's order; none of a run that did not commit; none twice unexcused.
-fn sends(ledger: &Ledger, run_items: &BTreeMap<u64, u64>, swept: bool) -> Vec<String> {
-    let first_sent: HashMap<&str, usize> =
-        ledger.first_sent.iter().enumerate().map(|(at, body)| (body.as_str(), at)).collect();
+/// Every message of a committed run sent, within the bound, in the run's
+/// order; none of a run that did not commit; none twice unexcused.
+fn sends(world: &World, ledger: &Ledger, applications: &[Application]) -> Vec<String> {
+    let first_sent: HashMap<&str, (usize, u64)> =
+        ledger.first_sent.iter().enumerate().map(|(at, (body, at_ms))| (body.as_str(), (at, *at_ms))).collect();
+    let committed_ms: HashMap<u64, u64> =
+        applications.iter().map(|application| (application.run, application.applied_ms)).collect();
+    let healed_ms = world.healed_ms.load(std::sync::atomic::Ordering::SeqCst);
+    // A sending lease for the sender that stopped, then the next scheduled sweep, and its own time.
+    let bound_ms = duration_ms(SENDING_LEASE + world.scenario.schedule_every) + 60_000;
     let mut violations = Vec::new();
     for run in &ledger.runs {
-        let committed = run_items.contains_key(&run.id);
+        let committed = committed_ms.get(&run.id).copied();
         let messages = run.spec.staged.as_ref().map_or(0, |staged| staged.messages);
         let bodies: Vec<String> = (0..messages).map(|n| message_body(run.id, n)).collect();
         for (n, body) in bodies.iter().enumerate() {
             let sent = ledger.sends.get(body).copied().unwrap_or(0);
             match (committed, sent) {
-                (true, 0) if swept => violations.push(format!("{body}: committed and never sent")),
-                (false, 1..) => violations.push(format!("{body}: sent {sent} times, and its run never committed")),
-                (true, 2..) if !ledger.excused.contains(body) => {
+                (Some(_), 0) => violations.push(format!("{body}: committed and never sent")),
+                (None, 1..) => violations.push(format!("{body}: sent {sent} times, and its run never committed")),
+                (Some(_), 2..) if !ledger.excused.contains(body) => {
                     violations.push(format!("{body}: sent {sent} times by senders that never stopped"))
                 }
                 _ => {}
             }
-            if let (Some(earlier), Some(&at)) = (n.checked_sub(1).map(|n| &bodies[n]), first_sent.get(body.as_str()))
-                && first_sent.get(earlier.as_str()).is_none_or(|&earlier_at| earlier_at > at)
+            let Some(&(at, sent_ms)) = first_sent.get(body.as_str()) else { continue };
+            if let Some(committed_ms) = committed
+                && sent_ms > committed_ms.max(healed_ms) + bound_ms
+            {
+                let waited_s = (sent_ms - committed_ms.max(healed_ms)) / 1000;
+                violations.push(format!("{body}: sent {waited_s} s after its commit, or the faults' healing"));
+            }
+            if let Some(earlier) = n.checked_sub(1).map(|n| &bodies[n])
+                && first_sent.get(earlier.as_str()).is_none_or(|&(earlier_at, _)| earlier_at > at)
             {
                 violations.push(format!("{body}: sent before {earlier}, which its run staged first"));
             }

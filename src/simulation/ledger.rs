@@ -159,8 +159,9 @@ pub(super) struct Ledger {
     pub reports: Vec<Reported>,
     /// Each message body received by its destination, with how often.
     pub sends: HashMap<String, u32>,
-    /// The bodies in the order their destination first received them.
-    pub first_sent: Vec<String>,
+    /// The bodies in the order their destination first received them, with
+    /// when.
+    pub first_sent: Vec<(String, u64)>,
     /// Bodies that may be received twice: a process died or froze while
     /// their send or deletion was under way, the send's answer was lost, or
     /// the deletion failed.
@@ -203,13 +204,13 @@ impl Ledger {
         run
     }
 
-    /// `process` delivered `body` to its destination.
-    pub(super) fn received(&mut self, process: usize, body: &str) {
+    /// `process` delivered `body` to its destination at `now_ms`.
+    pub(super) fn received(&mut self, process: usize, body: &str, now_ms: u64) {
         self.stats.messages_sent += 1;
         let times = self.sends.entry(body.to_owned()).or_default();
         *times += 1;
         if *times == 1 {
-            self.first_sent.push(body.to_owned());
+            self.first_sent.push((body.to_owned(), now_ms));
         }
         self.in_flight.entry(process).or_default().insert(body.to_owned());
     }

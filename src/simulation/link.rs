@@ -373,7 +373,8 @@ impl Destinations for Sender {
             let (world, process) = (Arc::clone(world), link.process);
             tokio::spawn(async move {
                 tokio::time::sleep(there).await;
-                lock(&world.ledger).received(process, &body);
+                let now_ms = world.clock.now_ms();
+                lock(&world.ledger).received(process, &body, now_ms);
                 let _ = arrived.send(());
             });
             let _ = arrival.await;

@@ -41,6 +41,7 @@ pub(super) async fn drive(world: Arc<World>, id: usize, mode: Mode) {
     let consumer = consumer(&world, id);
     match mode {
         Mode::Lambda => lambda(&world, id, &consumer).await,
+        Mode::Scheduled => scheduled(&world, id, &consumer).await,
         Mode::Poll | Mode::Managed => {
             // Tended in the background until the process stops, as `poll` and a managed environment are (once
             // killed, its requests never return anyway).
@@ -139,12 +140,27 @@ async fn lambda(world: &Arc<World>, id: usize, consumer: &Consumer) {
         }
         if world.strikes(|faults| faults.shutdown) {
             shut_down_by_sigterm(world, id, consumer).await;
-            return world.start(Mode::Lambda);
+            world.start(Mode::Lambda);
+            return;
         }
         if world.strikes(|faults| faults.long_freeze) && !long_freeze(world).await {
             return shut_down_by_sigterm(world, id, consumer).await;
         }
     }
+}
+
+/// The environment the schedule invokes with the outbox sweep event, every
+/// `schedule_every`, until the world is over.
+async fn scheduled(world: &Arc<World>, id: usize, consumer: &Consumer) {
+    world.set_life(id, Life::Frozen);
+    while !world.ended() {
+        tokio::time::sleep(world.scenario.schedule_every).await;
+        world.set_life(id, Life::Running);
+        let deadline = world.invocation(id, 0).deadline;
+        consumer.sweep_outbox(deadline).await;
+        world.set_life(id, Life::Frozen);
+    }
+    world.set_life(id, Life::Dead);
 }
 
 /// The environment stays frozen for minutes to hours, while another takes
@@ -197,7 +213,8 @@ async fn poll(world: &Arc<World>, id: usize, consumer: &Consumer, mode: Mode) {
         }
         if world.strikes(|faults| faults.shutdown) {
             leave(world, id, consumer, mode, &batches).await;
-            return world.start(mode);
+            world.start(mode);
+            return;
         }
     }
 }

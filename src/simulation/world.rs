@@ -69,6 +69,9 @@ pub(super) enum Mode {
     /// Lambda Managed Instances: invocations at once, never frozen, the
     /// writes and the outbox tended in the background between them.
     Managed,
+    /// A Lambda function invoked by the template's schedule with the outbox
+    /// sweep event, frozen between its invocations, whatever the traffic.
+    Scheduled,
 }
 
 /// How often each fault strikes.
@@ -155,6 +158,8 @@ pub(super) struct Scenario {
     pub tail: bool,
     /// How long the world goes on once its queue has settled.
     pub quiet: Duration,
+    /// How often the schedule invokes a sweep of the outbox.
+    pub schedule_every: Duration,
     pub faults: Faults,
 }
 
@@ -194,6 +199,7 @@ impl Scenario {
             index_lag_ms: [0, 100, 2_000][rng.usize(..3)],
             tail: rng.bool(),
             quiet,
+            schedule_every: seconds(&[60, 300], rng),
             faults: Faults::draw(rng),
         }
     }
@@ -225,7 +231,11 @@ pub(super) struct World {
     /// a replay must not depend on it.)
     life_changed: Notify,
     faults_on: AtomicBool,
+    /// When the faults healed, epoch milliseconds.
+    pub healed_ms: std::sync::atomic::AtomicU64,
     stopping: AtomicBool,
+    /// The schedule stops too: the world is over.
+    ended: AtomicBool,
 }
 
 impl World {
@@ -244,7 +254,9 @@ impl World {
             lives: Mutex::new(Vec::new()),
             life_changed: Notify::new(),
             faults_on: AtomicBool::new(true),
+            healed_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             stopping: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
         })
     }
 
@@ -263,12 +275,14 @@ impl World {
             let group = (scenario.groups > 0).then(|| format!("g-{}", n % scenario.groups));
             self.send_message(format!("m-{n}"), body, group);
         }
+        let schedule = self.start(Mode::Scheduled);
         for &mode in &scenario.consumers {
             self.start(mode);
         }
         let ttl = tokio::spawn(Arc::clone(&self).expire());
         let drained = self.wait_for_queue(DRAIN_LIMIT).await;
         self.faults_on.store(false, Ordering::SeqCst);
+        self.healed_ms.store(self.clock.now_ms(), Ordering::SeqCst);
         if scenario.tail {
             let tail_start = Instant::now();
             let mut n = 0;
@@ -284,14 +298,12 @@ impl World {
         tokio::time::sleep(scenario.quiet).await;
         self.stopping.store(true, Ordering::SeqCst);
         self.sent.notify_waiters();
-        self.wait_for_processes().await;
-        if self.swept() {
-            // Traffic that goes on, or a process that sweeps on its own, sends what the last processes committed as
-            // they left: a process that sweeps once every sending lease has ended.
-            tokio::time::sleep(SENDING_LEASE).await;
-            self.start(Mode::Poll);
-            self.wait_for_processes().await;
-        }
+        self.wait_for_processes(schedule).await;
+        // The schedule goes on: what the last processes committed as they left is sent once its sending lease
+        // has ended, at the next scheduled sweep.
+        tokio::time::sleep(SENDING_LEASE + scenario.schedule_every + Duration::from_secs(1)).await;
+        self.ended.store(true, Ordering::SeqCst);
+        self.wait_for_processes(usize::MAX).await;
         ttl.abort();
         let mut violations = check::invariants(&self, drained && tail_drained).await;
         let mut ledger = lock(&self.ledger);
@@ -316,11 +328,12 @@ impl World {
         true
     }
 
-    /// Waits until every process has left (the last ones are reclaimed as
-    /// the world stops), at most a minute.
-    async fn wait_for_processes(&self) {
+    /// Waits until every process but `but` has left (the last ones are
+    /// reclaimed as the world stops), at most a minute.
+    async fn wait_for_processes(&self, but: usize) {
         let until = Instant::now() + Duration::from_secs(60);
-        while lock(&self.lives).iter().any(|life| *life != Life::Dead) && Instant::now() < until {
+        let running = || lock(&self.lives).iter().enumerate().any(|(id, life)| id != but && *life != Life::Dead);
+        while running() && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -343,14 +356,6 @@ impl World {
         }
     }
 
-    /// Whether something sweeps the outbox without being asked: traffic
-    /// goes on, or a consumer tends the outbox on its own. In a world whose
-    /// traffic stops and whose consumers are all Lambda functions, nothing
-    /// does: its committed messages wait for the next message.
-    pub(super) fn swept(&self) -> bool {
-        self.scenario.tail || self.scenario.consumers.iter().any(|mode| *mode != Mode::Lambda)
-    }
-
     /// Whether a message was moved to the dead-letter queue.
     pub(super) fn dead_lettered(&self, message_id: &str) -> bool {
         lock(&self.queue).dead_lettered(message_id)
@@ -359,6 +364,11 @@ impl World {
     /// Whether the consumers should stop.
     pub(super) fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Whether the world is over, the schedule included.
+    pub(super) fn ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
     }
 
     /// A draw from the seed's generator.
@@ -371,8 +381,8 @@ impl World {
         self.faults_on.load(Ordering::SeqCst) && self.draw(|rng| rng.f64()) < rate(&self.scenario.faults)
     }
 
-    /// Starts a consumer process.
-    pub(super) fn start(self: &Arc<Self>, mode: Mode) {
+    /// Starts a consumer process; its id.
+    pub(super) fn start(self: &Arc<Self>, mode: Mode) -> usize {
         let id = {
             let mut lives = lock(&self.lives);
             lives.push(Life::Running);
@@ -380,6 +390,7 @@ impl World {
         };
         lock(&self.ledger).note(("start", id, mode));
         tokio::spawn(super::process::drive(Arc::clone(self), id, mode));
+        id
     }
 
     pub(super) fn life(&self, process: usize) -> Life {

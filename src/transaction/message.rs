@@ -230,17 +230,30 @@ impl Message {
         Ok(stored)
     }
 
-    /// Its size as its destination counts it, and the most it takes.
-    fn sent_size(&self) -> (usize, usize) {
-        let attributes: usize =
-            self.attributes.iter().map(|(name, value)| name.len() + "String".len() + value.len()).sum();
+    /// Its size as its destination counts it, as it is sent (the outbox id
+    /// added: an attribute of a queue's or topic's message, a field of an
+    /// event's detail), and the most the destination takes.
+    pub(super) fn sent_size(&self) -> (usize, usize) {
+        let attribute = |name: &str, value: usize| name.len() + "String".len() + value;
+        let attributes: usize = self.attributes.iter().map(|(name, value)| attribute(name, value.len())).sum::<usize>()
+            + attribute(OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_LEN);
         match &self.destination {
             Destination::Sqs { .. } => (self.body.len() + attributes, MAX_SQS_BYTES),
-            Destination::Sns { .. } => (self.body.len() + attributes, MAX_NOTIFICATION_BYTES),
+            Destination::Sns { .. } => (self.body.len() + attributes, MAX_SNS_BYTES),
             Destination::EventBridge { source, detail_type, .. } => {
-                (self.body.len() + source.len() + detail_type.len(), MAX_NOTIFICATION_BYTES)
+                (source.len() + detail_type.len() + self.sent_detail_len(), MAX_EVENT_BYTES)
             }
         }
+    }
+
+    /// The length of an event's detail as it is sent: parsed, the outbox id
+    /// field added, written again (a number may come back longer).
+    fn sent_detail_len(&self) -> usize {
+        let Ok(serde_json::Value::Object(mut detail)) = serde_json::from_str(&self.body) else {
+            return self.body.len();
+        };
+        detail.insert(OUTBOX_ID_FIELD.to_owned(), "0".repeat(OUTBOX_ID_LEN).into());
+        serde_json::Value::Object(detail).to_string().len()
     }
 
     /// Its size in the outbox item that holds it: the body as it is (the
@@ -263,11 +276,23 @@ impl Message {
 /// outbox id is one.
 const MAX_ATTRIBUTES: usize = 9;
 
-/// What SQS takes in one message, body and attributes (1 MiB since 2025).
+/// The length of an outbox id: 64 hexadecimal digits.
+const OUTBOX_ID_LEN: usize = 64;
+
+/// What SQS takes in one message, body and attributes (each its name, type
+/// and value): 1 MiB since August 2025
+/// (docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html).
 const MAX_SQS_BYTES: usize = 1024 * 1024;
 
-/// What SNS takes in one message, and EventBridge in one event.
-const MAX_NOTIFICATION_BYTES: usize = 256 * 1024;
+/// What SNS takes in one message, attributes (name, type and value)
+/// included: 256 KiB (docs.aws.amazon.com/sns/latest/api/API_Publish.html,
+/// `MessageAttributeValue`).
+const MAX_SNS_BYTES: usize = 256 * 1024;
+
+/// What EventBridge takes in one `PutEvents` entry, counted as it counts it
+/// (source, detail type and detail, as UTF-8 bytes): 1 MiB since January
+/// 2026, 256 KiB before (docs.aws.amazon.com/eventbridge/latest/userguide/calculate-putevents-entry-size.html).
+const MAX_EVENT_BYTES: usize = 1024 * 1024;
 
 /// What an outbox item may hold of a message: a DynamoDB item holds 400 KB,
 /// and room is kept for the entry's ids (the claim's, twice, may be 2 KB
