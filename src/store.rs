@@ -428,6 +428,17 @@ pub trait OutboxStore: Send + Sync {
     /// Outbox entries, oldest run first and each run's in order.
     async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError>;
 
+    /// What a sweep reads: at most `limit` entries, due or not (an entry of
+    /// a run held by another sender tells the sweep to leave the run's later
+    /// ones), each run's listed from its first, oldest run first. A store
+    /// whose outbox may grow beyond what a process holds reads a bounded
+    /// part of it, going on where the last sweep's part ended, so that
+    /// entries that cannot be sent do not hide the others (the DynamoDB
+    /// store does). By default, [`entries`](Self::entries).
+    async fn sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.entries(&OutboxQuery { due_at_ms: None, limit }).await
+    }
+
     /// Gives `entry`'s sending lease to `token` until `lease_until_ms`, if
     /// the entry is still there under the token it was listed with.
     async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError>;

@@ -25,15 +25,16 @@ use futures::{
 };
 use tokio::time::Instant;
 
-use super::{Outbox, OutboxEntry, OutboxQuery, SENDING_LEASE};
+use super::{Outbox, OutboxEntry, SENDING_LEASE};
 use crate::{
     clock::duration_ms,
     lock::lock,
     store::{Fenced, StoreError, new_token},
 };
 
-/// Entries read per sweep; the rest wait for the next.
-const SWEEP_LIMIT: usize = 500;
+/// Entries read per sweep at most; the rest wait for the next: as many as
+/// the DynamoDB store's pages hold (16 shards of 100).
+const SWEEP_LIMIT: usize = 1_600;
 
 /// Runs whose entries are sent at once during a sweep.
 const SWEEP_CONCURRENCY: usize = 16;
@@ -178,7 +179,7 @@ impl Outbox {
     /// starting no run after `until`. Notes the oldest unsent entry's age.
     pub(crate) async fn sweep(&self, until: Option<Instant>) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
-        let listed = self.store.entries(&OutboxQuery { due_at_ms: None, limit: SWEEP_LIMIT }).await?;
+        let listed = self.store.sweep_listing(SWEEP_LIMIT).await?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
         lock(&self.schedule).oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
         let listed_all = listed.len() < SWEEP_LIMIT;

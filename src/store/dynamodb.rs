@@ -84,6 +84,9 @@ pub struct DynamoDbStore {
     layout: Arc<TableLayout>,
     return_old_item: bool,
     batches: Option<Arc<Batches>>,
+    /// Where each outbox shard's next sweep page starts (see
+    /// [`outbox::SweepPosition`]).
+    outbox_position: Arc<outbox::SweepPosition>,
 }
 
 impl DynamoDbStore {
@@ -91,7 +94,7 @@ impl DynamoDbStore {
     pub fn new(client: Client, layout: TableLayout) -> Self {
         let layout = Arc::new(layout);
         let batches = Some(Arc::new(Batches::new(&client, &layout)));
-        Self { client, layout, return_old_item: true, batches }
+        Self { client, layout, return_old_item: true, batches, outbox_position: Arc::default() }
     }
 
     /// Whether the writes of concurrent records go out together in
@@ -298,6 +301,10 @@ impl CommitStore for DynamoDbStore {
 impl OutboxStore for DynamoDbStore {
     async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
         self.outbox_entries(query).await
+    }
+
+    async fn sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.outbox_sweep_listing(limit).await
     }
 
     async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {

@@ -4,18 +4,34 @@
 //! An outbox item lives in the claim table beside the claims, in the sparse
 //! open-claims index under `OUTBOX#<shard>` until it is sent, without a
 //! status or an expiry (the table's TTL never deletes an unsent message,
-//! and Powertools' readers never meet one).
+//! and Powertools' readers never meet one). A run's entries share a shard
+//! (the shard of the run, not of the entry: items written before kept the
+//! entry's), so that a page of a shard, in id order, holds a run whole.
+//!
+//! A sweep reads a bounded page of each shard ([`SWEEP_PAGE`] items, and at
+//! most DynamoDB's megabyte), starting where the last sweep's page ended and
+//! wrapping around at the end: a backlog that cannot be sent (a deleted
+//! queue, a removed permission) neither runs the function out of memory nor
+//! hides the entries behind it. An item that cannot be read (a destination
+//! this version does not know, after a rollback) is skipped and logged, and
+//! the rest are sent.
+
+use std::{collections::HashMap, sync::Mutex};
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use futures::StreamExt;
 
 use super::{
     DynamoDbStore, Item, OPEN_INDEX, OPEN_STATUS,
-    client::{Conditional, conditional},
+    client::{Conditional, conditional, unavailable},
     layout::{CLAIMED_AT, MESSAGE_ID, OPEN_SHARDS, TOKEN, TableLayout, n, s, shard_of, sharded, text},
-    released_unless,
+    no_such_index, released_unless,
     statements::Written,
 };
-use crate::store::{Fenced, OutboxEntry, OutboxQuery, StoreError};
+use crate::{
+    lock::lock,
+    store::{Fenced, OutboxEntry, OutboxQuery, StoreError},
+};
 
 /// The [`OPEN_STATUS`] prefix of outbox entries: unsent messages are open
 /// work too, and the index lists them without reading the table.
@@ -33,6 +49,24 @@ fn outbox_partitions() -> impl Iterator<Item = String> {
     (0..OPEN_SHARDS).map(|shard| shard_of(OUTBOX_STATUS, shard))
 }
 
+/// Items a sweep reads of each shard at most: 16 shards of 100, or of
+/// DynamoDB's one megabyte a page, whichever is less. A run has fewer
+/// entries than this (a transaction holds 100 actions, one the claim's).
+pub(super) const SWEEP_PAGE: i32 = 100;
+
+/// Where each shard's next sweep page starts: after the last run the page
+/// before it held whole, or at the shard's start.
+#[derive(Debug, Default)]
+pub(super) struct SweepPosition {
+    after: Mutex<HashMap<String, String>>,
+}
+
+/// The run an outbox entry id belongs to: its id up to its place in the run
+/// (`<claim>#outbox#<token>#`).
+fn run_of(id: &str) -> &str {
+    id.rfind('#').map_or(id, |end| &id[..=end])
+}
+
 impl TableLayout {
     /// The item that stores an outbox entry: no status and no expiry (the
     /// table's TTL never deletes an unsent message), in the open-claims
@@ -45,7 +79,7 @@ impl TableLayout {
         let text = serde_json::to_string(&described).map_err(StoreError::unavailable)?;
         let mut item = self.key(&entry.id);
         item.extend([
-            (OPEN_STATUS.to_owned(), s(sharded(OUTBOX_STATUS, &entry.id))),
+            (OPEN_STATUS.to_owned(), s(sharded(OUTBOX_STATUS, run_of(&entry.id)))),
             (TOKEN.to_owned(), s(&entry.token)),
             (self.attributes.lease.clone(), n(entry.lease_until_ms)),
             (MESSAGE_ID.to_owned(), s(&entry.message_id)),
@@ -81,10 +115,31 @@ pub(super) fn is_outbox(item: &Item) -> bool {
 }
 
 impl DynamoDbStore {
-    /// [`OutboxStore::entries`](crate::store::OutboxStore::entries): the index's
-    /// `OUTBOX` partitions, or the whole table when it has no index.
+    /// [`OutboxStore::entries`](crate::store::OutboxStore::entries): every
+    /// entry of the index's `OUTBOX` partitions, or of the whole table when
+    /// it has no index.
     pub(super) async fn outbox_entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
-        let items = match self.query_partitions(outbox_partitions()).await? {
+        let listed = self.query_partitions(outbox_partitions()).await?;
+        self.outbox_listing(listed, query).await
+    }
+
+    /// [`OutboxStore::sweep_listing`](crate::store::OutboxStore::sweep_listing):
+    /// a page of each shard of the index's `OUTBOX` partitions, from where
+    /// the last one ended.
+    pub(super) async fn outbox_sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
+        let listed = self.sweep_pages().await?;
+        self.outbox_listing(listed, &OutboxQuery { due_at_ms: None, limit }).await
+    }
+
+    /// The entries of `listed` items (the whole table's when there is no
+    /// index) that `query` asks for, oldest run first. Items that cannot be
+    /// read are skipped, and logged.
+    async fn outbox_listing(
+        &self,
+        listed: Option<Vec<Item>>,
+        query: &OutboxQuery,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let items = match listed {
             Some(items) => items,
             None => {
                 tracing::warn!(
@@ -94,11 +149,88 @@ impl DynamoDbStore {
                 self.scan_items().await?.into_iter().filter(is_outbox).collect()
             }
         };
-        let mut entries = items.iter().map(|item| self.layout.read_outbox(item)).collect::<Result<Vec<_>, _>>()?;
+        let mut entries: Vec<OutboxEntry> = items.iter().filter_map(|item| self.readable_outbox(item)).collect();
         entries.retain(|entry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms)));
         entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
         entries.truncate(query.limit);
         Ok(entries)
+    }
+
+    /// The entry `item` holds, or `None`, logged, when it cannot be read.
+    fn readable_outbox(&self, item: &Item) -> Option<OutboxEntry> {
+        self.layout
+            .read_outbox(item)
+            .inspect_err(|error| {
+                tracing::warn!(
+                    %error,
+                    "OutboxUnreadable: an outbox entry this version cannot read is skipped (written by another \
+                     version?); the others are sent. `sqs-once claims outbox --drop ID --force` gives it up"
+                )
+            })
+            .ok()
+    }
+
+    /// A page of every outbox shard, from where the last sweep's ended;
+    /// `None` when the table has no index.
+    async fn sweep_pages(&self) -> Result<Option<Vec<Item>>, StoreError> {
+        let pages = futures::stream::iter(outbox_partitions().map(|shard| self.sweep_page(shard))).buffer_unordered(8);
+        let pages: Vec<_> = pages.collect().await;
+        let mut items = Vec::new();
+        for page in pages {
+            match page? {
+                Some(page) => items.extend(page),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(items))
+    }
+
+    /// One page of `shard`, after the run the last page ended with, its
+    /// last run left for the next page when the page is full (a run may
+    /// go on beyond it); `None` when the table has no index.
+    async fn sweep_page(&self, shard: String) -> Result<Option<Vec<Item>>, StoreError> {
+        let after = lock(&self.outbox_position.after).get(&shard).cloned();
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.layout.table)
+            .index_name(OPEN_INDEX)
+            .expression_attribute_names("#open", OPEN_STATUS)
+            .expression_attribute_values(":shard", s(&shard))
+            .limit(SWEEP_PAGE);
+        request = match &after {
+            Some(after) => request
+                .key_condition_expression("#open = :shard AND #id > :after")
+                .expression_attribute_names("#id", &self.layout.attributes.id)
+                .expression_attribute_values(":after", s(after)),
+            None => request.key_condition_expression("#open = :shard"),
+        };
+        let page = match request.send().await {
+            Ok(page) => page,
+            Err(error) if no_such_index(&error) => return Ok(None),
+            Err(error) => return Err(unavailable(error)),
+        };
+        let mut items = page.items.unwrap_or_default();
+        let id = |item: &Item| text(item, &self.layout.attributes.id).unwrap_or_default();
+        let next = match page.last_evaluated_key {
+            // The shard is read to its end: the next page starts at its start.
+            None => None,
+            Some(_) => {
+                let last_run = items.last().map(|item| run_of(&id(item)).to_owned()).unwrap_or_default();
+                let whole = items.iter().position(|item| run_of(&id(item)) == last_run).unwrap_or(0);
+                if whole > 0 {
+                    items.truncate(whole);
+                }
+                // After every id of the last run held whole: its prefix, then a character above the digits.
+                items.last().map(|item| format!("{}~", run_of(&id(item))))
+            }
+        };
+        let mut position = lock(&self.outbox_position.after);
+        match next {
+            Some(next) => position.insert(shard, next),
+            None => position.remove(&shard),
+        };
+        Ok(Some(items))
     }
 
     /// Gives the entry's sending lease to `token`, if it still has the token

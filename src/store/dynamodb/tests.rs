@@ -4,7 +4,7 @@
 //! to measure, and the open-claims index.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -24,8 +24,8 @@ use crate::{
     event::parse_event,
     key::Keys,
     report::{BatchReport, Outcome},
-    store::{ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore},
-    transaction::{Key, Update},
+    store::{ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, OutboxEntry, OutboxQuery, OutboxStore},
+    transaction::{Key, Message, Update},
 };
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Value, json};
@@ -574,4 +574,74 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
     let after = requests.snapshot();
     assert_eq!((after.put - before.put, after.update - before.update), (0, 0), "{before:?} → {after:?}");
     assert!(after.batch_statement > before.batch_statement);
+}
+
+/// Puts `runs` runs of `messages` entries each, every body `bytes` long, as
+/// a commit writes them, left unsent (their leases ended).
+async fn unsent_runs(store: &DynamoDbStore, runs: usize, messages: usize, bytes: usize) {
+    use futures::StreamExt;
+    let writes = futures::stream::iter((0..runs).map(|run| {
+        let body = format!("{run:06}{}", "x".repeat(bytes.saturating_sub(6)));
+        let message = Message::sqs("https://sqs.us-east-1.amazonaws.com/123456789012/refusing", body);
+        let entries = OutboxEntry::of_run(&format!("k-{run}"), "t", "m", &vec![message; messages], run as u64, 0);
+        async move {
+            for entry in entries {
+                put_outbox_item(store, store.layout.outbox_item(&entry).unwrap()).await;
+            }
+        }
+    }))
+    .buffer_unordered(8);
+    writes.collect::<Vec<()>>().await;
+}
+
+/// Puts `item`, sent again while a loaded DynamoDB Local times it out.
+async fn put_outbox_item(store: &DynamoDbStore, item: super::Item) {
+    for attempt in 1.. {
+        let put = store.client.put_item().table_name(&store.layout.table).set_item(Some(item.clone())).send().await;
+        match put {
+            Ok(_) => return,
+            Err(error) if attempt < 5 => eprintln!("put again: {error:?}"),
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_reads_a_bounded_page_of_a_backlog_and_the_next_goes_on_from_there() {
+    let (store, requests) = fresh_table().await;
+    // 800 runs of two 100 KB entries each: 160 MB, more than a 256 MB function could hold twice.
+    unsent_runs(&store, 800, 2, 100 * 1024).await;
+    // One item this version cannot read: a destination it does not know.
+    let message = Message::sqs("https://sqs.us-east-1.amazonaws.com/123456789012/q", "m");
+    let entry = OutboxEntry::of_run("k-x", "t", "m", &[message], 0, 0).remove(0);
+    let mut unknown = store.layout.outbox_item(&entry).unwrap();
+    unknown.insert("outbox".into(), AttributeValue::S(r#"{"service":"kinesis"}"#.into()));
+    put_outbox_item(&store, unknown).await;
+
+    let mut seen = BTreeSet::new();
+    let mut sweeps = 0;
+    while seen.len() < 800 {
+        sweeps += 1;
+        assert!(sweeps <= 20, "{} runs listed after 19 sweeps", seen.len());
+        let before = requests.snapshot();
+        let listed = store.sweep_listing(1_600).await.unwrap();
+        let after = requests.snapshot();
+        assert_eq!(after.query - before.query, 16, "one page of each shard");
+        let bytes: usize = listed.iter().map(|entry| entry.message.body.len()).sum();
+        assert!(bytes <= 16 << 20, "a page of each shard, a megabyte at most: {bytes} bytes");
+        // A run is listed whole: its entries in one shard, the page cut between runs.
+        let mut runs: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for entry in &listed {
+            runs.entry(&entry.claim_id).or_default().push(&entry.id);
+        }
+        for (run, ids) in runs {
+            assert_eq!(ids.len(), 2, "{run}: {ids:?}");
+            seen.insert(run.to_owned());
+        }
+    }
+    // Two 100 KB entries a run, about five runs a megabyte page: a sweep of 16 pages lists about 80 runs, and
+    // the backlog is gone through in about ten sweeps, every run listed.
+    assert!(sweeps >= 5, "each sweep listed a part of the backlog, not all of it: {sweeps} sweeps");
+    let everything = store.entries(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await.unwrap();
+    assert_eq!(everything.len(), 1_600, "the operator's listing: every entry but the unreadable one");
 }
