@@ -11,7 +11,7 @@
 //! reclaimed with SIGTERM), a `poll` process or a Lambda Managed Instances
 //! environment (batches overlapping). They share one table (`table`) that
 //! keeps DynamoDB's clocks: a transaction's token answers as its first
-//! answer for ten minutes only, keys expire (after seconds to an hour) and
+//! answer for ten minutes only, keys expire (after a minute to an hour) and
 //! TTL deletes them at some later moment, transactions on one item
 //! conflict, and the outbox's index lags. Each process meets it through a
 //! link (`link`) whose requests the seed delays, loses after they applied,

@@ -35,6 +35,7 @@ use tokio::sync::{Notify, futures::Notified};
 
 use super::{Finish, Lease};
 use crate::{
+    clock::duration_ms,
     lock::lock,
     store::{Commit, Committed, StoreError},
 };
@@ -70,12 +71,20 @@ impl Ending {
         }
     }
 
-    /// The last moment (epoch milliseconds) the write may still be sent:
-    /// only a commit that takes no claim has one (see
-    /// [`Commit::send_by_ms`](crate::store::Commit::send_by_ms)).
-    pub(crate) fn send_by_ms(&self) -> Option<u64> {
+    /// The last moment (epoch milliseconds) the write may still be sent
+    /// again: a commit that takes no claim, until
+    /// [`Commit::send_by_ms`](crate::store::Commit::send_by_ms); one made
+    /// under a claim, until the completion it writes (its expiry set as it
+    /// was prepared) would no longer be remembered when it lands, a margin
+    /// before it expires. Sent later, it would apply and leave the key free
+    /// at once, and the record's redelivery (reported `uncommitted`, its
+    /// claim's lease ended) would run and apply again; given up instead,
+    /// the redelivery takes the claim over and commits once.
+    pub(crate) fn send_again_by_ms(&self) -> Option<u64> {
         match self {
-            Self::Commit(commit) => commit.send_by_ms(),
+            Self::Commit(commit) => commit.send_by_ms().or_else(|| {
+                Some((commit.finish.expires_at_s * 1000).saturating_sub(duration_ms(crate::store::SEND_MARGIN)))
+            }),
             Self::Finish(_) | Self::Release => None,
         }
     }
@@ -149,23 +158,23 @@ impl Unconfirmed {
 
     /// The writes whose last send ended in an error, oldest first, each now
     /// owned by the caller and counted as resent. Writes whose send is under
-    /// way are not among them; a commit without a claim past the moment it
-    /// may be sent (`now_ms` beyond its [`Ending::send_by_ms`]) is given up.
+    /// way are not among them; a commit past the moment it may be sent again
+    /// (`now_ms` beyond its [`Ending::send_again_by_ms`]) is given up.
     pub(crate) fn to_resend(self: &Arc<Self>, now_ms: u64) -> Vec<Resend> {
         let mut entries = lock(&self.entries);
         let late: Vec<u64> = entries
             .iter()
             .filter(|(_, kept)| kept.state == State::Failed)
-            .filter(|(_, kept)| kept.ending.send_by_ms().is_some_and(|send_by_ms| now_ms > send_by_ms))
+            .filter(|(_, kept)| kept.ending.send_again_by_ms().is_some_and(|send_by_ms| now_ms > send_by_ms))
             .map(|(&ticket, _)| ticket)
             .collect();
         for ticket in late {
             if let Some(kept) = entries.remove(&ticket) {
                 self.give_up(
                     &kept,
-                    "a commit without a claim is not sent again once the key's completion could have expired and \
-                     been deleted, or DynamoDB's ten-minute token window has passed: it could apply a second time; \
-                     its record was reported failed, and its redelivery decides",
+                    "a commit is not sent again once the completion it writes could have expired (and without a \
+                     claim, been deleted, or DynamoDB's ten-minute token window has passed): it could apply a second \
+                     time; its record was reported failed, and its redelivery decides",
                 );
             }
         }

@@ -119,21 +119,28 @@ impl Outbox {
         Some(self.start(&mut schedule, until))
     }
 
-    /// A sweep asked for (a scheduled invocation): one now, or the one under
-    /// way, whatever the sweep interval says, its runs started until `until`
-    /// and waited for until `by`; how many messages this process sent
-    /// meanwhile.
+    /// A sweep asked for (a scheduled invocation): one now, whatever the
+    /// sweep interval says, its runs started until `until` and waited for
+    /// until `by`; how many messages this process sent meanwhile. A sweep
+    /// under way is let finish first: it may be one an earlier invocation
+    /// left when the environment froze, its listing as old as the freeze.
     pub(crate) async fn sweep_asked(self: &Arc<Self>, until: Instant, by: Instant) -> u64 {
         let sent = || self.counters.sent.load(Ordering::Relaxed);
         let before = sent();
+        let running = lock(&self.schedule).running.clone();
+        if let Some(running) = running {
+            let _ = tokio::time::timeout_at(by, running.finished()).await;
+        }
         let sweep = {
             let mut schedule = lock(&self.schedule);
-            match &schedule.running {
-                Some(running) => running.clone(),
-                None => self.start(&mut schedule, Some(until)),
+            match schedule.running {
+                Some(_) => None,
+                None => Some(self.start(&mut schedule, Some(until))),
             }
         };
-        let _ = tokio::time::timeout_at(by, sweep.finished()).await;
+        if let Some(sweep) = sweep {
+            let _ = tokio::time::timeout_at(by, sweep.finished()).await;
+        }
         sent() - before
     }
 

@@ -117,7 +117,7 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
             violations.push(format!("{key} succeeded, and its writes never applied"));
         }
     }
-    violations.extend(sends(world, &ledger, &applications));
+    violations.extend(sends(world, &mut ledger, &applications));
     violations.extend(group_order(world, &applications));
     if !unsent.is_empty() {
         let bodies: Vec<&str> = unsent.iter().map(|entry| entry.message.body.as_str()).collect();
@@ -154,7 +154,7 @@ fn reapplications(applications: &[Application]) -> Vec<String> {
 
 /// Every message of a committed run sent, within the bound, in the run's
 /// order; none of a run that did not commit; none twice unexcused.
-fn sends(world: &World, ledger: &Ledger, applications: &[Application]) -> Vec<String> {
+fn sends(world: &World, ledger: &mut Ledger, applications: &[Application]) -> Vec<String> {
     let first_sent: HashMap<&str, (usize, u64)> =
         ledger.first_sent.iter().enumerate().map(|(at, (body, at_ms))| (body.as_str(), (at, *at_ms))).collect();
     let committed_ms: HashMap<u64, u64> =
@@ -163,6 +163,7 @@ fn sends(world: &World, ledger: &Ledger, applications: &[Application]) -> Vec<St
     // A sending lease for the sender that stopped, then the next scheduled sweep, and its own time.
     let bound_ms = duration_ms(SENDING_LEASE + world.scenario.schedule_every) + 60_000;
     let mut violations = Vec::new();
+    let mut send_ms = Vec::new();
     for run in &ledger.runs {
         let committed = committed_ms.get(&run.id).copied();
         let messages = run.spec.staged.as_ref().map_or(0, |staged| staged.messages);
@@ -178,6 +179,9 @@ fn sends(world: &World, ledger: &Ledger, applications: &[Application]) -> Vec<St
                 _ => {}
             }
             let Some(&(at, sent_ms)) = first_sent.get(body.as_str()) else { continue };
+            if let Some(committed_ms) = committed {
+                send_ms.push(sent_ms.saturating_sub(committed_ms));
+            }
             if let Some(committed_ms) = committed
                 && sent_ms > committed_ms.max(healed_ms) + bound_ms
             {
@@ -191,6 +195,7 @@ fn sends(world: &World, ledger: &Ledger, applications: &[Application]) -> Vec<St
             }
         }
     }
+    ledger.stats.send_ms[usize::from(!world.scenario.tail)] = send_ms;
     violations
 }
 

@@ -67,6 +67,9 @@ pub(super) struct Stats {
     pub given_up: u64,
     pub quiet_worlds: u64,
     pub fifo_worlds: u64,
+    /// Each committed message's time from its commit to its first send, in
+    /// worlds whose traffic goes on and in those whose traffic stops.
+    pub send_ms: [Vec<u64>; 2],
 }
 
 impl Stats {
@@ -104,6 +107,25 @@ impl Stats {
         for (total, value) in fields {
             *total += value;
         }
+        for (total, values) in self.send_ms.iter_mut().zip(&other.send_ms) {
+            total.extend(values);
+        }
+    }
+
+    /// The median and the 99th percentile of each world kind's send times,
+    /// in seconds.
+    fn send_times(&self) -> String {
+        let percentiles = |values: &[u64]| {
+            let mut values = values.to_vec();
+            values.sort_unstable();
+            let at = |q: f64| values.get(((values.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
+            format!("p50 {:.2} s, p99 {:.1} s", at(0.5) as f64 / 1000.0, at(0.99) as f64 / 1000.0)
+        };
+        format!(
+            "commit to send: with traffic {}, traffic stopped {}",
+            percentiles(&self.send_ms[0]),
+            percentiles(&self.send_ms[1])
+        )
     }
 
     /// The faults and schedules the simulation is made to meet, counted.
@@ -140,12 +162,13 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} batches, {} records, {} store calls, {} runs applied, {} messages sent; faults: {}",
+            "{} batches, {} records, {} store calls, {} runs applied, {} messages sent; {}; faults: {}",
             self.batches,
             self.records,
             self.store_calls,
             self.applied_runs,
             self.messages_sent,
+            self.send_times(),
             self.faults().iter().map(|(what, count)| format!("{what} {count}")).collect::<Vec<_>>().join(", ")
         )
     }

@@ -193,7 +193,9 @@ impl Scenario {
             cache_entries: if rng.bool() { 1024 } else { 0 },
             sweep_every,
             unclaimed: [0.0, 0.5, 1.0][rng.usize(..3)],
-            expires_after: seconds(&[5, 60, 300, 3_600], rng),
+            // A minute at least: a completion that lands after its expiry (a request delayed 8 s, or applied
+            // 30 s after its caller gave up) leaves its key free at once, which no consumer can prevent.
+            expires_after: seconds(&[60, 300, 3_600], rng),
             ttl: [0.0, 0.1, 1.0][rng.usize(..3)],
             transaction_ms: [0, 20, 300][rng.usize(..3)],
             index_lag_ms: [0, 100, 2_000][rng.usize(..3)],
