@@ -58,11 +58,14 @@ impl Handler for Credits {
     }
 }
 
-/// The memory store, keeping the name of every call it gets.
+/// The memory store, keeping the name of every call it gets; while
+/// `losing_commit_answers` is set, its commits apply and their answers are
+/// lost (as DynamoDB slow to answer, or a freeze at the answer).
 #[derive(Default)]
 struct Calls {
     inner: MemoryStore,
     calls: Mutex<Vec<&'static str>>,
+    losing_commit_answers: AtomicBool,
 }
 
 impl Calls {
@@ -112,7 +115,11 @@ impl ClaimStore for Calls {
 impl CommitStore for Calls {
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         self.note(if commit.unclaimed.is_some() { "commit unclaimed" } else { "commit" });
-        self.inner.commit(id, token, commit).await
+        let committed = self.inner.commit(id, token, commit).await;
+        match self.losing_commit_answers.load(Ordering::SeqCst) {
+            true => Err(StoreError::unavailable("the answer was lost")),
+            false => committed,
+        }
     }
 }
 
@@ -240,50 +247,12 @@ async fn claiming_always_claims_first_and_nothing_staged_completes_with_one_cond
     assert_eq!(outcome(&again, "m-2"), &Outcome::Duplicate);
 }
 
-/// The memory store, whose commits apply and whose answers are lost while
-/// `losing` is set: as DynamoDB slow to answer, or a freeze at the answer.
-#[derive(Default)]
-struct LosesCommitAnswers {
-    inner: MemoryStore,
-    losing: AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl ClaimStore for LosesCommitAnswers {
-    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        self.inner.put_if_free(record, now_ms).await
-    }
-    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError> {
-        self.inner.finish(id, token, finish).await
-    }
-    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-        self.inner.release(id, token).await
-    }
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        Some(self)
-    }
-}
-
-#[async_trait::async_trait]
-impl CommitStore for LosesCommitAnswers {
-    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
-        let committed = self.inner.commit(id, token, commit).await;
-        match self.losing.load(Ordering::SeqCst) {
-            true => Err(StoreError::unavailable("the answer was lost")),
-            false => committed,
-        }
-    }
-}
-
 /// A commit whose answer was lost, kept, and sent again `later` (as the
 /// process leaves: SIGTERM), the key's completion deleted by TTL first when
 /// `deleted`: how often the key's writes applied, and how many writes the
 /// engine gave up.
 async fn kept_commit_sent_again(later: Duration, deleted: bool) -> (u64, u64) {
-    let store = Arc::new(LosesCommitAnswers { losing: AtomicBool::new(true), ..LosesCommitAnswers::default() });
+    let store = Arc::new(Calls { losing_commit_answers: AtomicBool::new(true), ..Calls::default() });
     let clock = Arc::new(crate::clock::ManualClock::new(SystemClock.now_ms()));
     let policy =
         ClaimPolicy { expires_after: Duration::from_secs(60), local_cache_entries: 0, ..ClaimPolicy::default() };
@@ -295,20 +264,16 @@ async fn kept_commit_sent_again(later: Duration, deleted: bool) -> (u64, u64) {
     let event = parse_event(&json!({ "Records": [message("m-1", json!({}))] }).to_string()).unwrap();
     let report = engine.process(&event, &invocation, None).await;
     assert!(matches!(outcome(&report, "m-1"), Outcome::Failed(Failure::Uncommitted { .. })), "{report:?}");
-    let applied = |store: &LosesCommitAnswers| {
-        let items = store.inner.items("applied");
-        items.iter().find(|item| item["pk"] == "test#m-1").map_or(0, |item| item["n"].as_u64().unwrap_or(0))
-    };
-    assert_eq!(applied(&store), 1, "the commit applied; its answer was lost");
+    assert_eq!(store.applied("test#m-1"), 1, "the commit applied; its answer was lost");
     clock.advance(later);
     if deleted {
         // The key's completion expired (60 s), and TTL deleted it, as it may at any moment after.
         store.inner.delete_expired(clock.now_ms(), |_| true);
         assert_eq!(store.inner.get("test#m-1").await.unwrap(), None);
     }
-    store.losing.store(false, Ordering::SeqCst);
+    store.losing_commit_answers.store(false, Ordering::SeqCst);
     engine.leave(tokio::time::Instant::now() + Duration::from_secs(1)).await;
-    (applied(&store), engine.claims().writes_given_up())
+    (store.applied("test#m-1"), engine.claims().writes_given_up())
 }
 
 #[tokio::test]
