@@ -4,11 +4,13 @@
 //!
 //! Every process that can send sweeps: as each batch starts (Lambda,
 //! `invoke`, `poll`), on `poll`'s timer, and before `invoke` and `poll`
-//! leave; at most once per sweep interval (`SQS_ONCE_OUTBOX_SWEEP_SECS`),
-//! the process's start counting as one. A sweep started beside a batch takes
-//! no new entries once the batch is done, and the batch's answer waits for
-//! its sends under way, so that no send is left in flight when Lambda
-//! freezes the process.
+//! leave when they may have left a message of their own unsent; at most
+//! once per sweep interval (`SQS_ONCE_OUTBOX_SWEEP_SECS`), the process's
+//! start counting as one. A Lambda function whose queue is quiet is invoked
+//! for one by the template's schedule (the outbox sweep event). A sweep
+//! started beside a batch starts no run after the batch's cut-off, and the
+//! batch's answer waits for it, so that no send is left in flight when
+//! Lambda freezes the process.
 
 use std::{
     collections::BTreeMap,
@@ -181,9 +183,10 @@ impl Outbox {
         lock(&self.schedule).oldest_age.take()
     }
 
-    /// Takes over the entries whose sending lease has ended (at most a few
-    /// hundred per call) and sends them, the entries of one run in order,
-    /// starting no run after `until`. Notes the oldest unsent entry's age.
+    /// Takes over the entries whose sending lease has ended, among those the
+    /// store's [`sweep_listing`](crate::store::OutboxStore::sweep_listing)
+    /// reads, and sends them, the entries of one run in order, starting no
+    /// run after `until`. Notes the oldest unsent entry's age it read.
     pub(crate) async fn sweep(&self, until: Option<Instant>) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
         let listed = self.store.sweep_listing(SWEEP_LIMIT).await?;
