@@ -158,9 +158,10 @@ impl Commit {
 /// new request" (the API reference).
 pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
 
-/// Kept back from each bound of [`Commit::send_by_ms`]: a send's own time
-/// (its attempts, within the SDK's operation timeout), and clocks that differ.
-pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(30);
+/// Kept back from each bound of [`Commit::send_by_ms`]: an attempt checked
+/// against it reaches DynamoDB within its attempt timeout (2 s by default),
+/// and clocks differ by less than a second.
+pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(10);
 
 /// The outcome of [`CommitStore::commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]

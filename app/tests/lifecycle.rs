@@ -412,12 +412,12 @@ mod ledger {
 
     /// An environment frozen at its answer with its commits held (and then
     /// lost: they never reached DynamoDB), whose copies another environment
-    /// commits; `back` after the keys' completions (60 s) expired and TTL
+    /// commits; back after the keys' completions (20 s) expired and TTL
     /// deleted them.
     async fn frozen(table: &str, balances: &str, prefix: &str, log: &Path) -> (Environment, FaultProxy) {
         let proxy = FaultProxy::holding_finishing_writes(Duration::from_secs(6)).await;
         let mut settings = ledger(balances, "auto");
-        settings.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "60".to_owned()));
+        settings.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "20".to_owned()));
         let first = Environment::with(table, &proxy.url, true, 2000, log, &settings).await;
         first.freeze_at_answer(&proxy);
         let failed = first.invoke(&credits_of(prefix, 1)).await;
@@ -442,7 +442,7 @@ mod ledger {
         // After the leases, the copies go to another environment, which commits every credit.
         tokio::time::sleep(Duration::from_secs(7)).await;
         let mut settings = ledger(&balances, "auto");
-        settings.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "60".to_owned()));
+        settings.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "20".to_owned()));
         let direct = common::dynamodb::endpoint();
         let second = Environment::with(&table, &direct, true, 2000, &log, &settings).await;
         for (prefix, _) in ways {
