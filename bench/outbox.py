@@ -9,6 +9,7 @@ outbox's backlog" section of bench/RESULTS.md. Started by bench/outbox."""
 
 import argparse
 import copy
+import hashlib
 import json
 import os
 import subprocess
@@ -71,10 +72,12 @@ def main():
         requests = []
         for n in range(start, min(start + 25, args.entries)):
             item = copy.deepcopy(model)
-            run = f"bench#backlog-{n}#outbox#t{n}#"
+            # Ids as the store writes them: a hashed key, a random token.
+            claim, token = f"bench#{hashlib.sha256(str(n).encode()).hexdigest()}", os.urandom(16).hex()
+            run = f"{claim}#outbox#{token}#"
             entry = json.loads(item["outbox"]["S"])
-            entry.update(id=run + "000", claim_id=f"bench#backlog-{n}", token=f"t{n}", lease_until_ms=0)
-            item.update(id={"S": run + "000"}, open_status={"S": shard(run)}, token={"S": f"t{n}"},
+            entry.update(id=run + "000", claim_id=claim, token=token, lease_until_ms=0)
+            item.update(id={"S": run + "000"}, open_status={"S": shard(run)}, token={"S": token},
                         in_progress_expiration={"N": "0"}, outbox={"S": json.dumps(entry)},
                         body={"S": json.dumps({"n": n, "padding": "x" * args.bytes})})
             requests.append({"PutRequest": {"Item": item}})
@@ -85,7 +88,7 @@ def main():
     print(f"== refused: {refused}", file=sys.stderr)
     SQS.create_queue(QueueName=name)
     time.sleep(16)  # the refused entries' sending leases end
-    drained, started, received = [], time.perf_counter(), 0
+    drained, received = [], 0
     while True:
         result = sweep(env)
         drained.append(result)
@@ -96,11 +99,13 @@ def main():
             received += len(messages)
             SQS.delete_message_batch(QueueUrl=queue_url, Entries=[
                 {"Id": str(n), "ReceiptHandle": message["ReceiptHandle"]} for n, message in enumerate(messages)])
-        left = DYNAMODB.scan(TableName=table, FilterExpression="attribute_exists(outbox)", Select="COUNT")["Count"]
+        pages = DYNAMODB.get_paginator("scan").paginate(TableName=table, FilterExpression="attribute_exists(outbox)",
+                                                         Select="COUNT")
+        left = sum(page["Count"] for page in pages)
         print(f"== sweep {len(drained)}: {result}, {left} left", file=sys.stderr)
         if left == 0 or len(drained) > 200:
             break
-    seconds = time.perf_counter() - started
+    sweeping = sum(result["wall"] for result in drained)
     total = args.entries + 1
     lines = [
         SECTION,
@@ -111,7 +116,7 @@ def main():
         "each sweep a process of the release binary, `sqs-once invoke events/outbox-sweep.json` (30 s timeout), as "
         "the template's schedule invokes the function. Medians [min–max].",
         "",
-        "| sweeps | what | wall s per sweep | peak RSS MiB | messages sent per sweep |",
+        "| sweeps | what | wall s per sweep | peak RSS MiB | messages sent per sweep (a page of each shard) |",
         "|---|---|---|---|---|",
         f"| {len(refused)} | every send refused (no such queue) | {fmt(summary([r['wall'] for r in refused]), 2)} | "
         f"{fmt(summary([r['rss_mib'] for r in refused]), 1)} | {fmt(summary([r['sent'] for r in refused]))} |",
@@ -119,9 +124,11 @@ def main():
         f"{fmt(summary([r['wall'] for r in drained]), 2)} | {fmt(summary([r['rss_mib'] for r in drained]), 1)} | "
         f"{fmt(summary([r['sent'] for r in drained]))} |",
         "",
-        f"Drained: {received:,} of {total:,} messages received in {seconds:.0f} s of sweeps back to back, "
-        f"{received / seconds:,.0f} messages/s; every sweep ended within its 30 s. With the template's schedule (a "
-        "sweep every 5 minutes) and no traffic, a backlog drains at a sweep's worth per period.",
+        f"Drained: {received:,} of {total:,} messages received after {len(drained)} sweeps taking {sweeping:.0f} s in "
+        f"all, {received / sweeping:,.0f} messages a second of sweeping; every sweep ended within its 30 s, its peak "
+        "RSS the same whatever the backlog. A sweep reads a page of each of the 16 shards (a megabyte, 10 of these "
+        "entries), so that with the template's schedule (every 5 minutes) and no traffic such a backlog drains at "
+        "about 160 entries a period, and every minute beside batches while traffic flows.",
     ]
     write_section(args.output, SECTION, lines)
     print("\n".join(lines))
