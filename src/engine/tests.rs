@@ -19,6 +19,7 @@ use crate::{
     report::{BatchReport, Failure, Outcome},
     store::{ClaimStatus, ClaimStore, Fenced, Finish, MemoryStore, PutOutcome, StoreError, StoredClaim},
 };
+use rusty_fork::rusty_fork_test;
 use serde_json::{Value, json};
 
 fn message(id: &str, body: Value) -> Value {
@@ -974,25 +975,31 @@ impl Handler for Traced {
     }
 }
 
-#[tokio::test]
-async fn each_record_is_a_process_span_linked_to_its_producer_with_its_claim_handler_and_write() {
-    // tracing-core keeps each callsite's interest and the highest level enabled process-wide; while another test
-    // thread adds or drops a subscriber of its own, a `DEBUG` span opened here can find itself disabled (about one
-    // run in ten of the engine's tests saw no `claim`, `handler` or finishing span at all, the INFO `charge`
-    // spans captured). The batch runs again, on a new store, when its runs left no span.
-    for _ in 0..3 {
-        let capture = spans::Capture::default();
-        let _guard = capture.install();
-        if traced_batch(&capture).await.iter().any(|span| span.name == "claim") {
-            return;
-        }
+rusty_fork_test! {
+    // Each span test runs in a process of its own: tracing-core keeps each callsite's interest and the highest
+    // level enabled process-wide, and while another test thread adds or drops a subscriber a `DEBUG` span opened
+    // here can find itself disabled (runs of the engine's tests saw no `claim`, `handler` or finishing span, or
+    // some of them only, the INFO `charge` spans captured).
+    #[test]
+    fn each_record_is_a_process_span_linked_to_its_producer_with_its_claim_handler_and_write() {
+        in_runtime(traced_batch());
     }
-    panic!("three runs of the batch left no `claim` span");
+
+    #[test]
+    fn records_that_share_a_key_share_one_run_under_the_first_records_span() {
+        in_runtime(shared_key_batch());
+    }
 }
 
-/// The batch of [`each_record_is_a_process_span_linked_to_its_producer_with_its_claim_handler_and_write`],
-/// checked unless its runs left no span at all; the spans captured.
-async fn traced_batch(capture: &spans::Capture) -> Vec<spans::Span> {
+/// Runs a test's body on a runtime of one thread, as `#[tokio::test]` does.
+fn in_runtime(body: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime").block_on(body);
+}
+
+/// The batch of [`each_record_is_a_process_span_linked_to_its_producer_with_its_claim_handler_and_write`].
+async fn traced_batch() {
+    let capture = spans::Capture::default();
+    let _guard = capture.install();
     let options = EngineOptions {
         margins: Margins { deadline_margin: Duration::from_millis(300), ..Margins::default() },
         ..Default::default()
@@ -1015,9 +1022,6 @@ async fn traced_batch(capture: &spans::Capture) -> Vec<spans::Span> {
     assert_eq!(failures(&report), ["retryable", "permanent", "slow"]);
 
     let spans = capture.spans();
-    if !spans.iter().any(|span| span.name == "claim") {
-        return spans;
-    }
     let named = |name: &str| spans.iter().filter(|span| span.name == name).cloned().collect::<Vec<_>>();
     let children = |parent: &spans::Span, name: &str| {
         spans.iter().filter(|span| span.parent == Some(parent.id) && span.name == name).cloned().collect::<Vec<_>>()
@@ -1078,34 +1082,25 @@ async fn traced_batch(capture: &spans::Capture) -> Vec<spans::Span> {
     );
     let under = |name: &str| spans.iter().filter(|span| span.parent == Some(record.id) && span.name == name).count();
     assert_eq!((under("claim"), under("handler"), under("finish")), (1, 0, 0));
-    capture.spans()
 }
 
-#[tokio::test]
-async fn records_that_share_a_key_share_one_run_under_the_first_records_span() {
-    // As in the test above: a batch whose runs left no span at all runs again.
-    for _ in 0..3 {
-        let capture = spans::Capture::default();
-        let _guard = capture.install();
-        let engine = Setup::default().engine(Traced(Directed::default()));
-        let copy = message("m1", json!({}));
-        let report = run(&engine, vec![copy.clone(), copy], Duration::from_secs(5)).await;
-        assert!(failures(&report).is_empty());
-        let spans = capture.spans();
-        if !spans.iter().any(|span| span.name == "claim") {
-            continue;
-        }
-        let records: Vec<_> = spans.iter().filter(|span| span.name == "process" && span.parent.is_some()).collect();
-        assert_eq!(records.len(), 2, "{spans:#?}");
-        let under = |record: &spans::Span| {
-            let count = |name| spans.iter().filter(|span| span.parent == Some(record.id) && span.name == name).count();
-            (count("claim"), count("handler"), count("finish"))
-        };
-        assert_eq!(under(records[0]), (1, 1, 1));
-        assert_eq!(under(records[1]), (0, 0, 0));
-        assert_eq!(records[0].field("sqs_once.key_hash"), records[1].field("sqs_once.key_hash"));
-        assert_eq!(records[1].field("sqs_once.outcome"), Some("processed"));
-        return;
-    }
-    panic!("three runs of the batch left no `claim` span");
+/// The batch of [`records_that_share_a_key_share_one_run_under_the_first_records_span`].
+async fn shared_key_batch() {
+    let capture = spans::Capture::default();
+    let _guard = capture.install();
+    let engine = Setup::default().engine(Traced(Directed::default()));
+    let copy = message("m1", json!({}));
+    let report = run(&engine, vec![copy.clone(), copy], Duration::from_secs(5)).await;
+    assert!(failures(&report).is_empty());
+    let spans = capture.spans();
+    let records: Vec<_> = spans.iter().filter(|span| span.name == "process" && span.parent.is_some()).collect();
+    assert_eq!(records.len(), 2, "{spans:#?}");
+    let under = |record: &spans::Span| {
+        let count = |name| spans.iter().filter(|span| span.parent == Some(record.id) && span.name == name).count();
+        (count("claim"), count("handler"), count("finish"))
+    };
+    assert_eq!(under(records[0]), (1, 1, 1));
+    assert_eq!(under(records[1]), (0, 0, 0));
+    assert_eq!(records[0].field("sqs_once.key_hash"), records[1].field("sqs_once.key_hash"));
+    assert_eq!(records[1].field("sqs_once.outcome"), Some("processed"));
 }

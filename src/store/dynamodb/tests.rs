@@ -76,31 +76,58 @@ fn run_counts(handler: &Directed) -> HashMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_engines_on_one_batch_run_each_key_once() {
+    // Every attempt must run each key once. Whether the engines raced at all is up to the scheduler: on a machine
+    // busy with other work one engine can claim and finish the whole batch before the others' claims arrive, a
+    // world with nothing to prove, which is run again on a new table.
+    for _ in 0..3 {
+        let (working, conflicts) = four_engines_on_one_batch().await;
+        if working >= 2 && conflicts > 0 {
+            return;
+        }
+    }
+    panic!("three attempts and no race: no engine met another's live claim");
+}
+
+/// Four engines, each with a client and batches of its own, on one batch of
+/// 500 records; checks that each key ran once, and returns how many engines
+/// ran handlers and how many records met another engine's live claim.
+async fn four_engines_on_one_batch() -> (usize, usize) {
     let (store, _) = fresh_table().await;
     let handler = Directed::default();
     let records = testkit::records((0..500).map(|n| json!({"key": n, "sleep_ms": n % 4})));
-    // Four processes: each with a client and batches of its own.
+    // Clients that wait for slow answers: 2,000 claims at once on a machine busy with other tests can keep DynamoDB
+    // Local past the consumer's 2 s attempts, and a claim whose answer timed out fails its record in every engine
+    // (the claim may be held, so the others find it live), which is right and not what this test is about.
+    let patient = crate::aws::sdk_config()
+        .await
+        .to_builder()
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .operation_attempt_timeout(Duration::from_secs(30))
+                .operation_timeout(Duration::from_secs(50))
+                .build(),
+        )
+        .build();
     let mut engines = Vec::new();
     for _ in 0..4 {
-        let own = DynamoDbStore::new(client().await.0, store.layout().clone());
+        let own = DynamoDbStore::new(client_from(&patient).0, store.layout().clone());
         engines.push(engine(own, handler.clone(), ClaimPolicy::default()));
     }
     let reports = futures::future::join_all(engines.iter().map(|engine| run(engine, &records))).await;
     let counts = run_counts(&handler);
-    assert_eq!(counts.len(), 500, "every key ran");
     assert!(counts.values().all(|&runs| runs == 1), "a key ran twice");
     // Each record was processed by one engine; elsewhere it was a duplicate or a conflict.
     for index in 0..500 {
         let labels: Vec<&str> = reports.iter().map(|report| report.records[index].outcome.label()).collect();
         assert_eq!(labels.iter().filter(|label| **label == "processed").count(), 1, "record {index}: {labels:?}");
-        assert!(labels.iter().all(|label| ["processed", "duplicate", "conflict"].contains(label)), "{labels:?}");
+        let outcomes: Vec<&Outcome> = reports.iter().map(|report| &report.records[index].outcome).collect();
+        assert!(labels.iter().all(|label| ["processed", "duplicate", "conflict"].contains(label)), "{outcomes:?}");
     }
-    // The engines raced: several ran handlers, and some met another's live lease.
+    assert_eq!(counts.len(), 500, "every key ran");
     let processed_by =
         |report: &BatchReport| report.records.iter().filter(|r| r.outcome.label() == "processed").count();
     let working = reports.iter().filter(|report| processed_by(report) > 0).count();
-    let conflicts: usize = reports.iter().map(failed).sum();
-    assert!(working >= 2 && conflicts > 0, "no race: {working} engines ran handlers, {conflicts} conflicts");
+    (working, reports.iter().map(failed).sum())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
