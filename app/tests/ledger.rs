@@ -267,10 +267,11 @@ async fn drain(keys: usize, dynamodb: FaultMix, sqs: FaultMix, seed: u64, claim:
 async fn every_entry_applies_once_under_duplicate_deliveries() {
     for claim in ["auto", "always"] {
         let report = drain(120, FaultMix::default(), FaultMix::default(), 3, claim).await;
-        // Without faults, each entry commits in its first round, and every later delivery is a duplicate. A copy
-        // racing the commit in another process may still be waiting for its own transaction's answer when its
-        // answer is due (seen under qemu: 18 of 120): it answers `uncommitted`, and comes back as a duplicate.
-        assert_eq!(report["rounds_before_copies"], 1, "{report}");
+        // Each entry is delivered to two processes at once, and again after it succeeded. The balances are exact
+        // and no notice is lost (`drain` checks), and none goes twice. How many rounds that takes is not asserted:
+        // on a machine busy with other tests a copy's transaction can outlast its 2 s attempt, or an overdraft's
+        // move to the dead-letter queue its 4 s invocation (both seen in CI: 119 copies `uncommitted`), and the
+        // entry comes back, a duplicate then.
         assert_eq!(report["checked"]["notices_duplicated"], 0, "{report}");
     }
 }
