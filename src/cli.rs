@@ -448,6 +448,7 @@ async fn outbox(
         eprintln!("sent {sent} message(s); {failed} could not be sent and stay in the outbox");
     }
     let entries = store.entries(&OutboxQuery { due_at_ms: None, limit }).await?;
+    let unreadable = store.unreadable(limit).await?;
     let now_ms = SystemClock.now_ms();
     if json {
         let rows: Vec<serde_json::Value> = entries
@@ -464,6 +465,7 @@ async fn outbox(
                     "body": entry.message.body,
                 })
             })
+            .chain(unreadable.iter().map(|entry| serde_json::json!({ "id": entry.id, "unreadable": entry.reason })))
             .collect();
         println!("{}", serde_json::Value::from(rows));
         return Ok(None);
@@ -480,7 +482,15 @@ async fn outbox(
             entry.message.body.len().to_string(),
         ]
     }));
+    rows.extend(unreadable.iter().map(|entry| [entry.id.as_str(), "-", "-", "unreadable", "-", "-"].map(String::from)));
     print_table(rows);
+    // Never sent while they stay: each named with why, and what gives it up.
+    for entry in &unreadable {
+        eprintln!(
+            "{} cannot be read by this version ({}); `sqs-once claims outbox --drop {} --force` gives it up",
+            entry.id, entry.reason, entry.id
+        );
+    }
     Ok(None)
 }
 

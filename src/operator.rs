@@ -137,19 +137,28 @@ impl Operator {
             .outbox()
             .ok_or_else(|| StoreError::Unsupported("this claim store keeps no outbox (ClaimStore::outbox)".into()))?;
         let entries = outbox.entries(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await?;
-        let Some(entry) = entries.into_iter().find(|entry| entry.id == id || entry.outbox_id() == id) else {
+        let found = match entries.into_iter().find(|entry| entry.id == id || entry.outbox_id() == id) {
+            Some(entry) => {
+                Some((entry.id.clone(), entry.token.clone(), serde_json::to_string(&entry).unwrap_or_default()))
+            }
+            // An entry this version cannot read is dropped by its stored id, as stored.
+            None => outbox.unreadable(usize::MAX).await?.into_iter().find(|entry| entry.id == id).map(|entry| {
+                let content = format!("an entry this version cannot read ({})", entry.reason);
+                (entry.id, entry.token, content)
+            }),
+        };
+        let Some((id, token, content)) = found else {
             return Ok(Verdict::NotFound);
         };
-        let content = serde_json::to_string(&entry).unwrap_or_default();
         if !force {
             return Ok(Verdict::Refused(format!(
                 "dropping an outbox entry gives its message up for good; pass --force to drop it: {content}"
             )));
         }
-        Ok(match outbox.entry_sent(&entry.id, &entry.token).await? {
+        Ok(match outbox.entry_sent(&id, &token).await? {
             Fenced::Applied => {
-                tracing::warn!(id = %entry.id, entry = %content, "outbox entry dropped by an operator: its message is not sent");
-                Verdict::Done(format!("dropped {}; its message is not sent: {content}", entry.id))
+                tracing::warn!(%id, entry = %content, "outbox entry dropped by an operator: its message is not sent");
+                Verdict::Done(format!("dropped {id}; its message is not sent: {content}"))
             }
             Fenced::Refused => Verdict::Refused("a sender took the entry over just now; look again".into()),
         })

@@ -46,7 +46,7 @@ pub(crate) use entry::SENDING_LEASE;
 /// Kept free in a sending lease besides a send's and a deletion's times:
 /// the steps between them, and clocks that differ.
 const LEASE_SPARE: Duration = Duration::from_secs(1);
-pub use entry::{OutboxEntry, OutboxQuery};
+pub use entry::{OutboxEntry, OutboxQuery, UnreadableEntry};
 
 use crate::{
     clock::Clock,

@@ -45,7 +45,7 @@ mod stored;
 pub(crate) use stored::new_token;
 pub use stored::{ClaimStatus, Finish, StoredClaim};
 
-pub(crate) use crate::outbox::{OutboxEntry, OutboxQuery};
+pub(crate) use crate::outbox::{OutboxEntry, OutboxQuery, UnreadableEntry};
 
 pub use dynamodb::{Attributes, DynamoDbStore, TableKey, TableLayout};
 pub use memory::MemoryStore;
@@ -426,7 +426,8 @@ pub trait CommitStore: Send + Sync {
 /// ([`ClaimStore::outbox`]).
 #[async_trait]
 pub trait OutboxStore: Send + Sync {
-    /// Outbox entries, oldest run first and each run's in order.
+    /// Outbox entries, oldest run first and each run's in order; entries
+    /// the store cannot read are skipped ([`unreadable`](Self::unreadable)).
     async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError>;
 
     /// What a sweep reads: at most `limit` entries, due or not (an entry of
@@ -438,6 +439,15 @@ pub trait OutboxStore: Send + Sync {
     /// store does). By default, [`entries`](Self::entries).
     async fn sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
         self.entries(&OutboxQuery { due_at_ms: None, limit }).await
+    }
+
+    /// Entries the store holds and cannot read, at most `limit`, which
+    /// [`entries`](Self::entries) and [`sweep_listing`](Self::sweep_listing)
+    /// skip: for operators (`sqs-once claims outbox`). By default none, as
+    /// for a store that reads every entry it keeps.
+    async fn unreadable(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
+        let _ = limit;
+        Ok(Vec::new())
     }
 
     /// Gives `entry`'s sending lease to `token` until `lease_until_ms`, if

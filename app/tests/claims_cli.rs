@@ -303,3 +303,70 @@ async fn an_outbox_entry_given_up_on_is_dropped_only_with_force_and_logged_whole
     let left = setup.run(&["claims", "outbox", "--json"]);
     assert_eq!(serde_json::from_slice::<Value>(&left.stdout).unwrap(), json!([]), "{}", text(&left));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_entry_this_version_cannot_read_is_listed_apart_and_the_others_are_sent() {
+    // Two ledger credits whose notices go to a queue that does not exist yet: committed, their notices kept.
+    let setup = Setup::file();
+    let name = format!("later-{}", uuid::Uuid::new_v4().simple());
+    let url = format!("{}/123456789012/{name}", common::sqs::endpoint());
+    let credits = [("m-1", json!({"account": "a", "amount": 1})), ("m-2", json!({"account": "b", "amount": 2}))];
+    let event = setup.event("credits.json", &credits);
+    let mut invoke = setup.command(&["invoke", event.to_str().unwrap()]);
+    invoke
+        .env("SQS_ONCE_HANDLER", "ledger")
+        .env("SQS_ONCE_LEDGER_TABLE", "balances")
+        .env("SQS_ONCE_LEDGER_NOTIFY_URL", &url)
+        .env("SQS_ONCE_OUTBOX_SWEEP_SECS", "0");
+    let output = invoke.output().unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    // One of them as a later version (or a hand) left it: an entry this version cannot read.
+    let file = rusqlite::Connection::open(&setup.store.1).unwrap();
+    let unreadable: String = file.query_row("SELECT id FROM outbox ORDER BY id LIMIT 1", [], |row| row.get(0)).unwrap();
+    file.execute("UPDATE outbox SET entry = '{\"written_by\":\"a later version\"}' WHERE id = ?1", [&unreadable])
+        .unwrap();
+
+    let listed = setup.run(&["claims", "outbox", "--json"]);
+    assert!(listed.status.success(), "{}", text(&listed));
+    let rows: Vec<Value> = serde_json::from_slice::<Value>(&listed.stdout).unwrap().as_array().unwrap().clone();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows[0]["body"].as_str().is_some_and(|body| body.contains("\"account\"")), "{rows:?}");
+    assert_eq!(rows[1]["id"], json!(unreadable));
+    assert!(rows[1]["unreadable"].as_str().is_some_and(|why| why.contains("missing field")), "{rows:?}");
+    let table = setup.run(&["claims", "outbox"]);
+    let row =
+        String::from_utf8_lossy(&table.stdout).lines().find(|line| line.starts_with(&unreadable)).map(str::to_owned);
+    assert!(row.is_some_and(|row| row.contains("unreadable")), "{}", text(&table));
+    assert!(
+        String::from_utf8_lossy(&table.stderr).contains(&format!("--drop {unreadable} --force")),
+        "{}",
+        text(&table)
+    );
+
+    // The queue exists now: the readable notice is sent, the unreadable entry stays, keeping nothing back.
+    let client = common::sqs::client().await;
+    client.create_queue().queue_name(&name).send().await.unwrap();
+    let queue = common::sqs::Queue::existing(&url).await;
+    // Once the refused send's lease has ended (the entry is due again).
+    for _ in 0..40 {
+        let listed = setup.run(&["claims", "outbox", "--json"]);
+        if serde_json::from_slice::<Value>(&listed.stdout).unwrap()[0]["due"] == json!(true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let sent = setup.run(&["claims", "outbox", "--send"]);
+    assert!(sent.status.success(), "{}", text(&sent));
+    assert!(String::from_utf8_lossy(&sent.stderr).contains("sent 1 message(s)"), "{}", text(&sent));
+    assert!(text(&sent).contains("OutboxUnreadable"), "skipped, and said: {}", text(&sent));
+    assert_eq!(queue.drain().await.len(), 1);
+
+    // Given up by its stored id, with --force only.
+    let refused = setup.run(&["claims", "outbox", "--drop", &unreadable]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("cannot read"), "{}", text(&refused));
+    let dropped = setup.run(&["claims", "outbox", "--drop", &unreadable, "--force"]);
+    assert!(dropped.status.success(), "{}", text(&dropped));
+    let left = setup.run(&["claims", "outbox", "--json"]);
+    assert_eq!(serde_json::from_slice::<Value>(&left.stdout).unwrap(), json!([]), "{}", text(&left));
+}

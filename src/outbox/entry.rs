@@ -39,6 +39,41 @@ pub struct OutboxEntry {
     pub created_at_ms: u64,
 }
 
+/// An outbox entry the store holds and cannot read: written by another
+/// version of sqs-once (a destination this one does not know, after a
+/// rollback) or changed by hand. Listings and sweeps skip it, so that it is
+/// never a reason to send nothing; `sqs-once claims outbox` shows it, and
+/// `sqs-once claims outbox --drop ID --force` gives it up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnreadableEntry {
+    /// The stored id.
+    pub id: String,
+    /// The sending lease's token as stored: dropping the entry is
+    /// conditioned on it, as for any entry.
+    pub token: String,
+    /// What could not be read.
+    pub reason: String,
+}
+
+impl UnreadableEntry {
+    /// The entry `id`, leased to `token`, which cannot be read for `reason`.
+    pub fn new(id: impl Into<String>, token: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { id: id.into(), token: token.into(), reason: reason.into() }
+    }
+
+    /// Logs that a listing skipped the entry (`OutboxUnreadable`, one line
+    /// each time, for a log metric filter to count).
+    pub(crate) fn skipped(&self) {
+        tracing::warn!(
+            id = %self.id,
+            reason = %self.reason,
+            "OutboxUnreadable: an outbox entry this version cannot read is skipped (written by another version?); \
+             the others are sent. `sqs-once claims outbox --drop ID --force` gives it up"
+        );
+    }
+}
+
 impl OutboxEntry {
     /// The entries of the messages a run with `token` on claim `claim_id`
     /// staged, leased to that run until `lease_until_ms`.

@@ -34,7 +34,7 @@ use futures::StreamExt;
 use self::statements::{Batches, Written};
 use super::{
     ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, replaced_id,
+    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry, replaced_id,
 };
 
 mod admin;
@@ -305,6 +305,10 @@ impl OutboxStore for DynamoDbStore {
 
     async fn sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
         self.outbox_sweep_listing(limit).await
+    }
+
+    async fn unreadable(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
+        self.unreadable_outbox(limit).await
     }
 
     async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {

@@ -24,7 +24,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{
     ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
+    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry,
     items::{self, Change, Evaluated, Item, Place},
     replaced_id, unchanged,
 };
@@ -246,27 +246,13 @@ impl CommitStore for SqliteStore {
 #[async_trait]
 impl OutboxStore for SqliteStore {
     async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
-        let query = *query;
-        let rows = self
-            .with_connection(move |connection| {
-                let mut statement = connection.prepare(
-                    "SELECT entry, token, lease_until FROM outbox WHERE ?1 IS NULL OR lease_until < ?1
-                     ORDER BY created_at, id LIMIT ?2",
-                )?;
-                let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
-                let rows = statement.query_map(params![query.due_at_ms, limit], |row| {
-                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, u64>(2)?))
-                })?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()
-            })
-            .await?;
-        rows.into_iter()
-            .map(|(entry, token, lease_until_ms)| {
-                let entry: OutboxEntry = serde_json::from_str(&entry)
-                    .map_err(|error| StoreError::Malformed { id: "outbox".into(), reason: error.to_string() })?;
-                Ok(OutboxEntry { token, lease_until_ms, ..entry })
-            })
-            .collect()
+        let rows = self.outbox_rows(query.due_at_ms, query.limit).await?;
+        Ok(rows.into_iter().filter_map(|row| row.read().inspect_err(UnreadableEntry::skipped).ok()).collect())
+    }
+
+    async fn unreadable(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
+        let rows = self.outbox_rows(None, usize::MAX).await?;
+        Ok(rows.into_iter().filter_map(|row| row.read().err()).take(limit).collect())
     }
 
     async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
@@ -295,6 +281,44 @@ impl OutboxStore for SqliteStore {
             })
             .await?;
         Ok(fenced(changed))
+    }
+}
+
+/// An outbox row as stored: its id, the entry's JSON, and its lease.
+struct OutboxRow {
+    id: String,
+    entry: String,
+    token: String,
+    lease_until_ms: u64,
+}
+
+impl OutboxRow {
+    /// The entry the row holds, or why it cannot be read.
+    fn read(self) -> Result<OutboxEntry, UnreadableEntry> {
+        let entry: OutboxEntry = match serde_json::from_str(&self.entry) {
+            Ok(entry) => entry,
+            Err(error) => return Err(UnreadableEntry::new(self.id, self.token, error.to_string())),
+        };
+        Ok(OutboxEntry { token: self.token, lease_until_ms: self.lease_until_ms, ..entry })
+    }
+}
+
+impl SqliteStore {
+    /// At most `limit` outbox rows, oldest first, only those due at
+    /// `due_at_ms` if given.
+    async fn outbox_rows(&self, due_at_ms: Option<u64>, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
+        self.with_connection(move |connection| {
+            let mut statement = connection.prepare(
+                "SELECT id, entry, token, lease_until FROM outbox WHERE ?1 IS NULL OR lease_until < ?1
+                 ORDER BY created_at, id LIMIT ?2",
+            )?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = statement.query_map(params![due_at_ms, limit], |row| {
+                Ok(OutboxRow { id: row.get(0)?, entry: row.get(1)?, token: row.get(2)?, lease_until_ms: row.get(3)? })
+            })?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .await
     }
 }
 

@@ -30,7 +30,7 @@ use super::{
 };
 use crate::{
     lock::lock,
-    store::{Fenced, OutboxEntry, OutboxQuery, StoreError},
+    store::{Fenced, OutboxEntry, OutboxQuery, StoreError, UnreadableEntry},
 };
 
 /// The [`OPEN_STATUS`] prefix of outbox entries: unsent messages are open
@@ -131,6 +131,15 @@ impl DynamoDbStore {
         self.outbox_listing(listed, &OutboxQuery { due_at_ms: None, limit }).await
     }
 
+    /// [`OutboxStore::unreadable`](crate::store::OutboxStore::unreadable):
+    /// the items of the index's `OUTBOX` partitions (of the whole table when
+    /// it has no index) that cannot be read.
+    pub(super) async fn unreadable_outbox(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
+        let listed = self.query_partitions(outbox_partitions()).await?;
+        let items = self.outbox_items(listed).await?;
+        Ok(items.iter().filter_map(|item| self.read_outbox_item(item).err()).take(limit).collect())
+    }
+
     /// The entries of `listed` items (the whole table's when there is no
     /// index) that `query` asks for, oldest run first. Items that cannot be
     /// read are skipped, and logged.
@@ -139,35 +148,40 @@ impl DynamoDbStore {
         listed: Option<Vec<Item>>,
         query: &OutboxQuery,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let items = match listed {
-            Some(items) => items,
-            None => {
-                tracing::warn!(
-                    table = %self.layout.table,
-                    "the table has no {OPEN_INDEX} index: reading the whole table for outbox entries"
-                );
-                self.scan_items().await?.into_iter().filter(is_outbox).collect()
-            }
-        };
-        let mut entries: Vec<OutboxEntry> = items.iter().filter_map(|item| self.readable_outbox(item)).collect();
+        let items = self.outbox_items(listed).await?;
+        let mut entries: Vec<OutboxEntry> = items
+            .iter()
+            .filter_map(|item| self.read_outbox_item(item).inspect_err(UnreadableEntry::skipped).ok())
+            .collect();
         entries.retain(|entry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms)));
         entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
         entries.truncate(query.limit);
         Ok(entries)
     }
 
-    /// The entry `item` holds, or `None`, logged, when it cannot be read.
-    fn readable_outbox(&self, item: &Item) -> Option<OutboxEntry> {
-        self.layout
-            .read_outbox(item)
-            .inspect_err(|error| {
-                tracing::warn!(
-                    %error,
-                    "OutboxUnreadable: an outbox entry this version cannot read is skipped (written by another \
-                     version?); the others are sent. `sqs-once claims outbox --drop ID --force` gives it up"
-                )
-            })
-            .ok()
+    /// The outbox items `listed` from the index, or, when the table has no
+    /// index (`None`), those of the whole table.
+    async fn outbox_items(&self, listed: Option<Vec<Item>>) -> Result<Vec<Item>, StoreError> {
+        if let Some(items) = listed {
+            return Ok(items);
+        }
+        tracing::warn!(
+            table = %self.layout.table,
+            "the table has no {OPEN_INDEX} index: reading the whole table for outbox entries"
+        );
+        Ok(self.scan_items().await?.into_iter().filter(is_outbox).collect())
+    }
+
+    /// The entry `item` holds, or why it cannot be read.
+    fn read_outbox_item(&self, item: &Item) -> Result<OutboxEntry, UnreadableEntry> {
+        self.layout.read_outbox(item).map_err(|error| {
+            let reason = match error {
+                StoreError::Malformed { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            let id = text(item, &self.layout.attributes.id).unwrap_or_default();
+            UnreadableEntry::new(id, text(item, TOKEN).unwrap_or_default(), reason)
+        })
     }
 
     /// A page of every outbox shard, from where the last sweep's ended;

@@ -24,7 +24,7 @@ use crate::{
     event::parse_event,
     key::Keys,
     report::{BatchReport, Outcome},
-    store::{ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, OutboxEntry, OutboxQuery, OutboxStore},
+    store::{ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Fenced, OutboxEntry, OutboxQuery, OutboxStore},
     transaction::{Key, Message, Update},
 };
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -671,4 +671,10 @@ async fn a_sweep_reads_a_bounded_page_of_a_backlog_and_the_next_goes_on_from_the
     assert!(sweeps >= 3, "each sweep listed a part of the backlog, not all of it: {sweeps} sweeps");
     let everything = store.entries(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await.unwrap();
     assert_eq!(everything.len(), 800, "the operator's listing: every entry but the unreadable one");
+    // Listed apart, with what drops it.
+    let unreadable = store.unreadable(10).await.unwrap();
+    assert_eq!(unreadable.iter().map(|u| (u.id.as_str(), u.token.as_str())).collect::<Vec<_>>(), [(&*entry.id, "t")]);
+    assert!(unreadable[0].reason.contains("missing field"), "{unreadable:?}");
+    assert_eq!(store.entry_sent(&entry.id, "t").await.unwrap(), Fenced::Applied);
+    assert_eq!(store.unreadable(10).await.unwrap(), []);
 }
