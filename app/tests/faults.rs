@@ -152,11 +152,10 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
     );
     // Each drain takes the write path it names. Batched, every finishing write goes in a batch, and so
     // does every claim but the takeover of an ended lease (a `PutItem` conditioned on the item it
-    // replaces).
+    // replaces: under emulation, with most first deliveries cut off, these can outnumber the batches).
     let of = |operation: &str| proxy.injected.of(operation);
     if batched {
-        let batched_only =
-            of("UpdateItem") == 0 && of("DeleteItem") == 0 && of("PutItem") < of("BatchExecuteStatement");
+        let batched_only = of("UpdateItem") == 0 && of("DeleteItem") == 0 && of("BatchExecuteStatement") > 0;
         assert!(batched_only, "batched writes: {report}");
     } else {
         let single_only = of("BatchExecuteStatement") == 0 && of("BatchGetItem") == 0 && of("UpdateItem") > 0;
