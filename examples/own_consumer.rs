@@ -1,21 +1,26 @@
-//! An SQS consumer of one's own: a handler, and `sqs_once::run` around it.
+//! An SQS consumer of one's own: a handler, its key, and a consumer around
+//! them.
 //!
 //! `sqs-once new <name>` writes this file as the `src/main.rs` of a new
-//! consumer crate (this repository keeps it as the example `own_consumer`),
-//! with a `Cargo.toml`, a SAM template and a sample event around it.
+//! consumer crate, with a `Cargo.toml`, a SAM template and a sample event
+//! around it.
 //!
 //! The binary is the Lambda function inside Lambda (`sam build` builds it
 //! with cargo-lambda) and the command line outside it: `invoke` processes an
-//! event offline (`cargo run -- invoke events/batch.json` in the new crate,
-//! `SQS_ONCE_KEY=body.order_id cargo run --example own_consumer -- invoke
-//! events/payments.json` here),
-//! `poll` consumes a queue, `claims` reads and repairs the claim table and
-//! `create-table` makes one.
+//! event offline (`cargo run -- invoke events/batch.json`), `poll` consumes
+//! a queue, `claims` reads and repairs the claim table and `create-table`
+//! makes one.
 
 use std::process::ExitCode;
 
 use serde::Deserialize;
-use sqs_once::{Handler, HandlerError, HandlerResult, Record};
+use sqs_once::{Consumer, Handler, HandlerError, HandlerResult, Record};
+
+/// Which part of a message is its key: each order is charged once, whichever
+/// message brings it. Set here, in code, it is the same wherever the binary
+/// runs (Lambda, `poll`, `invoke`) and in the tests; an `SQS_ONCE_KEY` that
+/// says otherwise stops the start.
+const KEY: &str = "body.order_id";
 
 /// A payment request, as the publisher sends it.
 #[derive(Deserialize)]
@@ -48,7 +53,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 // must not block it; blocking work goes to `tokio::task::spawn_blocking`.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    sqs_once::run(Payments).await
+    Consumer::builder().key(KEY).run(Payments).await
 }
 
 #[cfg(test)]
@@ -61,7 +66,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_order_is_charged_once_and_an_empty_one_fails_for_good() {
-        let consumer = TestConsumer::new(Payments).key("body.order_id");
+        let consumer = TestConsumer::new(Payments).key(KEY);
         let event = testing::event([
             r#"{"order_id": "o-1", "amount_cents": 500}"#,
             r#"{"order_id": "o-1", "amount_cents": 500}"#,

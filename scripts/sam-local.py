@@ -94,12 +94,12 @@ check("batch.json again: duplicates", sorted(key for key, outcome in outcomes(lo
       ["01", "02", "03", "04", "08", "09", "10"])
 check("batch.json again: dead-lettered (failed before)", len(drain("sqs-once-dead-letters")), 1)
 
-# The same batch keyed by order, as the README's example: records of one order run once and share the
-# outcome; the body that is not JSON has no key, and fails for good (to the dead-letter queue).
+# The same batch keyed by order, as the README's example: records of one order run once (the first processed, its
+# copies duplicates); the body that is not JSON has no key, and fails for good (to the dead-letter queue).
 answer, logs, _ = invoke("events/batch.json", "IdempotencyKey=body.order_id")
 check("batch.json by order: failed records", failures(answer), ["05", "07"])
 check("batch.json by order: outcomes", {n: outcomes(logs)[n] for n in ("01", "03", "08", "09")},
-      {"01": "processed", "03": "processed", "08": "missing_key", "09": "processed"})
+      {"01": "processed", "03": "duplicate", "08": "missing_key", "09": "duplicate"})
 check("batch.json by order: dead-lettered", len(drain("sqs-once-dead-letters")), 2)
 
 # A FIFO batch: its failed group stops, the other groups run.
@@ -157,12 +157,13 @@ check("a missing table: the reason", answer.get("errorMessage", "").split(":")[0
       "the claim table `no-such-table` does not exist at http")
 
 # A crate `sqs-once new` wrote, with its own template, samconfig.toml and env.json: each order charged once (its one
-# key, the order id: o-1001's second message shares the first's run), the empty order dead-lettered.
+# key, set in its code, the order id: o-1001's second message is a duplicate of the first's run), the empty order
+# dead-lettered.
 for round in ("", " again"):
     answer, logs, _ = invoke("events/batch.json", cwd=CRATE)
     check(f"payments{round}: failed records", failures(answer), [])
     check(f"payments{round}: outcomes", outcomes(logs),
-          {"01": "processed", "02": "processed", "03": "permanent", "04": "processed"} if not round else
+          {"01": "processed", "02": "processed", "03": "permanent", "04": "duplicate"} if not round else
           {"01": "duplicate", "02": "duplicate", "03": "failed_before", "04": "duplicate"})
     keys = {line["message_id"][-2:]: line["key"] for line in logs if "key" in line}
     check(f"payments{round}: o-1001's two messages share a key, o-1002's is another",

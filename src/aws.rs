@@ -127,16 +127,7 @@ pub(crate) fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) 
     if let (Some(code), Some(message)) = (error.code(), error.message()) {
         return format!("{code}: {message}");
     }
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
+    crate::reason::with_causes(error)
 }
 
 #[cfg(test)]

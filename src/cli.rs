@@ -8,6 +8,7 @@
 //! as one line on standard error and an exit code.
 
 mod new;
+mod received;
 
 use std::{
     io::Read,
@@ -195,7 +196,11 @@ enum StatusArg {
 pub(crate) async fn main(mut builder: Builder, handler: BuildHandler<'_>) -> ExitCode {
     // Named as the user typed it: a consumer crate's binary is not `sqs-once`.
     let program = logging::program();
-    let matches = Cli::command().name(program.clone()).bin_name(program).get_matches();
+    let mut parser = Cli::command().name(program.clone()).bin_name(program.clone());
+    if program != "sqs-once" {
+        parser = parser.about(format!("{program}: an SQS consumer built with sqs-once, each message processed once"));
+    }
+    let matches = parser.get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     let lambda = cli.command.is_none() && config::in_lambda();
     // `claims` keeps 1 and 2 for "not found" and "refused".
@@ -227,7 +232,10 @@ async fn command(cli: Cli, builder: Builder, handler: BuildHandler<'_>) -> anyho
             crate::lambda::start(builder, handler).await.map_err(anyhow::Error::msg)?;
             Ok(None)
         }
-        None => bail!("no command given; run `sqs-once invoke EVENT.json` to process an event offline (see --help)"),
+        None => bail!(
+            "no command given; run `{} invoke EVENT.json` to process an event offline (see --help)",
+            logging::program()
+        ),
     }
 }
 
@@ -260,6 +268,8 @@ async fn invoke(
 ) -> anyhow::Result<Option<ExitCode>> {
     let timeout = seconds(timeout)?;
     let (name, text) = read_event(file)?;
+    // `aws sqs receive-message` output is taken as the event Lambda would deliver with its messages.
+    let text = received::as_event(&text).unwrap_or(text);
     let invoked = parse_invocation(&text).with_context(|| format!("{name} cannot be processed"))?;
     // The text is not needed once parsed; a 10,000-record event is megabytes.
     drop(text);

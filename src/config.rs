@@ -139,11 +139,31 @@ impl Config {
     /// A variable one or two letters off a setting's name (`SQS_ONCE_KEYS`)
     /// is logged as a warning: it is most likely that setting, mistyped.
     pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_fixing(&[])
+    }
+
+    /// [`from_env`](Self::from_env) with the settings `fixed` set in code
+    /// (the builder's key and key prefix): a variable that gives one of them
+    /// another value is refused, as the two could not both hold.
+    pub(crate) fn from_env_fixing(fixed: &[(&'static str, String)]) -> Result<Self, ConfigError> {
         let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
         for (name, meant) in mistyped(names) {
             tracing::warn!("{name} is not a setting of sqs-once and is ignored: did you mean {meant}?");
         }
-        Self::from_lookup(|name| std::env::var(name).ok())
+        let env = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
+        for (name, value) in fixed {
+            if let Some(set) = env(name).filter(|set| set.trim() != value) {
+                let expected = format!(
+                    "{value}, which this program sets in code, or nothing: a key decides what runs once, and one \
+                     consumer keys alike wherever it runs (unset {name})"
+                );
+                return Err(ConfigError { name, value: set, expected });
+            }
+        }
+        Self::from_lookup(|name| {
+            let fixed = fixed.iter().find(|(fixed, _)| *fixed == name).map(|(_, value)| value.clone());
+            fixed.or_else(|| std::env::var(name).ok())
+        })
     }
 
     /// Reads the settings from `lookup`, which plays the environment.
@@ -158,10 +178,10 @@ impl Config {
     /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = Env(&lookup);
-        let key_prefix = env
-            .text("SQS_ONCE_KEY_PREFIX")
-            .or_else(|| env.text("AWS_LAMBDA_FUNCTION_NAME"))
-            .unwrap_or_else(|| crate::key::DEFAULT_KEY_PREFIX.to_owned());
+        // One prefix wherever the consumer runs (not the function's name): a
+        // `poll` consumer, `claims` on a laptop and the function share keys.
+        let key_prefix = env.text("SQS_ONCE_KEY_PREFIX").unwrap_or_else(|| crate::key::DEFAULT_KEY_PREFIX.to_owned());
+        env.log_filter()?;
         let claims = env.claim_policy()?;
         let engine = env.engine_options()?;
         let store = env.store(&key_prefix)?;
@@ -323,6 +343,26 @@ impl Env<'_> {
             "a number of seconds (0 turns the sweep off)",
         )?;
         Ok(Some(Duration::from_secs(every)).filter(|every| !every.is_zero()))
+    }
+
+    /// Refuses an `SQS_ONCE_LOG` the log lines' filter would read as
+    /// something else than meant: a bare word that is no level (`verbose`)
+    /// is a target's name to the filter, and turns every other line off.
+    fn log_filter(&self) -> Result<(), ConfigError> {
+        const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+        let Some(filter) = self.text("SQS_ONCE_LOG") else { return Ok(()) };
+        let bare_word = |directive: &str| !directive.contains(['=', '[']) && !directive.is_empty();
+        let not_a_level = |directive: &str| !LEVELS.contains(&directive.to_ascii_lowercase().as_str());
+        match filter.split(',').map(str::trim).find(|directive| bare_word(directive) && not_a_level(directive)) {
+            None => Ok(()),
+            Some(word) => Err(self.invalid(
+                "SQS_ONCE_LOG",
+                format!(
+                    "a level (trace, debug, info, warn, error, off) or target=level directives, comma-separated \
+                     (info,sqs_once=debug); `{word}` is neither"
+                ),
+            )),
+        }
     }
 
     /// A variable's value; empty counts as unset, as it does in Lambda's console.
@@ -499,7 +539,7 @@ mod tests {
         assert!(!single.dynamodb_batching);
         let sorted = config(&[
             ("SQS_ONCE_TABLE", "shared"),
-            ("AWS_LAMBDA_FUNCTION_NAME", "payments"),
+            ("SQS_ONCE_KEY_PREFIX", "payments"),
             ("SQS_ONCE_TABLE_SORT_KEY", "sk"),
             ("SQS_ONCE_ATTR_EXPIRY", "ttl"),
         ])
@@ -510,6 +550,25 @@ mod tests {
             TableKey::Sorted { partition_attribute: "id".into(), partition_value: "idempotency#payments".into() };
         assert_eq!(layout.key, partition);
         assert_eq!(sorted.keys.prefix(), "payments");
+    }
+
+    #[test]
+    fn keys_have_one_prefix_wherever_the_consumer_runs() {
+        let lambda = config(&[("AWS_LAMBDA_FUNCTION_NAME", "payments-ConsumerFunction-Ab12Cd34")]).unwrap();
+        assert_eq!(lambda.keys.prefix(), "sqs-once", "the function's name is not the prefix");
+        assert_eq!(config(&[]).unwrap().keys.prefix(), "sqs-once");
+        assert_eq!(config(&[("SQS_ONCE_KEY_PREFIX", "payments")]).unwrap().keys.prefix(), "payments");
+    }
+
+    #[test]
+    fn a_log_filter_that_is_no_level_is_refused() {
+        for fine in ["debug", "INFO", "info,sqs_once=debug", "warn,aws_config=error", "sqs_once[record]=trace", "off"] {
+            assert!(config(&[("SQS_ONCE_LOG", fine)]).is_ok(), "{fine}");
+        }
+        let error = config(&[("SQS_ONCE_LOG", "verbose")]).unwrap_err().to_string();
+        assert!(error.starts_with(r#"invalid SQS_ONCE_LOG="verbose": expected a level (trace, debug"#), "{error}");
+        assert!(error.ends_with("`verbose` is neither"), "{error}");
+        assert!(config(&[("SQS_ONCE_LOG", "info,chatty")]).is_err());
     }
 
     #[test]

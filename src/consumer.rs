@@ -48,18 +48,47 @@ pub enum StartupError {
     #[error("the claim store does not {0}")]
     StoreLacks(String),
     /// The DynamoDB claim table does not exist. Checked at start outside a
-    /// deployed function (`invoke`, `poll`, `sam local invoke`), where a
-    /// table not created yet is the likely mistake: every record would
-    /// otherwise fail `store_error`.
+    /// deployed function (`invoke`, `poll`, `sam local invoke`, `claims`),
+    /// where a table not created yet is the likely mistake: every record
+    /// would otherwise fail `store_error`. A deployed function starts
+    /// without the check (a request less at every cold start), and its
+    /// records fail instead.
     #[error(
-        "the claim table `{table}` does not exist at {endpoint}: create it with `sqs-once create-table --table {table}` \
-         (or deploy template.yaml, which makes it)"
+        "the claim table `{table}` does not exist at {endpoint}: create it with {} (or deploy template.yaml, which \
+         makes it)",
+        create_table_command(table)
     )]
     MissingTable {
         /// The table `SQS_ONCE_TABLE` names.
         table: String,
         /// Where it was looked for.
         endpoint: String,
+    },
+    /// The AWS configuration names no Region, so no request to DynamoDB can
+    /// be sent. Checked where a missing table is.
+    #[error(
+        "no AWS Region for DynamoDB: set AWS_REGION (the SDK also reads AWS_DEFAULT_REGION, and the `region` of the \
+         profile AWS_PROFILE names in ~/.aws/config)"
+    )]
+    NoRegion,
+    /// No AWS credentials could be loaded. Checked where a missing table is.
+    #[error(
+        "no AWS credentials for DynamoDB: {reason} (the SDK looks in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the \
+         profile AWS_PROFILE names in ~/.aws/credentials and ~/.aws/config, AWS_WEB_IDENTITY_TOKEN_FILE, the \
+         container's credentials endpoint, then the instance's metadata service)"
+    )]
+    NoCredentials {
+        /// Why the last place looked in gave none.
+        reason: String,
+    },
+    /// DynamoDB did not answer the claim table's `DescribeTable`, or
+    /// refused its credentials. Checked where a missing table is.
+    #[error("DynamoDB cannot be used at {endpoint}: {reason}")]
+    StoreUnreachable {
+        /// Where it was looked for.
+        endpoint: String,
+        /// Why no answer came, or why it refused.
+        reason: String,
     },
     /// The operation timeouts of the clients that send outbox messages and
     /// delete their entries are too long for an entry's sending lease
@@ -76,6 +105,16 @@ pub enum StartupError {
         /// The operation timeout of the claim store's client.
         delete: std::time::Duration,
     },
+}
+
+/// The command that creates `table`, as the user runs it: the running
+/// binary's `create-table`, or, under Lambda's name for every function's
+/// binary (`bootstrap`, as `sam local invoke` runs it), the crate's.
+fn create_table_command(table: &str) -> String {
+    match crate::logging::program().as_str() {
+        "bootstrap" => format!("`cargo run -- create-table --table {table}` in the consumer's crate"),
+        program => format!("`{program} create-table --table {table}`"),
+    }
 }
 
 /// The engine around a handler, the claim store and keys the settings

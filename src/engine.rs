@@ -1,7 +1,8 @@
 //! The batch engine: one SQS batch in, one partial-batch response out.
 //!
 //! Records fan out concurrently, with a bound. Records that share a key run
-//! once and share the outcome. FIFO records run in order within their message
+//! once: the first is reported as the run ended, the copies as duplicates of
+//! a success or with the same failure. FIFO records run in order within their message
 //! group, and a failure stops the rest of its group. When the invocation's
 //! deadline comes within the safety margin, nothing new starts, and the engine
 //! answers with every unfinished record failed, so a slow record never turns
@@ -26,7 +27,7 @@ mod tending;
 pub(crate) use parts::{EngineParts, OutboxParts};
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
@@ -312,6 +313,7 @@ impl Engine {
                 .collect(),
         };
         keep_group_order(&groups, &mut report.records);
+        copies_are_duplicates(&mut report.records);
         for (span, report) in state.spans.iter().zip(&report.records) {
             trace::record_outcome(span, report);
         }
@@ -369,6 +371,24 @@ impl Engine {
             outcome: outcome.unwrap_or(Outcome::Failed(Failure::Deadline)),
             duration: Duration::ZERO,
             claim_latency: None,
+        }
+    }
+}
+
+/// Records that share their key with an earlier record of the batch are
+/// copies of it, and ran as its run: where that run succeeded and its
+/// completion is confirmed, the first record is the one processed and the
+/// others are duplicates of it, as a later batch would find them (and as
+/// metrics count them). A run whose completion is not confirmed leaves its
+/// copies as it is (a duplicate says the key is completed), and a failed run
+/// fails every copy, so that each comes back.
+fn copies_are_duplicates(records: &mut [RecordReport]) {
+    let mut processed = HashSet::new();
+    for record in records {
+        if let (Some(key), Outcome::Processed { confirmed: true }) = (&record.key, &record.outcome)
+            && !processed.insert(key.clone())
+        {
+            record.outcome = Outcome::Duplicate;
         }
     }
 }

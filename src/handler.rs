@@ -24,7 +24,7 @@ pub type HandlerResult = Result<Option<Value>, HandlerError>;
 /// and the crates `sqs-once new` writes has a single thread: a handler must
 /// not block it (a blocking call holds up every other record and the
 /// deadline's cut-off), so blocking work goes to
-/// [`tokio::task::spawn_blocking`].
+/// [`tokio::task::spawn_blocking`](https://docs.rs/tokio/1/tokio/task/fn.spawn_blocking.html).
 ///
 /// A complete handler; [`run`](crate::run) makes a binary of it:
 ///

@@ -87,7 +87,7 @@ pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result
         }
         let handler = handler.await?;
         let assembled = builder.assemble(handler, Uses::default()).await;
-        assembled.map(|(consumer, _)| consumer).map_err(|error| with_causes(&error))
+        assembled.map(|(consumer, _)| consumer).map_err(|error| crate::reason::with_causes(&error))
     };
     let consumer = match started.await {
         Ok(consumer) => consumer,
@@ -97,17 +97,6 @@ pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result
         }
     };
     run(consumer, layers).await.map_err(|error| error.to_string())
-}
-
-/// An error and its causes on one line, as the init error shows it.
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        line = format!("{line}: {error}");
-        cause = error.source();
-    }
-    line
 }
 
 /// Serves invocations from the Lambda Runtime API until the process ends,

@@ -76,8 +76,14 @@
 //!   [`OutboxStore`](store::OutboxStore));
 //! - [`outbox`]: where committed messages go ([`Destinations`](outbox::Destinations)
 //!   for destinations of one's own);
-//! - `testing` (feature `testing`): a handler through the real engine in a
-//!   test, and the conformance suites a store passes.
+//! - `testing` (feature `testing`, a dev-dependency's): a handler through
+//!   the real engine in a test (`TestConsumer`, what it committed and
+//!   sent), and the conformance suites a store passes.
+//!
+//! These pages hold every feature's items, as docs.rs builds them: `cargo
+//! doc --open -p sqs-once --all-features` in a checkout, or `--features
+//! sqs-once/testing` in a crate that depends on it (without it, a plain
+//! `cargo doc` leaves `testing` out).
 //!
 //! # Features
 //!
@@ -86,7 +92,11 @@
 //! | `cli` | yes | the command line around the Lambda function; without it a binary is the function alone |
 //! | `sqlite` | yes | the SQLite claim store, `invoke`'s default |
 //! | `sns`, `eventbridge` | yes | staged messages to SNS topics and EventBridge buses (SQS queues need nothing) |
+//! | `opentelemetry` | no | spans exported as OTLP/HTTP whenever `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and `Builder::tracer_provider` |
 //! | `testing` | no | `sqs_once::testing`, `claim_suite!`, `admin_suite!` and `commit_suite!` |
+
+// On docs.rs (nightly rustdoc), each item that a feature gates says which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The engine isolates a handler's panic in its record by catching the unwind;
 // with `panic = "abort"` one panicking record would kill the process and fail

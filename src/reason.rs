@@ -23,6 +23,22 @@ pub(crate) fn capped(text: &str) -> Cow<'_, str> {
     Cow::Owned(format!("{} … [{} more bytes cut]", &text[..end], text.len() - end))
 }
 
+/// An error and its causes on one line, a cause left out where the text
+/// before it already ends with it (the AWS SDK's errors repeat their
+/// source's text).
+pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let cause_text = error.to_string();
+        if !text.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        cause = error.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -129,6 +129,10 @@ pub struct Staged {
     messages: Vec<Message>,
     bytes: usize,
     items: HashSet<String>,
+    /// The first write or message refused at staging: a transaction that
+    /// lost one of its parts never commits, whatever the handler did with
+    /// the error.
+    refused: Option<Box<StageError>>,
 }
 
 impl Staged {
@@ -155,6 +159,14 @@ impl Staged {
     /// Actions this adds to the transaction, the claim's completion not counted.
     fn actions(&self) -> usize {
         self.writes.len() + self.messages.len()
+    }
+
+    /// `staging`, the first error of which is kept as the transaction's
+    /// refusal.
+    fn refuse_on_error<T>(&mut self, staging: Result<T, StageError>) -> Result<T, StageError> {
+        staging.inspect_err(|error| {
+            self.refused.get_or_insert_with(|| Box::new(error.clone()));
+        })
     }
 
     fn make_room(&self, what: &dyn Fn() -> String, bytes: usize) -> Result<(), StageError> {
@@ -201,27 +213,40 @@ impl Transaction {
     }
 
     /// Stages a write, to commit with the claim when the handler succeeds.
+    ///
+    /// A write refused here (a limit it would breach, an item written
+    /// twice) also keeps the whole transaction from committing: the record
+    /// fails with this error even if the handler goes on and returns
+    /// success, so that no part of a transaction commits without the rest.
     pub fn stage(&self, write: impl Into<Write>) -> Result<(), StageError> {
         let write = write.into();
-        let bytes = write.validate()?;
         let mut staged = lock(&self.staged);
-        staged.make_room(&|| write.describe(), bytes)?;
-        if let Some(item) = write.item()
-            && !staged.items.insert(item)
-        {
-            return Err(StageError::SameItem(write.describe()));
-        }
+        let staging = write.validate().and_then(|bytes| {
+            staged.make_room(&|| write.describe(), bytes)?;
+            if let Some(item) = write.item()
+                && staged.items.contains(&item)
+            {
+                return Err(StageError::SameItem(write.describe()));
+            }
+            Ok((bytes, write.item()))
+        });
+        let (bytes, item) = staged.refuse_on_error(staging)?;
+        staged.items.extend(item);
         staged.bytes += bytes;
         staged.writes.push(write);
         Ok(())
     }
 
     /// Stages a message, to leave through the outbox once the transaction
-    /// has committed.
+    /// has committed. A message refused here keeps the transaction from
+    /// committing, as a refused [`stage`](Self::stage) does.
     pub fn send(&self, message: Message) -> Result<(), StageError> {
-        let (message, bytes) = message.staged_under(self.context.as_ref())?;
         let mut staged = lock(&self.staged);
-        staged.make_room(&|| format!("message to {}", message.destination.name()), bytes)?;
+        let staging = message.staged_under(self.context.as_ref()).and_then(|(message, bytes)| {
+            staged.make_room(&|| format!("message to {}", message.destination.name()), bytes)?;
+            Ok((message, bytes))
+        });
+        let (message, bytes) = staged.refuse_on_error(staging)?;
         staged.bytes += bytes;
         staged.messages.push(message);
         Ok(())
@@ -237,9 +262,15 @@ impl Transaction {
         lock(&self.staged).is_empty()
     }
 
-    /// Takes what was staged, leaving nothing: the engine commits it once.
-    pub(crate) fn take(&self) -> Staged {
-        std::mem::take(&mut lock(&self.staged))
+    /// Takes what was staged, leaving nothing: the engine commits it once;
+    /// or, when anything was refused at staging, the first refusal, which
+    /// fails the record instead.
+    pub(crate) fn take(&self) -> Result<Staged, StageError> {
+        let mut staged = std::mem::take(&mut *lock(&self.staged));
+        match staged.refused.take() {
+            Some(refused) => Err(*refused),
+            None => Ok(staged),
+        }
     }
 }
 

@@ -50,9 +50,16 @@ fn invoke_against_dynamodb_local_runs_once_then_sees_duplicates() {
 
 /// Runs `invoke` on an event of `records` new records in `dir`, claims in
 /// `table`, twice as `configure` sets the command up: first with DynamoDB
-/// out of reach (`false`), when every record fails and none runs, then
-/// within reach (`true`), when each runs once.
-fn out_of_reach_then_reached(dir: &Path, table: &str, records: usize, configure: impl Fn(&mut Command, bool)) {
+/// out of reach (`false`), when the start is refused with `refusal` in its
+/// message and no handler runs, then within reach (`true`), when each runs
+/// once.
+fn out_of_reach_then_reached(
+    dir: &Path,
+    table: &str,
+    records: usize,
+    refusal: &str,
+    configure: impl Fn(&mut Command, bool),
+) {
     let event = dir.join("event.json");
     std::fs::write(&event, json!({ "Records": testkit::records((0..records).map(|n| json!({"n": n}))) }).to_string())
         .unwrap();
@@ -62,14 +69,14 @@ fn out_of_reach_then_reached(dir: &Path, table: &str, records: usize, configure:
         configure(&mut command, reached);
         let output = command.output().unwrap();
         let logs = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{logs}");
-        let response: Value = serde_json::from_slice(&output.stdout).unwrap();
-        assert_eq!(
-            common::failed_ids(&response).len(),
-            if reached { 0 } else { records },
-            "reached: {reached}: {logs}"
-        );
-        if !reached {
+        if reached {
+            assert!(output.status.success(), "{logs}");
+            let response: Value = serde_json::from_slice(&output.stdout).unwrap();
+            assert_eq!(common::failed_ids(&response).len(), 0, "{logs}");
+        } else {
+            assert_eq!(output.status.code(), Some(1), "{logs}");
+            assert!(output.stdout.is_empty(), "no answer: {}", String::from_utf8_lossy(&output.stdout));
+            assert!(logs.contains("DynamoDB cannot be used at ") && logs.contains(refusal), "{logs}");
             assert!(log_counts(&dir.join("demo.log")).is_empty(), "no handler ran: {logs}");
         }
     }
@@ -78,7 +85,7 @@ fn out_of_reach_then_reached(dir: &Path, table: &str, records: usize, configure:
 
 /// DynamoDB Local behind a TLS proxy whose certificate is trusted through
 /// `SSL_CERT_FILE` or not: every record runs once when it is; when it is not,
-/// the certificate is refused, every record fails and none ran.
+/// the certificate is refused and the start with it, naming why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invoke_reaches_dynamodb_over_tls_and_checks_its_certificate() {
     let proxy = testkit::tls::TlsProxy::start(&common::dynamodb::endpoint()).await.unwrap();
@@ -87,7 +94,7 @@ async fn invoke_reaches_dynamodb_over_tls_and_checks_its_certificate() {
     // The proxy serves on this runtime while the binary runs.
     tokio::task::spawn_blocking(move || {
         let dir = tempfile::tempdir().unwrap();
-        out_of_reach_then_reached(dir.path(), &table, 10, |command, trusted| {
+        out_of_reach_then_reached(dir.path(), &table, 10, "certificate", |command, trusted| {
             command.env("AWS_ENDPOINT_URL_DYNAMODB", &url);
             if trusted {
                 command.env("SSL_CERT_FILE", &certificate);
@@ -99,8 +106,8 @@ async fn invoke_reaches_dynamodb_over_tls_and_checks_its_certificate() {
 }
 
 /// The proxy environment, as the SDK's default client honours it: through
-/// an `HTTP_PROXY` that nobody serves every record fails and none runs;
-/// with DynamoDB Local's host in `NO_PROXY`, each runs once.
+/// an `HTTP_PROXY` that nobody serves the start is refused; with DynamoDB
+/// Local's host in `NO_PROXY`, each record runs once.
 #[test]
 fn invoke_goes_through_the_proxy_the_environment_names() {
     let dir = tempfile::tempdir().unwrap();
@@ -110,14 +117,17 @@ fn invoke_goes_through_the_proxy_the_environment_names() {
     let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let proxy = format!("http://{}", nobody.local_addr().unwrap());
     drop(nobody);
-    out_of_reach_then_reached(dir.path(), &table, 5, |command, bypassed| {
+    out_of_reach_then_reached(dir.path(), &table, 5, "onnect", |command, bypassed| {
         command.env("HTTP_PROXY", &proxy).env("NO_PROXY", if bypassed { "127.0.0.1,localhost" } else { "" });
         command.env_remove("http_proxy").env_remove("no_proxy");
     });
 }
 
+/// The commonest first mistakes stop `invoke` at start, each named with
+/// where it was looked for, instead of failing every record on its own and
+/// exiting 0: DynamoDB not reachable, no Region, no credentials.
 #[test]
-fn an_unreachable_dynamodb_fails_every_record_and_answers_before_the_deadline() {
+fn invoke_refuses_to_start_without_a_reachable_dynamodb_a_region_or_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", nobody.local_addr().unwrap());
@@ -125,21 +135,37 @@ fn an_unreachable_dynamodb_fails_every_record_and_answers_before_the_deadline() 
     let event = dir.path().join("event.json");
     std::fs::write(&event, json!({ "Records": testkit::records((0..5).map(|n| json!({"n": n}))) }).to_string())
         .unwrap();
-    let started = Instant::now();
-    let output = common::command_in(dir.path())
-        .args(["invoke", "--timeout", "20"])
-        .arg(&event)
-        .env("SQS_ONCE_TABLE", "claims")
-        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
-        .output()
-        .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(20), "answered after the deadline");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let response: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(response["batchItemFailures"].as_array().unwrap().len(), 5);
-    let logs = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(logs.matches("outcome=\"store_error\"").count(), 5, "{logs}");
-    assert!(logs.contains("claim store unavailable"), "{logs}");
+    let invoke = |configure: &dyn Fn(&mut Command)| {
+        let mut command = common::command_in(dir.path());
+        command.args(["invoke", "--timeout", "20"]).arg(&event).env("SQS_ONCE_TABLE", "claims");
+        // No profile files of the machine's, and no instance metadata service to wait for.
+        command
+            .env("AWS_CONFIG_FILE", dir.path().join("none"))
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"));
+        command.env("AWS_EC2_METADATA_DISABLED", "true").env_remove("AWS_PROFILE");
+        configure(&mut command);
+        let started = Instant::now();
+        let output = command.output().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(20), "answered after the deadline");
+        let logs = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(1), "{logs}");
+        assert!(output.stdout.is_empty(), "no answer");
+        logs
+    };
+    let down = invoke(&|command| {
+        command.env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint);
+    });
+    assert!(down.contains(&format!("DynamoDB cannot be used at {endpoint}")), "{down}");
+    assert!(down.contains("Connection refused"), "{down}");
+    let no_region = invoke(&|command| {
+        command.env_remove("AWS_REGION").env_remove("AWS_DEFAULT_REGION");
+    });
+    assert!(no_region.contains("no AWS Region for DynamoDB: set AWS_REGION"), "{no_region}");
+    let no_credentials = invoke(&|command| {
+        command.env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY").env_remove("AWS_SESSION_TOKEN");
+    });
+    assert!(no_credentials.contains("no AWS credentials for DynamoDB: "), "{no_credentials}");
+    assert!(no_credentials.contains("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"), "{no_credentials}");
     assert!(log_counts(&dir.path().join("demo.log")).is_empty(), "no handler ran");
 }
 

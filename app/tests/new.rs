@@ -34,17 +34,35 @@ fn a_new_crate_is_the_example_with_a_manifest_template_and_event_around_it() {
     assert!(main.contains("#[global_allocator]\nstatic ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;"), "{main}");
     assert!(main.contains("#[tokio::main(flavor = \"current_thread\")]"), "{main}");
     assert!(read("samconfig.toml").contains("stack_name = \"payments\""));
-    // One key everywhere: its test, `cargo run -- invoke`, the template (deployed and under sam local invoke).
-    let key = "body.order_id"; // the example's: each order is charged once, whichever message brings it
-    assert!(main.contains(&format!("TestConsumer::new(Payments).key(\"{key}\")")), "{main}");
-    assert!(read(".cargo/config.toml").contains(&format!("[env]\nSQS_ONCE_KEY = \"{key}\"\n")));
-    assert!(read("template.yaml").contains(&format!("  IdempotencyKey:\n    Type: String\n    Default: {key}\n")));
+    // One key everywhere, set in code: its test, `cargo run -- invoke`, the binary run directly, the function.
+    assert!(main.contains("Consumer::builder().key(KEY)") && main.contains("TestConsumer::new(Payments).key(KEY)"));
+    assert!(!crate_dir.join(".cargo").exists() && !read("template.yaml").contains("SQS_ONCE_KEY"));
     let env: serde_json::Value = serde_json::from_str(&read("env.json")).unwrap();
     let settings = env["ConsumerFunction"].as_object().unwrap();
     assert!(settings.contains_key("AWS_ENDPOINT_URL_DYNAMODB") && settings.contains_key("SQS_ONCE_DLQ_URL"));
     assert!(!settings.keys().any(|name| name.starts_with("SQS_ONCE_LEDGER_")), "{settings:?}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("cargo test"), "it says what to do next: {stdout}");
+}
+
+/// Written inside another crate's workspace (the README's first block, run
+/// in a checkout of sqs-once), the crate is a workspace of its own, and
+/// Cargo loads it rather than refusing a package outside the members.
+#[test]
+fn a_crate_written_inside_a_workspace_is_a_workspace_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("Cargo.toml"), "[workspace]\nmembers = []\nresolver = \"3\"\n").unwrap();
+    let output = new(dir.path(), &["payments"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let located = std::process::Command::new(cargo)
+        .args(["locate-project", "--workspace", "--message-format", "plain"])
+        .current_dir(dir.path().join("payments"))
+        .output()
+        .unwrap();
+    assert!(located.status.success(), "{}", stderr(&located));
+    let workspace = String::from_utf8_lossy(&located.stdout);
+    assert_eq!(Path::new(workspace.trim()), dir.path().join("payments/Cargo.toml"));
 }
 
 #[test]

@@ -69,7 +69,7 @@ fn the_function_is_a_rust_arm64_lambda_built_from_this_binary() {
         let binary = if bundled(&template) { "sqs-once" } else { NEW_CRATE };
         assert_eq!(function["Metadata"]["BuildProperties"]["Binary"], binary);
         let variables = &function["Properties"]["Environment"]["Variables"];
-        for name in ["SQS_ONCE_KEY", "SQS_ONCE_CONCURRENCY", "SQS_ONCE_EXPIRES_AFTER_SECS", "SQS_ONCE_TABLE"] {
+        for name in ["SQS_ONCE_CONCURRENCY", "SQS_ONCE_EXPIRES_AFTER_SECS", "SQS_ONCE_TABLE"] {
             assert!(variables.get(name).is_some(), "{name} is not set");
         }
         assert_eq!(
@@ -77,6 +77,8 @@ fn the_function_is_a_rust_arm64_lambda_built_from_this_binary() {
             bundled(&template),
             "only the bundled binary has a registry"
         );
+        // A crate of one's own sets its key in code; the bundled binary takes it from the template.
+        assert_eq!(variables.get("SQS_ONCE_KEY").is_some(), bundled(&template), "the key's one source");
     }
 }
 
@@ -284,12 +286,12 @@ fn a_new_consumers_template_is_the_repositorys_without_the_bundled_handlers() {
         bundled.iter().for_each(|name| assert!(left.remove(*name), "{section}: no {name}"));
         left
     };
-    assert_eq!(names(&new, "Parameters"), bundled("Parameters", &["HandlerName"]));
+    assert_eq!(names(&new, "Parameters"), bundled("Parameters", &["HandlerName", "IdempotencyKey"]));
     assert_eq!(names(&new, "Conditions"), bundled("Conditions", &["IsLedger"]));
     assert_eq!(names(&new, "Resources"), bundled("Resources", &["LedgerTable", "LedgerNoticeQueue"]));
     assert_eq!(names(&new, "Outputs"), bundled("Outputs", &["LedgerTableName", "LedgerNoticeQueueUrl"]));
     let text = serde_yaml::to_string(&new).unwrap();
-    assert!(!text.contains("Ledger") && !text.contains("HandlerName"), "{text}");
+    assert!(!text.contains("Ledger") && !text.contains("HandlerName") && !text.contains("SQS_ONCE_KEY"), "{text}");
 }
 
 #[test]

@@ -24,12 +24,6 @@ const SAMCONFIG: &str = include_str!("../../samconfig.toml");
 /// The settings `sam local invoke` gives the function (samconfig.toml names it).
 const SAM_LOCAL_ENV: &str = include_str!("../../env.json");
 
-/// The key of the example's messages: each order is charged once, whichever
-/// message brings it. The new crate uses it everywhere: its test, the
-/// template's `IdempotencyKey` (deployed and under `sam local invoke`), and
-/// `cargo run -- invoke` (through `.cargo/config.toml`).
-pub(super) const KEY: &str = "body.order_id";
-
 /// The version of the library this binary was built with, which a new
 /// crate depends on unless told otherwise.
 const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -196,7 +190,6 @@ fn files(name: &str, library: &Library) -> Vec<(&'static str, String)> {
             SAMCONFIG.replace("stack_name = \"sqs-once\"", &format!("stack_name = {}", toml_string(name))),
         ),
         ("env.json", sam_local_env()),
-        (".cargo/config.toml", cargo_config()),
         (".gitignore", "/target\n/.aws-sam\n/.sqs-once\n".to_owned()),
         ("README.md", readme(name)),
     ]
@@ -222,6 +215,10 @@ tokio = {{ version = "1", features = ["macros", "rt"] }}
 # `sqs_once::testing`: the handler through the real engine in tests.
 {testing}
 
+# A workspace of its own: written inside another crate's workspace (a checkout
+# of sqs-once, say), the crate still builds on its own.
+[workspace]
+
 [profile.release]
 lto = true
 codegen-units = 1
@@ -238,11 +235,10 @@ panic = "unwind"
     )
 }
 
-/// The repository's template, without the bundled handlers' lines, building
-/// the binary `name`, with [`KEY`] as its `IdempotencyKey`.
+/// The repository's template, without the bundled handlers' lines (the key
+/// among them: the crate sets its own in code), building the binary `name`.
 pub(super) fn template(name: &str) -> String {
     let mut bundled = false;
-    let mut idempotency_key = false;
     let mut lines = Vec::new();
     for line in TEMPLATE.lines() {
         match line.trim() {
@@ -250,14 +246,6 @@ pub(super) fn template(name: &str) -> String {
             "# bundled handlers: end" => bundled = false,
             _ if bundled => {}
             "Binary: sqs-once" => lines.push(line.replace("sqs-once", name)),
-            "IdempotencyKey:" => {
-                idempotency_key = true;
-                lines.push(line.to_owned());
-            }
-            "Default: messageId" if idempotency_key => {
-                idempotency_key = false;
-                lines.push(line.replace("messageId", KEY));
-            }
             _ => lines.push(line.to_owned()),
         }
     }
@@ -274,27 +262,16 @@ fn sam_local_env() -> String {
     serde_json::to_string_pretty(&env).expect("JSON values serialize") + "\n"
 }
 
-/// `cargo run` (and so `cargo run -- invoke`) with the key the deployed
-/// function uses.
-fn cargo_config() -> String {
-    format!(
-        "# `cargo run -- invoke` and `cargo test` key each message as the deployed function does\n\
-         # (template.yaml's IdempotencyKey): one key everywhere.\n\
-         [env]\n\
-         SQS_ONCE_KEY = {}\n",
-        toml_string(KEY)
-    )
-}
-
 fn readme(name: &str) -> String {
     format!(
         "# {name}\n\n\
          An SQS consumer on AWS Lambda that processes every message effectively once, built with\n\
-         [sqs-once](https://docs.rs/sqs-once). The handler is in `src/main.rs`.\n\n\
+         sqs-once. The handler and its key are in `src/main.rs`.\n\n\
          ```sh\n\
          cargo test                                   # the handler through sqs-once's engine\n\
          cargo run -- invoke events/batch.json        # a batch offline, claims in .sqs-once/claims.db\n\
          sam build && sam deploy --guided             # queue, dead-letter queue, claim table, alarms\n\
+         cargo doc --open -p sqs-once --features sqs-once/testing   # sqs-once's API reference\n\
          ```\n"
     )
 }
@@ -426,14 +403,19 @@ mod tests {
     }
 
     #[test]
-    fn a_new_crate_uses_one_key_everywhere() {
+    fn a_new_crate_sets_its_key_in_code_alone() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("payments");
         create(&path, &Library::Registry(LIBRARY_VERSION.to_owned())).unwrap();
         let read = |file: &str| std::fs::read_to_string(path.join(file)).unwrap();
-        assert!(read("src/main.rs").contains(&format!("TestConsumer::new(Payments).key(\"{KEY}\")")));
-        assert!(read(".cargo/config.toml").contains(&format!("[env]\nSQS_ONCE_KEY = \"{KEY}\"\n")));
-        assert!(read("template.yaml").contains(&format!("  IdempotencyKey:\n    Type: String\n    Default: {KEY}\n")));
+        let main = read("src/main.rs");
+        assert!(main.contains("const KEY: &str = \"body.order_id\";"), "{main}");
+        assert!(main.contains("Consumer::builder().key(KEY)") && main.contains("TestConsumer::new(Payments).key(KEY)"));
+        // Nothing else sets a key: not cargo's environment, not the template.
+        assert!(!path.join(".cargo").exists());
+        for setting in ["IdempotencyKey", "SQS_ONCE_KEY"] {
+            assert!(!read("template.yaml").contains(setting), "{setting}");
+        }
         assert_eq!(read("template.yaml"), template("payments"));
     }
 

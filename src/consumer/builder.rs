@@ -15,7 +15,7 @@ use lambda_runtime::{
 use super::{Consumer, StartupError};
 use crate::{
     Handler,
-    config::{Config, StoreChoice},
+    config::{Config, ConfigError, StoreChoice},
     engine::{EngineParts, OutboxParts},
     handler::{BoxHandler, BuildHandler},
     outbox::{AwsDestinations, Destinations, OutboxTimes},
@@ -23,7 +23,7 @@ use crate::{
     sqs::Sqs,
     store::{
         ClaimStore, DynamoDbStore, MemoryStore,
-        dynamodb::{self, RequestCounter},
+        dynamodb::{self, RequestCounter, Unusable},
     },
 };
 
@@ -55,6 +55,8 @@ pub(crate) type Layers = Arc<dyn Fn(LambdaService) -> LambdaService + Send + Syn
 #[derive(Default)]
 pub struct Builder {
     config: Option<Config>,
+    /// Settings set in code ([`key`](Builder::key), [`key_prefix`](Builder::key_prefix)).
+    fixed: Vec<(&'static str, String)>,
     sdk_config: Option<SdkConfig>,
     dynamodb: Option<aws_sdk_dynamodb::Client>,
     sqs: Option<aws_sdk_sqs::Client>,
@@ -83,6 +85,40 @@ impl Builder {
     /// The settings, instead of [`Config::from_env`].
     pub fn config(mut self, config: Config) -> Self {
         self.config = Some(config);
+        self
+    }
+
+    /// Keys each record by `spec`, as `SQS_ONCE_KEY` would (`messageId`,
+    /// `body.<path>`, `envelope.<path>`, `attributes.<Name>`,
+    /// `messageAttributes.<Name>`, comma-separated for a composite key).
+    ///
+    /// The key decides what runs once, so it belongs with the handler: set
+    /// here, it is the same wherever the program runs (the Lambda function,
+    /// `poll`, `invoke`, the binary run by hand) and in its tests
+    /// (`TestConsumer::key`, feature `testing`). An `SQS_ONCE_KEY` that says
+    /// otherwise stops the start; an invalid `spec` does too, named.
+    ///
+    /// ```no_run
+    /// # async fn example() -> std::process::ExitCode {
+    /// use sqs_once::{Consumer, handler_fn};
+    ///
+    /// const KEY: &str = "body.order_id";
+    /// Consumer::builder().key(KEY).run(handler_fn(|_| async { Ok(None) })).await
+    /// # }
+    /// ```
+    pub fn key(mut self, spec: &str) -> Self {
+        self.fixed.push(("SQS_ONCE_KEY", spec.to_owned()));
+        self
+    }
+
+    /// Stores keys under `prefix`, as `SQS_ONCE_KEY_PREFIX` would (`sqs-once`
+    /// unless set, wherever the consumer runs). Consumers that share a claim
+    /// table and a prefix (a function and a `poll` consumer of one queue,
+    /// `claims` run from a laptop) see each other's keys; consumers of
+    /// different work that share a table need prefixes of their own. An
+    /// `SQS_ONCE_KEY_PREFIX` that says otherwise stops the start.
+    pub fn key_prefix(mut self, prefix: &str) -> Self {
+        self.fixed.push(("SQS_ONCE_KEY_PREFIX", prefix.to_owned()));
         self
     }
 
@@ -258,9 +294,18 @@ impl Builder {
 
     /// The settings: those given, or the environment's.
     pub(crate) fn settings(&mut self) -> Result<Config, StartupError> {
+        // Taken with the settings: what they are read into holds them.
+        let fixed = std::mem::take(&mut self.fixed);
         match self.config.take() {
-            Some(config) => Ok(config),
-            None => Ok(Config::from_env()?),
+            Some(config) if fixed.is_empty() => Ok(config),
+            Some(_) => Err(StartupError::Config(ConfigError {
+                name: fixed[0].0,
+                value: fixed[0].1.clone(),
+                expected: "one source of the key settings: the Config given or the builder's key and key_prefix, \
+                           not both"
+                    .into(),
+            })),
+            None => Ok(Config::from_env_fixing(&fixed)?),
         }
     }
 
@@ -363,8 +408,8 @@ impl Builder {
             StoreChoice::DynamoDb(layout) => {
                 let table = self.dynamodb_table(aws).await;
                 // Looked for with one DescribeTable, on a client that counts nothing: no metric shows it.
-                if !crate::config::deployed() && dynamodb::table_missing(&table.uncounted, &layout.table).await {
-                    return Err(StartupError::MissingTable { table: layout.table.clone(), endpoint: table.endpoint });
+                if !crate::config::deployed() {
+                    check_table(&table, &layout.table).await?;
                 }
                 let target = format!("table {} at {}", layout.table, table.endpoint);
                 let operation_timeout = crate::aws::operation_timeout(table.client.config().timeout_config());
@@ -390,6 +435,19 @@ impl Builder {
     }
 }
 
+/// Refuses to start on a claim table that cannot be used, naming what is
+/// wrong and where it was looked for.
+async fn check_table(dynamodb: &DynamoDbTable, table: &str) -> Result<(), StartupError> {
+    let endpoint = dynamodb.endpoint.clone();
+    let checked = dynamodb::check_table(&dynamodb.uncounted, dynamodb.credentials.clone(), table).await;
+    checked.map_err(|unusable| match unusable {
+        Unusable::Missing => StartupError::MissingTable { table: table.to_owned(), endpoint },
+        Unusable::NoRegion => StartupError::NoRegion,
+        Unusable::NoCredentials(reason) => StartupError::NoCredentials { reason },
+        Unusable::Unreachable(reason) => StartupError::StoreUnreachable { endpoint, reason },
+    })
+}
+
 /// The DynamoDB clients of a claim table, and where they reach it.
 struct DynamoDbTable {
     client: aws_sdk_dynamodb::Client,
@@ -397,6 +455,10 @@ struct DynamoDbTable {
     uncounted: aws_sdk_dynamodb::Client,
     requests: Option<Arc<RequestCounter>>,
     endpoint: String,
+    /// Where the clients' credentials come from, when known (not for a
+    /// client given): what the start-up check asks when DynamoDB does not
+    /// answer.
+    credentials: Option<aws_sdk_dynamodb::config::SharedCredentialsProvider>,
 }
 
 impl Builder {
@@ -405,7 +467,7 @@ impl Builder {
     async fn dynamodb_table(&mut self, aws: Option<&SdkConfig>) -> DynamoDbTable {
         if let Some(client) = self.dynamodb.take().map(crate::aws::dynamodb_with_limits) {
             let endpoint = "the endpoint of the DynamoDB client given".to_owned();
-            return DynamoDbTable { uncounted: client.clone(), client, requests: None, endpoint };
+            return DynamoDbTable { uncounted: client.clone(), client, requests: None, endpoint, credentials: None };
         }
         let loaded;
         let aws = match aws {
@@ -417,7 +479,8 @@ impl Builder {
         };
         let (client, requests) = dynamodb::client_from(aws);
         let uncounted = aws_sdk_dynamodb::Client::new(aws);
-        DynamoDbTable { client, uncounted, requests: Some(requests), endpoint: dynamodb_endpoint(aws) }
+        let credentials = aws.credentials_provider();
+        DynamoDbTable { client, uncounted, requests: Some(requests), endpoint: dynamodb_endpoint(aws), credentials }
     }
 
     /// The DynamoDB store on `layout`'s table and where it is, for

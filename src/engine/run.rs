@@ -22,13 +22,13 @@ use tracing::Instrument;
 
 use super::{BatchState, Engine, finish::provisional_outcome};
 use crate::{
-    HandlerResult, Record,
+    HandlerError, HandlerResult, Record,
     claim::{Claim, ClaimRequest, Lease},
     envelope::Opened,
     lock::lock,
     report::{Failure, Outcome},
     trace,
-    transaction::Staged,
+    transaction::{StageError, Staged},
 };
 
 /// How a key's run ended.
@@ -274,12 +274,34 @@ impl Engine {
         // it builds its future (before its first await) is caught as well.
         let handling = async { self.inner.handler.handle_boxed(record).await }.instrument(trace::handler_span());
         let result = AssertUnwindSafe(handling).catch_unwind().await;
-        // What the handler staged is committed only if it succeeded.
-        let staged = record.transaction().take();
+        // What the handler staged is committed only if it succeeded, and
+        // only whole: a part refused at staging fails the run.
+        let (result, staged) = staged_whole(result, record.transaction().take());
         // No await between the handler's return and this: a run cancelled at
         // the cut-off either has its handler's outcome here or never returned.
         *lock(progress) = Progress::Returned(provisional_outcome(&result, &staged, &lease, self.inner.claims.now_ms()));
         (Step::Returned(lease, result, staged), claim_latency)
+    }
+}
+
+/// The handler's result and what it staged, unless staging refused a part
+/// of the transaction: then a success is that refusal (permanent, as
+/// staging it again would be refused again) and nothing commits. The
+/// handler's own failure stays its outcome.
+fn staged_whole(
+    result: std::thread::Result<HandlerResult>,
+    staged: Result<Staged, StageError>,
+) -> (std::thread::Result<HandlerResult>, Staged) {
+    match (result, staged) {
+        (result, Ok(staged)) => (result, staged),
+        (Ok(Ok(_)), Err(refused)) => {
+            let error = HandlerError::permanent(format!(
+                "{refused} (refused when staged; the handler went on and returned success, but a transaction \
+                 commits whole or not at all)"
+            ));
+            (Ok(Err(error)), Staged::default())
+        }
+        (result, Err(_)) => (result, Staged::default()),
     }
 }
 

@@ -167,7 +167,7 @@ async fn each_directive_lands_where_it_should() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_sharing_a_key_run_once_and_share_the_outcome() {
+async fn records_sharing_a_key_run_once_and_the_copies_of_a_success_are_duplicates() {
     let (handler, log) = demo();
     let counting = crate::testing::claim_suite::Counting::new(Arc::new(MemoryStore::default()));
     let engine = Setup { key: "body.order", store: counting.clone(), ..Setup::default() }.engine(handler);
@@ -182,9 +182,9 @@ async fn records_sharing_a_key_run_once_and_share_the_outcome() {
     assert_eq!(failures(&report), ["b1", "b2"]);
     assert_eq!(log.runs().len(), 2, "one run per key");
     assert_eq!(counting.take(), 4, "claim + settle per key, nothing for in-batch duplicates");
-    assert!(
-        report.records.iter().filter(|r| r.key.as_deref() == Some("test#A")).all(|r| r.outcome.label() == "processed")
-    );
+    // The first record of a key is the one processed; its copies are duplicates of it.
+    let labels: Vec<&str> = report.records.iter().map(|record| record.outcome.label()).collect();
+    assert_eq!(labels, ["processed", "retryable", "duplicate", "retryable", "duplicate"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -409,7 +409,7 @@ async fn the_handler_and_payload_validation_see_the_message_inside_the_envelope(
     ];
     let report = run(&engine, records, Duration::from_secs(30)).await;
     assert_eq!(failures(&report), ["changed"]);
-    assert_eq!(outcome(&report, "republished"), &Outcome::Processed { confirmed: true });
+    assert_eq!(outcome(&report, "republished"), &Outcome::Duplicate);
     assert_eq!(outcome(&report, "changed"), &Outcome::Failed(Failure::PayloadMismatch));
     let runs = handler.0.lock().unwrap().clone();
     assert_eq!(runs.len(), 1);
@@ -1102,5 +1102,5 @@ async fn shared_key_batch() {
     assert_eq!(under(records[0]), (1, 1, 1));
     assert_eq!(under(records[1]), (0, 0, 0));
     assert_eq!(records[0].field("sqs_once.key_hash"), records[1].field("sqs_once.key_hash"));
-    assert_eq!(records[1].field("sqs_once.outcome"), Some("processed"));
+    assert_eq!(records[1].field("sqs_once.outcome"), Some("duplicate"));
 }

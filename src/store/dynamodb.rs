@@ -38,7 +38,7 @@ use super::{
 };
 
 mod admin;
-pub(crate) use admin::table_missing;
+pub(crate) use admin::{Unusable, check_table};
 mod client;
 mod layout;
 mod outbox;

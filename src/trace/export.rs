@@ -350,13 +350,7 @@ impl Endpoint {
 }
 
 fn unreachable(error: impl std::error::Error) -> ExportError {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        text = format!("{text}: {error}");
-        cause = error.source();
-    }
-    ExportError::Unreachable(text)
+    ExportError::Unreachable(crate::reason::with_causes(&error))
 }
 
 /// The spec's default wait for one export.

@@ -1,10 +1,11 @@
-//! Creating the claim table: its key, the open-claims index, on-demand
-//! billing and TTL.
+//! Creating the claim table (its key, the open-claims index, on-demand
+//! billing and TTL), and checking that a consumer can use it.
 
 use std::time::Duration;
 
 use aws_sdk_dynamodb::{
     client::Waiters,
+    config::{ProvideCredentials, SharedCredentialsProvider},
     error::ProvideErrorMetadata,
     operation::create_table::CreateTableError,
     types::{
@@ -18,12 +19,83 @@ use crate::store::StoreError;
 
 /// Whether DynamoDB says `table` does not exist (`ResourceNotFoundException`
 /// to a `DescribeTable`). Any other answer, an error included, counts as
-/// "not known to be missing": a store that is down fails records, not the start.
+/// "not known to be missing".
 pub(crate) async fn table_missing(client: &aws_sdk_dynamodb::Client, table: &str) -> bool {
     match client.describe_table().table_name(table).send().await {
         Ok(_) => false,
         Err(error) => error.code() == Some("ResourceNotFoundException"),
     }
+}
+
+/// Why a consumer cannot use its claim table, as one `DescribeTable` before
+/// it starts finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unusable {
+    /// DynamoDB says the table does not exist.
+    Missing,
+    /// The client has no Region to send and sign its requests for.
+    NoRegion,
+    /// No credentials could be loaded: why.
+    NoCredentials(String),
+    /// DynamoDB refused the credentials, or did not answer: why.
+    Unreachable(String),
+}
+
+/// Error codes with which DynamoDB refuses the request's credentials or
+/// signature, whatever the request.
+const REFUSED_CREDENTIALS: [&str; 5] = [
+    "UnrecognizedClientException",
+    "InvalidSignatureException",
+    "IncompleteSignatureException",
+    "MissingAuthenticationTokenException",
+    "ExpiredTokenException",
+];
+
+/// How many times the start-up check sends its `DescribeTable` when no
+/// answer comes: a connection reset once, or a request lost, must not stop a
+/// consumer that would have run (`poll` on a service restarts into the same
+/// network); an endpoint that stays silent is refused after about a second
+/// and a half.
+const CHECK_ATTEMPTS: u32 = 4;
+
+/// Whether `table` can be used through `client`: a `DescribeTable`, and,
+/// when no answer came, what kept it from coming (no Region, no
+/// `credentials` from the provider the client was made with, when known;
+/// an endpoint that does not answer, [`CHECK_ATTEMPTS`] times). Any other
+/// answer of DynamoDB (not allowed to describe the table, throttled) counts
+/// as usable: records that cannot be claimed say why on their own.
+pub(crate) async fn check_table(
+    client: &aws_sdk_dynamodb::Client,
+    credentials: Option<SharedCredentialsProvider>,
+    table: &str,
+) -> Result<(), Unusable> {
+    let mut attempt = 1;
+    let silent = loop {
+        let Err(error) = client.describe_table().table_name(table).send().await else { return Ok(()) };
+        match error.code() {
+            Some("ResourceNotFoundException") => return Err(Unusable::Missing),
+            Some(code) if REFUSED_CREDENTIALS.contains(&code) => {
+                let refused = format!("it refused the credentials: {}", crate::aws::describe(&error));
+                return Err(Unusable::Unreachable(refused));
+            }
+            Some(_) => return Ok(()),
+            None => {}
+        }
+        if client.config().region().is_none() {
+            return Err(Unusable::NoRegion);
+        }
+        if let Some(credentials) = &credentials
+            && let Err(error) = credentials.provide_credentials().await
+        {
+            return Err(Unusable::NoCredentials(crate::reason::with_causes(&error)));
+        }
+        if attempt == CHECK_ATTEMPTS {
+            break error;
+        }
+        tokio::time::sleep(Duration::from_millis(250) * attempt).await;
+        attempt += 1;
+    };
+    Err(Unusable::Unreachable(crate::aws::describe(&silent)))
 }
 
 impl DynamoDbStore {

@@ -23,7 +23,7 @@ use crate::{
     engine::{Engine, EngineParts, Invocation, tests::Directed},
     event::parse_event,
     key::Keys,
-    report::{BatchReport, Outcome},
+    report::{BatchReport, Failure, Outcome},
     store::{ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Fenced, OutboxEntry, OutboxQuery, OutboxStore},
     transaction::{Key, Message, Update},
 };
@@ -564,6 +564,53 @@ async fn a_query_failure_that_mentions_the_index_is_an_error_not_a_scan() {
 }
 
 /// Fails permanently with the body's `error` text, if it has one.
+/// Stages a credit on the table `{"table": ...}` names, and one on the
+/// existing table `{"items": ...}` names; `stages_every_effect` as given.
+struct StagesTo(bool);
+
+impl Handler for StagesTo {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        let body = record.body_json::<Value>()?;
+        let transaction = record.transaction();
+        for table in [&body["items"], &body["table"]] {
+            transaction.stage(Update::new(table.as_str().unwrap_or_default(), Key::new("pk", "a")).add("n", 1))?;
+        }
+        Ok(None)
+    }
+
+    fn stages_every_effect(&self) -> bool {
+        self.0
+    }
+}
+
+/// A staged write to a table that does not exist (misnamed, or not made
+/// yet: the commonest first-deploy mistake) fails its record for good,
+/// naming the table, with nothing of the transaction applied, whether its
+/// run claimed first or not; it is not sent again as an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_write_to_a_missing_table_fails_for_good_naming_it() {
+    let items = testkit::dynamodb::items_table().await;
+    for stages_every_effect in [false, true] {
+        let (store, _) = fresh_table().await;
+        let engine = engine(store.clone(), StagesTo(stages_every_effect), ClaimPolicy::default());
+        let missing = testkit::dynamodb::unique_name("accounts");
+        let records = testkit::records([json!({"key": "k", "items": items, "table": missing})]);
+        let report = run(&engine, &records).await;
+        let Outcome::Failed(Failure::Permanent(reason)) = &report.records[0].outcome else { panic!("{report:?}") };
+        assert!(reason.contains(&format!("the table `{missing}` does not exist")), "{reason}");
+        assert!(!reason.contains(&format!("`{items}`")), "the existing table is not named: {reason}");
+        let item = store.client.get_item().table_name(&items).key("pk", AttributeValue::S("a".into())).send().await;
+        assert_eq!(item.unwrap().item, None, "nothing of the transaction applied");
+        // Recorded as failed for good. A delivery of the event again finds it (claiming first), or, taking no
+        // claim on a first delivery, is refused for the same reason: never `uncommitted`, sent again.
+        let key = report.records[0].key.clone().expect("keyed");
+        let stored = store.get(&key).await.unwrap().expect("the failure is recorded");
+        assert_eq!(stored.status, ClaimStatus::Failed);
+        let again = if stages_every_effect { "permanent" } else { "failed_before" };
+        assert_eq!(run(&engine, &records).await.records[0].outcome.label(), again);
+    }
+}
+
 struct FailsWithItsText;
 
 impl Handler for FailsWithItsText {

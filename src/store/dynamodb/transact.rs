@@ -20,13 +20,15 @@ use aws_sdk_dynamodb::{
     operation::transact_write_items::TransactWriteItemsError,
     types::{
         AttributeValue, CancellationReason, ConditionCheck, Delete, Put, ReturnValuesOnConditionCheckFailure,
-        TransactWriteItem, Update, error::TransactionCanceledException,
+        TransactWriteItem, Update,
+        error::{ResourceNotFoundException, TransactionCanceledException},
     },
 };
 use serde_json::Value;
 
 use super::{
     DynamoDbStore, Item,
+    admin::table_missing,
     client::{described, unavailable},
     statements::Backoff,
 };
@@ -34,6 +36,14 @@ use crate::{
     store::{Cancellation, ClaimStatus, Commit, Committed, StoreError},
     transaction::{Action, Condition, Write},
 };
+
+/// The table an action writes or checks.
+fn action_table(action: &TransactWriteItem) -> Option<&str> {
+    (action.put().map(Put::table_name))
+        .or_else(|| action.update().map(Update::table_name))
+        .or_else(|| action.delete().map(Delete::table_name))
+        .or_else(|| action.condition_check().map(ConditionCheck::table_name))
+}
 
 /// A value as DynamoDB holds it: strings, numbers, booleans, null, lists
 /// and maps.
@@ -308,6 +318,9 @@ impl DynamoDbStore {
                     TransactWriteItemsError::IdempotentParameterMismatchException(_) => {
                         return self.judge_claim(id, token, commit, None).await;
                     }
+                    TransactWriteItemsError::ResourceNotFoundException(missing) => {
+                        return Err(self.missing_tables(&actions, &missing).await);
+                    }
                     other => return Err(unavailable(other)),
                 },
             };
@@ -321,6 +334,32 @@ impl DynamoDbStore {
                 false => backoff.wait().await,
             }
         }
+    }
+
+    /// Why DynamoDB answered `ResourceNotFoundException` to a transaction
+    /// of `actions`: the tables it names that DynamoDB says do not exist (a
+    /// handler's table misnamed or not created is a mistake no resend
+    /// mends, and the record fails for good naming it), or, when each exists
+    /// by now, an outage, sent again later.
+    async fn missing_tables(&self, actions: &[TransactWriteItem], answer: &ResourceNotFoundException) -> StoreError {
+        let mut tables: Vec<&str> = actions.iter().filter_map(action_table).collect();
+        tables.sort_unstable();
+        tables.dedup();
+        let mut missing = Vec::new();
+        for table in tables {
+            if table_missing(&self.client, table).await {
+                missing.push(format!("`{table}`"));
+            }
+        }
+        if missing.is_empty() {
+            return unavailable(answer.clone());
+        }
+        let (noun, verb) = if missing.len() == 1 { ("table", "does") } else { ("tables", "do") };
+        StoreError::Rejected(format!(
+            "the {noun} {} {verb} not exist ({}): create it, or correct the table the handler stages its writes to",
+            missing.join(", "),
+            described(answer)
+        ))
     }
 
     /// The transaction's actions: the claim's completion, the writes, the
