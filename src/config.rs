@@ -150,9 +150,16 @@ impl Config {
         for (name, meant) in mistyped(names) {
             tracing::warn!("{name} is not a setting of sqs-once and is ignored: did you mean {meant}?");
         }
-        let env = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
+        let lookup = |name: &str| std::env::var(name).ok();
+        let env = Env(&lookup);
+        // A composite key's parts compare one by one, spaces around the commas aside.
+        let parts = |value: &str| value.split(',').map(str::trim).map(str::to_owned).collect::<Vec<_>>();
         for (name, value) in fixed {
-            if let Some(set) = env(name).filter(|set| set.trim() != value) {
+            if value.trim().is_empty() {
+                let expected = "a value set in code: empty in code, the setting would fall back to its default";
+                return Err(ConfigError { name, value: value.clone(), expected: expected.into() });
+            }
+            if let Some(set) = env.text(name).filter(|set| parts(set) != parts(value)) {
                 let expected = format!(
                     "{value}, which this program sets in code, or nothing: a key decides what runs once, and one \
                      consumer keys alike wherever it runs (unset {name})"
@@ -345,23 +352,22 @@ impl Env<'_> {
         Ok(Some(Duration::from_secs(every)).filter(|every| !every.is_zero()))
     }
 
-    /// Refuses an `SQS_ONCE_LOG` the log lines' filter would read as
-    /// something else than meant: a bare word that is no level (`verbose`)
-    /// is a target's name to the filter, and turns every other line off.
+    /// Refuses an `SQS_ONCE_LOG` the log lines' filter would not take (and
+    /// so leave for `RUST_LOG` or `info`), or would read as something else
+    /// than meant: a bare word that is no level (`verbose`) is a target's
+    /// name to the filter, and turns every other line off.
     fn log_filter(&self) -> Result<(), ConfigError> {
-        const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
         let Some(filter) = self.text("SQS_ONCE_LOG") else { return Ok(()) };
-        let bare_word = |directive: &str| !directive.contains(['=', '[']) && !directive.is_empty();
-        let not_a_level = |directive: &str| !LEVELS.contains(&directive.to_ascii_lowercase().as_str());
-        match filter.split(',').map(str::trim).find(|directive| bare_word(directive) && not_a_level(directive)) {
+        let expected = "a level (trace, debug, info, warn, error, off) or target=level directives, comma-separated \
+                        (info,sqs_once=debug)";
+        if let Err(error) = tracing_subscriber::EnvFilter::try_new(&filter) {
+            return Err(self.invalid("SQS_ONCE_LOG", format!("{expected}: {error}")));
+        }
+        let bare_word = |directive: &&str| !directive.is_empty() && !directive.contains(['=', '[']);
+        let not_a_level = |directive: &&str| directive.parse::<tracing::level_filters::LevelFilter>().is_err();
+        match filter.split(',').map(str::trim).filter(bare_word).find(not_a_level) {
             None => Ok(()),
-            Some(word) => Err(self.invalid(
-                "SQS_ONCE_LOG",
-                format!(
-                    "a level (trace, debug, info, warn, error, off) or target=level directives, comma-separated \
-                     (info,sqs_once=debug); `{word}` is neither"
-                ),
-            )),
+            Some(word) => Err(self.invalid("SQS_ONCE_LOG", format!("{expected}; `{word}` is neither"))),
         }
     }
 
@@ -562,9 +568,13 @@ mod tests {
 
     #[test]
     fn a_log_filter_that_is_no_level_is_refused() {
-        for fine in ["debug", "INFO", "info,sqs_once=debug", "warn,aws_config=error", "sqs_once[record]=trace", "off"] {
+        for fine in
+            ["debug", "INFO", "info,sqs_once=debug", "warn,aws_config=error", "sqs_once[record]=trace", "off", "3"]
+        {
             assert!(config(&[("SQS_ONCE_LOG", fine)]).is_ok(), "{fine}");
         }
+        // A directive the filter itself refuses, which would leave the lines at `info` unsaid.
+        assert!(config(&[("SQS_ONCE_LOG", "sqs_once=verbose")]).is_err());
         let error = config(&[("SQS_ONCE_LOG", "verbose")]).unwrap_err().to_string();
         assert!(error.starts_with(r#"invalid SQS_ONCE_LOG="verbose": expected a level (trace, debug"#), "{error}");
         assert!(error.ends_with("`verbose` is neither"), "{error}");

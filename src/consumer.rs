@@ -109,10 +109,13 @@ pub enum StartupError {
 
 /// The command that creates `table`, as the user runs it: the running
 /// binary's `create-table`, or, under Lambda's name for every function's
-/// binary (`bootstrap`, as `sam local invoke` runs it), the crate's.
+/// binary (`bootstrap`, as `sam local invoke` runs it), the consumer's.
 fn create_table_command(table: &str) -> String {
     match crate::logging::program().as_str() {
-        "bootstrap" => format!("`cargo run -- create-table --table {table}` in the consumer's crate"),
+        "bootstrap" => format!(
+            "the consumer's `create-table` (`cargo run -- create-table --table {table}` in its crate, `sqs-once \
+             create-table --table {table}` for the bundled binary)"
+        ),
         program => format!("`{program} create-table --table {table}`"),
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Records fan out concurrently, with a bound. Records that share a key run
 //! once: the first is reported as the run ended, the copies as duplicates of
-//! a success or with the same failure. FIFO records run in order within their message
+//! a confirmed success, or as the run ended otherwise. FIFO records run in order within their message
 //! group, and a failure stops the rest of its group. When the invocation's
 //! deadline comes within the safety margin, nothing new starts, and the engine
 //! answers with every unfinished record failed, so a slow record never turns

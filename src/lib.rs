@@ -81,9 +81,10 @@
 //!   sent), and the conformance suites a store passes.
 //!
 //! These pages hold every feature's items, as docs.rs builds them: `cargo
-//! doc --open -p sqs-once --all-features` in a checkout, or `--features
-//! sqs-once/testing` in a crate that depends on it (without it, a plain
-//! `cargo doc` leaves `testing` out).
+//! doc --open -p sqs-once --all-features` in a checkout, or `cargo doc
+//! --features sqs-once/testing` in a crate that depends on it (then
+//! `target/doc/sqs_once/index.html`; a plain `cargo doc` leaves `testing`
+//! out).
 //!
 //! # Features
 //!

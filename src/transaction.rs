@@ -257,7 +257,8 @@ impl Transaction {
         lock(&self.staged).clone()
     }
 
-    /// Whether nothing is staged.
+    /// Whether nothing is staged (a write or message refused at staging is
+    /// not: it is no part of the transaction, which then does not commit).
     pub fn is_empty(&self) -> bool {
         lock(&self.staged).is_empty()
     }

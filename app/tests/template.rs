@@ -206,7 +206,13 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
         let mut expected_given = BTreeSet::from([
             (
                 "HasHandlerTables".to_owned(),
-                vec!["dynamodb:ConditionCheckItem", "dynamodb:DeleteItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+                vec![
+                    "dynamodb:ConditionCheckItem",
+                    "dynamodb:DeleteItem",
+                    "dynamodb:DescribeTable",
+                    "dynamodb:PutItem",
+                    "dynamodb:UpdateItem",
+                ],
                 parameter("HandlerTableArns"),
             ),
             ("HasHandlerQueues".to_owned(), vec!["sqs:SendMessage"], parameter("HandlerQueueArns")),

@@ -216,7 +216,8 @@ tokio = {{ version = "1", features = ["macros", "rt"] }}
 {testing}
 
 # A workspace of its own: written inside another crate's workspace (a checkout
-# of sqs-once, say), the crate still builds on its own.
+# of sqs-once, say), the crate still builds on its own. To make it a member of
+# a workspace of yours instead, delete this table and list it there.
 [workspace]
 
 [profile.release]
@@ -271,7 +272,7 @@ fn readme(name: &str) -> String {
          cargo test                                   # the handler through sqs-once's engine\n\
          cargo run -- invoke events/batch.json        # a batch offline, claims in .sqs-once/claims.db\n\
          sam build && sam deploy --guided             # queue, dead-letter queue, claim table, alarms\n\
-         cargo doc --open -p sqs-once --features sqs-once/testing   # sqs-once's API reference\n\
+         cargo doc --features sqs-once/testing        # sqs-once's API reference: target/doc/sqs_once/index.html\n\
          ```\n"
     )
 }

@@ -10,13 +10,21 @@
 //! the output, so the records carry none (`invoke --sqs` needs it: give it an
 //! event file instead).
 
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
+
+/// `receive-message` output: the messages, every other field skipped
+/// unread (an SQS event's `Records` builds nothing here).
+#[derive(Deserialize)]
+struct Received {
+    #[serde(rename = "Messages")]
+    messages: Option<Vec<Value>>,
+}
 
 /// The SQS event of the messages `text` holds, when it is `receive-message`
 /// output (an object with a `Messages` array); `None` for anything else.
 pub(super) fn as_event(text: &str) -> Option<String> {
-    let output: Value = serde_json::from_str(text).ok()?;
-    let messages = output.get("Messages")?.as_array()?;
+    let messages = serde_json::from_str::<Received>(text).ok()?.messages?;
     let records: Vec<Value> = messages.iter().map(record).collect();
     Some(json!({ "Records": records }).to_string())
 }

@@ -96,7 +96,11 @@ impl Builder {
     /// here, it is the same wherever the program runs (the Lambda function,
     /// `poll`, `invoke`, the binary run by hand) and in its tests
     /// (`TestConsumer::key`, feature `testing`). An `SQS_ONCE_KEY` that says
-    /// otherwise stops the start; an invalid `spec` does too, named.
+    /// otherwise stops the start; an invalid `spec` does too, named. Called
+    /// again, the later spec replaces the earlier. Not with
+    /// [`config`](Self::config): a `Config` holds its keys already (give
+    /// `SQS_ONCE_KEY` in its lookup instead), and the two together stop the
+    /// start.
     ///
     /// ```no_run
     /// # async fn example() -> std::process::ExitCode {
@@ -106,9 +110,8 @@ impl Builder {
     /// Consumer::builder().key(KEY).run(handler_fn(|_| async { Ok(None) })).await
     /// # }
     /// ```
-    pub fn key(mut self, spec: &str) -> Self {
-        self.fixed.push(("SQS_ONCE_KEY", spec.to_owned()));
-        self
+    pub fn key(self, spec: &str) -> Self {
+        self.fixing("SQS_ONCE_KEY", spec)
     }
 
     /// Stores keys under `prefix`, as `SQS_ONCE_KEY_PREFIX` would (`sqs-once`
@@ -116,9 +119,16 @@ impl Builder {
     /// table and a prefix (a function and a `poll` consumer of one queue,
     /// `claims` run from a laptop) see each other's keys; consumers of
     /// different work that share a table need prefixes of their own. An
-    /// `SQS_ONCE_KEY_PREFIX` that says otherwise stops the start.
-    pub fn key_prefix(mut self, prefix: &str) -> Self {
-        self.fixed.push(("SQS_ONCE_KEY_PREFIX", prefix.to_owned()));
+    /// `SQS_ONCE_KEY_PREFIX` that says otherwise stops the start, as does
+    /// [`config`](Self::config) beside it.
+    pub fn key_prefix(self, prefix: &str) -> Self {
+        self.fixing("SQS_ONCE_KEY_PREFIX", prefix)
+    }
+
+    /// Sets the setting `name` in code, replacing what an earlier call set.
+    fn fixing(mut self, name: &'static str, value: &str) -> Self {
+        self.fixed.retain(|(fixed, _)| *fixed != name);
+        self.fixed.push((name, value.to_owned()));
         self
     }
 
@@ -301,8 +311,8 @@ impl Builder {
             Some(_) => Err(StartupError::Config(ConfigError {
                 name: fixed[0].0,
                 value: fixed[0].1.clone(),
-                expected: "one source of the key settings: the Config given or the builder's key and key_prefix, \
-                           not both"
+                expected: "the key set in code (Builder::key, key_prefix) or a Config given (Builder::config), not \
+                           both: a Config holds its keys already"
                     .into(),
             })),
             None => Ok(Config::from_env_fixing(&fixed)?),
@@ -409,7 +419,7 @@ impl Builder {
                 let table = self.dynamodb_table(aws).await;
                 // Looked for with one DescribeTable, on a client that counts nothing: no metric shows it.
                 if !crate::config::deployed() {
-                    check_table(&table, &layout.table).await?;
+                    refuse_unusable_table(&table, &layout.table).await?;
                 }
                 let target = format!("table {} at {}", layout.table, table.endpoint);
                 let operation_timeout = crate::aws::operation_timeout(table.client.config().timeout_config());
@@ -437,7 +447,7 @@ impl Builder {
 
 /// Refuses to start on a claim table that cannot be used, naming what is
 /// wrong and where it was looked for.
-async fn check_table(dynamodb: &DynamoDbTable, table: &str) -> Result<(), StartupError> {
+async fn refuse_unusable_table(dynamodb: &DynamoDbTable, table: &str) -> Result<(), StartupError> {
     let endpoint = dynamodb.endpoint.clone();
     let checked = dynamodb::check_table(&dynamodb.uncounted, dynamodb.credentials.clone(), table).await;
     checked.map_err(|unusable| match unusable {

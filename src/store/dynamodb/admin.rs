@@ -51,17 +51,12 @@ const REFUSED_CREDENTIALS: [&str; 5] = [
     "ExpiredTokenException",
 ];
 
-/// How many times the start-up check sends its `DescribeTable` when no
-/// answer comes: a connection reset once, or a request lost, must not stop a
-/// consumer that would have run (`poll` on a service restarts into the same
-/// network); an endpoint that stays silent is refused after about a second
-/// and a half.
-const CHECK_ATTEMPTS: u32 = 4;
-
-/// Whether `table` can be used through `client`: a `DescribeTable`, and,
-/// when no answer came, what kept it from coming (no Region, no
-/// `credentials` from the provider the client was made with, when known;
-/// an endpoint that does not answer, [`CHECK_ATTEMPTS`] times). Any other
+/// Whether `table` can be used through `client`: a `DescribeTable`, sent a
+/// second time half a second later when no answer came (a connection reset
+/// once must not stop a consumer that would have run: `poll` on a service
+/// restarts into the same network), and then what kept the answer from
+/// coming (no Region; no `credentials` from the provider the client was made
+/// with, when known; else an endpoint that does not answer). Any other
 /// answer of DynamoDB (not allowed to describe the table, throttled) counts
 /// as usable: records that cannot be claimed say why on their own.
 pub(crate) async fn check_table(
@@ -69,8 +64,14 @@ pub(crate) async fn check_table(
     credentials: Option<SharedCredentialsProvider>,
     table: &str,
 ) -> Result<(), Unusable> {
-    let mut attempt = 1;
-    let silent = loop {
+    if client.config().region().is_none() {
+        return Err(Unusable::NoRegion);
+    }
+    let mut silent = None;
+    for attempt in 0..2 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         let Err(error) = client.describe_table().table_name(table).send().await else { return Ok(()) };
         match error.code() {
             Some("ResourceNotFoundException") => return Err(Unusable::Missing),
@@ -79,23 +80,15 @@ pub(crate) async fn check_table(
                 return Err(Unusable::Unreachable(refused));
             }
             Some(_) => return Ok(()),
-            None => {}
+            None => silent = Some(error),
         }
-        if client.config().region().is_none() {
-            return Err(Unusable::NoRegion);
-        }
-        if let Some(credentials) = &credentials
-            && let Err(error) = credentials.provide_credentials().await
-        {
-            return Err(Unusable::NoCredentials(crate::reason::with_causes(&error)));
-        }
-        if attempt == CHECK_ATTEMPTS {
-            break error;
-        }
-        tokio::time::sleep(Duration::from_millis(250) * attempt).await;
-        attempt += 1;
-    };
-    Err(Unusable::Unreachable(crate::aws::describe(&silent)))
+    }
+    if let Some(credentials) = credentials
+        && let Err(error) = credentials.provide_credentials().await
+    {
+        return Err(Unusable::NoCredentials(crate::reason::with_causes(&error)));
+    }
+    Err(Unusable::Unreachable(silent.map(|error| crate::aws::describe(&error)).unwrap_or_default()))
 }
 
 impl DynamoDbStore {

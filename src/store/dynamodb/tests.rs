@@ -563,7 +563,6 @@ async fn a_query_failure_that_mentions_the_index_is_an_error_not_a_scan() {
     assert_eq!(scans.load(std::sync::atomic::Ordering::SeqCst), 0, "no scan of the whole table");
 }
 
-/// Fails permanently with the body's `error` text, if it has one.
 /// Stages a credit on the table `{"table": ...}` names, and one on the
 /// existing table `{"items": ...}` names; `stages_every_effect` as given.
 struct StagesTo(bool);
@@ -611,6 +610,7 @@ async fn a_staged_write_to_a_missing_table_fails_for_good_naming_it() {
     }
 }
 
+/// Fails permanently with the body's `error` text, if it has one.
 struct FailsWithItsText;
 
 impl Handler for FailsWithItsText {

@@ -337,22 +337,29 @@ impl DynamoDbStore {
     }
 
     /// Why DynamoDB answered `ResourceNotFoundException` to a transaction
-    /// of `actions`: the tables it names that DynamoDB says do not exist (a
-    /// handler's table misnamed or not created is a mistake no resend
-    /// mends, and the record fails for good naming it), or, when each exists
-    /// by now, an outage, sent again later.
+    /// of `actions`: the handler's tables it names that DynamoDB says do not
+    /// exist (misnamed or not created: a mistake no resend mends, and the
+    /// record fails for good naming them). When no handler table is found
+    /// missing (the claim table is, or `DescribeTable` is not allowed), an
+    /// outage, sent again later, its reason naming the tables to look at.
     async fn missing_tables(&self, actions: &[TransactWriteItem], answer: &ResourceNotFoundException) -> StoreError {
         let mut tables: Vec<&str> = actions.iter().filter_map(action_table).collect();
         tables.sort_unstable();
         tables.dedup();
         let mut missing = Vec::new();
-        for table in tables {
+        for table in tables.iter().filter(|table| **table != self.layout.table) {
             if table_missing(&self.client, table).await {
                 missing.push(format!("`{table}`"));
             }
         }
         if missing.is_empty() {
-            return unavailable(answer.clone());
+            let named: Vec<String> = tables.iter().map(|table| format!("`{table}`")).collect();
+            return StoreError::unavailable(format!(
+                "a table of the transaction does not exist ({}): one of {}; allow dynamodb:DescribeTable on the \
+                 handler's tables to have it named and the record failed for good",
+                described(answer),
+                named.join(", ")
+            ));
         }
         let (noun, verb) = if missing.len() == 1 { ("table", "does") } else { ("tables", "do") };
         StoreError::Rejected(format!(
