@@ -150,7 +150,15 @@ impl Config {
         for (name, meant) in mistyped(names) {
             tracing::warn!("{name} is not a setting of sqs-once and is ignored: did you mean {meant}?");
         }
-        let lookup = |name: &str| std::env::var(name).ok();
+        Self::from_lookup_fixing(|name| std::env::var(name).ok(), fixed)
+    }
+
+    /// [`from_lookup`](Self::from_lookup) with the settings `fixed` set in
+    /// code, refusing a value of `lookup` that disagrees with one.
+    fn from_lookup_fixing(
+        lookup: impl Fn(&str) -> Option<String>,
+        fixed: &[(&'static str, String)],
+    ) -> Result<Self, ConfigError> {
         let env = Env(&lookup);
         // A composite key's parts compare one by one, spaces around the commas aside.
         let parts = |value: &str| value.split(',').map(str::trim).map(str::to_owned).collect::<Vec<_>>();
@@ -169,7 +177,7 @@ impl Config {
         }
         Self::from_lookup(|name| {
             let fixed = fixed.iter().find(|(fixed, _)| *fixed == name).map(|(_, value)| value.clone());
-            fixed.or_else(|| std::env::var(name).ok())
+            fixed.or_else(|| lookup(name))
         })
     }
 
@@ -564,6 +572,28 @@ mod tests {
         assert_eq!(lambda.keys.prefix(), "sqs-once", "the function's name is not the prefix");
         assert_eq!(config(&[]).unwrap().keys.prefix(), "sqs-once");
         assert_eq!(config(&[("SQS_ONCE_KEY_PREFIX", "payments")]).unwrap().keys.prefix(), "payments");
+    }
+
+    #[test]
+    fn keys_set_in_code_win_and_a_setting_that_disagrees_is_refused() {
+        let fixed =
+            [("SQS_ONCE_KEY", "body.order_id, body.line".to_owned()), ("SQS_ONCE_KEY_PREFIX", "payments".into())];
+        let with = |pairs: &[(&str, &str)]| {
+            let lookup = |name: &str| pairs.iter().find(|(key, _)| *key == name).map(|(_, value)| value.to_string());
+            Config::from_lookup_fixing(lookup, &fixed)
+        };
+        let config = with(&[]).unwrap();
+        assert_eq!(config.keys.prefix(), "payments");
+        // The same key, spelled with other spaces, agrees.
+        assert!(with(&[("SQS_ONCE_KEY", "body.order_id,body.line"), ("SQS_ONCE_KEY_PREFIX", "payments")]).is_ok());
+        let error = with(&[("SQS_ONCE_KEY", "messageId")]).unwrap_err().to_string();
+        assert!(
+            error.starts_with(r#"invalid SQS_ONCE_KEY="messageId": expected body.order_id, body.line, which this"#)
+        );
+        let error = with(&[("SQS_ONCE_KEY_PREFIX", "orders")]).unwrap_err();
+        assert_eq!(error.name, "SQS_ONCE_KEY_PREFIX");
+        let empty = Config::from_lookup_fixing(|_| None, &[("SQS_ONCE_KEY", " ".to_owned())]).unwrap_err();
+        assert!(empty.expected.contains("empty in code"), "{empty}");
     }
 
     #[test]
