@@ -2,7 +2,7 @@
 //! the same suite as every other store, on both table layouts, with writes
 //! batched (the default) and single.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

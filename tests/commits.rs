@@ -3,7 +3,7 @@
 //! store, a SQLite file, and DynamoDB Local with both table layouts, so the
 //! in-process stores are held to what DynamoDB itself does.
 
-mod common;
+use crate::common;
 
 use std::sync::{
     Arc, LazyLock,

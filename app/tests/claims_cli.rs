@@ -3,7 +3,7 @@
 //! live lease is not, a key completed by hand is a duplicate afterwards, and
 //! DynamoDB listings use the open-claims index when the table has it.
 
-mod common;
+use crate::common;
 
 use std::{
     path::PathBuf,

@@ -2,7 +2,7 @@
 //! table, over TLS as on AWS, a server that cannot be reached, and batched
 //! writes that DynamoDB refuses, falling back to single requests.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::HashMap,

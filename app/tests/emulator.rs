@@ -8,7 +8,7 @@
 //! caller's client context on, and sends no trace id. The harness keeps what
 //! the emulator cannot do: freezes, and deadlines to the millisecond.
 
-mod common;
+use crate::common;
 
 use std::{
     path::{Path, PathBuf},
@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use common::delay::DelayProxy;
+use crate::common::delay::DelayProxy;
 use serde_json::{Value, json};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},

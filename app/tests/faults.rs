@@ -19,7 +19,7 @@
 //! `SQS_ONCE_FAULTS_SEEDS` make the invoke rounds heavier (`bench/soak`);
 //! each drain prints a `faults-report` JSON line.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -28,7 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{
+use crate::common::{
     faults::{DYNAMODB, FaultMix, FaultProxy, SQS},
     rounds::{Rounds, seeds, setting},
 };

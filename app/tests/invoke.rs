@@ -1,6 +1,6 @@
 //! The `sqs-once invoke` command, run as a user runs it.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::HashMap,

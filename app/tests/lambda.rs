@@ -2,11 +2,11 @@
 //! pointing at a Runtime API server, on the real `lambda_runtime` loop, with
 //! claims in DynamoDB Local.
 
-mod common;
+use crate::common;
 
 use std::{path::Path, sync::atomic::Ordering, time::Duration};
 
-use common::{
+use crate::common::{
     delay::DelayProxy,
     function::{Function, wait_for},
     runtime_api::Answer,

@@ -4,11 +4,9 @@
 //! answering each of its outstanding `/next` requests with an invocation of
 //! its own, claims in DynamoDB Local.
 
-mod common;
-
 use std::{collections::HashMap, time::Duration};
 
-use common::function::Function;
+use crate::common::function::Function;
 use serde_json::{Value, json};
 
 /// Invocations Lambda hands the environment at once.

@@ -2,7 +2,7 @@
 //! existing directory, never under a name Cargo would refuse. (The crate it
 //! writes is built, tested, invoked and linted by scripts/new-consumer.)
 
-mod common;
+use crate::common;
 
 use std::{path::Path, process::Output};
 

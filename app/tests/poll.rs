@@ -140,12 +140,15 @@ async fn poll_drains_a_queue_with_duplicates_running_each_key_once_and_stops_cle
     assert_eq!(waiting + in_flight, 20 - finished, "every slow message is either done or still queued");
     // SQS delivers at least once: a message may come twice (a conflict, or the server handing
     // one message to two receivers). Then it is a duplicate or fails, and is deleted or comes back.
+    // A deletion may be refused too (a receipt handle made stale by a second receive): that
+    // message, if still there, comes back as a duplicate, and the last drain below finds it.
     let (received, deleted) = (total(&summaries, "received"), total(&summaries, "deleted"));
+    let delete_failed = total(&summaries, "delete_failed");
     assert_eq!(total(&summaries, "processed"), 1_600 + finished, "{summaries:?}");
     assert!(total(&summaries, "duplicates") >= 400, "{summaries:?}");
-    assert_eq!(deleted + total(&summaries, "failed"), received, "{summaries:?}");
-    assert!(deleted >= 2_000 + finished, "{summaries:?}");
-    assert_eq!(total(&summaries, "delete_failed"), 0);
+    assert_eq!(deleted + delete_failed + total(&summaries, "failed"), received, "{summaries:?}");
+    assert!(deleted + delete_failed >= 2_000 + finished, "{summaries:?}");
+    assert!(delete_failed <= 5, "deletions refused in a healthy queue: {summaries:?}");
 
     // A new poller takes the rest (messages a stopped receive took come back after 10 s).
     let poller = consumers.poll(&queue, &[], &[]);

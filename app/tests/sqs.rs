@@ -2,7 +2,7 @@
 //! scripts/test): `invoke --sqs` acts as the Lambda function does after a
 //! batch, and the server's own state tells when each message comes back.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -11,8 +11,8 @@ use std::{
     time::Duration,
 };
 
+use crate::common::sqs::{LARGEST_MESSAGE, Queue, body_of_size, now_ms, visible_at};
 use aws_sdk_sqs::types::Message;
-use common::sqs::{LARGEST_MESSAGE, Queue, body_of_size, now_ms, visible_at};
 use serde_json::{Value, json};
 
 /// One consumer's world: a claims file, a demo log, events; keys are `body.id`.

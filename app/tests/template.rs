@@ -4,7 +4,7 @@
 //! failed records, and alarms and a dashboard on the metrics it publishes;
 //! and so does the template `sqs-once new` writes for a crate of one's own.
 
-mod common;
+use crate::common;
 
 use std::{collections::BTreeSet, io::Write, process::Stdio};
 

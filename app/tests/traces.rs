@@ -4,17 +4,17 @@
 //! producer's context arriving as `AWSTraceHeader` or `traceparent`, and
 //! going on through the outbox, on the SQS server, to a second consumer.
 
-mod common;
+use crate::common;
 
 use std::{collections::HashMap, time::Duration};
 
-use aws_sdk_sqs::types::{MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue};
-use common::{
+use crate::common::{
     function::Function,
     otlp::{Answering, Collector, ReceivedSpan},
     runtime_api::Answer,
     sqs::Queue,
 };
+use aws_sdk_sqs::types::{MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue};
 use serde_json::{Value, json};
 
 /// The example of AWS's X-Ray documentation, and of the W3C specification.
