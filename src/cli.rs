@@ -360,7 +360,7 @@ async fn claims(command: ClaimsCommand, builder: Builder) -> anyhow::Result<Opti
 }
 
 async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyhow::Result<Option<ExitCode>> {
-    let times = OutboxTimes { send: parts.send_time, delete: parts.store.operation_timeout }.checked()?;
+    let times = crate::consumer::outbox_times(parts.send_time, parts.store.operation_timeout)?;
     let store = parts.store.store;
     let operator = Operator::new(Arc::clone(&store), Arc::new(SystemClock), config.claims.expires_after)?;
     // The stored id a target names; `None` when no claim has its message id.

@@ -11,13 +11,13 @@ use crate::{
     budget::{ANSWER_TIME, Margins},
     claim::ClaimPolicy,
     clock::duration_ms,
+    dynamodb::{Attributes, TableKey, TableLayout},
     engine::EngineOptions,
     envelope::EnvelopeKind,
     key::{KeySpec, Keys, OnMissingKey},
     metrics::MetricsConfig,
     redelivery::{RedeliveryPolicy, RetryBackoff},
     sqs::MAX_VISIBILITY,
-    store::dynamodb::{Attributes, TableKey, TableLayout},
 };
 
 /// The variable Lambda sets in its execution environments, and nowhere

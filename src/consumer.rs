@@ -23,12 +23,13 @@ pub(crate) use builder::{Layers, Uses};
 
 use crate::{
     config::ConfigError,
+    dynamodb::RequestCounter,
     engine::Engine,
     event::EventRecord,
     metrics::{Extra, MetricsConfig, TraceExportCounts},
     redelivery::Redelivery,
     report::BatchReport,
-    store::{StoreError, dynamodb::RequestCounter},
+    store::StoreError,
     trace::TraceContext,
 };
 
@@ -107,6 +108,17 @@ pub enum StartupError {
     },
 }
 
+/// The outbox's times for sends of `send` and deletions of `delete`, or the
+/// refusal to start when a sending lease cannot hold them.
+pub(crate) fn outbox_times(
+    send: std::time::Duration,
+    delete: std::time::Duration,
+) -> Result<crate::outbox::OutboxTimes, StartupError> {
+    crate::outbox::OutboxTimes { send, delete }.checked().map_err(|crate::outbox::LeaseTooShort(times)| {
+        StartupError::OutboxTimeouts { send: times.send, delete: times.delete }
+    })
+}
+
 /// The command that creates `table`, as the user runs it: the running
 /// binary's `create-table`, or, under Lambda's name for every function's
 /// binary (`bootstrap`, as `sam local invoke` runs it), the consumer's.
@@ -153,7 +165,7 @@ pub struct Consumer {
     pub(crate) metrics: MetricsConfig,
     /// Where spans go, when they are exported.
     #[cfg(feature = "opentelemetry")]
-    pub(crate) export: Option<crate::trace::Export>,
+    pub(crate) export: Option<crate::otlp::Export>,
 }
 
 /// What a batch comes to: the engine's report and the answer Lambda returns.
@@ -292,5 +304,20 @@ impl Consumer {
         }
         self.export_spans(until).await;
         left
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn outbox_times_a_sending_lease_cannot_hold_refuse_to_start() {
+        assert!(outbox_times(Duration::from_secs(5), Duration::from_secs(5)).is_ok());
+        let refused = outbox_times(Duration::from_secs(10), Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(refused, StartupError::OutboxTimeouts { .. }), "{refused}");
+        assert!(refused.to_string().contains("shorter operation timeouts"), "{refused}");
     }
 }

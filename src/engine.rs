@@ -18,8 +18,10 @@
 //! and delivers what it committed; `tending` resends what failed to land,
 //! beside the batch, between batches and before the process leaves.
 
+mod cutoff;
 mod finish;
 mod groups;
+mod outcome;
 mod parts;
 mod run;
 mod tending;
@@ -50,10 +52,12 @@ use crate::{
     lock::lock,
     outbox::Outbox,
     report::{BatchReport, Failure, Outcome, RecordReport},
+    store::StoreError,
     trace::{self, Propagators, TraceContext},
 };
+use cutoff::{HandlerSlots, Started, cancel_running, returned_outcomes};
 use groups::{keep_group_order, message_groups};
-use run::{HandlerSlots, Progress, Runs, Started, cancel_running};
+use run::Runs;
 use tending::Done;
 
 /// Tuning of the engine; docs/configuration.md has the matching settings.
@@ -393,15 +397,12 @@ fn copies_are_duplicates(records: &mut [RecordReport]) {
     }
 }
 
-/// The outcome of every key whose handler returned, by key.
-fn returned_outcomes(state: &BatchState) -> HashMap<String, Outcome> {
-    lock(&state.started)
-        .iter()
-        .filter_map(|run| match &*lock(&run.progress) {
-            Progress::Returned(outcome) => Some((run.key.clone(), outcome.clone())),
-            Progress::Running | Progress::Waiting => None,
-        })
-        .collect()
+// Here rather than beside `Failure`: a report knows nothing of stores, and
+// the engine is where a store's error becomes a record's failure.
+impl From<StoreError> for Failure {
+    fn from(error: StoreError) -> Self {
+        Self::Store(error.to_string())
+    }
 }
 
 /// One line per record: message id, key, outcome and duration, and the body

@@ -118,6 +118,8 @@ mod cli;
 mod clock;
 pub mod config;
 pub mod consumer;
+mod destinations;
+mod dynamodb;
 mod engine;
 pub mod envelope;
 pub mod event;
@@ -129,6 +131,8 @@ mod logging;
 mod metrics;
 #[cfg(feature = "cli")]
 mod operator;
+#[cfg(feature = "opentelemetry")]
+mod otlp;
 pub mod outbox;
 #[cfg(feature = "cli")]
 mod poll;
@@ -138,6 +142,8 @@ mod redelivery;
 pub mod report;
 #[cfg(test)]
 mod simulation;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 mod sqs;
 mod start;
 pub mod store;

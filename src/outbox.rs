@@ -22,12 +22,11 @@
 //! Messages go to the AWS services their destinations name, or to the
 //! [`Destinations`] a program gives its consumer.
 //!
-//! Here: the entry and its lease (`entry`), sending (`Outbox`), the sweep
-//! (`sweep`), the AWS destinations (`aws`); the DynamoDB store's outbox
-//! items and requests are in its own `outbox` module.
+//! Here: sending (`Outbox`) and the sweep (`sweep`). The entry and its lease
+//! are the store's (`store::outbox_entry`), the AWS destinations a runner's
+//! (`destinations`), and the DynamoDB store's outbox items and requests are
+//! in its own `outbox` module.
 
-mod aws;
-mod entry;
 mod sweep;
 
 use std::{
@@ -40,17 +39,15 @@ use std::{
 
 use async_trait::async_trait;
 
-pub(crate) use aws::AwsDestinations;
-pub(crate) use entry::SENDING_LEASE;
+pub(crate) use crate::store::outbox_entry::SENDING_LEASE;
 
 /// Kept free in a sending lease besides a send's and a deletion's times:
 /// the steps between them, and clocks that differ.
 const LEASE_SPARE: Duration = Duration::from_secs(1);
-pub use entry::{OutboxEntry, OutboxQuery, UnreadableEntry};
+pub use crate::store::outbox_entry::{OutboxEntry, OutboxQuery, UnreadableEntry};
 
 use crate::{
     clock::Clock,
-    consumer::StartupError,
     store::{Fenced, OutboxStore, StoreError},
     transaction::Message,
 };
@@ -114,7 +111,7 @@ pub(crate) struct OutboxCounters {
 
 /// How long a send and the deletion of its entry may take: the operation
 /// timeouts of the clients that make them (a program's own destinations
-/// and stores get the SDK's, [`crate::aws::OPERATION_TIMEOUT`]). The outbox
+/// and stores get the SDK's, which this crate's clients bound). The outbox
 /// holds each to its time, and starts a send only while the entry's sending
 /// lease has room for both, so that a healthy sender is done with an entry
 /// before another sender may take it over.
@@ -126,13 +123,17 @@ pub(crate) struct OutboxTimes {
     pub delete: Duration,
 }
 
-impl Default for OutboxTimes {
-    fn default() -> Self {
-        Self { send: crate::aws::OPERATION_TIMEOUT, delete: crate::aws::OPERATION_TIMEOUT }
-    }
-}
+/// Outbox times a sending lease cannot hold (see [`OutboxTimes::checked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseTooShort(pub(crate) OutboxTimes);
 
 impl OutboxTimes {
+    /// A send and a deletion that may each take `time`.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) const fn both(time: Duration) -> Self {
+        Self { send: time, delete: time }
+    }
+
     /// The room a send needs in its lease: the send and the deletion.
     fn room(&self) -> Duration {
         self.send + self.delete
@@ -141,9 +142,9 @@ impl OutboxTimes {
     /// These times, or why a sending lease cannot hold them: a send and its
     /// deletion could then outlast the lease, and another sender send the
     /// message too.
-    pub(crate) fn checked(self) -> Result<Self, StartupError> {
+    pub(crate) fn checked(self) -> Result<Self, LeaseTooShort> {
         if self.room() + LEASE_SPARE > SENDING_LEASE {
-            return Err(StartupError::OutboxTimeouts { send: self.send, delete: self.delete });
+            return Err(LeaseTooShort(self));
         }
         Ok(self)
     }
@@ -382,7 +383,13 @@ mod tests {
         let entries = committed(&store.inner, &["first", "second"], clock.now_ms()).await;
         let outbox = |sweep_every| {
             let (store, destinations) = (Arc::clone(&store) as Arc<dyn OutboxStore>, Arc::clone(&destinations));
-            Arc::new(Outbox::new(store, destinations, Arc::clone(&clock), OutboxTimes::default(), sweep_every))
+            Arc::new(Outbox::new(
+                store,
+                destinations,
+                Arc::clone(&clock),
+                OutboxTimes::both(Duration::from_secs(5)),
+                sweep_every,
+            ))
         };
         let (committer, sweeper) = (outbox(None), outbox(Some(Duration::from_secs(1))));
         // The committer sends its run: the second send would start 7.9 s into the 15 s lease, and its deletion
@@ -402,10 +409,8 @@ mod tests {
 
     #[test]
     fn timeouts_too_long_for_the_sending_lease_refuse_to_start() {
-        assert!(OutboxTimes::default().checked().is_ok());
+        assert!(OutboxTimes::both(Duration::from_secs(5)).checked().is_ok());
         let long = OutboxTimes { send: Duration::from_secs(10), delete: Duration::from_secs(5) };
-        let refused = long.checked().unwrap_err();
-        assert!(matches!(refused, StartupError::OutboxTimeouts { .. }), "{refused}");
-        assert!(refused.to_string().contains("shorter operation timeouts"), "{refused}");
+        assert_eq!(long.checked(), Err(LeaseTooShort(long)));
     }
 }

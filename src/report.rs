@@ -7,8 +7,6 @@ use std::{collections::HashMap, time::Duration};
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse};
 
-use crate::store::StoreError;
-
 /// What became of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -125,12 +123,6 @@ impl Failure {
             Self::Uncommitted { .. } => "uncommitted",
             Self::LeaseLost => "lease_lost",
         }
-    }
-}
-
-impl From<StoreError> for Failure {
-    fn from(error: StoreError) -> Self {
-        Self::Store(error.to_string())
     }
 }
 

@@ -1,9 +1,15 @@
 //! How a consumer binary starts: the Lambda function inside Lambda, the
 //! command line outside it.
 
-use std::{fmt::Display, process::ExitCode};
+use std::{fmt::Display, process::ExitCode, sync::Arc};
 
-use crate::{Handler, consumer::Consumer};
+use futures::FutureExt;
+
+use crate::{
+    Handler,
+    consumer::{Builder, Consumer},
+    handler::{BoxHandler, BuildHandler},
+};
 
 /// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
 /// function inside Lambda, otherwise the command line (`invoke`, `poll`,
@@ -72,4 +78,57 @@ where
     E: Display,
 {
     Consumer::builder().run_with(build).await
+}
+
+// The builder's ways to start, here rather than beside the builder: they
+// dispatch to the runners (the command line, the Lambda loop), which
+// assemble their consumers through the builder, so the builder itself
+// imports nothing above it.
+impl Builder {
+    /// Runs `handler` as the bundled `sqs-once` binary runs its own: the
+    /// Lambda function inside Lambda, the command line outside it
+    /// ([`crate::run`] is this with every part from the environment).
+    pub async fn run(self, handler: impl Handler) -> ExitCode {
+        let handler: BoxHandler = Arc::new(handler);
+        self.serve(async move { Ok(handler) }.boxed_local()).await
+    }
+
+    /// [`run`](Self::run), with the handler built by `build` only by the
+    /// commands that run one, after the settings are read (see
+    /// [`crate::run_with`]).
+    pub async fn run_with<H, E>(self, build: impl AsyncFnOnce() -> Result<H, E>) -> ExitCode
+    where
+        H: Handler,
+        E: Display,
+    {
+        let handler = async move {
+            let handler = build().await.map_err(|error| format!("the handler cannot start: {error}"))?;
+            Ok(Arc::new(handler) as BoxHandler)
+        };
+        self.serve(handler.boxed_local()).await
+    }
+
+    #[cfg(feature = "cli")]
+    async fn serve(self, handler: BuildHandler<'_>) -> ExitCode {
+        crate::cli::main(self, handler).await
+    }
+
+    #[cfg(not(feature = "cli"))]
+    async fn serve(mut self, handler: BuildHandler<'_>) -> ExitCode {
+        let lambda = crate::config::in_lambda();
+        self.start_logging(lambda);
+        let result = if lambda {
+            crate::lambda::start(self, handler).await
+        } else {
+            Err("not in Lambda, and this binary is built without the command line (the `cli` feature of sqs-once)"
+                .into())
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                crate::logging::fatal(lambda, &error);
+                ExitCode::FAILURE
+            }
+        }
+    }
 }

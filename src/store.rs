@@ -34,23 +34,20 @@ use crate::{
     transaction::{Refusal, Write},
 };
 
-mod batched;
-pub(crate) mod dynamodb;
-mod items;
+pub(crate) mod items;
 mod memory;
-#[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod outbox_entry;
 mod stored;
 
 pub(crate) use stored::new_token;
 pub use stored::{ClaimStatus, Finish, StoredClaim};
 
-pub(crate) use crate::outbox::{OutboxEntry, OutboxQuery, UnreadableEntry};
+pub(crate) use outbox_entry::{OutboxEntry, OutboxQuery, UnreadableEntry};
 
-pub use dynamodb::{Attributes, DynamoDbStore, TableKey, TableLayout};
-pub use memory::MemoryStore;
+pub use crate::dynamodb::{Attributes, DynamoDbStore, TableKey, TableLayout};
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
+pub use crate::sqlite::SqliteStore;
+pub use memory::MemoryStore;
 
 /// The outcome of [`ClaimStore::put_if_free`].
 #[derive(Debug, Clone, PartialEq)]

@@ -198,7 +198,8 @@ impl Setup {
     fn engine(&self) -> Engine {
         let config = self.config();
         let destinations = Arc::clone(&self.destinations) as Arc<dyn Destinations>;
-        let outbox = OutboxParts { destinations, times: OutboxTimes::default(), sweep_every: None };
+        let outbox =
+            OutboxParts { destinations, times: OutboxTimes::both(crate::aws::OPERATION_TIMEOUT), sweep_every: None };
         EngineParts {
             policy: config.claims,
             options: config.engine,

@@ -9,6 +9,7 @@ mod claims_dynamodb;
 mod claims_memory;
 mod claims_sqlite;
 mod commits;
+mod layers;
 mod outbox;
 mod own_store;
 mod staging;

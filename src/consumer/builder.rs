@@ -3,10 +3,9 @@
 //! every way to run (the Lambda function, `poll`, `invoke`, `claims`,
 //! `create-table`) assembles its parts.
 
-use std::{fmt::Display, process::ExitCode, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use aws_config::SdkConfig;
-use futures::FutureExt;
 use lambda_runtime::{
     LambdaInvocation,
     tower::{Layer, Service, util::BoxCloneService},
@@ -16,15 +15,14 @@ use super::{Consumer, StartupError};
 use crate::{
     Handler,
     config::{Config, ConfigError, StoreChoice},
+    destinations::AwsDestinations,
+    dynamodb::{self, RequestCounter, Unusable},
     engine::{EngineParts, OutboxParts},
-    handler::{BoxHandler, BuildHandler},
-    outbox::{AwsDestinations, Destinations, OutboxTimes},
+    handler::BoxHandler,
+    outbox::Destinations,
     redelivery::Redelivery,
     sqs::Sqs,
-    store::{
-        ClaimStore, DynamoDbStore, MemoryStore,
-        dynamodb::{self, RequestCounter, Unusable},
-    },
+    store::{ClaimStore, DynamoDbStore, MemoryStore},
 };
 
 /// The Lambda function's service as `lambda_runtime` runs it: each
@@ -66,7 +64,7 @@ pub struct Builder {
     /// Where spans go: a provider given, or the environment's endpoint once
     /// logging starts (or why that cannot be, reported at assembly).
     #[cfg(feature = "opentelemetry")]
-    export: Option<Result<crate::trace::Export, crate::config::ConfigError>>,
+    export: Option<Result<crate::otlp::Export, crate::config::ConfigError>>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -225,7 +223,7 @@ impl Builder {
     /// ```
     #[cfg(feature = "opentelemetry")]
     pub fn tracer_provider(mut self, provider: opentelemetry_sdk::trace::SdkTracerProvider) -> Self {
-        self.export = Some(Ok(crate::trace::Export::of_provider(provider)));
+        self.export = Some(Ok(crate::otlp::Export::of_provider(provider)));
         self
     }
 
@@ -236,9 +234,9 @@ impl Builder {
         #[cfg(feature = "opentelemetry")]
         {
             if self.export.is_none() {
-                self.export = crate::trace::Export::from_lookup(|name| std::env::var(name).ok()).transpose();
+                self.export = crate::otlp::Export::from_lookup(|name| std::env::var(name).ok()).transpose();
             }
-            let spans = self.export.as_ref().and_then(|export| export.as_ref().ok()).map(crate::trace::Export::layer);
+            let spans = self.export.as_ref().and_then(|export| export.as_ref().ok()).map(crate::otlp::Export::layer);
             crate::logging::init(lambda, spans);
         }
         #[cfg(not(feature = "opentelemetry"))]
@@ -248,53 +246,6 @@ impl Builder {
     /// The consumer of `handler`, its parts assembled.
     pub async fn build(self, handler: impl Handler) -> Result<Consumer, StartupError> {
         Ok(self.assemble(Arc::new(handler), Uses::default()).await?.0)
-    }
-
-    /// Runs `handler` as the bundled `sqs-once` binary runs its own: the
-    /// Lambda function inside Lambda, the command line outside it
-    /// ([`crate::run`] is this with every part from the environment).
-    pub async fn run(self, handler: impl Handler) -> ExitCode {
-        let handler: BoxHandler = Arc::new(handler);
-        self.serve(async move { Ok(handler) }.boxed_local()).await
-    }
-
-    /// [`run`](Self::run), with the handler built by `build` only by the
-    /// commands that run one, after the settings are read (see
-    /// [`crate::run_with`]).
-    pub async fn run_with<H, E>(self, build: impl AsyncFnOnce() -> Result<H, E>) -> ExitCode
-    where
-        H: Handler,
-        E: Display,
-    {
-        let handler = async move {
-            let handler = build().await.map_err(|error| format!("the handler cannot start: {error}"))?;
-            Ok(Arc::new(handler) as BoxHandler)
-        };
-        self.serve(handler.boxed_local()).await
-    }
-
-    #[cfg(feature = "cli")]
-    async fn serve(self, handler: BuildHandler<'_>) -> ExitCode {
-        crate::cli::main(self, handler).await
-    }
-
-    #[cfg(not(feature = "cli"))]
-    async fn serve(mut self, handler: BuildHandler<'_>) -> ExitCode {
-        let lambda = crate::config::in_lambda();
-        self.start_logging(lambda);
-        let result = if lambda {
-            crate::lambda::start(self, handler).await
-        } else {
-            Err("not in Lambda, and this binary is built without the command line (the `cli` feature of sqs-once)"
-                .into())
-        };
-        match result {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                crate::logging::fatal(lambda, &error);
-                ExitCode::FAILURE
-            }
-        }
     }
 
     /// The layers given, to wrap the Lambda function's service in.
@@ -347,7 +298,7 @@ impl Builder {
         }
         let outbox = OutboxParts {
             destinations: Arc::clone(&parts.destinations),
-            times: OutboxTimes { send: parts.send_time, delete: parts.store.operation_timeout }.checked()?,
+            times: super::outbox_times(parts.send_time, parts.store.operation_timeout)?,
             sweep_every: config.outbox_sweep,
         };
         let redelivery = parts

@@ -2,13 +2,14 @@
 //! completion, a commit of what it staged, a failure record or a release),
 //! and the delivery of a committed run's messages.
 
-use std::{sync::Mutex, time::Duration};
+use std::sync::Mutex;
 
 use tracing::Instrument;
 
 use super::{
     Engine,
-    run::{Progress, panic_message, won},
+    cutoff::Progress,
+    outcome::{lease_left, provisional_outcome, won},
 };
 use crate::{
     ErrorKind, HandlerResult, Record,
@@ -160,34 +161,6 @@ impl Engine {
         {
             outbox.deliver(entries).instrument(trace::send_span(entries.len())).await;
         }
-    }
-}
-
-/// Time until `lease` has ended, at least a second: when a record whose
-/// commit is unconfirmed may come back.
-fn lease_left(lease: &Lease, now_ms: u64) -> Duration {
-    Duration::from_millis(lease.lease_until_ms.saturating_sub(now_ms).max(1000))
-}
-
-/// What a handler's result means for its record before the write that
-/// records it is confirmed: the answer due at the deadline reports this. A
-/// handler that staged writes has done nothing until they commit.
-/// Error texts are capped ([`reason::capped`]).
-pub(super) fn provisional_outcome(
-    result: &std::thread::Result<HandlerResult>,
-    staged: &Staged,
-    lease: &Lease,
-    now_ms: u64,
-) -> Outcome {
-    let text = |error: &dyn std::fmt::Display| reason::capped(&error.to_string()).into_owned();
-    match result {
-        Ok(Ok(_)) if !staged.is_empty() => {
-            Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, now_ms) })
-        }
-        Ok(Ok(_)) => Outcome::Processed { confirmed: false },
-        Ok(Err(error)) if error.kind() == ErrorKind::Permanent => Outcome::Failed(Failure::Permanent(text(error))),
-        Ok(Err(error)) => Outcome::Failed(Failure::Retryable(text(error))),
-        Err(panic) => Outcome::Failed(Failure::Panicked(text(&panic_message(panic.as_ref())))),
     }
 }
 

@@ -13,17 +13,17 @@ use futures::{
     FutureExt,
     future::{BoxFuture, Shared},
 };
-use tokio::{
-    sync::{OwnedSemaphorePermit, Semaphore},
-    task::{AbortHandle, JoinHandle},
-    time::Instant,
-};
+use tokio::{sync::OwnedSemaphorePermit, task::JoinHandle, time::Instant};
 use tracing::Instrument;
 
-use super::{BatchState, Engine, finish::provisional_outcome};
+use super::{
+    BatchState, Engine,
+    cutoff::{HandlerSlots, Progress, Started},
+    outcome::{provisional_outcome, won},
+};
 use crate::{
     HandlerError, HandlerResult, Record,
-    claim::{Claim, ClaimRequest, Lease},
+    claim::{ClaimRequest, Lease},
     envelope::Opened,
     lock::lock,
     report::{Failure, Outcome},
@@ -52,21 +52,6 @@ pub(super) type KeyRun<'a> = Shared<BoxFuture<'a, RunResult>>;
 /// payload validation is on).
 pub(super) type Runs<'a> = Mutex<HashMap<String, (KeyRun<'a>, &'a str)>>;
 
-/// How far a key's run has got, as the answer at the deadline sees it.
-#[derive(Debug, Default)]
-pub(super) enum Progress {
-    /// Claiming, or running the handler.
-    #[default]
-    Running,
-    /// The claim is won and waits for a handler slot. The cut-off does not
-    /// cancel it: the run releases its claim itself, so that a redelivery
-    /// need not wait for the lease.
-    Waiting,
-    /// The handler returned: this is the key's outcome, whether or not the
-    /// write that records it is confirmed before the answer is due.
-    Returned(Outcome),
-}
-
 /// What the task that claims and runs the handler hands on.
 enum Step {
     /// The run ended without a handler's result to record (duplicate,
@@ -75,16 +60,6 @@ enum Step {
     /// The handler returned under `lease`: its result is to be recorded,
     /// with what it staged.
     Returned(Lease, std::thread::Result<HandlerResult>, Staged),
-}
-
-/// A key's run, as the cut-off finds it: the task claiming and running its
-/// handler, and how far it got.
-pub(super) struct Started {
-    pub(super) key: String,
-    pub(super) progress: Arc<Mutex<Progress>>,
-    /// The task, until it has finished: a handle kept longer would keep the
-    /// task's memory until the batch ends (a 10,000-record batch: 13 MB).
-    handler: Option<AbortHandle>,
 }
 
 impl Engine {
@@ -303,79 +278,4 @@ fn staged_whole(
         }
         (result, Err(_)) => (result, Staged::default()),
     }
-}
-
-/// The lease of a claim won, or the outcome of one that was not.
-pub(super) fn won(claim: Claim) -> Result<Lease, Outcome> {
-    Err(Outcome::Failed(match claim {
-        Claim::Won(lease) => return Ok(lease),
-        Claim::Duplicate { .. } => return Err(Outcome::Duplicate),
-        Claim::Conflict { retry_after } => Failure::Conflict { retry_after },
-        Claim::FailedBefore { error } => Failure::FailedBefore(error),
-        Claim::PayloadMismatch => Failure::PayloadMismatch,
-    }))
-}
-
-/// The handler slots of a batch: a run that has won its claim waits here.
-#[derive(Clone)]
-pub(super) struct HandlerSlots {
-    pub(super) free: Arc<Semaphore>,
-    pub(super) cutoff: Instant,
-}
-
-impl HandlerSlots {
-    /// A slot for a run whose claim is won, or `None` once the cut-off has
-    /// come. The run is `Waiting` meanwhile, and turns `Running` under the
-    /// same lock that [`cancel_running`] reads it with, after the cut-off:
-    /// either the cut-off cancels the handler, or the handler never starts.
-    pub(super) async fn take(&self, progress: &Mutex<Progress>) -> Option<OwnedSemaphorePermit> {
-        let slot = match Arc::clone(&self.free).try_acquire_owned() {
-            Ok(slot) => Some(slot),
-            Err(_) => {
-                *lock(progress) = Progress::Waiting;
-                tokio::select! {
-                    biased;
-                    slot = Arc::clone(&self.free).acquire_owned() => slot.ok(),
-                    () = tokio::time::sleep_until(self.cutoff) => None,
-                }
-            }
-        };
-        let mut progress = lock(progress);
-        let slot = slot.filter(|_| Instant::now() < self.cutoff);
-        *progress = if slot.is_some() { Progress::Running } else { Progress::Waiting };
-        slot
-    }
-}
-
-/// At the cut-off: cancels the runs whose handler has not returned (their
-/// claims keep their leases until the leases end), each logged with its key:
-/// a side effect the handler had begun may be half done, and a delivery
-/// after the lease runs the handler again (what it staged was never
-/// committed). A handler in the middle of a poll finishes it first, and if
-/// it returns then, its outcome counts. Returns how many were cancelled.
-pub(super) fn cancel_running(state: &BatchState) -> usize {
-    let started = lock(&state.started);
-    // A run that ended at its claim (a duplicate, a conflict) never left `Running`; its task has finished.
-    let running = started.iter().filter_map(|run| {
-        let handler = run.handler.as_ref().filter(|handler| !handler.is_finished())?;
-        matches!(*lock(&run.progress), Progress::Running).then_some((run, handler))
-    });
-    running
-        .map(|(run, handler)| {
-            handler.abort();
-            tracing::warn!(
-                key = %run.key,
-                "run cancelled at the cut-off: its claim keeps its lease, and a delivery after the lease runs the \
-                 handler again"
-            );
-        })
-        .count()
-}
-
-pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|message| (*message).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_owned())
 }

@@ -70,7 +70,7 @@ fn consumer(world: &Arc<World>, id: usize) -> Consumer {
     };
     let outbox = OutboxParts {
         destinations: Arc::new(Sender { link }),
-        times: OutboxTimes::default(),
+        times: OutboxTimes::both(Duration::from_secs(5)),
         sweep_every: Some(scenario.sweep_every),
     };
     let parts = EngineParts {

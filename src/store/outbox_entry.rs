@@ -1,5 +1,7 @@
 //! One message in the outbox, as the claim store keeps it, and its sending
-//! lease: a token and an end, so that one sender at a time sends it.
+//! lease: a token and an end, so that one sender at a time sends it. Here,
+//! beside the store that keeps it, rather than with the sending
+//! ([`crate::outbox`]), which reads and writes it through the store.
 //!
 //! The run that committed an entry holds its lease first; an entry whose
 //! lease has ended is taken over by a sweep with a write conditioned on the
@@ -13,7 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::{clock::duration_ms, transaction::Message};
 
 /// How long a sender holds an entry: the send and the deletion, each within
-/// its time ([`OutboxTimes`](super::OutboxTimes)), with room to spare. A
+/// its time ([`OutboxTimes`](crate::outbox::OutboxTimes)), with room to spare. A
 /// sender frozen or stopped longer than this leaves the entry to the next
 /// sweep.
 pub(crate) const SENDING_LEASE: Duration = Duration::from_secs(15);

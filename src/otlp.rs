@@ -121,8 +121,10 @@ impl Export {
     /// span stands for it, a child of Lambda's own trace) and the AWS SDK's
     /// and HTTP clients' inner spans.
     pub(crate) fn layer(&self) -> SpanLayer {
-        let recorded =
-            Targets::new().with_default(LevelFilter::INFO).with_target(super::TARGET, LevelFilter::DEBUG).with_targets(
+        let recorded = Targets::new()
+            .with_default(LevelFilter::INFO)
+            .with_target(crate::trace::TARGET, LevelFilter::DEBUG)
+            .with_targets(
                 ["lambda_runtime", "lambda_runtime_api_client", "aws_smithy_runtime", "aws_config", "hyper"]
                     .map(|target| (target, LevelFilter::OFF)),
             );

@@ -35,8 +35,8 @@ use tokio::{
 };
 
 use self::window::{Signal, Slot, Window};
-use super::StoreError;
 use crate::lock::lock;
+use crate::store::StoreError;
 
 mod window;
 

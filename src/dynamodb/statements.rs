@@ -30,11 +30,9 @@ use aws_sdk_dynamodb::{
     },
 };
 
+use super::batched::{BatchCall, Batcher};
 use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, described, n, open_partition, s, text};
-use crate::store::{
-    ClaimStatus, Finish, StoreError, StoredClaim,
-    batched::{BatchCall, Batcher},
-};
+use crate::store::{ClaimStatus, Finish, StoreError, StoredClaim};
 
 /// Requests of each kind on the wire at once until answers say otherwise
 /// (the batcher's window). Eight send the claims of a small batch in the

@@ -22,13 +22,15 @@ use std::{
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{
-    ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry,
-    items::{self, Change, Evaluated, Item, Place},
-    replaced_id, unchanged,
+use crate::{
+    lock::lock,
+    store::{
+        ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
+        OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry,
+        items::{self, Change, Evaluated, Item, Place},
+        replaced_id, unchanged,
+    },
 };
-use crate::lock::lock;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS claims (

@@ -32,12 +32,13 @@ use aws_sdk_dynamodb::{
 use futures::StreamExt;
 
 use self::statements::{Batches, Written};
-use super::{
+use crate::store::{
     ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
     OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry, replaced_id,
 };
 
 mod admin;
+mod batched;
 pub(crate) use admin::{Unusable, check_table};
 mod client;
 mod layout;
@@ -77,7 +78,7 @@ type Item = HashMap<String, AttributeValue>;
 /// # }
 /// ```
 ///
-#[doc = include_str!("../../docs/dynamodb.md")]
+#[doc = include_str!("../docs/dynamodb.md")]
 #[derive(Debug, Clone)]
 pub struct DynamoDbStore {
     client: Client,

@@ -10,7 +10,7 @@ use aws_config::{Region, SdkConfig};
 #[cfg(any(feature = "sns", feature = "eventbridge"))]
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
-use super::{Destinations, SendError};
+use crate::outbox::{Destinations, SendError};
 use crate::{
     lock::lock,
     sqs::{OutgoingMessage, Sqs},

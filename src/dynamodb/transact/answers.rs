@@ -17,10 +17,10 @@ use testkit::{
 
 use crate::{
     claim::{Claim, ClaimRequest, Claims, Lease},
+    dynamodb::tests::{fresh_table, store_through},
     store::{
         ClaimAdmin, ClaimQuery, ClaimStore, Committed, DynamoDbStore, Fenced, MemoryStore, OutboxQuery, OutboxStore,
         StoreError, StoredClaim, TableLayout,
-        dynamodb::tests::{fresh_table, store_through},
     },
     transaction::{Condition, Key, Message, Transaction, Update, Write},
 };
@@ -234,7 +234,7 @@ async fn a_commit_whose_claim_was_taken_over_is_refused_with_the_claim_returned(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_table_without_the_index_the_outbox_and_the_claims_are_read_whole_and_apart() {
-    let (client, _) = crate::store::dynamodb::client_from(&crate::aws::sdk_config().await);
+    let (client, _) = crate::dynamodb::client_from(&crate::aws::sdk_config().await);
     let table = testkit::dynamodb::plain_table("no-index", "id").await;
     let store = Arc::new(DynamoDbStore::new(client, TableLayout::new(&table)));
     let claims = Claims::new(store.clone());

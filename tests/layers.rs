@@ -1,0 +1,410 @@
+//! The crate's layers, checked on its source: an import never points up a
+//! layer, and no two modules import each other (directly or round a circle).
+//!
+//! The layers are the crates the library is being cut into: the core (the
+//! engine, claims, stores' interface, the outbox), DynamoDB (its store and the
+//! SDK clients' settings), the consumer (Lambda, `poll`, settings, the command
+//! line) and the scaffolder `new`. Keeping the one crate layered first is what
+//! lets it be cut without untangling anything. Test code (`#[cfg(test)]`
+//! modules and the files they declare) may reach anywhere and is left out.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt, fs,
+    path::{Path, PathBuf},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Layer {
+    Core,
+    DynamoDb,
+    Consumer,
+    Scaffolder,
+}
+
+/// Each module's layer, by its path in the crate; the longest prefix decides.
+/// A module missing here fails the test, so that a new one is placed on
+/// purpose.
+const LAYERS: &[(&str, Layer)] = &[
+    ("budget", Layer::Core),
+    ("claim", Layer::Core),
+    ("clock", Layer::Core),
+    ("engine", Layer::Core),
+    ("envelope", Layer::Core),
+    ("event", Layer::Core),
+    ("handler", Layer::Core),
+    ("key", Layer::Core),
+    ("lock", Layer::Core),
+    ("outbox", Layer::Core),
+    ("reason", Layer::Core),
+    ("record", Layer::Core),
+    ("report", Layer::Core),
+    ("store", Layer::Core),
+    ("testing::admin_suite", Layer::Core),
+    ("testing::claim_suite", Layer::Core),
+    ("testing::commit_suite", Layer::Core),
+    ("trace", Layer::Core),
+    ("transaction", Layer::Core),
+    ("aws", Layer::DynamoDb),
+    ("dynamodb", Layer::DynamoDb),
+    ("cli", Layer::Consumer),
+    ("config", Layer::Consumer),
+    ("consumer", Layer::Consumer),
+    ("destinations", Layer::Consumer),
+    ("lambda", Layer::Consumer),
+    ("logging", Layer::Consumer),
+    ("metrics", Layer::Consumer),
+    ("operator", Layer::Consumer),
+    ("otlp", Layer::Consumer),
+    ("poll", Layer::Consumer),
+    ("redelivery", Layer::Consumer),
+    ("sqlite", Layer::Consumer),
+    ("sqs", Layer::Consumer),
+    ("start", Layer::Consumer),
+    ("testing", Layer::Consumer),
+    ("cli::new", Layer::Scaffolder),
+];
+
+/// Imports up a layer that stay until the crate is cut, each with the reason.
+const UPWARD_ALLOWED: &[(&str, &str, &str)] = &[
+    (
+        "store",
+        "dynamodb",
+        "the public `store` module re-exports the DynamoDB store; the cut makes this the `sqs-once` facade",
+    ),
+    (
+        "store",
+        "sqlite",
+        "the public `store` module re-exports the SQLite store; the cut makes this the `sqs-once` facade",
+    ),
+    ("cli", "cli::new", "the command line declares `new`; the cut moves both to sqs-once-cli"),
+];
+
+/// A module of the crate: its path (`engine::run`) and file.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Module {
+    path: Vec<String>,
+    file: PathBuf,
+}
+
+impl fmt::Display for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() { f.write_str("crate") } else { f.write_str(&self.path.join("::")) }
+    }
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The crate's production modules, found by following `mod` declarations
+/// from `lib.rs`; `#[cfg(test)]` ones are left out with everything below them.
+fn modules() -> Vec<(Module, String)> {
+    let mut found = Vec::new();
+    let mut pending = vec![Module { path: Vec::new(), file: src().join("lib.rs") }];
+    while let Some(module) = pending.pop() {
+        let text =
+            fs::read_to_string(&module.file).unwrap_or_else(|error| panic!("{}: {error}", module.file.display()));
+        let code = production_code(&text);
+        for child in declared_modules(&code) {
+            let mut path = module.path.clone();
+            path.push(child.clone());
+            let file = child_file(&module, &child);
+            pending.push(Module { path, file });
+        }
+        found.push((module, code));
+    }
+    found.sort();
+    found
+}
+
+/// Where a child module's file is: beside `lib.rs` or `mod.rs`, else in the
+/// folder named after its parent's file.
+fn child_file(parent: &Module, child: &str) -> PathBuf {
+    let folder = match parent.file.file_name().and_then(|name| name.to_str()) {
+        Some("lib.rs" | "mod.rs") => parent.file.parent().map(Path::to_path_buf),
+        _ => Some(parent.file.with_extension("")),
+    }
+    .unwrap_or_else(src);
+    let flat = folder.join(format!("{child}.rs"));
+    if flat.exists() { flat } else { folder.join(child).join("mod.rs") }
+}
+
+/// The source without comments and without `#[cfg(test)]` items.
+fn production_code(text: &str) -> String {
+    let without_comments: String = text
+        .lines()
+        .map(|line| match line.find("//") {
+            Some(at) if !line[..at].contains('"') => &line[..at],
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = String::new();
+    let mut rest = without_comments.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        rest = skip_item(&rest[at + "#[cfg(test)]".len()..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The text after the item that starts `text`: up to its `;` or its balanced
+/// `{ … }`, whichever comes first.
+fn skip_item(text: &str) -> &str {
+    let mut depth = 0usize;
+    for (at, c) in text.char_indices() {
+        match c {
+            ';' if depth == 0 => return &text[at + 1..],
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return &text[at + 1..];
+                }
+            }
+            _ => {}
+        }
+    }
+    ""
+}
+
+/// `mod name;` declarations (with any visibility).
+fn declared_modules(code: &str) -> Vec<String> {
+    code.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let after = line.split_once("mod ")?;
+            let before = after.0.trim();
+            let visibility_only = before.is_empty() || before.starts_with("pub");
+            let name = after.1.strip_suffix(';')?.trim();
+            (visibility_only && is_ident(name)).then(|| name.to_string())
+        })
+        .collect()
+}
+
+fn is_ident(word: &str) -> bool {
+    !word.is_empty() && word.chars().all(|c| c.is_alphanumeric() || c == '_')
+}
+
+/// Every path the code names through `crate::` or `super::`, as paths from
+/// the crate's root, use-groups expanded.
+fn named_paths(module: &Module, code: &str) -> BTreeSet<Vec<String>> {
+    let mut paths = BTreeSet::new();
+    for (anchor, base) in
+        [("crate::", Vec::new()), ("super::", module.path[..module.path.len().saturating_sub(1)].to_vec())]
+    {
+        let mut rest = code;
+        while let Some(at) = rest.find(anchor) {
+            let preceded_by_ident =
+                rest[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+            rest = &rest[at + anchor.len()..];
+            if preceded_by_ident {
+                continue;
+            }
+            let (tree, _) = use_tree(rest);
+            for leaf in tree {
+                let mut path = base.clone();
+                path.extend(leaf);
+                paths.insert(path);
+            }
+        }
+    }
+    paths
+}
+
+/// The paths of a use tree (`a::b::{c, d::{e, f}}`) at the start of `text`,
+/// and the text after it.
+fn use_tree(text: &str) -> (Vec<Vec<String>>, &str) {
+    let mut prefix = Vec::new();
+    let mut rest = text.trim_start();
+    loop {
+        if let Some(inner) = rest.strip_prefix('{') {
+            let mut leaves = Vec::new();
+            let mut inside = inner;
+            loop {
+                inside = inside.trim_start();
+                if let Some(after) = inside.strip_prefix('}') {
+                    let paths = leaves
+                        .into_iter()
+                        .map(|leaf: Vec<String>| prefix.iter().cloned().chain(leaf).collect())
+                        .collect();
+                    return (paths, after);
+                }
+                if inside.is_empty() {
+                    return (vec![prefix], inside);
+                }
+                let (branch, after) = use_tree(inside);
+                leaves.extend(branch);
+                inside = after.trim_start().strip_prefix(',').unwrap_or(after);
+            }
+        }
+        let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
+        let (word, after) = rest.split_at(end);
+        if !word.is_empty() && word != "self" {
+            prefix.push(word.to_string());
+        }
+        match after.strip_prefix("::") {
+            Some(next) => rest = next.trim_start(),
+            None => return (vec![prefix], after),
+        }
+    }
+}
+
+/// The module a path lands in: its longest prefix that is a module.
+fn owner<'a>(path: &[String], modules: &'a BTreeMap<Vec<String>, Module>) -> Option<&'a Module> {
+    (1..=path.len()).rev().find_map(|n| modules.get(&path[..n]))
+}
+
+fn layer_of(module: &Module) -> Option<Layer> {
+    let name = module.to_string();
+    LAYERS
+        .iter()
+        .filter(|(prefix, _)| name == *prefix || name.starts_with(&format!("{prefix}::")))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, layer)| *layer)
+}
+
+/// Every import between two production modules: (from, to, the path named).
+fn imports() -> Vec<(Module, Module, String)> {
+    let found = modules();
+    let by_path: BTreeMap<Vec<String>, Module> =
+        found.iter().map(|(module, _)| (module.path.clone(), module.clone())).collect();
+    let mut edges = Vec::new();
+    for (module, code) in &found {
+        let children = declared_modules(code).into_iter().map(|child| {
+            let mut path = module.path.clone();
+            path.push(child);
+            path
+        });
+        for path in named_paths(module, code).into_iter().chain(children) {
+            if let Some(target) = owner(&path, &by_path)
+                && target != module
+            {
+                edges.push((module.clone(), target.clone(), path.join("::")));
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn every_module_has_a_layer() {
+    let unplaced: Vec<String> = modules()
+        .into_iter()
+        .map(|(module, _)| module)
+        .filter(|module| !module.path.is_empty() && layer_of(module).is_none())
+        .map(|module| module.to_string())
+        .collect();
+    assert!(unplaced.is_empty(), "modules with no layer in tests/layers.rs: {unplaced:?}");
+}
+
+#[test]
+fn no_import_points_up_a_layer() {
+    let mut upward = Vec::new();
+    for (from, to, named) in imports() {
+        let (Some(lower), Some(higher)) = (layer_of(&from), layer_of(&to)) else {
+            continue;
+        };
+        let allowed = UPWARD_ALLOWED.iter().any(|(a, b, _)| from.to_string() == *a && to.to_string() == *b);
+        if higher > lower && !allowed {
+            upward.push(format!("{from} ({lower:?}) imports {named} ({higher:?}), in {}", from.file.display()));
+        }
+    }
+    assert!(upward.is_empty(), "imports up a layer:\n{}", upward.join("\n"));
+}
+
+/// Modules import each other in a circle when, at the level where their
+/// paths part, each side reaches the other (`engine::run` and
+/// `engine::finish`; `report` and `store` through `transaction`).
+#[test]
+fn no_import_circle() {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut examples: BTreeMap<(String, String), String> = BTreeMap::new();
+    for (from, to, named) in imports() {
+        if UPWARD_ALLOWED.iter().any(|(a, b, _)| from.to_string() == *a && to.to_string() == *b) {
+            continue;
+        }
+        let shared = from.path.iter().zip(&to.path).take_while(|(a, b)| a == b).count();
+        if shared == from.path.len() || shared == to.path.len() {
+            continue; // a parent and its own child
+        }
+        let a = from.path[..=shared].join("::");
+        let b = to.path[..=shared].join("::");
+        examples.entry((a.clone(), b.clone())).or_insert(format!("{from} names {named}"));
+        graph.entry(a).or_default().insert(b);
+    }
+    let circles = strongly_connected(&graph);
+    let described: Vec<String> = circles
+        .iter()
+        .map(|circle| {
+            let edges: Vec<&String> = examples
+                .iter()
+                .filter(|((a, b), _)| circle.contains(a) && circle.contains(b))
+                .map(|(_, example)| example)
+                .collect();
+            format!("{circle:?}: {edges:?}")
+        })
+        .collect();
+    assert!(described.is_empty(), "import circles:\n{}", described.join("\n"));
+}
+
+/// Tarjan's strongly connected components of more than one node.
+fn strongly_connected(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    struct Search<'g> {
+        graph: &'g BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        found: Vec<BTreeSet<String>>,
+    }
+    impl<'g> Search<'g> {
+        fn visit(&mut self, node: &'g str) {
+            let at = self.index.len();
+            self.index.insert(node, at);
+            self.low.insert(node, at);
+            self.stack.push(node);
+            for next in self.graph.get(node).into_iter().flatten() {
+                if !self.index.contains_key(next.as_str()) {
+                    self.visit(next);
+                    let low = self.low[node].min(self.low[next.as_str()]);
+                    self.low.insert(node, low);
+                } else if self.stack.contains(&next.as_str()) {
+                    let low = self.low[node].min(self.index[next.as_str()]);
+                    self.low.insert(node, low);
+                }
+            }
+            if self.low[node] == self.index[node] {
+                let mut component = BTreeSet::new();
+                while let Some(top) = self.stack.pop() {
+                    component.insert(top.to_string());
+                    if top == node {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut search =
+        Search { graph, index: BTreeMap::new(), low: BTreeMap::new(), stack: Vec::new(), found: Vec::new() };
+    for node in graph.keys() {
+        if !search.index.contains_key(node.as_str()) {
+            search.visit(node);
+        }
+    }
+    search.found
+}
+
+#[test]
+fn use_trees_expand_to_every_path() {
+    let (paths, rest) = use_tree("{a::{b, c::d}, e, self}; rest");
+    let paths: Vec<String> = paths.iter().map(|path| path.join("::")).collect();
+    assert_eq!(paths, ["a::b", "a::c::d", "e", ""]);
+    assert_eq!(rest, "; rest");
+    let code = production_code("use crate::a;\n#[cfg(test)]\nmod tests { use crate::b; }\n// crate::c\n");
+    assert!(code.contains("crate::a") && !code.contains("crate::b") && !code.contains("crate::c"));
+}
