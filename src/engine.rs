@@ -47,7 +47,7 @@ use crate::{
     clock::{duration_ms, epoch_ms},
     envelope::{EnvelopeKind, Opened},
     event::EventRecord,
-    handler::BoxHandler,
+    handler::{BoxHandler, Handler},
     key::Keys,
     lock::lock,
     outbox::Outbox,

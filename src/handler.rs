@@ -146,17 +146,60 @@ where
     }
 }
 
-/// A type-erased, shareable handler, so that the engine and the command
-/// line are compiled once, not once per handler type.
-pub(crate) type BoxHandler = Arc<dyn DynHandler>;
+/// Any handler, its type forgotten: the handler behind one name, chosen at
+/// run time (by a setting, from a registry of handlers), as tower's
+/// `BoxService` is any service. The engine holds every handler so, which is
+/// why it and the command line are compiled once, not once per handler type.
+/// Cloning shares the handler.
+///
+/// ```
+/// use sqs_once::{BoxHandler, HandlerError, handler_fn};
+///
+/// fn chosen(name: &str) -> Option<BoxHandler> {
+///     match name {
+///         "accept" => Some(BoxHandler::new(handler_fn(|_| async { Ok(None) }))),
+///         "refuse" => Some(BoxHandler::new(handler_fn(|_| async {
+///             Err(HandlerError::permanent("refused"))
+///         }))),
+///         _ => None,
+///     }
+/// }
+/// # fn is_handler(_: &impl sqs_once::Handler) {}
+/// # is_handler(&chosen("accept").unwrap());
+/// ```
+#[derive(Clone)]
+pub struct BoxHandler(Arc<dyn DynHandler>);
+
+impl BoxHandler {
+    /// `handler`, its type forgotten.
+    pub fn new(handler: impl Handler) -> Self {
+        Self(Arc::new(handler))
+    }
+}
+
+impl fmt::Debug for BoxHandler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BoxHandler")
+    }
+}
+
+impl Handler for BoxHandler {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        self.0.handle_boxed(record).await
+    }
+
+    fn stages_every_effect(&self) -> bool {
+        self.0.stages_every_effect()
+    }
+}
 
 /// The handler, built when a command that runs one awaits it; an error is
 /// the reason it cannot start.
 pub(crate) type BuildHandler<'a> = LocalBoxFuture<'a, Result<BoxHandler, String>>;
 
-/// Object-safe form of [`Handler`], implemented for every handler, so that a
-/// handler chosen at run time can drive the engine.
-pub(crate) trait DynHandler: Send + Sync + 'static {
+/// Object-safe form of [`Handler`], implemented for every handler: what a
+/// [`BoxHandler`] holds.
+trait DynHandler: Send + Sync + 'static {
     /// [`Handler::handle`] with its future boxed.
     fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult>;
 

@@ -153,6 +153,6 @@ mod trace;
 pub mod transaction;
 
 pub use consumer::Consumer;
-pub use handler::{ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
+pub use handler::{BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
 pub use record::Record;
 pub use start::{run, run_with};

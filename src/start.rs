@@ -1,7 +1,7 @@
 //! How a consumer binary starts: the Lambda function inside Lambda, the
 //! command line outside it.
 
-use std::{fmt::Display, process::ExitCode, sync::Arc};
+use std::{fmt::Display, process::ExitCode};
 
 use futures::FutureExt;
 
@@ -89,7 +89,7 @@ impl Builder {
     /// Lambda function inside Lambda, the command line outside it
     /// ([`crate::run`] is this with every part from the environment).
     pub async fn run(self, handler: impl Handler) -> ExitCode {
-        let handler: BoxHandler = Arc::new(handler);
+        let handler = BoxHandler::new(handler);
         self.serve(async move { Ok(handler) }.boxed_local()).await
     }
 
@@ -103,7 +103,7 @@ impl Builder {
     {
         let handler = async move {
             let handler = build().await.map_err(|error| format!("the handler cannot start: {error}"))?;
-            Ok(Arc::new(handler) as BoxHandler)
+            Ok(BoxHandler::new(handler))
         };
         self.serve(handler.boxed_local()).await
     }

@@ -67,7 +67,7 @@ use async_trait::async_trait;
 use aws_lambda_events::sqs::SqsMessage;
 
 use crate::{
-    Handler, Record,
+    BoxHandler, Handler, Record,
     config::Config,
     engine::{Engine, EngineParts, Invocation, OutboxParts},
     event::EventRecord,
@@ -171,7 +171,7 @@ pub struct TestConsumer {
 /// What a [`TestConsumer`]'s engine is built from.
 #[derive(Clone)]
 struct Setup {
-    handler: crate::handler::BoxHandler,
+    handler: BoxHandler,
     store: Arc<dyn ClaimStore>,
     memory: Option<Arc<MemoryStore>>,
     destinations: Arc<Recorded>,
@@ -206,7 +206,7 @@ impl Setup {
             outbox: Some(outbox),
             ..EngineParts::new(Arc::clone(&self.store), config.keys)
         }
-        .engine(Arc::clone(&self.handler))
+        .engine(self.handler.clone())
     }
 }
 
@@ -221,7 +221,7 @@ impl TestConsumer {
     pub fn new(handler: impl Handler) -> Self {
         let memory = Arc::new(MemoryStore::default());
         let setup = Setup {
-            handler: Arc::new(handler),
+            handler: BoxHandler::new(handler),
             store: Arc::clone(&memory) as Arc<dyn ClaimStore>,
             memory: Some(memory),
             destinations: Arc::new(Recorded::default()),

@@ -2,11 +2,10 @@
 //! and the registry that names them.
 //!
 //! To add one: write `handlers/src/<name>.rs` with a type implementing
-//! [`Handler`], declare the module below, and add a line to [`REGISTRY`].
+//! [`Handler`](sqs_once::Handler), declare the module below, and add a line to [`REGISTRY`].
 //! `SQS_ONCE_HANDLER=<name>` then selects it.
 
-use futures::future::BoxFuture;
-use sqs_once::{Handler, HandlerResult, Record};
+use sqs_once::BoxHandler;
 
 pub mod demo;
 pub mod ledger;
@@ -14,59 +13,17 @@ pub mod orders;
 
 /// Builds a handler at start; a handler that needs a resource it cannot get
 /// (a file, a client) says why, and the process does not start.
-pub type Constructor = fn() -> Result<Chosen, String>;
+pub type Constructor = fn() -> Result<BoxHandler, String>;
 
 /// Every handler by name, with the function that builds it at start.
 pub const REGISTRY: &[(&str, Constructor)] = &[
-    ("demo", || Ok(Chosen::new(demo::Demo::from_env()?))),
-    ("ledger", || Ok(Chosen::new(ledger::Ledger::from_env()?))),
-    ("orders", || Ok(Chosen::new(orders::Orders))),
+    ("demo", || Ok(BoxHandler::new(demo::Demo::from_env()?))),
+    ("ledger", || Ok(BoxHandler::new(ledger::Ledger::from_env()?))),
+    ("orders", || Ok(BoxHandler::new(orders::Orders))),
 ];
 
 /// The handler the bundled binary runs when `SQS_ONCE_HANDLER` is not set.
 pub const DEFAULT: &str = "demo";
-
-/// A handler chosen by name at start, whichever type it is.
-pub struct Chosen(Box<dyn Erased>);
-
-impl Chosen {
-    /// `handler`, its type forgotten.
-    pub fn new(handler: impl Handler) -> Self {
-        Self(Box::new(handler))
-    }
-}
-
-impl std::fmt::Debug for Chosen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Chosen")
-    }
-}
-
-impl Handler for Chosen {
-    async fn handle(&self, record: &Record) -> HandlerResult {
-        self.0.handle_boxed(record).await
-    }
-
-    fn stages_every_effect(&self) -> bool {
-        self.0.stages_every_effect()
-    }
-}
-
-/// [`Handler`] as a trait object: its future boxed.
-trait Erased: Send + Sync {
-    fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult>;
-    fn stages_every_effect(&self) -> bool;
-}
-
-impl<H: Handler> Erased for H {
-    fn handle_boxed<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, HandlerResult> {
-        Box::pin(self.handle(record))
-    }
-
-    fn stages_every_effect(&self) -> bool {
-        Handler::stages_every_effect(self)
-    }
-}
 
 /// Why the configured handler could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,7 +47,7 @@ pub fn names() -> Vec<&'static str> {
 }
 
 /// Builds the handler `SQS_ONCE_HANDLER` names ([`DEFAULT`] when unset).
-pub fn from_env() -> Result<Chosen, HandlerSetupError> {
+pub fn from_env() -> Result<BoxHandler, HandlerSetupError> {
     let name = std::env::var("SQS_ONCE_HANDLER").ok().filter(|name| !name.trim().is_empty());
     build(name.as_deref().unwrap_or(DEFAULT))
 }
@@ -102,7 +59,7 @@ pub fn from_env() -> Result<Chosen, HandlerSetupError> {
 /// let error = sqs_once_handlers::build("nope").err().unwrap();
 /// assert!(error.to_string().contains("demo, ledger, orders"));
 /// ```
-pub fn build(name: &str) -> Result<Chosen, HandlerSetupError> {
+pub fn build(name: &str) -> Result<BoxHandler, HandlerSetupError> {
     let (_, constructor) = REGISTRY
         .iter()
         .find(|(registered, _)| *registered == name)

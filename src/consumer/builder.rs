@@ -245,7 +245,7 @@ impl Builder {
 
     /// The consumer of `handler`, its parts assembled.
     pub async fn build(self, handler: impl Handler) -> Result<Consumer, StartupError> {
-        Ok(self.assemble(Arc::new(handler), Uses::default()).await?.0)
+        Ok(self.assemble(BoxHandler::new(handler), Uses::default()).await?.0)
     }
 
     /// The layers given, to wrap the Lambda function's service in.

@@ -17,7 +17,7 @@ use super::{
     layout::OPEN_SHARDS,
 };
 use crate::{
-    Handler, HandlerResult, Record,
+    BoxHandler, Handler, HandlerResult, Record,
     claim::{Claim, ClaimPolicy, ClaimRequest, Claims},
     clock::{Clock, SystemClock},
     engine::{Engine, EngineParts, Invocation, tests::Directed},
@@ -65,7 +65,7 @@ async fn fresh_table_with(
 
 fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> Engine {
     let keys = Keys::new("body.key", "test").unwrap();
-    EngineParts { policy, ..EngineParts::new(Arc::new(store), keys) }.engine(Arc::new(handler))
+    EngineParts { policy, ..EngineParts::new(Arc::new(store), keys) }.engine(BoxHandler::new(handler))
 }
 
 async fn run(engine: &Engine, records: &[Value]) -> BatchReport {
@@ -408,7 +408,7 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
     let store = store_through(&proxy, TableLayout::new(table)).await;
     let keys = Keys::new("body.key", "test").unwrap().hashed(false);
     let handler = Directed::default();
-    let engine = EngineParts::new(Arc::new(store), keys).engine(Arc::new(handler.clone()));
+    let engine = EngineParts::new(Arc::new(store), keys).engine(BoxHandler::new(handler.clone()));
 
     let bodies = (0..30).map(|n| json!({"key": format!("{}-{n}", ["done", "held", "free"][n % 3])}));
     let report = run(&engine, &testkit::records(bodies)).await;
@@ -627,7 +627,7 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
     let (store, requests) = fresh_table().await;
     // Keys stored as they are, so that one can be longer than DynamoDB's 2,048-byte partition key.
     let keys = Keys::new("body.key", "test").unwrap().hashed(false);
-    let engine = EngineParts::new(Arc::new(store.clone()), keys).engine(Arc::new(FailsWithItsText));
+    let engine = EngineParts::new(Arc::new(store.clone()), keys).engine(BoxHandler::new(FailsWithItsText));
     let long_key = "k".repeat(3000);
     let mut bodies: Vec<Value> = (0..20).map(|n| json!({ "key": format!("ok-{n}") })).collect();
     bodies.push(json!({ "key": "huge-error", "error": "e".repeat(1 << 20) }));

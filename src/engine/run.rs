@@ -22,7 +22,7 @@ use super::{
     outcome::{provisional_outcome, won},
 };
 use crate::{
-    HandlerError, HandlerResult, Record,
+    Handler, HandlerError, HandlerResult, Record,
     claim::{ClaimRequest, Lease},
     envelope::Opened,
     lock::lock,
@@ -247,7 +247,7 @@ impl Engine {
         };
         // Called inside the caught future, so that a handler that panics while
         // it builds its future (before its first await) is caught as well.
-        let handling = async { self.inner.handler.handle_boxed(record).await }.instrument(trace::handler_span());
+        let handling = async { self.inner.handler.handle(record).await }.instrument(trace::handler_span());
         let result = AssertUnwindSafe(handling).catch_unwind().await;
         // What the handler staged is committed only if it succeeded, and
         // only whole: a part refused at staging fails the run.

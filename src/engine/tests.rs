@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::{
-    Handler, HandlerError, HandlerResult, Record,
+    BoxHandler, Handler, HandlerError, HandlerResult, Record,
     budget::Margins,
     claim::ClaimPolicy,
     clock::{Clock, SystemClock},
@@ -65,7 +65,7 @@ impl Setup {
     fn engine(self, handler: impl Handler) -> Engine {
         let keys = Keys::new(self.key, "test").unwrap().hashed(false).on_missing(self.on_missing);
         let Self { store, policy, options, clock, .. } = self;
-        EngineParts { policy, options, clock, ..EngineParts::new(store, keys) }.engine(Arc::new(handler))
+        EngineParts { policy, options, clock, ..EngineParts::new(store, keys) }.engine(BoxHandler::new(handler))
     }
 }
 

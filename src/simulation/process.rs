@@ -20,6 +20,7 @@ use super::{
     world::{Life, Mode, World},
 };
 use crate::{
+    BoxHandler,
     budget::LEAVING_TIME,
     claim::ClaimPolicy,
     clock::Clock,
@@ -84,7 +85,7 @@ fn consumer(world: &Arc<World>, id: usize) -> Consumer {
         outbox: Some(outbox),
         ..EngineParts::new(store, Keys::new("body.id", "sim").expect("a valid key").hashed(false))
     };
-    Consumer::of(parts.engine(Arc::new(SimHandler { world: Arc::clone(world) })))
+    Consumer::of(parts.engine(BoxHandler::new(SimHandler { world: Arc::clone(world) })))
 }
 
 /// The records of an invocation's `deliveries`, each carrying the
