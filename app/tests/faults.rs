@@ -13,7 +13,7 @@
 //!   the SQS server's deletes and visibility changes failing too.
 //!
 //! Each time, every key's handler must have run exactly once and no message
-//! may be lost, but where the README says a key runs again: its completion
+//! may be lost, but where docs/guarantees.md says a key runs again: its completion
 //! still unconfirmed as its process left for good, or its run cancelled at
 //! the cut-off while its handler was under way. `SQS_ONCE_FAULTS_KEYS`, `SQS_ONCE_FAULTS_RATE` and
 //! `SQS_ONCE_FAULTS_SEEDS` make the invoke rounds heavier (`bench/soak`);
@@ -63,7 +63,7 @@ fn logged_keys(dir: &Path, marker: &str) -> HashSet<String> {
 }
 
 /// The stored keys whose finishing writes a process still had unconfirmed
-/// as it left: the window the README names, where a copy after the lease
+/// as it left: the window docs/guarantees.md names, where a copy after the lease
 /// runs a key again.
 fn left_unconfirmed(dir: &Path) -> HashSet<String> {
     logged_keys(dir, "still unconfirmed as the process leaves")
@@ -169,7 +169,7 @@ async fn drain_by_rounds(keys: usize, rate: f64, seed: u64, batching: bool) -> V
     assert!(pending.is_empty(), "messages never processed: {report}");
     assert_eq!(after_first_drain.1, keys, "messages that left the queue without their handler running: {report}");
     assert!(copies.is_empty(), "copies after success never reported successful: {report}");
-    // A key may run again only where the README says: its completion still unconfirmed when its process
+    // A key may run again only where docs/guarantees.md says: its completion still unconfirmed when its process
     // left for good, and a copy delivered after the lease; or its run cancelled at the cut-off with its
     // handler under way (one in ten sleeps 200 ms after its side effect began).
     assert!(unexplained.is_empty(), "keys whose handler ran twice: {unexplained:?}\n{report}");

@@ -28,7 +28,7 @@ fn a_new_crate_is_the_example_with_a_manifest_template_and_event_around_it() {
     let manifest = read("Cargo.toml");
     assert!(manifest.contains("name = \"payments\""), "{manifest}");
     assert!(manifest.contains("panic = \"unwind\""), "{manifest}");
-    // As the bundled binary: mimalloc without transparent huge pages, on one thread (README, "Runtime", "Allocator").
+    // As the bundled binary: mimalloc without transparent huge pages, on one thread (docs/lambda.md, "Features, runtime and allocator").
     assert!(manifest.contains(r#"mimalloc = { version = "0.1", default-features = false, features = ["no_thp"] }"#));
     let main = read("src/main.rs");
     assert!(main.contains("#[global_allocator]\nstatic ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;"), "{main}");
