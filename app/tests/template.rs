@@ -109,7 +109,7 @@ fn the_event_source_reports_batch_item_failures() {
             work["Properties"]["FunctionResponseTypes"],
             Value::Sequence(vec!["ReportBatchItemFailures".into()])
         );
-        for parameter in ["BatchSize", "MaximumConcurrency"] {
+        for parameter in ["BatchSize", "MaximumConcurrency", "MinimumPollers", "MaximumPollers", "EventSourceMetrics"] {
             assert!(template["Parameters"].get(parameter).is_some(), "{parameter} is not a parameter");
         }
     }
