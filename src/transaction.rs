@@ -60,14 +60,16 @@ pub(crate) fn item_size(item: &serde_json::Map<String, serde_json::Value>) -> us
 use crate::{HandlerError, lock::lock, trace::TraceContext};
 
 /// Most actions in one transaction, the claim's completion included
-/// (DynamoDB's limit for `TransactWriteItems`).
+/// (DynamoDB's limit for `TransactWriteItems`:
+/// docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html).
 pub const MAX_ITEMS: usize = 100;
 
-/// Most bytes in one transaction (DynamoDB: 4 MB in all); room for the
-/// claim's item, which may carry a stored result, is kept back.
+/// Most bytes in one transaction (DynamoDB: 4 MB in all, on the same page);
+/// room for the claim's item, which may carry a stored result, is kept back.
 pub const MAX_BYTES: usize = 4_000_000;
 
-/// Most bytes in one item (DynamoDB: 400 KB).
+/// Most bytes in one item (DynamoDB: 400 KB, attribute names and values,
+/// on the same page).
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 
 /// A staging limit a handler would breach, found before anything is sent.

@@ -294,7 +294,8 @@ const MAX_SNS_BYTES: usize = 256 * 1024;
 /// 2026, 256 KiB before (docs.aws.amazon.com/eventbridge/latest/userguide/calculate-putevents-entry-size.html).
 const MAX_EVENT_BYTES: usize = 1024 * 1024;
 
-/// What an outbox item may hold of a message: a DynamoDB item holds 400 KB,
+/// What an outbox item may hold of a message: a DynamoDB item holds 400 KB
+/// ([`MAX_ITEM_BYTES`](crate::transaction::MAX_ITEM_BYTES)),
 /// and room is kept for the entry's ids (the claim's, twice, may be 2 KB
 /// each), its tokens and the attributes' names.
 const MAX_STORED_BYTES: usize = 400 * 1024 - 8 * 1024;
