@@ -25,12 +25,12 @@ use crate::{
     budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
     config::{self, Config, StoreChoice},
-    consumer::{Builder, Parts, Uses},
+    consumer::{Builder, CommandParts, Needs},
     engine::Invocation,
     event::{Invoked, parse_invocation},
     handler::BuildHandler,
     logging,
-    metrics::{Extra, emf_line},
+    metrics::{Counters, emf_line},
     operator::{Operator, Verdict, timestamp},
     outbox::{Destinations, Outbox, OutboxTimes},
     poll::{PollOptions, Poller},
@@ -280,7 +280,7 @@ async fn invoke(
         }
     })?;
     let handler = handler.await.map_err(anyhow::Error::msg)?;
-    let (consumer, _) = builder.assemble(handler, Uses::default()).await?;
+    let (consumer, _) = builder.assemble(handler, Needs::default()).await?;
     let invocation = Invocation {
         deadline: SystemTime::now() + timeout,
         request_id: format!("invoke-{}", uuid::Uuid::new_v4().simple()),
@@ -293,7 +293,7 @@ async fn invoke(
             if metrics {
                 eprintln!(
                     "{}",
-                    emf_line(&consumer.metrics, &BatchReport::default(), consumer.extra(), SystemClock.now_ms())
+                    emf_line(&consumer.metrics, &BatchReport::default(), consumer.counters(), SystemClock.now_ms())
                 );
             }
             return Ok(None);
@@ -304,8 +304,8 @@ async fn invoke(
     // Writes that did not land before the answer land before the process leaves, if they can.
     consumer.leave(tokio::time::Instant::now() + LEAVING_TIME).await;
     if metrics {
-        let extra = Extra { redelivery: processed.redelivery, ..consumer.extra() };
-        eprintln!("{}", emf_line(&consumer.metrics, &processed.report, extra, SystemClock.now_ms()));
+        let counters = Counters { redelivery: processed.redelivery, ..consumer.counters() };
+        eprintln!("{}", emf_line(&consumer.metrics, &processed.report, counters, SystemClock.now_ms()));
     }
     Ok(None)
 }
@@ -319,7 +319,7 @@ async fn poll(
 ) -> anyhow::Result<Option<ExitCode>> {
     let shutdown = crate::poll::interrupted();
     let handler = handler.await.map_err(anyhow::Error::msg)?;
-    let (consumer, sqs) = builder.assemble(handler, Uses { queue: true, ..Uses::default() }).await?;
+    let (consumer, sqs) = builder.assemble(handler, Needs { queue: true, ..Needs::default() }).await?;
     let sqs = sqs.context("no SQS client to receive with")?;
     let poller =
         Poller::new(consumer, sqs, &queue_url, options).await.with_context(|| format!("cannot poll {queue_url}"))?;
@@ -354,12 +354,12 @@ async fn claims(command: ClaimsCommand, builder: Builder) -> anyhow::Result<Opti
     // One request at a time: nothing to batch, and no batch permissions needed.
     let mut builder = builder.adjust(|config| config.dynamodb_batching = false)?;
     let config = builder.settings()?;
-    let parts = builder.parts(&config, Uses::default()).await?;
+    let parts = builder.parts(&config, Needs::default()).await?;
     let target = parts.store.target.clone();
     claims_in(command, config, parts).await.with_context(|| format!("claims in {target}"))
 }
 
-async fn claims_in(command: ClaimsCommand, config: Config, parts: Parts) -> anyhow::Result<Option<ExitCode>> {
+async fn claims_in(command: ClaimsCommand, config: Config, parts: CommandParts) -> anyhow::Result<Option<ExitCode>> {
     let times = crate::consumer::outbox_times(parts.send_time, parts.store.operation_timeout)?;
     let store = parts.store.store;
     let operator = Operator::new(Arc::clone(&store), Arc::new(SystemClock), config.claims.expires_after)?;

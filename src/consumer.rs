@@ -17,16 +17,16 @@ pub use crate::{engine::Invocation, redelivery::RedeliveryCounts};
 mod builder;
 
 #[cfg(feature = "cli")]
-pub(crate) use builder::Parts;
+pub(crate) use builder::CommandParts;
 pub use builder::{Builder, LambdaService};
-pub(crate) use builder::{Layers, Uses};
+pub(crate) use builder::{Layers, Needs};
 
 use crate::{
     config::ConfigError,
     dynamodb::RequestCounter,
     engine::Engine,
     event::EventRecord,
-    metrics::{Extra, MetricsConfig, TraceExportCounts},
+    metrics::{Counters, MetricsConfig, TraceExportCounts},
     redelivery::Redelivery,
     report::BatchReport,
     store::StoreError,
@@ -235,12 +235,12 @@ impl Consumer {
 
     /// The counts metrics take from outside the batch report, since start,
     /// and the outbox's age if a sweep measured it since the last call.
-    pub(crate) fn extra(&self) -> Extra {
+    pub(crate) fn counters(&self) -> Counters {
         let outbox = self.engine.outbox();
         let count = |counter: fn(&crate::outbox::OutboxCounters) -> &std::sync::atomic::AtomicU64| {
             outbox.map_or(0, |outbox| counter(outbox.counters()).load(Ordering::Relaxed))
         };
-        Extra {
+        Counters {
             lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
             completions_landed_later: self.engine.claims().counters().landed_later.load(Ordering::Relaxed),
             writes_given_up: self.engine.claims().writes_given_up(),

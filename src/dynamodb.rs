@@ -138,14 +138,14 @@ impl DynamoDbStore {
 // large, though with batching on the common path needs a tenth of it.
 #[async_trait]
 impl ClaimStore for DynamoDbStore {
-    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, claim: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         if let Some(batches) = self.batched()
-            && let Some(outcome) = batches.or_single(self.put_batched(batches, record, now_ms).await)
+            && let Some(outcome) = batches.or_single(self.put_batched(batches, claim, now_ms).await)
             && let Some(outcome) = outcome?
         {
             return Ok(outcome);
         }
-        Box::pin(self.put_one(record, now_ms)).await
+        Box::pin(self.put_one(claim, now_ms)).await
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {

@@ -26,12 +26,12 @@ use runtime_api::report_init_error;
 use crate::{
     clock::{Clock, SystemClock},
     config::LAMBDA_RUNTIME_API,
-    consumer::{Builder, Consumer, LambdaService, Layers, Uses},
+    consumer::{Builder, Consumer, LambdaService, Layers, Needs},
     engine::{Engine, Invocation},
     event::{InvalidEvent, Invoked, parse_invocation},
     handler::BuildHandler,
     lock::lock,
-    metrics::{Extra, TraceExportCounts, emf_line},
+    metrics::{Counters, TraceExportCounts, emf_line},
     redelivery::RedeliveryCounts,
     report::BatchReport,
     trace::TraceContext,
@@ -72,7 +72,7 @@ impl From<InvalidEvent> for Diagnostic {
 struct Function {
     consumer: Consumer,
     /// Counters at the end of the previous invocation, to publish deltas.
-    seen: Mutex<Extra>,
+    seen: Mutex<Counters>,
 }
 
 /// Starts the function: reads the settings, builds the handler and the
@@ -86,7 +86,7 @@ pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result
             return Err(refusal);
         }
         let handler = handler.await?;
-        let assembled = builder.assemble(handler, Uses::default()).await;
+        let assembled = builder.assemble(handler, Needs::default()).await;
         assembled.map(|(consumer, _)| consumer).map_err(|error| crate::reason::with_causes(&error))
     };
     let consumer = match started.await {
@@ -110,7 +110,7 @@ async fn run(consumer: Consumer, layers: Option<Layers>) -> Result<(), lambda_ru
         // Still in the init phase: the first batch finds its connections open.
         consumer.engine.claims().connect(CONNECT_WITHIN).await;
     }
-    let function = Arc::new(Function { consumer, seen: Mutex::new(Extra::default()) });
+    let function = Arc::new(Function { consumer, seen: Mutex::new(Counters::default()) });
     let invoked = Arc::clone(&function);
     let service = service_fn(move |event: LambdaEvent<Event>| {
         let function = Arc::clone(&function);
@@ -225,18 +225,18 @@ impl Function {
     fn publish(&self, report: &BatchReport, redelivery: Option<RedeliveryCounts>) {
         let metrics = &self.consumer.metrics;
         if metrics.enabled {
-            let extra = Extra { redelivery, ..self.delta() };
-            println!("{}", emf_line(metrics, report, extra, SystemClock.now_ms()));
+            let counters = Counters { redelivery, ..self.delta() };
+            println!("{}", emf_line(metrics, report, counters, SystemClock.now_ms()));
         }
     }
 
     /// Counters gathered since the previous metrics line. Read under the
     /// lock, so that the lines of invocations running at once (Lambda
     /// Managed Instances) each take their own share and add up exactly.
-    fn delta(&self) -> Extra {
+    fn delta(&self) -> Counters {
         let mut seen = lock(&self.seen);
-        let now = self.consumer.extra();
-        let delta = Extra {
+        let now = self.consumer.counters();
+        let delta = Counters {
             lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
             completions_landed_later: now.completions_landed_later - seen.completions_landed_later,
             writes_given_up: now.writes_given_up - seen.writes_given_up,

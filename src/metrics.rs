@@ -24,7 +24,7 @@ impl Default for MetricsConfig {
 
 /// Counts that come from outside the batch report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Extra {
+pub(crate) struct Counters {
     /// Finishing writes refused because a lease was taken over.
     pub lease_takeovers_refused: u64,
     /// Finishing writes unconfirmed when first sent that landed when sent
@@ -76,7 +76,7 @@ const COUNTS: &[(&str, &[&str])] = &[
 ];
 
 /// The EMF line for one invocation.
-pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extra, timestamp_ms: u64) -> String {
+pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, counters: Counters, timestamp_ms: u64) -> String {
     let counts = report.counts();
     let mut values = Map::new();
     let mut metrics = Vec::new();
@@ -91,23 +91,23 @@ pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, extra: Extr
     for (name, labels) in COUNTS {
         put(name, "Count", labels.iter().map(|label| counts.get(label).copied().unwrap_or(0)).sum::<usize>().into());
     }
-    put("LeaseTakeoversRefused", "Count", extra.lease_takeovers_refused.into());
-    put("CompletionsLandedLater", "Count", extra.completions_landed_later.into());
-    put("WritesGivenUp", "Count", extra.writes_given_up.into());
-    put("OutboxSent", "Count", extra.outbox_sent.into());
-    put("OutboxFailed", "Count", extra.outbox_failed.into());
-    put("OutboxRefused", "Count", extra.outbox_refused.into());
-    if let Some(age) = extra.outbox_oldest_age {
+    put("LeaseTakeoversRefused", "Count", counters.lease_takeovers_refused.into());
+    put("CompletionsLandedLater", "Count", counters.completions_landed_later.into());
+    put("WritesGivenUp", "Count", counters.writes_given_up.into());
+    put("OutboxSent", "Count", counters.outbox_sent.into());
+    put("OutboxFailed", "Count", counters.outbox_failed.into());
+    put("OutboxRefused", "Count", counters.outbox_refused.into());
+    if let Some(age) = counters.outbox_oldest_age {
         put("OutboxOldestAge", "Seconds", age.as_secs().into());
     }
-    if let Some(requests) = extra.dynamodb_requests {
+    if let Some(requests) = counters.dynamodb_requests {
         put("DynamoDbRequests", "Count", requests.into());
     }
-    if let Some(export) = extra.trace_export {
+    if let Some(export) = counters.trace_export {
         put("TraceExportsFailed", "Count", export.failed.into());
         put("TraceSpansDropped", "Count", export.dropped.into());
     }
-    if let Some(sqs) = extra.redelivery {
+    if let Some(sqs) = counters.redelivery {
         put("VisibilityChanged", "Count", sqs.visibility_changed.into());
         put("VisibilityChangeFailed", "Count", sqs.visibility_failed.into());
         put("DeadLettered", "Count", sqs.dead_lettered.into());
@@ -191,7 +191,7 @@ mod tests {
         let report = BatchReport { records };
         let redelivery =
             RedeliveryCounts { visibility_changed: 4, visibility_failed: 1, dead_lettered: 2, dead_letter_failed: 3 };
-        let extra = Extra {
+        let counters = Counters {
             lease_takeovers_refused: 2,
             completions_landed_later: 3,
             writes_given_up: 8,
@@ -203,7 +203,7 @@ mod tests {
             redelivery: Some(redelivery),
             trace_export: Some(TraceExportCounts { failed: 1, dropped: 7 }),
         };
-        let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 1)).unwrap();
+        let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, counters, 1)).unwrap();
         let expected = [
             ("Records", 316),
             ("Failed", 312),
@@ -252,7 +252,7 @@ mod tests {
     #[test]
     fn an_emf_line_names_its_namespace_and_dimensions() {
         let config = MetricsConfig { dimensions: vec![("FunctionName".into(), "orders".into())], ..Default::default() };
-        let line = emf_line(&config, &BatchReport::default(), Extra::default(), 1_700_000_000_000);
+        let line = emf_line(&config, &BatchReport::default(), Counters::default(), 1_700_000_000_000);
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["Records"], 0);
         assert_eq!(value["FunctionName"], "orders");
@@ -262,15 +262,15 @@ mod tests {
     #[test]
     fn every_metric_published_is_documented_and_every_documented_one_published() {
         let redelivery = Some(RedeliveryCounts::default());
-        let extra = Extra {
+        let counters = Counters {
             dynamodb_requests: Some(1),
             redelivery,
             outbox_oldest_age: Some(std::time::Duration::ZERO),
             trace_export: Some(TraceExportCounts::default()),
-            ..Extra::default()
+            ..Counters::default()
         };
         let report = BatchReport { records: vec![record(Outcome::Duplicate, Some(1))] };
-        let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, extra, 0)).unwrap();
+        let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, counters, 0)).unwrap();
         let published: std::collections::BTreeSet<String> = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
             .as_array()
             .unwrap()

@@ -208,13 +208,13 @@ impl Redelivery {
         let plan = self.plan(records, report);
         let planned_changes = plan.visibility.values().map(Vec::len).sum::<usize>() as u64;
         let planned_moves = plan.dead_letters.len() as u64;
-        let progress = Mutex::new(Progress::default());
+        let settled = Mutex::new(Settled::default());
         let work = futures::future::join(
-            self.change_all(&plan.visibility, &progress),
-            self.dead_letter_all(plan.dead_letters, &progress),
+            self.change_all(&plan.visibility, &settled),
+            self.dead_letter_all(plan.dead_letters, &settled),
         );
         let finished = tokio::time::timeout_at(deadline, work).await.is_ok();
-        let Progress { mut counts, moved } = into_inner(progress);
+        let Settled { mut counts, moved } = into_inner(settled);
         if !finished {
             tracing::warn!(
                 "SQS did not answer before the deadline; records it did not confirm keep the queue's timing"
@@ -247,14 +247,14 @@ impl Redelivery {
         plan
     }
 
-    async fn change_all(&self, visibility: &HashMap<&str, Vec<(&str, Duration)>>, progress: &Mutex<Progress<'_>>) {
+    async fn change_all(&self, visibility: &HashMap<&str, Vec<(&str, Duration)>>, settled: &Mutex<Settled<'_>>) {
         for (queue_arn, changes) in visibility {
             for result in self.change_visibility(queue_arn, changes).await {
-                let mut progress = lock(progress);
+                let mut settled = lock(settled);
                 match result {
-                    Ok(()) => progress.counts.visibility_changed += 1,
+                    Ok(()) => settled.counts.visibility_changed += 1,
                     Err(error) => {
-                        progress.counts.visibility_failed += 1;
+                        settled.counts.visibility_failed += 1;
                         tracing::warn!(%error, queue = queue_arn, "visibility not changed; the queue's timeout applies");
                     }
                 }
@@ -274,7 +274,7 @@ impl Redelivery {
     }
 
     /// Sends each record to the dead-letter queue, noting the message ids sent.
-    async fn dead_letter_all<'a>(&self, dead_letters: HashMap<&'a str, Failed<'a>>, progress: &Mutex<Progress<'a>>) {
+    async fn dead_letter_all<'a>(&self, dead_letters: HashMap<&'a str, Failed<'a>>, settled: &Mutex<Settled<'a>>) {
         let Some(queue_url) = self.policy.dead_letter_queue.as_deref() else { return };
         let mut sends = Vec::with_capacity(dead_letters.len());
         for (message_id, failed) in dead_letters {
@@ -283,15 +283,15 @@ impl Redelivery {
         }
         let mut results = stream::iter(sends).buffer_unordered(DEAD_LETTER_CONCURRENCY);
         while let Some((message_id, sent)) = results.next().await {
-            let mut progress = lock(progress);
+            let mut settled = lock(settled);
             match sent {
                 Ok(()) => {
-                    progress.counts.dead_lettered += 1;
-                    progress.moved.insert(message_id);
+                    settled.counts.dead_lettered += 1;
+                    settled.moved.insert(message_id);
                     tracing::info!(message_id, "moved to the dead-letter queue");
                 }
                 Err(error) => {
-                    progress.counts.dead_letter_failed += 1;
+                    settled.counts.dead_letter_failed += 1;
                     tracing::warn!(message_id, %error, "not moved to the dead-letter queue; it stays failed");
                 }
             }
@@ -310,7 +310,7 @@ struct Plan<'a> {
 
 /// What SQS has confirmed so far, kept when the deadline cuts the calls short.
 #[derive(Default)]
-struct Progress<'a> {
+struct Settled<'a> {
     counts: RedeliveryCounts,
     /// Message ids now in the dead-letter queue.
     moved: HashSet<&'a str>,

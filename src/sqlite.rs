@@ -27,7 +27,7 @@ use crate::{
     store::{
         ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
         OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry,
-        items::{self, Change, Evaluated, Item, Place},
+        items::{self, Change, Evaluated, JsonItem, Place},
         replaced_id, unchanged,
     },
 };
@@ -127,15 +127,15 @@ impl SqliteStore {
 
 #[async_trait]
 impl ClaimStore for SqliteStore {
-    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        let record = record.clone();
+    async fn put_if_free(&self, claim: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        let claim = claim.clone();
         let existing = self
             .with_connection(move |connection| {
                 let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let existing = select(&transaction, &record.id)?;
+                let existing = select(&transaction, &claim.id)?;
                 let taken = existing.filter(|existing| existing.as_ref().is_ok_and(|e| !e.is_free(now_ms)));
                 if taken.is_none() {
-                    upsert(&transaction, &record)?;
+                    upsert(&transaction, &claim)?;
                 }
                 transaction.commit()?;
                 Ok(taken)
@@ -359,7 +359,7 @@ fn commit_in(
     if let Some(answer) = commit.judged_by(token, stored.as_ref()) {
         return Ok(Ok(answer));
     }
-    let read = |place: &Place| -> Result<Option<Item>, StoreError> {
+    let read = |place: &Place| -> Result<Option<JsonItem>, StoreError> {
         let item: Option<String> = connection
             .query_row("SELECT item FROM items WHERE tbl = ?1 AND key = ?2", params![place.0, place.1], |row| {
                 row.get(0)
@@ -447,25 +447,25 @@ fn select(connection: &Connection, id: &str) -> rusqlite::Result<Option<Result<S
     connection.query_row(&format!("SELECT {COLUMNS} FROM claims WHERE id = ?1"), [id], read_row).optional()
 }
 
-fn upsert(connection: &Connection, record: &StoredClaim) -> rusqlite::Result<usize> {
+fn upsert(connection: &Connection, claim: &StoredClaim) -> rusqlite::Result<usize> {
     connection.execute(
         &format!(
             "INSERT OR REPLACE INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
         ),
         params![
-            record.id,
-            record.status.as_str(),
-            record.expires_at_s,
-            record.lease_until_ms,
-            record.token,
-            record.holder,
-            record.attempt,
-            record.claimed_at_ms,
-            record.updated_at_ms,
-            record.payload_hash,
-            record.result,
-            record.error,
-            record.message_id
+            claim.id,
+            claim.status.as_str(),
+            claim.expires_at_s,
+            claim.lease_until_ms,
+            claim.token,
+            claim.holder,
+            claim.attempt,
+            claim.claimed_at_ms,
+            claim.updated_at_ms,
+            claim.payload_hash,
+            claim.result,
+            claim.error,
+            claim.message_id
         ],
     )
 }

@@ -216,17 +216,17 @@ pub struct ClaimQuery {
 
 impl ClaimQuery {
     /// Whether `record` belongs in the listing; every store filters with this.
-    pub(crate) fn matches(&self, record: &StoredClaim) -> bool {
+    pub(crate) fn matches(&self, claim: &StoredClaim) -> bool {
         let status = match self.status {
-            Some(status) => record.status == status,
-            None => record.status != ClaimStatus::Completed,
+            Some(status) => claim.status == status,
+            None => claim.status != ClaimStatus::Completed,
         };
         status
-            && self.stale_at_ms.is_none_or(|now_ms| record.is_stale(now_ms))
-            && self.message_id.as_ref().is_none_or(|message_id| record.message_id.as_ref() == Some(message_id))
+            && self.stale_at_ms.is_none_or(|now_ms| claim.is_stale(now_ms))
+            && self.message_id.as_ref().is_none_or(|message_id| claim.message_id.as_ref() == Some(message_id))
     }
 
-    /// The listing of those of `records` that match, oldest claim first,
+    /// The listing of those of `claims` that match, oldest first,
     /// at most `limit` of them.
     ///
     /// ```
@@ -237,20 +237,20 @@ impl ClaimQuery {
     ///     attempt: None, message_id: None, claimed_at_ms: Some(claimed_at_ms), updated_at_ms: None, payload_hash: None,
     ///     result: None, error: None,
     /// };
-    /// let records = vec![
+    /// let claims = vec![
     ///     claim("late", ClaimStatus::Failed, 20),
     ///     claim("done", ClaimStatus::Completed, 5),
     ///     claim("early", ClaimStatus::Failed, 10),
     /// ];
-    /// let open = ClaimQuery { limit: 10, ..ClaimQuery::default() }.select(records, false);
-    /// let ids: Vec<&str> = open.records.iter().map(|record| record.id.as_str()).collect();
+    /// let open = ClaimQuery { limit: 10, ..ClaimQuery::default() }.select(claims, false);
+    /// let ids: Vec<&str> = open.records.iter().map(|claim| claim.id.as_str()).collect();
     /// assert_eq!(ids, ["early", "late"]); // open claims only, oldest first
     /// ```
-    pub fn select(&self, records: impl IntoIterator<Item = StoredClaim>, full_scan: bool) -> Listing {
-        let mut records: Vec<StoredClaim> = records.into_iter().filter(|record| self.matches(record)).collect();
-        records.sort_by_key(|record| record.claimed_at_ms);
-        records.truncate(self.limit);
-        Listing { records, full_scan }
+    pub fn select(&self, claims: impl IntoIterator<Item = StoredClaim>, full_scan: bool) -> Listing {
+        let mut claims: Vec<StoredClaim> = claims.into_iter().filter(|claim| self.matches(claim)).collect();
+        claims.sort_by_key(|claim| claim.claimed_at_ms);
+        claims.truncate(self.limit);
+        Listing { records: claims, full_scan }
     }
 
     /// The states whose claims can match.
@@ -324,9 +324,9 @@ impl StoreError {
 /// naming what is missing.
 #[async_trait]
 pub trait ClaimStore: Send + Sync {
-    /// Writes `record` (replacing what is there) if no record holds its id or
+    /// Writes `claim` (replacing what is there) if no claim holds its id or
     /// the one that does is free at `now_ms` by [`StoredClaim::is_free`].
-    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError>;
+    async fn put_if_free(&self, claim: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError>;
 
     /// Reads a record, with strong consistency.
     async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError>;

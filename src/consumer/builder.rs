@@ -245,7 +245,7 @@ impl Builder {
 
     /// The consumer of `handler`, its parts assembled.
     pub async fn build(self, handler: impl Handler) -> Result<Consumer, StartupError> {
-        Ok(self.assemble(BoxHandler::new(handler), Uses::default()).await?.0)
+        Ok(self.assemble(BoxHandler::new(handler), Needs::default()).await?.0)
     }
 
     /// The layers given, to wrap the Lambda function's service in.
@@ -281,14 +281,14 @@ impl Builder {
 
     /// The consumer of `handler`: the engine over the claim store, the
     /// outbox when the store keeps one, the SQS step when the redelivery
-    /// policy asks for one; and the SQS client, when `uses` has a queue.
+    /// policy asks for one; and the SQS client, when `needs` has a queue.
     pub(crate) async fn assemble(
         mut self,
         handler: BoxHandler,
-        uses: Uses,
+        needs: Needs,
     ) -> Result<(Consumer, Option<Sqs>), StartupError> {
         let config = self.settings()?;
-        let parts = self.parts(&config, Uses { redelivery: config.redelivery.is_active(), ..uses }).await?;
+        let parts = self.parts(&config, Needs { redelivery: config.redelivery.is_active(), ..needs }).await?;
         tracing::info!(store = %parts.store.target, "claims kept in the store");
         let store = Arc::clone(&parts.store.store);
         if handler.stages_every_effect() && Arc::clone(&store).commits().is_none() {
@@ -316,7 +316,7 @@ impl Builder {
         }
         .engine(handler);
         let dynamodb_requests = parts.store.requests;
-        let queue = parts.sqs.filter(|_| uses.queue);
+        let queue = parts.sqs.filter(|_| needs.queue);
         let consumer = Consumer {
             engine,
             dynamodb_requests,
@@ -329,11 +329,11 @@ impl Builder {
     }
 
     /// The claim store, and the AWS configuration and SQS client when
-    /// `uses` needs them: what a command that runs no handler (`claims`)
+    /// `needs` asks for them: what a command that runs no handler (`claims`)
     /// and one that does share.
-    pub(crate) async fn parts(&mut self, config: &Config, uses: Uses) -> Result<Parts, StartupError> {
+    pub(crate) async fn parts(&mut self, config: &Config, needs: Needs) -> Result<CommandParts, StartupError> {
         let needs_aws = (self.store.is_none() && self.dynamodb.is_none() && config.store.is_dynamodb())
-            || ((uses.redelivery || uses.queue) && self.sqs.is_none());
+            || ((needs.redelivery || needs.queue) && self.sqs.is_none());
         // Loaded once: credentials and region are resolved once for every client.
         let aws = match (self.sdk_config.take(), needs_aws) {
             (Some(given), _) => Some(crate::aws::with_limits(&given)),
@@ -353,8 +353,8 @@ impl Builder {
         });
         let sqs_client =
             self.sqs.take().map(crate::aws::sqs_with_limits).or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
-        let sqs = sqs_client.filter(|_| uses.redelivery || uses.queue).map(Sqs::from_client);
-        Ok(Parts { store, destinations, send_time, sqs })
+        let sqs = sqs_client.filter(|_| needs.redelivery || needs.queue).map(Sqs::from_client);
+        Ok(CommandParts { store, destinations, send_time, sqs })
     }
 
     /// The claim store given, or the one the settings choose: a DynamoDB
@@ -456,7 +456,7 @@ impl Builder {
 
 /// What a command needs besides the claim store.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Uses {
+pub(crate) struct Needs {
     /// The redelivery step after each batch (SQS).
     pub(crate) redelivery: bool,
     /// A queue to receive from (`poll`).
@@ -464,12 +464,12 @@ pub(crate) struct Uses {
 }
 
 /// The parts every command builds on.
-pub(crate) struct Parts {
+pub(crate) struct CommandParts {
     pub(crate) store: OpenStore,
     pub(crate) destinations: Arc<dyn Destinations>,
     /// How long a send to them may take (see [`OutboxTimes`]).
     pub(crate) send_time: Duration,
-    /// The SQS client, when the command uses SQS.
+    /// The SQS client, when the command needs SQS.
     pub(crate) sqs: Option<Sqs>,
 }
 

@@ -75,8 +75,8 @@ pub(super) trait BatchCall: Send + Sync + 'static {
     }
 }
 
-type Answer<C> = oneshot::Sender<Result<<C as BatchCall>::Output, StoreError>>;
-type Waiting<C> = (<C as BatchCall>::Input, Answer<C>);
+type Reply<C> = oneshot::Sender<Result<<C as BatchCall>::Output, StoreError>>;
+type Waiting<C> = (<C as BatchCall>::Input, Reply<C>);
 
 /// Calls waiting for a request, and whether a task is sending them.
 struct Queue<C: BatchCall> {

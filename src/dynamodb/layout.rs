@@ -155,8 +155,8 @@ impl TableLayout {
 /// How claims are encoded as items.
 impl TableLayout {
     /// The item that stores `record`.
-    pub(super) fn write_item(&self, record: &StoredClaim) -> Item {
-        self.fields(record).into_iter().map(|(name, value)| (name.to_owned(), value)).collect()
+    pub(super) fn write_item(&self, claim: &StoredClaim) -> Item {
+        self.fields(claim).into_iter().map(|(name, value)| (name.to_owned(), value)).collect()
     }
 
     /// The attributes of the item that stores `record`, as names and

@@ -608,8 +608,8 @@ impl HeldStore {
 
 #[async_trait::async_trait]
 impl ClaimStore for HeldStore {
-    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        self.request(false, self.inner.put_if_free(record, now_ms)).await
+    async fn put_if_free(&self, claim: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        self.request(false, self.inner.put_if_free(claim, now_ms)).await
     }
     async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         self.request(false, self.inner.get(id)).await

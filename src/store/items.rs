@@ -13,7 +13,7 @@ use super::{Cancellation, StoreError};
 use crate::transaction::{Action, Comparison, Condition, MAX_ITEM_BYTES, Target, Write, item_size};
 
 /// An item: attribute names and values.
-pub(crate) type Item = Map<String, Value>;
+pub(crate) type JsonItem = Map<String, Value>;
 
 /// Where an item lives: its table, and its key as canonical JSON.
 pub(crate) type Place = (String, String);
@@ -29,7 +29,7 @@ pub(crate) fn place(target: &Target) -> Place {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Change {
     /// The item becomes this.
-    Put(Place, Item),
+    Put(Place, JsonItem),
     /// The item is deleted.
     Delete(Place),
 }
@@ -46,7 +46,7 @@ pub(crate) enum Evaluated {
 /// Evaluates `writes` against the items `read` returns.
 pub(crate) fn evaluate(
     writes: &[Write],
-    mut read: impl FnMut(&Place) -> Result<Option<Item>, StoreError>,
+    mut read: impl FnMut(&Place) -> Result<Option<JsonItem>, StoreError>,
 ) -> Result<Evaluated, StoreError> {
     let mut changes = Vec::with_capacity(writes.len());
     let mut failed = Vec::new();
@@ -100,7 +100,7 @@ fn reasons(writes: &[Write], failed: &[usize]) -> String {
 }
 
 /// Applies one update action to `item`.
-fn apply(action: &Action, item: &mut Item, write: &Write) -> Result<(), StoreError> {
+fn apply(action: &Action, item: &mut JsonItem, write: &Write) -> Result<(), StoreError> {
     match action {
         Action::Set(name, value) => {
             item.insert(name.clone(), value.clone());
@@ -129,7 +129,7 @@ fn apply(action: &Action, item: &mut Item, write: &Write) -> Result<(), StoreErr
 }
 
 /// Whether `condition` holds on `item` (`None`: no such item).
-pub(crate) fn holds(condition: &Condition, item: Option<&Item>) -> bool {
+pub(crate) fn holds(condition: &Condition, item: Option<&JsonItem>) -> bool {
     let attribute = |name: &str| item.and_then(|item| item.get(name));
     match condition {
         Condition::Exists(name) => attribute(name).is_some(),
@@ -216,7 +216,7 @@ mod tests {
     use super::*;
     use crate::transaction::{Check, Delete, Key, Put, Update};
 
-    fn item(value: Value) -> Item {
+    fn item(value: Value) -> JsonItem {
         value.as_object().cloned().unwrap()
     }
 

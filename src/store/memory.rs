@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::{
     ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
     OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
-    items::{self, Change, Evaluated, Item, Place},
+    items::{self, Change, Evaluated, JsonItem, Place},
     replaced_id, unchanged,
 };
 use crate::lock::lock;
@@ -27,7 +27,7 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct State {
     records: HashMap<String, StoredClaim>,
-    items: HashMap<Place, Item>,
+    items: HashMap<Place, JsonItem>,
     outbox: BTreeMap<String, OutboxEntry>,
 }
 

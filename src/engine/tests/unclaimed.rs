@@ -90,9 +90,9 @@ impl Calls {
 
 #[async_trait::async_trait]
 impl ClaimStore for Calls {
-    async fn put_if_free(&self, record: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    async fn put_if_free(&self, claim: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError> {
         self.note("put_if_free");
-        self.inner.put_if_free(record, now_ms).await
+        self.inner.put_if_free(claim, now_ms).await
     }
     async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError> {
         self.note("get");
