@@ -2,8 +2,9 @@
 //! commits and the outbox, in the manner of FoundationDB's and TigerBeetle's
 //! simulators.
 //!
-//! One seed makes one world: a queue of messages (standard, some copied by
-//! SQS, or FIFO with message groups; some sharing a business key), a
+//! One seed draws a scenario (`scenario`) and makes one world (`world`): a
+//! queue of messages (standard, some copied by SQS, or FIFO with message
+//! groups; some sharing a business key), a
 //! handler that stages DynamoDB writes and messages (some conditioned on
 //! items other records write), and one to three consumers, each a Lambda
 //! function (batches one after another, frozen from each answer to the next
@@ -36,6 +37,7 @@ mod ledger;
 mod link;
 mod process;
 mod queue;
+mod scenario;
 mod table;
 mod workload;
 mod world;

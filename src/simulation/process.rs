@@ -16,8 +16,9 @@ use super::{
     LONG_POLL,
     link::{Link, Sender},
     queue::Delivery,
+    scenario::Mode,
     workload::{HOLDER, SimHandler},
-    world::{Life, Mode, World},
+    world::{Life, World},
 };
 use crate::{
     BoxHandler,

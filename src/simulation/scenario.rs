@@ -1,0 +1,156 @@
+//! What a seed draws: the consumers and how they run, the messages, the
+//! faults and how often each strikes, and the clocks' settings (expiry, TTL,
+//! the index's lag, quiet hours). The world (`world.rs`) runs what is drawn.
+
+use std::time::Duration;
+
+use super::workload::Spec;
+
+/// How a consumer runs its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Mode {
+    /// One batch after another, frozen from each answer to the next
+    /// invocation, sometimes for hours, reclaimed with SIGTERM.
+    Lambda,
+    /// Batches overlapping, never frozen.
+    Poll,
+    /// Lambda Managed Instances: invocations at once, never frozen, the
+    /// writes and the outbox tended in the background between them.
+    Managed,
+    /// A Lambda function invoked by the template's schedule with the outbox
+    /// sweep event, frozen between its invocations, whatever the traffic.
+    Scheduled,
+}
+
+/// How often each fault strikes.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Faults {
+    /// A store request fails before it applies (throttled, refused, down).
+    pub fail_before: f64,
+    /// A store request applies, and its answer is lost.
+    pub lost_after: f64,
+    /// A store request times out for its caller and applies seconds later.
+    pub linger: f64,
+    /// A store request's way there or back takes seconds.
+    pub slow: f64,
+    /// A destination fails a message (not sent).
+    pub send_fail: f64,
+    /// A destination refuses a message (not sent).
+    pub send_refused: f64,
+    /// A destination takes a message and its answer is lost.
+    pub send_lost: f64,
+    /// A send takes seconds.
+    pub slow_send: f64,
+    /// A process is killed: mid-batch, or while frozen after its answer.
+    pub kill: f64,
+    /// A process is shut down cleanly (SIGTERM, `poll`'s stop).
+    pub shutdown: f64,
+    /// A Lambda environment stays frozen for minutes to hours after its
+    /// answer (another takes the traffic), then is invoked again or
+    /// reclaimed.
+    pub long_freeze: f64,
+    /// SQS delivers a message twice (standard queues).
+    pub copy: f64,
+}
+
+impl Faults {
+    fn draw(rng: &mut fastrand::Rng) -> Self {
+        let mut rate = |base: f64| match rng.u8(0..4) {
+            0 => 0.0,
+            1 | 2 => base,
+            _ => base * 3.0,
+        };
+        Self {
+            fail_before: rate(0.04),
+            lost_after: rate(0.03),
+            linger: rate(0.01),
+            slow: rate(0.03),
+            send_fail: rate(0.05),
+            send_refused: rate(0.02),
+            send_lost: rate(0.03),
+            slow_send: rate(0.03),
+            kill: rate(0.02),
+            shutdown: rate(0.02),
+            long_freeze: rate(0.05),
+            copy: rate(0.05),
+        }
+    }
+}
+
+/// The world a seed makes.
+#[derive(Debug)]
+pub(super) struct Scenario {
+    pub consumers: Vec<Mode>,
+    pub specs: Vec<Spec>,
+    /// Each message's spec, by index into `specs`: some keys are sent twice.
+    pub messages: Vec<usize>,
+    /// Message groups of a FIFO queue; 0 for a standard queue.
+    pub groups: usize,
+    pub batch_size: usize,
+    pub timeout: Duration,
+    pub concurrency: usize,
+    pub gathers: bool,
+    pub cache_entries: usize,
+    pub sweep_every: Duration,
+    /// The share of processes whose runs take no claim (the rest claim first).
+    pub unclaimed: f64,
+    /// How long a finished key is remembered (`SQS_ONCE_EXPIRES_AFTER_SECS`).
+    pub expires_after: Duration,
+    /// The chance TTL deletes an expired claim at each of its passes.
+    pub ttl: f64,
+    /// How long a transaction holds its claim against another, at most.
+    pub transaction_ms: u64,
+    /// How far behind the table the outbox's index lists, at most.
+    pub index_lag_ms: u64,
+    /// Whether traffic goes on after the faults heal (a tail of records).
+    pub tail: bool,
+    /// How long the world goes on once its queue has settled.
+    pub quiet: Duration,
+    /// How often the schedule invokes a sweep of the outbox.
+    pub schedule_every: Duration,
+    pub faults: Faults,
+}
+
+impl Scenario {
+    pub(super) fn draw(rng: &mut fastrand::Rng) -> Self {
+        let modes = [Mode::Lambda, Mode::Poll, Mode::Managed];
+        let consumers = (0..rng.usize(1..=3)).map(|_| modes[rng.usize(..modes.len())]).collect();
+        let keys = rng.usize(4..=24);
+        let specs = Spec::draw(rng, keys);
+        let mut messages: Vec<usize> = (0..keys).collect();
+        messages.extend((0..rng.usize(0..=keys / 3)).map(|_| rng.usize(0..keys)));
+        rng.shuffle(&mut messages);
+        let seconds =
+            |choices: &[u64], rng: &mut fastrand::Rng| Duration::from_secs(choices[rng.usize(..choices.len())]);
+        let quiet = seconds(&[60, 1_800, 2 * 3_600], rng);
+        // A world of hours sweeps at most every minute, as a process with the default setting does: a sweep a
+        // second for hours would cost the simulation much and find nothing more.
+        let sweep_every = match quiet > Duration::from_secs(1_800) {
+            true => Duration::from_secs(60),
+            false => seconds(&[1, 5, 10, 30, 60], rng),
+        };
+        Self {
+            consumers,
+            specs,
+            messages,
+            groups: if rng.u8(0..5) == 0 { rng.usize(1..=3) } else { 0 },
+            batch_size: rng.usize(1..=10),
+            timeout: Duration::from_millis(rng.u64(2_000..=8_000)),
+            concurrency: rng.usize(1..=8),
+            gathers: rng.bool(),
+            cache_entries: if rng.bool() { 1024 } else { 0 },
+            sweep_every,
+            unclaimed: [0.0, 0.5, 1.0][rng.usize(..3)],
+            // A minute at least: a completion that lands after its expiry (a request delayed 8 s, or applied
+            // 30 s after its caller gave up) leaves its key free at once, which no consumer can prevent.
+            expires_after: seconds(&[60, 300, 3_600], rng),
+            ttl: [0.0, 0.1, 1.0][rng.usize(..3)],
+            transaction_ms: [0, 20, 300][rng.usize(..3)],
+            index_lag_ms: [0, 100, 2_000][rng.usize(..3)],
+            tail: rng.bool(),
+            quiet,
+            schedule_every: seconds(&[60, 300], rng),
+            faults: Faults::draw(rng),
+        }
+    }
+}
