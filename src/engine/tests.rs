@@ -494,7 +494,12 @@ struct BlocksThroughTheCutoff(Duration);
 
 impl Handler for BlocksThroughTheCutoff {
     async fn handle(&self, record: &Record) -> HandlerResult {
-        std::thread::sleep(self.0);
+        // In place, so that the worker hands its queue on to another thread
+        // while it blocks: a task it woke or spawned just before waits in
+        // the worker's LIFO slot, which no other worker steals, and would
+        // start only after the block, past the cut-off (seen on a loaded
+        // machine: a record never claimed, reported `deadline`).
+        tokio::task::block_in_place(|| std::thread::sleep(self.0));
         match record.body_json::<Value>()?["fail"].as_str() {
             Some("retryable") => Err(crate::HandlerError::retryable("asked to fail")),
             Some("permanent") => Err(crate::HandlerError::permanent("asked to fail")),
