@@ -106,6 +106,13 @@ check("batch.json by order: dead-lettered", len(drain("sqs-once-dead-letters")),
 answer, _, _ = invoke("events/fifo.json")
 check("fifo.json: failed records", failures(answer), ["03", "05"])
 
+# Large messages: a pointer the Extended Client sent is read from S3 (the bucket scripts/local-services filled)
+# before anything else, so the order inside keys it; a pointer to an object never written fails alone.
+answer, logs, _ = invoke("events/large-payloads.json", "IdempotencyKey=body.order_id")
+check("large-payloads.json: failed records", failures(answer), ["03"])
+check("large-payloads.json: outcomes", outcomes(logs),
+      {"01": "processed", "02": "processed", "03": "payload_unavailable"})
+
 # The ledger: credits staged and committed with their claims, a notice each through the outbox, the overdraft
 # refused by its condition and dead-lettered; a second invocation changes nothing.
 for round in ("", " again"):

@@ -16,6 +16,7 @@ use crate::{
     envelope::EnvelopeKind,
     key::{KeySpec, Keys, OnMissingKey},
     metrics::MetricsConfig,
+    payload::PayloadOptions,
     redelivery::{RedeliveryPolicy, RetryBackoff},
     sqs::MAX_VISIBILITY,
 };
@@ -304,6 +305,7 @@ impl Env<'_> {
             envelope: self.parse("SQS_ONCE_ENVELOPE", defaults.envelope, "none, sns or eventbridge")?,
             claim: self.parse("SQS_ONCE_CLAIM", defaults.claim, "auto or always")?,
             propagators: self.parse("OTEL_PROPAGATORS", defaults.propagators, crate::trace::PROPAGATORS)?,
+            payloads: self.payload_options()?,
         };
         if engine.concurrency == 0 {
             return Err(self.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
@@ -312,6 +314,31 @@ impl Env<'_> {
             return Err(self.invalid("SQS_ONCE_DEADLINE_MARGIN_MS", DEADLINE_MARGIN));
         }
         Ok(engine)
+    }
+
+    /// How records that carry an S3 pointer are read: `SQS_ONCE_LARGE_PAYLOADS`,
+    /// `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`, `SQS_ONCE_LARGE_PAYLOAD_DELETE`.
+    fn payload_options(&self) -> Result<PayloadOptions, ConfigError> {
+        let defaults = PayloadOptions::default();
+        let options = PayloadOptions {
+            fetch: self.flag("SQS_ONCE_LARGE_PAYLOADS", defaults.fetch)?,
+            max_bytes: self.parse(
+                "SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES",
+                defaults.max_bytes,
+                "a positive number of bytes",
+            )?,
+            delete_after: self.flag("SQS_ONCE_LARGE_PAYLOAD_DELETE", defaults.delete_after)?,
+        };
+        if options.max_bytes == 0 {
+            return Err(self.invalid("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "a positive number of bytes"));
+        }
+        if options.delete_after && !options.fetch {
+            return Err(self.invalid(
+                "SQS_ONCE_LARGE_PAYLOAD_DELETE",
+                "false while SQS_ONCE_LARGE_PAYLOADS is off: no payload is read, so none is deleted",
+            ));
+        }
+        Ok(options)
     }
 
     /// The claim store `SQS_ONCE_STORE` and `SQS_ONCE_TABLE` name. Inside
@@ -510,6 +537,26 @@ mod tests {
     }
 
     #[test]
+    fn large_payloads_are_read_by_default_and_their_settings_must_make_sense() {
+        let payloads = config(&[]).unwrap().engine.payloads;
+        assert_eq!(payloads, PayloadOptions { fetch: true, max_bytes: 16 * 1024 * 1024, delete_after: false });
+        let error = config(&[("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "0")]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"invalid SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES="0": expected a positive number of bytes"#
+        );
+        let error =
+            config(&[("SQS_ONCE_LARGE_PAYLOADS", "off"), ("SQS_ONCE_LARGE_PAYLOAD_DELETE", "true")]).unwrap_err();
+        assert_eq!(error.name, "SQS_ONCE_LARGE_PAYLOAD_DELETE", "nothing read, nothing to delete");
+        let payloads =
+            config(&[("SQS_ONCE_LARGE_PAYLOAD_DELETE", "true"), ("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "1048576")])
+                .unwrap()
+                .engine
+                .payloads;
+        assert_eq!(payloads, PayloadOptions { fetch: true, max_bytes: 1_048_576, delete_after: true });
+    }
+
+    #[test]
     fn a_name_a_letter_or_two_off_a_setting_is_taken_for_it_mistyped() {
         let names =
             ["SQS_ONCE_KEYS", "SQS_ONCE_TABEL", "SQS_ONCE_KEY", "SQS_ONCE_PAYMENT_URL", "AWS_REGION", "SQS_ONCE_DLQ"];
@@ -519,7 +566,7 @@ mod tests {
             [("SQS_ONCE_KEYS".to_owned(), "SQS_ONCE_KEY"), ("SQS_ONCE_TABEL".to_owned(), "SQS_ONCE_TABLE")],
             "a setting, a handler's own name, another prefix and a name far from any are left alone"
         );
-        assert_eq!(settings().count(), 40, "docs/configuration.md's table lists every setting");
+        assert_eq!(settings().count(), 43, "docs/configuration.md's table lists every setting");
         assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
     }

@@ -34,7 +34,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use futures::future::{join, join_all};
+use futures::{
+    StreamExt,
+    future::{join, join_all},
+};
 use tokio::{
     sync::Semaphore,
     time::{Instant, timeout_at},
@@ -51,6 +54,7 @@ use crate::{
     key::Keys,
     lock::lock,
     outbox::Outbox,
+    payload::{PayloadOptions, PayloadPointer, PayloadStore},
     report::{BatchReport, Failure, Outcome, RecordReport},
     store::StoreError,
     trace::{self, Propagators, TraceContext},
@@ -76,6 +80,8 @@ pub(crate) struct EngineOptions {
     pub claim: ClaimFirst,
     /// The trace headers read and written (`OTEL_PROPAGATORS`).
     pub propagators: Propagators,
+    /// How records that carry an S3 pointer are read.
+    pub payloads: PayloadOptions,
 }
 
 impl Default for EngineOptions {
@@ -87,6 +93,7 @@ impl Default for EngineOptions {
             envelope: EnvelopeKind::None,
             claim: ClaimFirst::Auto,
             propagators: Propagators::default(),
+            payloads: PayloadOptions::default(),
         }
     }
 }
@@ -150,6 +157,8 @@ struct Inner {
     keys: Keys,
     options: EngineOptions,
     outbox: Option<Arc<Outbox>>,
+    /// Where payloads that records point to are read (S3).
+    payloads: Option<Arc<dyn PayloadStore>>,
     bounds: Bounds,
 }
 
@@ -201,13 +210,15 @@ impl Engine {
     /// An engine running `handler` under `claims`, keying records with
     /// `keys`, sending the messages handlers stage through `outbox` once
     /// their transactions commit (without one, they wait in the store for a
-    /// sweep: `sqs-once claims outbox --send`). Assembled by [`EngineParts`].
+    /// sweep: `sqs-once claims outbox --send`), reading the payloads records
+    /// point to from `payloads`. Assembled by [`EngineParts`].
     fn new(
         handler: BoxHandler,
         claims: Arc<Claims>,
         keys: Keys,
         options: EngineOptions,
         outbox: Option<Arc<Outbox>>,
+        payloads: Option<Arc<dyn PayloadStore>>,
     ) -> Self {
         let concurrency = options.concurrency.max(1);
         // Records whose store calls may be under way beyond the concurrency bound, on either side of the
@@ -216,7 +227,7 @@ impl Engine {
         // three times the requests, and under faults three times the late answers.
         let overlap = if claims.gathers_calls() { concurrency } else { 0 };
         let bounds = Bounds::new(concurrency, overlap);
-        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox, bounds }) }
+        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox, payloads, bounds }) }
     }
 
     /// The trace headers it reads and writes (`OTEL_PROPAGATORS`).
@@ -275,7 +286,8 @@ impl Engine {
             }),
         };
         let groups = message_groups(records);
-        let opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();
+        let mut opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();
+        let fetched = self.fetch_payloads(&mut opened, budget.cutoff()).await;
         // Declared after `state` and `opened`, which the runs borrow.
         let runs: Runs<'_> = Mutex::new(HashMap::new());
         // Entries left unsent by any process are swept while the batch runs.
@@ -318,8 +330,12 @@ impl Engine {
         };
         keep_group_order(&groups, &mut report.records);
         copies_are_duplicates(&mut report.records);
-        for (span, report) in state.spans.iter().zip(&report.records) {
+        for ((span, report), fetched) in state.spans.iter().zip(&mut report.records).zip(&fetched) {
+            report.payload_bytes = fetched.as_ref().map(|(_, bytes)| *bytes);
             trace::record_outcome(span, report);
+        }
+        if self.inner.options.payloads.delete_after {
+            let _ = timeout_at(budget.writes_by(), self.delete_payloads(&fetched, &report)).await;
         }
         for (opened, report) in opened.iter().zip(&report.records) {
             let body = opened.as_ref().map_or("", |opened| &opened.body);
@@ -346,6 +362,75 @@ impl Engine {
                 .map_err(|invalid| Failure::InvalidRecord(invalid.to_string())),
             EventRecord::Malformed { reason, .. } => Err(Failure::InvalidRecord(reason.clone())),
         }
+    }
+
+    /// Reads the payload of each record that carries an S3 pointer (see
+    /// [`crate::payload`]) in place of its body, at most `concurrency` at
+    /// once, by the cut-off; a record whose payload cannot be read fails.
+    /// Returns, by event index, each pointer read and its payload's bytes.
+    async fn fetch_payloads(
+        &self,
+        opened: &mut [Result<Opened<'_>, Failure>],
+        cutoff: Instant,
+    ) -> Vec<Option<(PayloadPointer, u64)>> {
+        let options = &self.inner.options.payloads;
+        let pointers: Vec<_> = opened
+            .iter()
+            .map(|opened| opened.as_ref().ok().filter(|_| options.fetch).and_then(PayloadPointer::of))
+            .collect();
+        if pointers.iter().all(Option::is_none) {
+            return vec![None; opened.len()];
+        }
+        let reads = pointers.into_iter().map(|pointer| async move {
+            let pointer = pointer?.map_err(Failure::InvalidRecord);
+            Some(match (pointer, &self.inner.payloads) {
+                (Err(invalid), _) => Err(invalid),
+                (Ok(pointer), None) => Err(Failure::PayloadUnavailable(format!(
+                    "{pointer}: this consumer reads no payloads from S3 (it was built without the `s3` feature)"
+                ))),
+                (Ok(pointer), Some(store)) => match timeout_at(cutoff, store.get(&pointer, options.max_bytes)).await {
+                    Ok(Ok(payload)) => Ok((pointer, payload)),
+                    Ok(Err(error)) => Err(Failure::PayloadUnavailable(error.to_string())),
+                    Err(_) => Err(Failure::Deadline),
+                },
+            })
+        });
+        let concurrency = self.inner.options.concurrency.max(1);
+        let read: Vec<_> = futures::stream::iter(reads).buffered(concurrency).collect().await;
+        opened
+            .iter_mut()
+            .zip(read)
+            .map(|(opened, read)| match (opened, read?) {
+                (Ok(message), Ok((pointer, payload))) => {
+                    let bytes = payload.len() as u64;
+                    message.body = payload.into();
+                    Some((pointer, bytes))
+                }
+                (opened, Err(failure)) => {
+                    *opened = Err(failure);
+                    None
+                }
+                (Err(_), Ok(_)) => None,
+            })
+            .collect()
+    }
+
+    /// Deletes the objects read for records that succeeded, or whose key had
+    /// (`SQS_ONCE_LARGE_PAYLOAD_DELETE`); an object that cannot be deleted
+    /// is left to the bucket's lifecycle rule.
+    async fn delete_payloads(&self, fetched: &[Option<(PayloadPointer, u64)>], report: &BatchReport) {
+        let Some(store) = &self.inner.payloads else { return };
+        let done = fetched.iter().zip(&report.records).filter_map(|(fetched, report)| {
+            let succeeded = matches!(report.outcome, Outcome::Processed { confirmed: true } | Outcome::Duplicate);
+            fetched.as_ref().filter(|_| succeeded).map(|(pointer, _)| pointer)
+        });
+        let unique: HashSet<&PayloadPointer> = done.collect();
+        join_all(unique.into_iter().map(|pointer| async move {
+            if let Err(error) = store.delete(pointer).await {
+                tracing::warn!(%error, "the payload of a record that succeeded was not deleted; a lifecycle rule removes it");
+            }
+        }))
+        .await;
     }
 
     /// The report of a record whose run had not reported when the answer
@@ -375,6 +460,7 @@ impl Engine {
             outcome: outcome.unwrap_or(Outcome::Failed(Failure::Deadline)),
             duration: Duration::ZERO,
             claim_latency: None,
+            payload_bytes: None,
         }
     }
 }

@@ -134,12 +134,15 @@ mod operator;
 #[cfg(feature = "opentelemetry")]
 mod otlp;
 pub mod outbox;
+mod payload;
 #[cfg(feature = "cli")]
 mod poll;
 mod reason;
 mod record;
 mod redelivery;
 pub mod report;
+#[cfg(feature = "s3")]
+mod s3;
 #[cfg(test)]
 mod simulation;
 #[cfg(feature = "sqlite")]

@@ -69,6 +69,7 @@ const COUNTS: &[(&str, &[&str])] = &[
     ("FailedPermanent", &["permanent", "failed_before", "payload_mismatch", "invalid_record"]),
     ("FailedMissingKey", &["missing_key"]),
     ("FailedStoreError", &["store_error"]),
+    ("FailedPayloadUnavailable", &["payload_unavailable"]),
     ("FailedDeadline", &["deadline"]),
     ("FailedGroupSkipped", &["group_skipped"]),
     ("FailedUncommitted", &["uncommitted"]),
@@ -123,6 +124,9 @@ pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, counters: C
         latencies.sort_by(f64::total_cmp);
         put("ClaimLatency", "Milliseconds", quantiles(&latencies).into());
     }
+    let fetched: Vec<u64> = report.records.iter().filter_map(|record| record.payload_bytes).collect();
+    put("PayloadsFetched", "Count", fetched.len().into());
+    put("PayloadBytesFetched", "Bytes", fetched.iter().sum::<u64>().into());
     let dimension_names: Vec<&str> = config.dimensions.iter().map(|(name, _)| name.as_str()).collect();
     for (name, value) in &config.dimensions {
         values.insert(name.clone(), value.clone().into());
@@ -164,6 +168,7 @@ mod tests {
             outcome,
             duration: Duration::ZERO,
             claim_latency: claim_ms.map(Duration::from_millis),
+            payload_bytes: None,
         }
     }
 
@@ -186,7 +191,10 @@ mod tests {
             record(Outcome::Failed(Failure::GroupSkipped("m-0".into())), None),
             record(Outcome::Failed(Failure::Uncommitted { retry_after: Duration::ZERO }), Some(1)),
             record(Outcome::Failed(Failure::LeaseLost), Some(1)),
+            record(Outcome::Failed(Failure::PayloadUnavailable("gone".into())), None),
         ];
+        records[0].payload_bytes = Some(300_000);
+        records[1].payload_bytes = Some(2_000_000);
         records.extend((0..300).map(|n| record(Outcome::Failed(Failure::Store("down".into())), Some(n))));
         let report = BatchReport { records };
         let redelivery =
@@ -205,8 +213,8 @@ mod tests {
         };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, counters, 1)).unwrap();
         let expected = [
-            ("Records", 316),
-            ("Failed", 312),
+            ("Records", 317),
+            ("Failed", 313),
             ("CompletionUnconfirmed", 1),
             ("Processed", 2),
             ("Duplicates", 2),
@@ -219,6 +227,9 @@ mod tests {
             ("FailedGroupSkipped", 1),
             ("FailedUncommitted", 1),
             ("FailedLeaseLost", 1),
+            ("FailedPayloadUnavailable", 1),
+            ("PayloadsFetched", 2),
+            ("PayloadBytesFetched", 2_300_000),
             ("LeaseTakeoversRefused", 2),
             ("CompletionsLandedLater", 3),
             ("WritesGivenUp", 8),

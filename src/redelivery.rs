@@ -139,6 +139,7 @@ impl RedeliveryPolicy {
             Failure::Retryable(_)
             | Failure::Panicked(_)
             | Failure::Store(_)
+            | Failure::PayloadUnavailable(_)
             | Failure::Deadline
             | Failure::LeaseLost => self
                 .retry_backoff

@@ -81,6 +81,10 @@ pub enum Failure {
     /// The claim store failed.
     #[error("claim store error: {0}")]
     Store(String),
+    /// The record carries an S3 pointer (the Amazon SQS Extended Client's)
+    /// whose payload could not be read; another delivery may read it.
+    #[error("payload unavailable: {0}")]
+    PayloadUnavailable(String),
     /// The deadline came before the record finished (or started).
     #[error("not finished before the invocation deadline")]
     Deadline,
@@ -118,6 +122,7 @@ impl Failure {
             Self::PayloadMismatch => "payload_mismatch",
             Self::Panicked(_) => "panicked",
             Self::Store(_) => "store_error",
+            Self::PayloadUnavailable(_) => "payload_unavailable",
             Self::Deadline => "deadline",
             Self::GroupSkipped(_) => "group_skipped",
             Self::Uncommitted { .. } => "uncommitted",
@@ -141,6 +146,9 @@ pub struct RecordReport {
     /// Time the claim took, for the record that made it (in-batch duplicates
     /// and records that never claimed have none).
     pub claim_latency: Option<Duration>,
+    /// The bytes of its payload read from S3, for a record that carried an
+    /// S3 pointer (the Amazon SQS Extended Client's).
+    pub payload_bytes: Option<u64>,
 }
 
 /// The fate of a whole batch, in event order.

@@ -93,6 +93,7 @@ pub(crate) fn record_span(record: &EventRecord, propagators: Propagators) -> tra
         messaging.message.id = record.message_id(),
         sqs_once.producer_context = tracing::field::Empty,
         sqs_once.key_hash = tracing::field::Empty,
+        sqs_once.payload_bytes = tracing::field::Empty,
         sqs_once.outcome = tracing::field::Empty,
         error.type = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
@@ -108,15 +109,19 @@ pub(crate) fn record_span(record: &EventRecord, propagators: Propagators) -> tra
     span
 }
 
-/// Records, on a record's span, the outcome the answer reports and a hash
-/// of the key it ran under (two records of one key are seen to share it
-/// without the key in the trace); a failure's label is its `error.type`.
+/// Records, on a record's span, the outcome the answer reports, a hash of
+/// the key it ran under (two records of one key are seen to share it
+/// without the key in the trace) and the bytes of a payload read from S3;
+/// a failure's label is its `error.type`.
 pub(crate) fn record_outcome(span: &tracing::Span, report: &RecordReport) {
     if span.is_disabled() {
         return;
     }
     if let Some(key) = &report.key {
         span.record("sqs_once.key_hash", hex::encode(&Sha256::digest(key.as_bytes())[..8]));
+    }
+    if let Some(bytes) = report.payload_bytes {
+        span.record("sqs_once.payload_bytes", bytes);
     }
     span.record("sqs_once.outcome", report.outcome.label());
     if let Outcome::Failed(failure) = &report.outcome {

@@ -14,6 +14,7 @@ mod invoke;
 mod lambda;
 mod managed;
 mod new;
+mod payloads;
 mod sqs;
 mod template;
 mod traces;

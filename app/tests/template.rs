@@ -218,6 +218,9 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
             ("HasHandlerQueues".to_owned(), vec!["sqs:SendMessage"], parameter("HandlerQueueArns")),
             ("HasHandlerTopics".to_owned(), vec!["sns:Publish"], parameter("HandlerTopicArns")),
             ("HasHandlerEventBuses".to_owned(), vec!["events:PutEvents"], parameter("HandlerEventBusArns")),
+            // The objects of the large-payload bucket, read; deleted only when asked.
+            ("HasLargePayloadBucket".to_owned(), vec!["s3:GetObject"], sub(LARGE_PAYLOAD_OBJECTS)),
+            ("DeletesLargePayloads".to_owned(), vec!["s3:DeleteObject"], sub(LARGE_PAYLOAD_OBJECTS)),
             // X-Ray's actions name no resource: the one wildcard, with a collector layer only.
             ("Traced".to_owned(), vec!["xray:PutTelemetryRecords", "xray:PutTraceSegments"], "'*'\n".to_owned()),
         ]);
@@ -226,18 +229,32 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
             expected_given.insert(("IsLedger".to_owned(), vec!["sqs:SendMessage"], on("LedgerNoticeQueue.Arn")));
         }
         assert_eq!(given, expected_given);
+        assert_eq!(
+            template["Parameters"]["LargePayloadBucket"]["Default"], "",
+            "no bucket, nothing granted by default"
+        );
+        assert_eq!(template["Parameters"]["LargePayloadDelete"]["Default"], "false");
         for name in ["HandlerTableArns", "HandlerQueueArns", "HandlerTopicArns", "HandlerEventBusArns"] {
             assert_eq!(template["Parameters"][name]["Type"], "CommaDelimitedList", "{name}");
             assert_eq!(template["Parameters"][name]["Default"], "", "{name}: nothing granted by default");
         }
-        let untraced: Vec<&Value> = statements.iter().filter(|statement| !mentions(statement, "Traced")).collect();
-        let text = serde_yaml::to_string(&untraced).unwrap();
+        // Besides X-Ray's, the one wildcard is the large-payload bucket's objects (their resources are checked above).
+        let others: Vec<&Value> = statements
+            .iter()
+            .filter(|statement| {
+                !["Traced", "HasLargePayloadBucket", "DeletesLargePayloads"].iter().any(|on| mentions(statement, on))
+            })
+            .collect();
+        let text = serde_yaml::to_string(&others).unwrap();
         assert!(!text.contains('*'), "no other wildcard in the role: {text}");
         // The dead-letter queue the role may send to is the one the function sends to.
         let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
         assert_eq!(variables["SQS_ONCE_DLQ_URL"], reference("DeadLetterQueue"));
     }
 }
+
+/// The objects of the bucket the `LargePayloadBucket` parameter names.
+const LARGE_PAYLOAD_OBJECTS: &str = "arn:${AWS::Partition}:s3:::${LargePayloadBucket}/*";
 
 /// Whether `statement` is granted on `condition`.
 fn mentions(statement: &Value, condition: &str) -> bool {

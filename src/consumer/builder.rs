@@ -20,6 +20,7 @@ use crate::{
     engine::{EngineParts, OutboxParts},
     handler::BoxHandler,
     outbox::Destinations,
+    payload::PayloadStore,
     redelivery::Redelivery,
     sqs::Sqs,
     store::{ClaimStore, DynamoDbStore, MemoryStore},
@@ -312,6 +313,7 @@ impl Builder {
             policy: config.claims.clone(),
             options,
             outbox: Some(outbox),
+            payloads: parts.payloads.clone(),
             ..EngineParts::new(store, config.keys.clone())
         }
         .engine(handler);
@@ -354,7 +356,7 @@ impl Builder {
         let sqs_client =
             self.sqs.take().map(crate::aws::sqs_with_limits).or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
         let sqs = sqs_client.filter(|_| needs.redelivery || needs.queue).map(Sqs::from_client);
-        Ok(CommandParts { store, destinations, send_time, sqs })
+        Ok(CommandParts { store, destinations, send_time, sqs, payloads: payloads(aws.as_ref()) })
     }
 
     /// The claim store given, or the one the settings choose: a DynamoDB
@@ -471,6 +473,21 @@ pub(crate) struct CommandParts {
     pub(crate) send_time: Duration,
     /// The SQS client, when the command needs SQS.
     pub(crate) sqs: Option<Sqs>,
+    /// Where the payloads records point to are read.
+    pub(crate) payloads: Option<Arc<dyn PayloadStore>>,
+}
+
+/// The S3 payloads, through a client of `aws` (or of the SDK's default
+/// configuration, loaded when the first pointer arrives).
+#[cfg(feature = "s3")]
+fn payloads(aws: Option<&SdkConfig>) -> Option<Arc<dyn PayloadStore>> {
+    Some(Arc::new(crate::s3::S3Payloads::new(aws)))
+}
+
+/// None without the `s3` feature: a record that carries a pointer fails.
+#[cfg(not(feature = "s3"))]
+fn payloads(_: Option<&SdkConfig>) -> Option<Arc<dyn PayloadStore>> {
+    None
 }
 
 /// A claim store, what counts its DynamoDB requests, and what it is, for logs and errors.

@@ -45,6 +45,7 @@ impl Engine {
                 outcome: run.outcome,
                 duration: run.duration,
                 claim_latency: run.claim_latency,
+                payload_bytes: None,
             };
             lock(&state.reports)[index] = Some(report);
         }

@@ -12,6 +12,7 @@ use crate::{
     handler::BoxHandler,
     key::Keys,
     outbox::{Destinations, Outbox, OutboxTimes},
+    payload::PayloadStore,
     store::ClaimStore,
 };
 
@@ -30,6 +31,9 @@ pub(crate) struct EngineParts {
     /// Where committed messages go, when the store keeps an outbox; without
     /// it they wait in the store for `sqs-once claims outbox --send`.
     pub outbox: Option<OutboxParts>,
+    /// Where the payloads records point to are read (S3); without it, a
+    /// record that carries a pointer fails `payload_unavailable`.
+    pub payloads: Option<Arc<dyn PayloadStore>>,
 }
 
 /// What the outbox sends with.
@@ -53,6 +57,7 @@ impl EngineParts {
             options: EngineOptions::default(),
             clock: Arc::new(SystemClock),
             outbox: None,
+            payloads: None,
         }
     }
 
@@ -64,7 +69,7 @@ impl EngineParts {
             let outbox = Outbox::new(entries, parts.destinations, self.clock, parts.times, parts.sweep_every);
             Some(Arc::new(outbox))
         });
-        Engine::new(handler, Arc::new(claims), self.keys, self.options, outbox)
+        Engine::new(handler, Arc::new(claims), self.keys, self.options, outbox, self.payloads)
     }
 }
 

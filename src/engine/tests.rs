@@ -16,6 +16,7 @@ use crate::{
     envelope::{Envelope, EnvelopeKind},
     event::parse_event,
     key::{Keys, OnMissingKey},
+    payload::PayloadStore,
     report::{BatchReport, Failure, Outcome},
     store::{ClaimStatus, ClaimStore, Fenced, Finish, MemoryStore, PutOutcome, StoreError, StoredClaim},
 };
@@ -46,6 +47,7 @@ struct Setup {
     options: EngineOptions,
     policy: ClaimPolicy,
     clock: Arc<dyn Clock>,
+    payloads: Option<Arc<dyn PayloadStore>>,
 }
 
 impl Default for Setup {
@@ -57,6 +59,7 @@ impl Default for Setup {
             options: EngineOptions::default(),
             policy: ClaimPolicy::default(),
             clock: Arc::new(SystemClock),
+            payloads: None,
         }
     }
 }
@@ -64,8 +67,9 @@ impl Default for Setup {
 impl Setup {
     fn engine(self, handler: impl Handler) -> Engine {
         let keys = Keys::new(self.key, "test").unwrap().hashed(false).on_missing(self.on_missing);
-        let Self { store, policy, options, clock, .. } = self;
-        EngineParts { policy, options, clock, ..EngineParts::new(store, keys) }.engine(BoxHandler::new(handler))
+        let Self { store, policy, options, clock, payloads, .. } = self;
+        EngineParts { policy, options, clock, payloads, ..EngineParts::new(store, keys) }
+            .engine(BoxHandler::new(handler))
     }
 }
 
@@ -894,6 +898,7 @@ async fn a_store_sending_each_call_alone_gets_no_more_than_the_concurrency_bound
     assert_eq!(most_calls_under_way(false).await, 3, "a finishing write keeps its run's permit");
 }
 
+mod payloads;
 mod unclaimed;
 
 /// Every span the engine opens, as a subscriber sees it: name, fields and

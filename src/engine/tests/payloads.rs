@@ -1,0 +1,195 @@
+//! Records whose payload the Amazon SQS Extended Client kept in S3: read
+//! before anything else, so that keys, payload validation and the handler
+//! see the message the producer sent; a payload that cannot be read fails
+//! its record alone. A bucket in memory stands in for S3 here (the S3 one
+//! is tested against a local S3 server in `tests/payloads.rs`).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+
+use super::{Remembers, Setup, failures, message, outcome, run};
+use crate::{
+    envelope::EnvelopeKind,
+    payload::{PayloadError, PayloadOptions, PayloadPointer, PayloadStore},
+    report::{Failure, Outcome},
+};
+
+/// Objects by key in one bucket, and the keys deleted.
+#[derive(Debug, Default)]
+struct Bucket {
+    objects: Mutex<HashMap<String, String>>,
+    deleted: Mutex<Vec<String>>,
+}
+
+impl Bucket {
+    fn with(objects: &[(&str, &str)]) -> Arc<Self> {
+        let objects = objects.iter().map(|(key, body)| ((*key).to_owned(), (*body).to_owned())).collect();
+        Arc::new(Self { objects: Mutex::new(objects), deleted: Mutex::default() })
+    }
+
+    fn deleted(&self) -> Vec<String> {
+        let mut deleted = self.deleted.lock().unwrap().clone();
+        deleted.sort();
+        deleted
+    }
+}
+
+#[async_trait::async_trait]
+impl PayloadStore for Bucket {
+    async fn get(&self, pointer: &PayloadPointer, limit: u64) -> Result<String, PayloadError> {
+        let object = self.objects.lock().unwrap().get(&pointer.key).cloned();
+        let object = object.ok_or_else(|| PayloadError::Missing(pointer.clone()))?;
+        match object.len() as u64 {
+            size if size > limit => Err(PayloadError::TooLarge { pointer: pointer.clone(), size, limit }),
+            _ => Ok(object),
+        }
+    }
+
+    async fn delete(&self, pointer: &PayloadPointer) -> Result<(), PayloadError> {
+        self.objects.lock().unwrap().remove(&pointer.key);
+        self.deleted.lock().unwrap().push(pointer.key.clone());
+        Ok(())
+    }
+}
+
+/// A message as the Extended Client sends it: the pointer to `key` in the
+/// bucket `large`, marked with `ExtendedPayloadSize`.
+fn pointer(id: &str, key: &str) -> Value {
+    let body = json!(["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3BucketName": "large", "s3Key": key}]);
+    let mut message = message(id, body);
+    message["messageAttributes"] = json!({"ExtendedPayloadSize": {"stringValue": "300000", "dataType": "Number"}});
+    message
+}
+
+fn order(id: &str, padding: usize) -> String {
+    json!({"order_id": id, "lines": "x".repeat(padding)}).to_string()
+}
+
+fn setup(bucket: &Arc<Bucket>, payloads: PayloadOptions) -> Setup {
+    let store: Arc<dyn PayloadStore> = bucket.clone();
+    Setup {
+        key: "body.order_id",
+        options: super::EngineOptions { payloads, ..Default::default() },
+        payloads: Some(store),
+        ..Setup::default()
+    }
+}
+
+fn bodies(handler: &Remembers) -> Vec<String> {
+    let mut bodies: Vec<String> = handler.0.lock().unwrap().iter().map(|(body, _)| body.clone()).collect();
+    bodies.sort();
+    bodies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pointer_is_read_before_the_key_and_the_handler_sees_the_payload() {
+    let large = order("o-1", 300_000);
+    let large_bytes = large.len() as u64;
+    let bucket = Bucket::with(&[("k-1", &large), ("k-big", &order("o-4", 2_000_000))]);
+    let options = PayloadOptions { max_bytes: 1_000_000, ..Default::default() };
+    let handler = Arc::new(Remembers::default());
+    let engine = setup(&bucket, options).engine(Arc::clone(&handler));
+    let mut malformed = message("m-malformed", json!({"order_id": "o-3"}));
+    malformed["messageAttributes"] = pointer("-", "-")["messageAttributes"].clone();
+    let records = vec![
+        pointer("m-1", "k-1"),
+        message("m-plain", json!({"order_id": "o-2"})),
+        pointer("m-gone", "k-gone"),
+        malformed,
+        pointer("m-big", "k-big"),
+        // Another message pointing to m-1's payload: the same order, so the same key.
+        pointer("m-1-again", "k-1"),
+    ];
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+
+    assert_eq!(failures(&report), ["m-gone", "m-malformed", "m-big"]);
+    assert_eq!(bodies(&handler), [large, json!({"order_id": "o-2"}).to_string()]);
+    let record = |id: &str| report.records.iter().find(|record| record.message_id == id).unwrap();
+    assert_eq!(record("m-1").key.as_deref(), Some("test#o-1"), "keyed by the payload");
+    assert_eq!(record("m-1").payload_bytes, Some(large_bytes));
+    assert_eq!(outcome(&report, "m-1-again"), &Outcome::Duplicate);
+    assert_eq!(record("m-plain").payload_bytes, None);
+    let unavailable = |id: &str| match outcome(&report, id) {
+        Outcome::Failed(Failure::PayloadUnavailable(reason)) => reason.clone(),
+        other => panic!("{id}: {other:?}"),
+    };
+    assert!(unavailable("m-gone").starts_with("no object at s3://large/k-gone"), "{}", unavailable("m-gone"));
+    assert!(unavailable("m-big").contains("over SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES=1000000"), "{}", unavailable("m-big"));
+    assert!(matches!(outcome(&report, "m-malformed"), Outcome::Failed(Failure::InvalidRecord(_))));
+    assert!(bucket.deleted().is_empty(), "objects are kept unless SQS_ONCE_LARGE_PAYLOAD_DELETE is on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_are_deleted_after_success_only_when_asked() {
+    let bucket = Bucket::with(&[
+        ("k-ok", &order("o-1", 10)),
+        ("k-fail", &json!({"order_id": "o-2", "fail": "retryable"}).to_string()),
+    ]);
+    let handler = super::Directed::default();
+    let options = PayloadOptions { delete_after: true, ..Default::default() };
+    let engine = setup(&bucket, options).engine(handler.clone());
+    let report =
+        run(&engine, vec![pointer("m-ok", "k-ok"), pointer("m-fail", "k-fail")], Duration::from_secs(30)).await;
+
+    assert_eq!(failures(&report), ["m-fail"]);
+    assert_eq!(bucket.deleted(), ["k-ok"], "the failed record's payload stays for its redelivery");
+    assert_eq!(handler.runs().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_large_payloads_off_the_pointer_is_the_body() {
+    let bucket = Bucket::with(&[("k-1", &order("o-1", 10))]);
+    let handler = Arc::new(Remembers::default());
+    let options = PayloadOptions { fetch: false, ..Default::default() };
+    let engine = Setup { key: "messageId", ..setup(&bucket, options) }.engine(Arc::clone(&handler));
+    let report = run(&engine, vec![pointer("m-1", "k-1")], Duration::from_secs(30)).await;
+
+    assert!(failures(&report).is_empty());
+    let pointer_body = pointer("m-1", "k-1")["body"].as_str().unwrap().to_owned();
+    assert_eq!(bodies(&handler), [pointer_body]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_payload_store_a_pointer_fails_its_record_alone() {
+    let handler = Arc::new(Remembers::default());
+    let engine = Setup::default().engine(Arc::clone(&handler));
+    let report = run(&engine, vec![pointer("m-1", "k-1"), message("m-2", json!({}))], Duration::from_secs(30)).await;
+
+    assert_eq!(failures(&report), ["m-1"]);
+    match outcome(&report, "m-1") {
+        Outcome::Failed(Failure::PayloadUnavailable(reason)) => assert!(reason.contains("`s3` feature"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(handler.0.lock().unwrap().len(), 1, "the pointer never reaches the handler as a payload");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sns_extended_clients_pointer_is_read_inside_the_envelope() {
+    let payload = order("o-9", 400_000);
+    let bucket = Bucket::with(&[("k-9", &payload)]);
+    let handler = Arc::new(Remembers::default());
+    let options = super::EngineOptions { envelope: EnvelopeKind::Sns, ..Default::default() };
+    let setup = Setup {
+        options: super::EngineOptions { payloads: PayloadOptions::default(), ..options },
+        ..setup(&bucket, PayloadOptions::default())
+    };
+    let engine = setup.engine(Arc::clone(&handler));
+    let pointer_body = pointer("-", "k-9")["body"].as_str().unwrap().to_owned();
+    let notification = json!({
+        "Type": "Notification",
+        "MessageId": "95df01b4-ee98-5cb9-9903-4c221d41eb5e",
+        "TopicArn": "arn:aws:sns:us-east-1:123456789012:orders",
+        "Message": pointer_body,
+        "Timestamp": "2026-11-23T10:00:00.000Z",
+        "MessageAttributes": {"ExtendedPayloadSize": {"Type": "Number", "Value": "400024"}}
+    });
+    let report = run(&engine, vec![message("m-9", notification)], Duration::from_secs(30)).await;
+
+    assert!(failures(&report).is_empty(), "{report:?}");
+    assert_eq!(bodies(&handler), [payload]);
+}

@@ -1,0 +1,227 @@
+//! Payloads kept in S3: the pointers of the Amazon SQS Extended Client.
+//!
+//! A producer whose message is too large for SQS (1 MiB) or SNS (256 KiB)
+//! writes it to an S3 object and sends a pointer instead, as the Extended
+//! Client for Java and Python (and SNS's for Java) do: the message carries
+//! the `ExtendedPayloadSize` attribute (`SQSLargePayloadSize` in the older
+//! clients), and its body names the object,
+//! `["software.amazon.payloadoffloading.PayloadS3Pointer",
+//! {"s3BucketName": "…", "s3Key": "…"}]`. The engine reads such a record's
+//! payload from S3 before anything else, so that its key, payload
+//! validation, logs and handler see the message the producer sent.
+//!
+//! The engine knows only [`PayloadStore`]; the S3 one lives with the
+//! consumer (feature `s3`).
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use crate::envelope::{Envelope, Opened};
+
+/// The message attribute that marks a pointer, with the payload's size in
+/// bytes as its value.
+pub(crate) const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
+/// The same attribute as the Extended Client before version 2 names it.
+pub(crate) const LEGACY_SIZE_ATTRIBUTE: &str = "SQSLargePayloadSize";
+/// The first element of a pointer body.
+const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
+/// The same, as the Extended Client before version 2 writes it.
+const LEGACY_POINTER_CLASS: &str = "com.amazon.sqs.javamessaging.MessageS3Pointer";
+
+/// Where a payload kept in S3 is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PayloadPointer {
+    /// The bucket.
+    pub bucket: String,
+    /// The object's key in it.
+    pub key: String,
+}
+
+/// The pointer's object as the body carries it.
+#[derive(Deserialize)]
+struct Location {
+    #[serde(rename = "s3BucketName")]
+    bucket: String,
+    #[serde(rename = "s3Key")]
+    key: String,
+}
+
+impl PayloadPointer {
+    /// The pointer a body holds, or why it holds none.
+    pub(crate) fn parse(body: &str) -> Result<Self, String> {
+        let (class, location): (String, Location) = serde_json::from_str(body).map_err(|error| {
+            format!("a message marked {SIZE_ATTRIBUTE} must have an S3 pointer for its body: {error}")
+        })?;
+        if class != POINTER_CLASS && class != LEGACY_POINTER_CLASS {
+            return Err(format!("`{class}` is not an S3 pointer (expected {POINTER_CLASS})"));
+        }
+        if location.bucket.is_empty() || location.key.is_empty() {
+            return Err("the S3 pointer names no bucket or no key".into());
+        }
+        Ok(Self { bucket: location.bucket, key: location.key })
+    }
+
+    /// The pointer `opened` carries: `None` for a message without the
+    /// pointer's attribute (on the SQS message, or for SNS's extended client
+    /// on the notification inside the envelope), or why its body is not one.
+    pub(crate) fn of(opened: &Opened<'_>) -> Option<Result<Self, String>> {
+        let on_message = |name: &str| opened.message.message_attributes.contains_key(name);
+        let on_envelope = |name: &str| match &opened.envelope {
+            Some(Envelope::Sns(notification)) => notification.message_attributes.contains_key(name),
+            _ => false,
+        };
+        let marked = [SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE].iter().any(|name| on_message(name) || on_envelope(name));
+        marked.then(|| Self::parse(&opened.body))
+    }
+}
+
+impl fmt::Display for PayloadPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)
+    }
+}
+
+/// Why a payload could not be read.
+// Only the S3 store (feature `s3`) and the tests' stores make them.
+#[cfg_attr(not(feature = "s3"), allow(dead_code))]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PayloadError {
+    /// No object at the pointer: deleted after an earlier delivery, by the
+    /// bucket's lifecycle rule, or never written.
+    #[error("no object at {0}: deleted after an earlier delivery or by a lifecycle rule, or never written")]
+    Missing(PayloadPointer),
+    /// The object is larger than the consumer reads.
+    #[error("the object at {pointer} has {size} bytes, over SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES={limit}")]
+    TooLarge {
+        /// Where it is.
+        pointer: PayloadPointer,
+        /// Its size, as far as it was read.
+        size: u64,
+        /// The largest payload read.
+        limit: u64,
+    },
+    /// The object is not UTF-8 text, as a message body must be.
+    #[error("the object at {0} is not UTF-8 text")]
+    NotText(PayloadPointer),
+    /// S3 refused or failed the request.
+    #[error("reading {pointer} failed: {reason}")]
+    Unavailable {
+        /// Where it is.
+        pointer: PayloadPointer,
+        /// What S3 said.
+        reason: String,
+    },
+}
+
+/// Where payloads too large for a message are kept: S3 in production.
+#[async_trait]
+pub(crate) trait PayloadStore: Send + Sync + fmt::Debug {
+    /// The payload at `pointer`, read into memory once, refused past
+    /// `limit` bytes.
+    async fn get(&self, pointer: &PayloadPointer, limit: u64) -> Result<String, PayloadError>;
+
+    /// Deletes the object at `pointer`; deleting one that is gone succeeds.
+    async fn delete(&self, pointer: &PayloadPointer) -> Result<(), PayloadError>;
+}
+
+/// How records that carry a pointer are read (docs/configuration.md,
+/// *Large messages*).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PayloadOptions {
+    /// Read the payload a pointer names (`SQS_ONCE_LARGE_PAYLOADS`); off, the
+    /// pointer is the body.
+    pub fetch: bool,
+    /// The largest payload read, in bytes (`SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`).
+    pub max_bytes: u64,
+    /// Delete the object once its record succeeded
+    /// (`SQS_ONCE_LARGE_PAYLOAD_DELETE`).
+    pub delete_after: bool,
+}
+
+/// The largest payload read unless `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES` says
+/// otherwise: each record being processed holds its payload in memory.
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+impl Default for PayloadOptions {
+    fn default() -> Self {
+        Self { fetch: true, max_bytes: DEFAULT_MAX_BYTES, delete_after: false }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::HashMap, sync::Arc};
+
+    use aws_lambda_events::sqs::{SqsMessage, SqsMessageAttribute};
+    use serde_json::json;
+
+    use super::*;
+    use crate::envelope::EnvelopeKind;
+
+    fn message(body: &str, attributes: &[&str]) -> Arc<SqsMessage> {
+        let mut message = SqsMessage::default();
+        message.message_id = Some("m-1".into());
+        message.body = Some(body.into());
+        message.message_attributes = attributes
+            .iter()
+            .map(|name| {
+                let mut attribute = SqsMessageAttribute::default();
+                attribute.string_value = Some("300000".into());
+                attribute.data_type = Some("Number".into());
+                ((*name).to_owned(), attribute)
+            })
+            .collect::<HashMap<_, _>>();
+        Arc::new(message)
+    }
+
+    // The body amazon-sqs-extended-client 1.0.1 (Python) sends, byte for byte.
+    const PYTHON_BODY: &str = r#"["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3BucketName": "large", "s3Key": "5f1f4a47-2f63-4be8-8c3f-0b5c8a0d1e2f"}]"#;
+
+    #[test]
+    fn the_extended_clients_pointers_are_read_from_a_marked_message() {
+        let pointer = PayloadPointer { bucket: "large".into(), key: "5f1f4a47-2f63-4be8-8c3f-0b5c8a0d1e2f".into() };
+        let sent = message(PYTHON_BODY, &[SIZE_ATTRIBUTE]);
+        assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer.clone())));
+        let legacy = PYTHON_BODY.replace(POINTER_CLASS, LEGACY_POINTER_CLASS);
+        let sent = message(&legacy, &[LEGACY_SIZE_ATTRIBUTE]);
+        assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer)));
+    }
+
+    #[test]
+    fn a_message_without_the_attribute_is_its_own_payload_whatever_its_body() {
+        let sent = message(PYTHON_BODY, &["tenant"]);
+        assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), None);
+    }
+
+    #[test]
+    fn a_marked_message_whose_body_is_no_pointer_says_why() {
+        for body in ["{}", r#"["x.Other", {"s3BucketName": "b", "s3Key": "k"}]"#, r#"[1, 2]"#] {
+            let sent = message(body, &[SIZE_ATTRIBUTE]);
+            let refused = PayloadPointer::of(&Opened::plain(&sent)).expect("marked");
+            assert!(refused.is_err(), "{body}");
+        }
+        let empty = r#"["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3BucketName": "", "s3Key": "k"}]"#;
+        let sent = message(empty, &[SIZE_ATTRIBUTE]);
+        assert_eq!(
+            PayloadPointer::of(&Opened::plain(&sent)),
+            Some(Err("the S3 pointer names no bucket or no key".into()))
+        );
+    }
+
+    #[test]
+    fn snss_extended_client_marks_the_notification_inside_the_envelope() {
+        let notification = json!({
+            "Type": "Notification",
+            "MessageId": "95df01b4-ee98-5cb9-9903-4c221d41eb5e",
+            "TopicArn": "arn:aws:sns:us-east-1:123456789012:orders",
+            "Message": PYTHON_BODY,
+            "Timestamp": "2026-11-23T10:00:00.000Z",
+            "MessageAttributes": {"ExtendedPayloadSize": {"Type": "Number", "Value": "300000"}}
+        });
+        let sent = message(&notification.to_string(), &[]);
+        let opened = Opened::new(&sent, EnvelopeKind::Sns).expect("an SNS notification");
+        assert_eq!(PayloadPointer::of(&opened).map(|pointer| pointer.map(|p| p.bucket)), Some(Ok("large".into())));
+    }
+}

@@ -1,0 +1,79 @@
+//! Payloads kept in S3, read and deleted with the AWS SDK (feature `s3`).
+
+use async_trait::async_trait;
+use aws_config::SdkConfig;
+
+use crate::payload::{PayloadError, PayloadPointer, PayloadStore};
+
+/// The S3 client payloads are read with, built from the shared SDK
+/// configuration ([`crate::aws::sdk_config`]) when the first pointer
+/// arrives, so that a consumer that never receives one never loads it.
+/// `AWS_ENDPOINT_URL_S3` points it elsewhere (a local S3 server, addressed
+/// by path since it has no bucket host names).
+#[derive(Debug, Default)]
+pub(crate) struct S3Payloads {
+    config: Option<SdkConfig>,
+    client: tokio::sync::OnceCell<aws_sdk_s3::Client>,
+}
+
+impl S3Payloads {
+    /// Payloads read through a client of `config`, or of the SDK's default
+    /// configuration, loaded when first needed.
+    pub(crate) fn new(config: Option<&SdkConfig>) -> Self {
+        Self { config: config.cloned(), client: tokio::sync::OnceCell::new() }
+    }
+
+    async fn client(&self) -> &aws_sdk_s3::Client {
+        self.client
+            .get_or_init(|| async {
+                let config = match &self.config {
+                    Some(config) => config.clone(),
+                    None => crate::aws::sdk_config().await,
+                };
+                let by_path =
+                    ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"].iter().any(|name| std::env::var_os(name).is_some());
+                let s3 = aws_sdk_s3::config::Builder::from(&config).force_path_style(by_path).build();
+                aws_sdk_s3::Client::from_conf(s3)
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl PayloadStore for S3Payloads {
+    async fn get(&self, pointer: &PayloadPointer, limit: u64) -> Result<String, PayloadError> {
+        let unavailable = |reason: String| PayloadError::Unavailable { pointer: pointer.clone(), reason };
+        let too_large = |size: u64| PayloadError::TooLarge { pointer: pointer.clone(), size, limit };
+        let object = self.client().await.get_object().bucket(&pointer.bucket).key(&pointer.key).send().await;
+        let object = match object {
+            Ok(object) => object,
+            Err(error) if error.as_service_error().is_some_and(|error| error.is_no_such_key()) => {
+                return Err(PayloadError::Missing(pointer.clone()));
+            }
+            Err(error) => return Err(unavailable(crate::aws::describe(&error))),
+        };
+        let announced = object.content_length().map_or(0, |length| u64::try_from(length).unwrap_or(0));
+        if announced > limit {
+            return Err(too_large(announced));
+        }
+        // Read once into a buffer of the announced size, and never past the limit.
+        let mut payload = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
+        let mut body = object.body;
+        while let Some(chunk) = body.try_next().await.map_err(|error| unavailable(error.to_string()))? {
+            let size = (payload.len() + chunk.len()) as u64;
+            if size > limit {
+                return Err(too_large(size));
+            }
+            payload.extend_from_slice(&chunk);
+        }
+        String::from_utf8(payload).map_err(|_| PayloadError::NotText(pointer.clone()))
+    }
+
+    async fn delete(&self, pointer: &PayloadPointer) -> Result<(), PayloadError> {
+        let deleted = self.client().await.delete_object().bucket(&pointer.bucket).key(&pointer.key).send().await;
+        deleted.map(drop).map_err(|error| PayloadError::Unavailable {
+            pointer: pointer.clone(),
+            reason: crate::aws::describe(&error),
+        })
+    }
+}
