@@ -6,6 +6,10 @@ and consumer on the other side of sqs-once's large messages.
         sends each line of standard input as a message through the client:
         those over its threshold (256 KiB) go to S3 as the bucket's objects,
         the rest as they are; creates the bucket if it is missing
+    extended-client.py receive QUEUE_URL COUNT
+        receives COUNT messages through the client, which reads the payloads
+        their pointers name from S3, and prints each body on a line of its
+        own, deleting the messages
     extended-client.py delete BUCKET
         deletes every object of the bucket
 
@@ -38,6 +42,22 @@ def send(queue_url, bucket):
             sqs.send_message(QueueUrl=queue_url, MessageBody=body)
 
 
+def receive(queue_url, count):
+    # The client reads the payload of every message marked ExtendedPayloadSize from the bucket its pointer names.
+    sqs = SQSExtendedClientSession().client("sqs")
+    received = 0
+    for _ in range(60):
+        if received >= count:
+            return
+        answer = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=min(10, count - received),
+                                     WaitTimeSeconds=1, MessageAttributeNames=["All"])
+        for message in answer.get("Messages", []):
+            print(message["Body"])
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+            received += 1
+    sys.exit(f"received {received} of {count} messages")
+
+
 def delete(bucket):
     bucket_of(bucket).objects.all().delete()
 
@@ -47,6 +67,8 @@ def main(args):
     os.environ.setdefault("AWS_DEFAULT_REGION", os.environ.get("AWS_REGION", "us-east-1"))
     if args[:1] == ["send"] and len(args) == 3:
         send(args[1], args[2])
+    elif args[:1] == ["receive"] and len(args) == 3:
+        receive(args[1], int(args[2]))
     elif args[:1] == ["delete"] and len(args) == 2:
         delete(args[1])
     else:

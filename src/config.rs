@@ -316,8 +316,10 @@ impl Env<'_> {
         Ok(engine)
     }
 
-    /// How records that carry an S3 pointer are read: `SQS_ONCE_LARGE_PAYLOADS`,
-    /// `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`, `SQS_ONCE_LARGE_PAYLOAD_DELETE`.
+    /// How records that carry an S3 pointer are read, and where staged
+    /// messages too large to send go: `SQS_ONCE_LARGE_PAYLOADS`,
+    /// `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`, `SQS_ONCE_LARGE_PAYLOAD_DELETE`,
+    /// `SQS_ONCE_LARGE_PAYLOAD_BUCKET`.
     fn payload_options(&self) -> Result<PayloadOptions, ConfigError> {
         let defaults = PayloadOptions::default();
         let options = PayloadOptions {
@@ -328,7 +330,14 @@ impl Env<'_> {
                 "a positive number of bytes",
             )?,
             delete_after: self.flag("SQS_ONCE_LARGE_PAYLOAD_DELETE", defaults.delete_after)?,
+            bucket: self.text("SQS_ONCE_LARGE_PAYLOAD_BUCKET").map(|bucket| bucket.trim().to_owned()),
         };
+        if options.bucket.is_some() && !cfg!(feature = "s3") {
+            return Err(self.invalid(
+                "SQS_ONCE_LARGE_PAYLOAD_BUCKET",
+                "nothing: this program was built without sqs-once's `s3` feature, which writes to S3",
+            ));
+        }
         if options.max_bytes == 0 {
             return Err(self.invalid("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "a positive number of bytes"));
         }
@@ -539,7 +548,10 @@ mod tests {
     #[test]
     fn large_payloads_are_read_by_default_and_their_settings_must_make_sense() {
         let payloads = config(&[]).unwrap().engine.payloads;
-        assert_eq!(payloads, PayloadOptions { fetch: true, max_bytes: 16 * 1024 * 1024, delete_after: false });
+        assert_eq!(
+            payloads,
+            PayloadOptions { fetch: true, max_bytes: 16 * 1024 * 1024, delete_after: false, bucket: None }
+        );
         let error = config(&[("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "0")]).unwrap_err();
         assert_eq!(
             error.to_string(),
@@ -553,7 +565,13 @@ mod tests {
                 .unwrap()
                 .engine
                 .payloads;
-        assert_eq!(payloads, PayloadOptions { fetch: true, max_bytes: 1_048_576, delete_after: true });
+        assert_eq!(payloads, PayloadOptions { fetch: true, max_bytes: 1_048_576, delete_after: true, bucket: None });
+        let bucket = config(&[("SQS_ONCE_LARGE_PAYLOAD_BUCKET", "large")]);
+        if cfg!(feature = "s3") {
+            assert_eq!(bucket.unwrap().engine.payloads.bucket.as_deref(), Some("large"));
+        } else {
+            assert_eq!(bucket.unwrap_err().name, "SQS_ONCE_LARGE_PAYLOAD_BUCKET", "without `s3`, refused at the start");
+        }
     }
 
     #[test]
@@ -566,7 +584,7 @@ mod tests {
             [("SQS_ONCE_KEYS".to_owned(), "SQS_ONCE_KEY"), ("SQS_ONCE_TABEL".to_owned(), "SQS_ONCE_TABLE")],
             "a setting, a handler's own name, another prefix and a name far from any are left alone"
         );
-        assert_eq!(settings().count(), 43, "docs/configuration.md's table lists every setting");
+        assert_eq!(settings().count(), 44, "docs/configuration.md's table lists every setting");
         assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
     }

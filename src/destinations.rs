@@ -13,6 +13,7 @@ use aws_sdk_sqs::error::ProvideErrorMetadata;
 use crate::outbox::{Destinations, SendError};
 use crate::{
     lock::lock,
+    payload::SIZE_ATTRIBUTE,
     sqs::{OutgoingMessage, Sqs},
     trace::{Propagators, TRACEPARENT},
     transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE},
@@ -121,11 +122,12 @@ impl Clients {
         (outbox_id, message): (&str, &Message),
         propagators: Propagators,
     ) -> Result<(), SendError> {
-        let attribute = |value: &str| {
-            aws_sdk_sqs::types::MessageAttributeValue::builder().data_type("String").string_value(value).build()
+        let attribute = |name: &str, value: &str| {
+            let value = aws_sdk_sqs::types::MessageAttributeValue::builder().string_value(value);
+            value.data_type(data_type(name)).build()
         };
         let attributes = sent_attributes(message, outbox_id, propagators)
-            .map(|(name, value)| Ok((name.to_owned(), attribute(value)?)))
+            .map(|(name, value)| Ok((name.to_owned(), attribute(name, value)?)))
             .collect::<Result<HashMap<_, _>, aws_sdk_sqs::error::BuildError>>()
             .map_err(|error| refused(format!("invalid message attribute: {error}")))?;
         let fifo = message.destination.is_fifo();
@@ -149,11 +151,12 @@ impl Clients {
         (outbox_id, message): (&str, &Message),
         propagators: Propagators,
     ) -> Result<(), SendError> {
-        let attribute = |value: &str| {
-            aws_sdk_sns::types::MessageAttributeValue::builder().data_type("String").string_value(value).build()
+        let attribute = |name: &str, value: &str| {
+            let value = aws_sdk_sns::types::MessageAttributeValue::builder().string_value(value);
+            value.data_type(data_type(name)).build()
         };
         let attributes = sent_attributes(message, outbox_id, propagators)
-            .map(|(name, value)| Ok((name.to_owned(), attribute(value)?)))
+            .map(|(name, value)| Ok((name.to_owned(), attribute(name, value)?)))
             .collect::<Result<HashMap<_, _>, aws_sdk_sns::error::BuildError>>()
             .map_err(|error| refused(format!("invalid message attribute: {error}")))?;
         self.sns
@@ -261,6 +264,13 @@ fn sent_attributes<'m>(
     let own = message.attributes.iter().map(|(name, value)| (name.as_str(), value.as_str()));
     let own = own.filter(move |(name, _)| propagators.w3c || *name != TRACEPARENT);
     own.chain([(OUTBOX_ID_ATTRIBUTE, outbox_id)])
+}
+
+/// The data type a message attribute is sent with: the payload size of a
+/// message whose payload went through S3 is a number, as the Extended
+/// Client sends it; every other attribute a string.
+fn data_type(name: &str) -> &'static str {
+    if name == SIZE_ATTRIBUTE { "Number" } else { "String" }
 }
 
 /// The X-Ray trace header a message is sent with (SQS's `AWSTraceHeader`,

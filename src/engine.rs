@@ -54,10 +54,11 @@ use crate::{
     key::Keys,
     lock::lock,
     outbox::Outbox,
-    payload::{PayloadOptions, PayloadPointer, PayloadStore},
+    payload::{Offload, PayloadOptions, PayloadPointer, PayloadStore},
     report::{BatchReport, Failure, Outcome, RecordReport},
     store::StoreError,
     trace::{self, Propagators, TraceContext},
+    transaction::Transaction,
 };
 use cutoff::{HandlerSlots, Started, cancel_running, returned_outcomes};
 use groups::{keep_group_order, message_groups};
@@ -157,8 +158,12 @@ struct Inner {
     keys: Keys,
     options: EngineOptions,
     outbox: Option<Arc<Outbox>>,
-    /// Where payloads that records point to are read (S3).
+    /// Where payloads that records point to are read (S3), and those of
+    /// messages too large to send are written.
     payloads: Option<Arc<dyn PayloadStore>>,
+    /// Where the payloads of messages too large to send go, when a bucket
+    /// is set and there is a store to write them with.
+    offload: Option<Arc<Offload>>,
     bounds: Bounds,
 }
 
@@ -227,7 +232,8 @@ impl Engine {
         // three times the requests, and under faults three times the late answers.
         let overlap = if claims.gathers_calls() { concurrency } else { 0 };
         let bounds = Bounds::new(concurrency, overlap);
-        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox, payloads, bounds }) }
+        let offload = options.payloads.offload().filter(|_| payloads.is_some()).map(Arc::new);
+        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox, payloads, offload, bounds }) }
     }
 
     /// The trace headers it reads and writes (`OTEL_PROPAGATORS`).
@@ -243,6 +249,14 @@ impl Engine {
     /// The outbox the engine sends staged messages through, if it has one.
     pub(crate) fn outbox(&self) -> Option<&Arc<Outbox>> {
         self.inner.outbox.as_ref()
+    }
+
+    /// The transaction a run on `message` stages into: its messages carry
+    /// the record's trace context onward, and go through S3 when too large
+    /// to send and a bucket is set.
+    fn transaction(&self, message: &Opened<'_>) -> Transaction {
+        let context = trace::onward(message.message, self.inner.options.propagators);
+        Transaction::carrying(context, self.inner.offload.clone())
     }
 
     /// The budget of an invocation due at `deadline`, as this engine plans it.

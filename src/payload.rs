@@ -10,13 +10,20 @@
 //! payload from S3 before anything else, so that its key, payload
 //! validation, logs and handler see the message the producer sent.
 //!
+//! The other way round, a message a handler stages that is too large for
+//! its destination (or for an outbox entry) goes through S3 the same way
+//! when a bucket is set (`SQS_ONCE_LARGE_PAYLOAD_BUCKET`): its payload is
+//! written before the commit, under a key derived from its outbox entry, and
+//! the message sent is the pointer, which the Extended Client, and sqs-once,
+//! read.
+//!
 //! The engine knows only [`PayloadStore`]; the S3 one lives with the
 //! consumer (feature `s3`).
 
 use std::fmt;
 
 use async_trait::async_trait;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::envelope::{Envelope, Opened};
 
@@ -40,7 +47,7 @@ pub(crate) struct PayloadPointer {
 }
 
 /// The pointer's object as the body carries it.
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct Location {
     #[serde(rename = "s3BucketName")]
     bucket: String,
@@ -61,6 +68,13 @@ impl PayloadPointer {
             return Err("the S3 pointer names no bucket or no key".into());
         }
         Ok(Self { bucket: location.bucket, key: location.key })
+    }
+
+    /// The body that carries this pointer, as the Extended Client writes it.
+    pub(crate) fn body(&self) -> String {
+        let location = Location { bucket: self.bucket.clone(), key: self.key.clone() };
+        // A tuple serializes as the array the Extended Client writes; serializing two strings cannot fail.
+        serde_json::to_string(&(POINTER_CLASS, location)).unwrap_or_default()
     }
 
     /// The pointer `opened` carries: `None` for a message without the
@@ -106,7 +120,7 @@ pub(crate) enum PayloadError {
     #[error("the object at {0} is not UTF-8 text")]
     NotText(PayloadPointer),
     /// S3 refused or failed the request.
-    #[error("reading {pointer} failed: {reason}")]
+    #[error("S3 refused or failed the request for {pointer}: {reason}")]
     Unavailable {
         /// Where it is.
         pointer: PayloadPointer,
@@ -121,6 +135,10 @@ pub(crate) trait PayloadStore: Send + Sync + fmt::Debug {
     /// The payload at `pointer`, read into memory once, refused past
     /// `limit` bytes.
     async fn get(&self, pointer: &PayloadPointer, limit: u64) -> Result<String, PayloadError>;
+
+    /// Writes `payload` at `pointer`, replacing what is there: writing one
+    /// payload twice under its pointer leaves it as written once.
+    async fn put(&self, pointer: &PayloadPointer, payload: &str) -> Result<(), PayloadError>;
 
     /// Deletes the object at `pointer`; deleting one that is gone succeeds.
     async fn delete(&self, pointer: &PayloadPointer) -> Result<(), PayloadError>;
@@ -138,6 +156,37 @@ pub(crate) struct PayloadOptions {
     /// Delete the object once its record succeeded
     /// (`SQS_ONCE_LARGE_PAYLOAD_DELETE`).
     pub delete_after: bool,
+    /// Where the payloads of staged messages too large to send are written
+    /// (`SQS_ONCE_LARGE_PAYLOAD_BUCKET`); without one, staging refuses them.
+    pub bucket: Option<String>,
+}
+
+impl PayloadOptions {
+    /// How staged messages too large to send go through S3, when a bucket is set.
+    pub(crate) fn offload(&self) -> Option<Offload> {
+        let bucket = self.bucket.clone()?;
+        Some(Offload { bucket, max_bytes: self.max_bytes })
+    }
+}
+
+/// How a staged message too large for its destination, or for an outbox
+/// entry, goes through S3: its payload in `bucket`, at most `max_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Offload {
+    /// The bucket (`SQS_ONCE_LARGE_PAYLOAD_BUCKET`).
+    pub bucket: String,
+    /// The largest payload written (`SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`).
+    pub max_bytes: u64,
+}
+
+impl Offload {
+    /// Where the payload of the outbox entry whose outbox id is `outbox_id`
+    /// is kept: the same however often the entry is committed or sent, so
+    /// that a commit sent again writes the same object, and a sweep sends a
+    /// pointer to it.
+    pub(crate) fn pointer(&self, outbox_id: &str) -> PayloadPointer {
+        PayloadPointer { bucket: self.bucket.clone(), key: format!("sqs-once/{outbox_id}") }
+    }
 }
 
 /// The largest payload read unless `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES` says
@@ -146,7 +195,7 @@ pub(crate) const DEFAULT_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
 impl Default for PayloadOptions {
     fn default() -> Self {
-        Self { fetch: true, max_bytes: DEFAULT_MAX_BYTES, delete_after: false }
+        Self { fetch: true, max_bytes: DEFAULT_MAX_BYTES, delete_after: false, bucket: None }
     }
 }
 
@@ -186,7 +235,8 @@ mod tests {
         assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer.clone())));
         let legacy = PYTHON_BODY.replace(POINTER_CLASS, LEGACY_POINTER_CLASS);
         let sent = message(&legacy, &[LEGACY_SIZE_ATTRIBUTE]);
-        assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer)));
+        assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer.clone())));
+        assert_eq!(PayloadPointer::parse(&pointer.body()), Ok(pointer), "what sqs-once writes, it reads");
     }
 
     #[test]

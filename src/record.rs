@@ -9,7 +9,6 @@ use tokio::time::Instant;
 use crate::{
     envelope::{Envelope, Opened},
     handler::HandlerError,
-    trace::{self, Propagators},
     transaction::Transaction,
 };
 
@@ -46,12 +45,14 @@ impl Record {
     /// `deadline`; its body is the message's body as it is.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn new(message: &Arc<SqsMessage>, key: String, deadline: Instant) -> Self {
-        Self::opened(&Opened::plain(message), key, deadline, Propagators::default())
+        let context = crate::trace::onward(message, crate::trace::Propagators::default());
+        let transaction = Transaction::carrying(context, None);
+        Self::opened(&Opened::plain(message), key, deadline, transaction)
     }
 
     /// A record for a message whose envelope has been opened: its body is
-    /// the message inside.
-    pub(crate) fn opened(opened: &Opened<'_>, key: String, deadline: Instant, propagators: Propagators) -> Self {
+    /// the message inside; its handler stages into `transaction`.
+    pub(crate) fn opened(opened: &Opened<'_>, key: String, deadline: Instant, transaction: Transaction) -> Self {
         let message = opened.message;
         Self {
             message_id: message.message_id.clone().unwrap_or_default(),
@@ -61,7 +62,7 @@ impl Record {
             receive_count: receive_count(message),
             message: Arc::clone(message),
             deadline,
-            transaction: Transaction::carrying(trace::onward(message, propagators)),
+            transaction,
         }
     }
 

@@ -1,4 +1,5 @@
-//! Payloads kept in S3, read and deleted with the AWS SDK (feature `s3`).
+//! Payloads kept in S3, read, written and deleted with the AWS SDK
+//! (feature `s3`).
 
 use async_trait::async_trait;
 use aws_config::SdkConfig;
@@ -67,6 +68,16 @@ impl PayloadStore for S3Payloads {
             payload.extend_from_slice(&chunk);
         }
         String::from_utf8(payload).map_err(|_| PayloadError::NotText(pointer.clone()))
+    }
+
+    async fn put(&self, pointer: &PayloadPointer, payload: &str) -> Result<(), PayloadError> {
+        let body = aws_sdk_s3::primitives::ByteStream::from(payload.as_bytes().to_vec());
+        let put = self.client().await.put_object().bucket(&pointer.bucket).key(&pointer.key).body(body);
+        let written = put.content_type("application/octet-stream").send().await;
+        written.map(drop).map_err(|error| PayloadError::Unavailable {
+            pointer: pointer.clone(),
+            reason: crate::aws::describe(&error),
+        })
     }
 
     async fn delete(&self, pointer: &PayloadPointer) -> Result<(), PayloadError> {

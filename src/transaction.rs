@@ -57,7 +57,7 @@ pub(crate) fn item_size(item: &serde_json::Map<String, serde_json::Value>) -> us
     write::attributes_size(item.iter().map(|(name, value)| (name.as_str(), value)))
 }
 
-use crate::{HandlerError, lock::lock, trace::TraceContext};
+use crate::{HandlerError, lock::lock, payload::Offload, trace::TraceContext};
 
 /// Most actions in one transaction, the claim's completion included
 /// (DynamoDB's limit for `TransactWriteItems`:
@@ -153,6 +153,12 @@ impl Staged {
         self.writes.is_empty() && self.messages.is_empty()
     }
 
+    /// The staged messages, to put pointers in place of payloads that go
+    /// through S3 (see [`crate::payload::Offload`]).
+    pub(crate) fn messages_mut(&mut self) -> &mut [Message] {
+        &mut self.messages
+    }
+
     /// The writes and the messages.
     pub(crate) fn into_parts(self) -> (Vec<Write>, Vec<Message>) {
         (self.writes, self.messages)
@@ -206,12 +212,15 @@ pub struct Transaction {
     /// The trace context of the record whose run stages: the messages
     /// staged carry it onward.
     context: Option<TraceContext>,
+    /// Where messages too large to send go instead, when anywhere.
+    offload: Option<Arc<Offload>>,
 }
 
 impl Transaction {
-    /// An empty transaction whose messages carry `context` onward.
-    pub(crate) fn carrying(context: Option<TraceContext>) -> Self {
-        Self { staged: Arc::default(), context }
+    /// An empty transaction whose messages carry `context` onward, and go
+    /// through S3 as `offload` says when too large to send.
+    pub(crate) fn carrying(context: Option<TraceContext>, offload: Option<Arc<Offload>>) -> Self {
+        Self { staged: Arc::default(), context, offload }
     }
 
     /// Stages a write, to commit with the claim when the handler succeeds.
@@ -244,10 +253,11 @@ impl Transaction {
     /// committing, as a refused [`stage`](Self::stage) does.
     pub fn send(&self, message: Message) -> Result<(), StageError> {
         let mut staged = lock(&self.staged);
-        let staging = message.staged_under(self.context.as_ref()).and_then(|(message, bytes)| {
-            staged.make_room(&|| format!("message to {}", message.destination.name()), bytes)?;
-            Ok((message, bytes))
-        });
+        let staging =
+            message.staged_under(self.context.as_ref(), self.offload.as_deref()).and_then(|(message, bytes)| {
+                staged.make_room(&|| format!("message to {}", message.destination.name()), bytes)?;
+                Ok((message, bytes))
+            });
         let (message, bytes) = staged.refuse_on_error(staging)?;
         staged.bytes += bytes;
         staged.messages.push(message);
@@ -392,7 +402,7 @@ mod tests {
     #[test]
     fn messages_carry_the_trace_context_of_their_record_onward_where_there_is_room() {
         let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-        let transaction = Transaction::carrying(TraceContext::from_traceparent(traceparent));
+        let transaction = Transaction::carrying(TraceContext::from_traceparent(traceparent), None);
         let own = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-00";
         let nine = (0..9).fold(Message::sqs(QUEUE, "m"), |message, n| message.attribute(format!("a{n}"), "v"));
         let event = Message::event("default", "s", "t", serde_json::json!({}));
@@ -437,6 +447,50 @@ mod tests {
         let quoted = "\"".repeat(200 * 1024);
         let error = Transaction::default().send(Message::sqs(QUEUE, "m").attribute("q", quoted)).unwrap_err();
         assert!(error.to_string().contains("outbox item"), "{error}");
+    }
+
+    #[test]
+    fn with_a_bucket_messages_too_large_to_send_are_staged_to_go_through_s3() {
+        const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:t";
+        let offload = Offload { bucket: "large".into(), max_bytes: 8 * 1024 * 1024 };
+        let transaction = Transaction::carrying(None, Some(Arc::new(offload)));
+        // Past SQS's 1 MiB, SNS's 256 KiB and an outbox item's 392 KB: staged, and counted as the pointer they become.
+        for message in [
+            Message::sqs(QUEUE, "x".repeat(2 * 1024 * 1024)),
+            Message::sns(TOPIC, "x".repeat(300 * 1024)),
+            Message::sqs(QUEUE, "x".repeat(395 * 1024)).attribute("kind", "report"),
+        ] {
+            assert!(message.needs_offload());
+            transaction.send(message).unwrap();
+        }
+        transaction.send(Message::sqs(QUEUE, "small")).unwrap();
+        let staged = transaction.staged();
+        assert_eq!(staged.messages().iter().filter(|message| message.needs_offload()).count(), 3);
+        assert!(staged.bytes < 4 * 1024, "pointers, not payloads, count towards the transaction: {}", staged.bytes);
+        let refused = |message: Message| transaction.send(message).unwrap_err().to_string();
+        assert!(refused(Message::sqs(QUEUE, "x".repeat(9 * 1024 * 1024))).contains("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES"));
+        // An event has no pointer form.
+        let detail = serde_json::json!({ "d": "x".repeat(1100 * 1024) });
+        assert!(refused(Message::event("default", "s", "t", detail)).contains("bytes it takes"));
+        // The pointer takes an attribute: a message with nine of its own has no room for it.
+        let crowded = (0..9).fold(Message::sqs(QUEUE, "x".repeat(2 * 1024 * 1024)), |message, n| {
+            message.attribute(format!("a{n}"), "v")
+        });
+        assert!(refused(crowded).contains("attributes at most"));
+    }
+
+    #[test]
+    fn a_message_through_s3_is_the_extended_clients_pointer_with_the_payloads_size() {
+        let pointer = crate::payload::PayloadPointer { bucket: "large".into(), key: "sqs-once/abc".into() };
+        let message = Message::sqs(QUEUE, "x".repeat(2_000_000)).attribute("kind", "report");
+        let sent = message.through(&pointer);
+        assert_eq!(
+            sent.body,
+            r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"large","s3Key":"sqs-once/abc"}]"#
+        );
+        assert_eq!(sent.attributes["ExtendedPayloadSize"], "2000000");
+        assert_eq!(sent.attributes["kind"], "report");
+        assert!(!sent.needs_offload());
     }
 
     #[test]

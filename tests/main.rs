@@ -12,4 +12,5 @@ mod commits;
 mod layers;
 mod outbox;
 mod own_store;
+mod payloads;
 mod staging;

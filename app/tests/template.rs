@@ -218,8 +218,8 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
             ("HasHandlerQueues".to_owned(), vec!["sqs:SendMessage"], parameter("HandlerQueueArns")),
             ("HasHandlerTopics".to_owned(), vec!["sns:Publish"], parameter("HandlerTopicArns")),
             ("HasHandlerEventBuses".to_owned(), vec!["events:PutEvents"], parameter("HandlerEventBusArns")),
-            // The objects of the large-payload bucket, read; deleted only when asked.
-            ("HasLargePayloadBucket".to_owned(), vec!["s3:GetObject"], sub(LARGE_PAYLOAD_OBJECTS)),
+            // The objects of the large-payload bucket, read and written; deleted only when asked.
+            ("HasLargePayloadBucket".to_owned(), vec!["s3:GetObject", "s3:PutObject"], sub(LARGE_PAYLOAD_OBJECTS)),
             ("DeletesLargePayloads".to_owned(), vec!["s3:DeleteObject"], sub(LARGE_PAYLOAD_OBJECTS)),
             // X-Ray's actions name no resource: the one wildcard, with a collector layer only.
             ("Traced".to_owned(), vec!["xray:PutTelemetryRecords", "xray:PutTraceSegments"], "'*'\n".to_owned()),

@@ -97,6 +97,10 @@ impl Engine {
     ) -> Outcome {
         let claims = &self.inner.claims;
         let nothing_staged = staged.is_empty();
+        let mut staged = staged;
+        if let Err(failure) = self.offload(lease, &mut staged).await {
+            return self.write_failure(record, lease, failure, progress).await;
+        }
         let commit = claims.prepare_commit(lease, output.as_ref(), staged, &record.message_id);
         let entries = commit.outbox.clone();
         let (message_id, key) = (&record.message_id, &record.key);
@@ -152,6 +156,36 @@ impl Engine {
             self.deliver(&entries).await;
         }
         outcome
+    }
+
+    /// Writes to S3 the payloads of the staged messages too large to send
+    /// (see [`crate::payload::Offload`]), each under the pointer of the
+    /// outbox entry it will be, and puts the pointer in its place: before
+    /// the commit, so that no committed entry points to nothing, and under
+    /// the same pointer however often the run commits. A payload that
+    /// cannot be written fails the record, retryable, with nothing
+    /// committed; an object whose commit never lands is left to the
+    /// bucket's lifecycle rule.
+    async fn offload(&self, lease: &Lease, staged: &mut Staged) -> Result<(), Failure> {
+        let large = staged.messages_mut().iter_mut().enumerate().filter(|(_, message)| message.needs_offload());
+        let large: Vec<_> = large.collect();
+        if large.is_empty() {
+            return Ok(());
+        }
+        let (Some(offload), Some(store)) = (&self.inner.offload, &self.inner.payloads) else {
+            // Staging refuses such a message unless the engine offloads.
+            return Err(Failure::Permanent("a staged message is too large to send, and no bucket is set".into()));
+        };
+        let writes = large.into_iter().map(|(n, message)| async move {
+            let pointer =
+                offload.pointer(&OutboxEntry::outbox_id_of(&OutboxEntry::stored_id(&lease.id, &lease.token, n)));
+            store.put(&pointer, &message.body).await.map_err(|error| {
+                Failure::Retryable(format!("the payload of a message to {}: {error}", message.destination.name()))
+            })?;
+            *message = message.through(&pointer);
+            Ok(())
+        });
+        futures::future::join_all(writes).await.into_iter().collect()
     }
 
     /// Sends a committed run's messages, if the engine has an outbox.

@@ -128,8 +128,7 @@ impl Engine {
             let Some(permit) = permit.filter(|_| Instant::now() < state.budget.cutoff()) else {
                 return RunResult::failed(Failure::Deadline);
             };
-            let record =
-                Record::opened(message, key.clone(), state.budget.deadline(), engine.inner.options.propagators);
+            let record = Record::opened(message, key.clone(), state.budget.deadline(), engine.transaction(message));
             let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
             let progress = Arc::new(Mutex::new(Progress::Running));
             let started = Instant::now();

@@ -91,8 +91,7 @@ impl OutboxEntry {
             .iter()
             .enumerate()
             .map(|(n, message)| Self {
-                // Zero-padded, so that listing by id keeps a run's messages in order.
-                id: format!("{claim_id}#outbox#{token}#{n:03}"),
+                id: Self::stored_id(claim_id, token, n),
                 claim_id: claim_id.to_owned(),
                 message_id: message_id.to_owned(),
                 message: message.clone(),
@@ -103,11 +102,23 @@ impl OutboxEntry {
             .collect()
     }
 
+    /// The stored id of the `n`th message a run with `token` on claim
+    /// `claim_id` staged.
+    pub(crate) fn stored_id(claim_id: &str, token: &str, n: usize) -> String {
+        // Zero-padded, so that listing by id keeps a run's messages in order.
+        format!("{claim_id}#outbox#{token}#{n:03}")
+    }
+
     /// The id the message carries wherever it is sent, the same however
     /// often: 64 hexadecimal digits (SHA-256 of the stored id), fit for a
     /// FIFO deduplication id.
     pub(crate) fn outbox_id(&self) -> String {
-        hex::encode(Sha256::digest(self.id.as_bytes()))
+        Self::outbox_id_of(&self.id)
+    }
+
+    /// The outbox id of the entry stored as `stored_id`.
+    pub(crate) fn outbox_id_of(stored_id: &str) -> String {
+        hex::encode(Sha256::digest(stored_id.as_bytes()))
     }
 
     /// Whether another sender may take the entry over at `now_ms`.

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::StageError;
-use crate::trace::{TRACEPARENT, TraceContext};
+use crate::{
+    payload::{Offload, PayloadPointer, SIZE_ATTRIBUTE},
+    trace::{TRACEPARENT, TraceContext},
+};
 
 /// Where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,18 +154,39 @@ impl Message {
     /// of attributes or bytes): a message gives up nothing for its trace.
     ///
     /// [`validate`]: Self::validate
-    pub(super) fn staged_under(mut self, context: Option<&TraceContext>) -> Result<(Self, usize), StageError> {
+    pub(super) fn staged_under(
+        mut self,
+        context: Option<&TraceContext>,
+        offload: Option<&Offload>,
+    ) -> Result<(Self, usize), StageError> {
         if let Some(context) = context
             && !self.attributes.contains_key(TRACEPARENT)
         {
             self.attributes.insert(TRACEPARENT.to_owned(), context.traceparent());
-            match self.validate() {
+            match self.validate(offload) {
                 Ok(bytes) => return Ok((self, bytes)),
                 Err(_) => self.attributes.remove(TRACEPARENT),
             };
         }
-        let bytes = self.validate()?;
+        let bytes = self.validate(offload)?;
         Ok((self, bytes))
+    }
+
+    /// Whether it is too large to send as it is, or to keep in an outbox
+    /// entry: staged so only where it goes through S3 ([`Offload`]).
+    pub(crate) fn needs_offload(&self) -> bool {
+        let (sent, limit) = self.sent_size();
+        sent > limit || self.stored_size() > MAX_STORED_BYTES
+    }
+
+    /// The message that carries `pointer` in its place, as the Amazon SQS
+    /// Extended Client sends one: the pointer for a body, and the payload's
+    /// size as its `ExtendedPayloadSize` attribute.
+    pub(crate) fn through(&self, pointer: &PayloadPointer) -> Self {
+        let mut sent = self.clone();
+        sent.attributes.insert(SIZE_ATTRIBUTE.to_owned(), self.body.len().to_string());
+        sent.body = pointer.body();
+        sent
     }
 
     /// The trace context it carries onward: its `traceparent` attribute, if
@@ -175,7 +199,12 @@ impl Message {
     /// each refusal naming the rule; returns the size of the outbox item
     /// that will hold it. A message staged is committed and then sent until
     /// sent: one its destination refuses would be committed and never sent.
-    fn validate(&self) -> Result<usize, StageError> {
+    ///
+    /// A message too large for its destination, or for its outbox entry,
+    /// goes through S3 when `offload` says where (a queue's or a topic's; an
+    /// event has no such form): what is then stored and sent is a pointer,
+    /// which must pass instead.
+    fn validate(&self, offload: Option<&Offload>) -> Result<usize, StageError> {
         let invalid =
             |reason: String| StageError::InvalidMessage { destination: self.destination.name().into(), reason };
         self.destination.validate().map_err(invalid)?;
@@ -215,6 +244,20 @@ impl Message {
                 return Err(invalid("a FIFO destination needs a message group (Message::group)".into()));
             }
             None => {}
+        }
+        let through_s3 = offload.filter(|_| !matches!(self.destination, Destination::EventBridge { .. }));
+        if let Some(offload) = through_s3
+            && self.needs_offload()
+        {
+            if self.body.len() as u64 > offload.max_bytes {
+                return Err(invalid(format!(
+                    "a body of {} bytes, more than SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES={} through S3",
+                    self.body.len(),
+                    offload.max_bytes
+                )));
+            }
+            // Any outbox id has this length: the pointer sent is this long.
+            return self.through(&offload.pointer(&"0".repeat(OUTBOX_ID_LEN))).validate(None);
         }
         let (sent, limit) = self.sent_size();
         if sent > limit {

@@ -17,19 +17,23 @@ use crate::{
     envelope::EnvelopeKind,
     payload::{PayloadError, PayloadOptions, PayloadPointer, PayloadStore},
     report::{Failure, Outcome},
+    store::{ClaimStore, MemoryStore, OutboxEntry, OutboxQuery},
+    transaction::Message,
 };
 
-/// Objects by key in one bucket, and the keys deleted.
+/// Objects by key in one bucket, and the keys deleted; writes refused
+/// while `refuses_writes`.
 #[derive(Debug, Default)]
 struct Bucket {
     objects: Mutex<HashMap<String, String>>,
     deleted: Mutex<Vec<String>>,
+    refuses_writes: std::sync::atomic::AtomicBool,
 }
 
 impl Bucket {
     fn with(objects: &[(&str, &str)]) -> Arc<Self> {
         let objects = objects.iter().map(|(key, body)| ((*key).to_owned(), (*body).to_owned())).collect();
-        Arc::new(Self { objects: Mutex::new(objects), deleted: Mutex::default() })
+        Arc::new(Self { objects: Mutex::new(objects), ..Self::default() })
     }
 
     fn deleted(&self) -> Vec<String> {
@@ -48,6 +52,14 @@ impl PayloadStore for Bucket {
             size if size > limit => Err(PayloadError::TooLarge { pointer: pointer.clone(), size, limit }),
             _ => Ok(object),
         }
+    }
+
+    async fn put(&self, pointer: &PayloadPointer, payload: &str) -> Result<(), PayloadError> {
+        if self.refuses_writes.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(PayloadError::Unavailable { pointer: pointer.clone(), reason: "AccessDenied: no".into() });
+        }
+        self.objects.lock().unwrap().insert(pointer.key.clone(), payload.to_owned());
+        Ok(())
     }
 
     async fn delete(&self, pointer: &PayloadPointer) -> Result<(), PayloadError> {
@@ -192,4 +204,85 @@ async fn an_sns_extended_clients_pointer_is_read_inside_the_envelope() {
 
     assert!(failures(&report).is_empty(), "{report:?}");
     assert_eq!(bodies(&handler), [payload]);
+}
+
+/// Forwards each record's body to a queue: large bodies make large messages.
+struct Forwards;
+
+impl crate::Handler for Forwards {
+    async fn handle(&self, record: &crate::Record) -> crate::HandlerResult {
+        record.transaction().send(Message::sqs(QUEUE, record.body.clone()).attribute("kind", "forwarded"))?;
+        Ok(None)
+    }
+}
+
+const QUEUE: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/forwarded";
+
+/// The outbox entries the store holds.
+async fn entries(store: &Arc<MemoryStore>) -> Vec<OutboxEntry> {
+    let outbox = Arc::clone(store).outbox().expect("the memory store keeps an outbox");
+    outbox.entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_too_large_to_send_is_written_to_s3_before_the_commit_and_sent_as_a_pointer() {
+    let bucket = Bucket::with(&[]);
+    let store = Arc::new(MemoryStore::default());
+    let options = PayloadOptions { bucket: Some("large".into()), ..Default::default() };
+    let setup = Setup { key: "messageId", store: store.clone(), ..setup(&bucket, options) };
+    let engine = setup.engine(Forwards);
+    let large = "x".repeat(2 * 1024 * 1024);
+    let records = vec![message("m-large", json!(large)), message("m-small", json!("small"))];
+    let report = run(&engine, records, Duration::from_secs(30)).await;
+
+    assert!(failures(&report).is_empty(), "{report:?}");
+    let entries = entries(&store).await;
+    let large_entry = entries.iter().find(|entry| entry.message_id == "m-large").unwrap();
+    let key = format!("sqs-once/{}", large_entry.outbox_id());
+    let pointer = PayloadPointer { bucket: "large".into(), key: key.clone() };
+    assert_eq!(large_entry.message.body, pointer.body(), "the entry, and so the message sent, is the pointer");
+    assert_eq!(large_entry.message.attributes["ExtendedPayloadSize"], large.len().to_string());
+    assert_eq!(large_entry.message.attributes["kind"], "forwarded");
+    assert_eq!(bucket.objects.lock().unwrap().get(&key), Some(&large), "the payload, under the entry's outbox id");
+    let small_entry = entries.iter().find(|entry| entry.message_id == "m-small").unwrap();
+    assert_eq!(small_entry.message.body, "small", "a message that fits is sent as it is");
+    assert_eq!(bucket.objects.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_that_cannot_be_written_fails_its_record_with_nothing_committed() {
+    let bucket = Bucket::with(&[]);
+    bucket.refuses_writes.store(true, std::sync::atomic::Ordering::SeqCst);
+    let store = Arc::new(MemoryStore::default());
+    let options = PayloadOptions { bucket: Some("large".into()), ..Default::default() };
+    let engine = Setup { key: "messageId", store: store.clone(), ..setup(&bucket, options) }.engine(Forwards);
+    let large = "x".repeat(2 * 1024 * 1024);
+    let report = run(&engine, vec![message("m-large", json!(large))], Duration::from_secs(30)).await;
+
+    assert_eq!(failures(&report), ["m-large"]);
+    match outcome(&report, "m-large") {
+        Outcome::Failed(Failure::Retryable(reason)) => assert!(reason.contains("AccessDenied"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(entries(&store).await.is_empty(), "nothing committed");
+
+    // Writable again, the redelivery runs and commits once.
+    bucket.refuses_writes.store(false, std::sync::atomic::Ordering::SeqCst);
+    let report = run(&engine, vec![message("m-large", json!(large))], Duration::from_secs(30)).await;
+    assert!(failures(&report).is_empty(), "{report:?}");
+    assert_eq!(entries(&store).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_bucket_a_message_too_large_to_send_is_refused_when_staged() {
+    let bucket = Bucket::with(&[]);
+    let store = Arc::new(MemoryStore::default());
+    let engine =
+        Setup { key: "messageId", store: store.clone(), ..setup(&bucket, PayloadOptions::default()) }.engine(Forwards);
+    let report =
+        run(&engine, vec![message("m-large", json!("x".repeat(2 * 1024 * 1024)))], Duration::from_secs(30)).await;
+
+    assert!(matches!(outcome(&report, "m-large"), Outcome::Failed(Failure::Permanent(_))));
+    assert!(entries(&store).await.is_empty());
+    assert!(bucket.objects.lock().unwrap().is_empty());
 }
