@@ -330,8 +330,19 @@ impl Env<'_> {
                 "a positive number of bytes",
             )?,
             delete_after: self.flag("SQS_ONCE_LARGE_PAYLOAD_DELETE", defaults.delete_after)?,
+            memory: self.parse("SQS_ONCE_LARGE_PAYLOAD_MEMORY", defaults.memory, "a positive number of bytes")?,
             bucket: self.text("SQS_ONCE_LARGE_PAYLOAD_BUCKET").map(|bucket| bucket.trim().to_owned()),
+            threshold: self.parse("SQS_ONCE_LARGE_PAYLOAD_THRESHOLD", defaults.threshold, "a number of bytes")?,
         };
+        if options.memory < options.max_bytes {
+            return Err(self.invalid(
+                "SQS_ONCE_LARGE_PAYLOAD_MEMORY",
+                format!(
+                    "at least SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES ({}): room for the largest payload",
+                    options.max_bytes
+                ),
+            ));
+        }
         if options.bucket.is_some() && !cfg!(feature = "s3") {
             return Err(self.invalid(
                 "SQS_ONCE_LARGE_PAYLOAD_BUCKET",
@@ -548,10 +559,17 @@ mod tests {
     #[test]
     fn large_payloads_are_read_by_default_and_their_settings_must_make_sense() {
         let payloads = config(&[]).unwrap().engine.payloads;
-        assert_eq!(
-            payloads,
-            PayloadOptions { fetch: true, max_bytes: 16 * 1024 * 1024, delete_after: false, bucket: None }
-        );
+        let defaults = PayloadOptions {
+            fetch: true,
+            max_bytes: 16 * 1024 * 1024,
+            delete_after: false,
+            memory: 128 * 1024 * 1024,
+            bucket: None,
+            threshold: 256 * 1024,
+        };
+        assert_eq!(payloads, defaults);
+        let error = config(&[("SQS_ONCE_LARGE_PAYLOAD_MEMORY", "1048576")]).unwrap_err();
+        assert_eq!(error.name, "SQS_ONCE_LARGE_PAYLOAD_MEMORY", "no room for a payload of the largest size");
         let error = config(&[("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "0")]).unwrap_err();
         assert_eq!(
             error.to_string(),
@@ -565,7 +583,7 @@ mod tests {
                 .unwrap()
                 .engine
                 .payloads;
-        assert_eq!(payloads, PayloadOptions { fetch: true, max_bytes: 1_048_576, delete_after: true, bucket: None });
+        assert_eq!(payloads, PayloadOptions { max_bytes: 1_048_576, delete_after: true, ..defaults });
         let bucket = config(&[("SQS_ONCE_LARGE_PAYLOAD_BUCKET", "large")]);
         if cfg!(feature = "s3") {
             assert_eq!(bucket.unwrap().engine.payloads.bucket.as_deref(), Some("large"));
@@ -584,7 +602,7 @@ mod tests {
             [("SQS_ONCE_KEYS".to_owned(), "SQS_ONCE_KEY"), ("SQS_ONCE_TABEL".to_owned(), "SQS_ONCE_TABLE")],
             "a setting, a handler's own name, another prefix and a name far from any are left alone"
         );
-        assert_eq!(settings().count(), 44, "docs/configuration.md's table lists every setting");
+        assert_eq!(settings().count(), 46, "docs/configuration.md's table lists every setting");
         assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
     }

@@ -13,6 +13,7 @@
 //!
 //! A batch passes through its phases in this order, one module each: this
 //! one takes the batch in, cuts it off at the deadline and answers;
+//! `payloads` reads the payloads records point to in S3;
 //! `groups` runs FIFO groups in order; `run` admits each key's run, claims
 //! the key and runs the handler; `finish` records how the handler ended
 //! and delivers what it committed; `tending` resends what failed to land,
@@ -23,6 +24,7 @@ mod finish;
 mod groups;
 mod outcome;
 mod parts;
+mod payloads;
 mod run;
 mod tending;
 
@@ -34,10 +36,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use futures::{
-    StreamExt,
-    future::{join, join_all},
-};
+use futures::future::{join, join_all};
 use tokio::{
     sync::Semaphore,
     time::{Instant, timeout_at},
@@ -54,7 +53,7 @@ use crate::{
     key::Keys,
     lock::lock,
     outbox::Outbox,
-    payload::{Offload, PayloadOptions, PayloadPointer, PayloadStore},
+    payload::{Offload, PayloadOptions, PayloadStore},
     report::{BatchReport, Failure, Outcome, RecordReport},
     store::StoreError,
     trace::{self, Propagators, TraceContext},
@@ -62,6 +61,7 @@ use crate::{
 };
 use cutoff::{HandlerSlots, Started, cancel_running, returned_outcomes};
 use groups::{keep_group_order, message_groups};
+use payloads::PayloadMemory;
 use run::Runs;
 use tending::Done;
 
@@ -164,6 +164,8 @@ struct Inner {
     /// Where the payloads of messages too large to send go, when a bucket
     /// is set and there is a store to write them with.
     offload: Option<Arc<Offload>>,
+    /// The payloads read from S3 that the process holds at once.
+    payload_memory: PayloadMemory,
     bounds: Bounds,
 }
 
@@ -233,7 +235,9 @@ impl Engine {
         let overlap = if claims.gathers_calls() { concurrency } else { 0 };
         let bounds = Bounds::new(concurrency, overlap);
         let offload = options.payloads.offload().filter(|_| payloads.is_some()).map(Arc::new);
-        Self { inner: Arc::new(Inner { handler, claims, keys, options, outbox, payloads, offload, bounds }) }
+        let payload_memory = PayloadMemory::new(options.payloads.memory);
+        let inner = Inner { handler, claims, keys, options, outbox, payloads, offload, payload_memory, bounds };
+        Self { inner: Arc::new(inner) }
     }
 
     /// The trace headers it reads and writes (`OTEL_PROPAGATORS`).
@@ -345,7 +349,7 @@ impl Engine {
         keep_group_order(&groups, &mut report.records);
         copies_are_duplicates(&mut report.records);
         for ((span, report), fetched) in state.spans.iter().zip(&mut report.records).zip(&fetched) {
-            report.payload_bytes = fetched.as_ref().map(|(_, bytes)| *bytes);
+            report.payload_bytes = fetched.as_ref().map(|fetched| fetched.bytes);
             trace::record_outcome(span, report);
         }
         if self.inner.options.payloads.delete_after {
@@ -376,75 +380,6 @@ impl Engine {
                 .map_err(|invalid| Failure::InvalidRecord(invalid.to_string())),
             EventRecord::Malformed { reason, .. } => Err(Failure::InvalidRecord(reason.clone())),
         }
-    }
-
-    /// Reads the payload of each record that carries an S3 pointer (see
-    /// [`crate::payload`]) in place of its body, at most `concurrency` at
-    /// once, by the cut-off; a record whose payload cannot be read fails.
-    /// Returns, by event index, each pointer read and its payload's bytes.
-    async fn fetch_payloads(
-        &self,
-        opened: &mut [Result<Opened<'_>, Failure>],
-        cutoff: Instant,
-    ) -> Vec<Option<(PayloadPointer, u64)>> {
-        let options = &self.inner.options.payloads;
-        let pointers: Vec<_> = opened
-            .iter()
-            .map(|opened| opened.as_ref().ok().filter(|_| options.fetch).and_then(PayloadPointer::of))
-            .collect();
-        if pointers.iter().all(Option::is_none) {
-            return vec![None; opened.len()];
-        }
-        let reads = pointers.into_iter().map(|pointer| async move {
-            let pointer = pointer?.map_err(Failure::InvalidRecord);
-            Some(match (pointer, &self.inner.payloads) {
-                (Err(invalid), _) => Err(invalid),
-                (Ok(pointer), None) => Err(Failure::PayloadUnavailable(format!(
-                    "{pointer}: this consumer reads no payloads from S3 (it was built without the `s3` feature)"
-                ))),
-                (Ok(pointer), Some(store)) => match timeout_at(cutoff, store.get(&pointer, options.max_bytes)).await {
-                    Ok(Ok(payload)) => Ok((pointer, payload)),
-                    Ok(Err(error)) => Err(Failure::PayloadUnavailable(error.to_string())),
-                    Err(_) => Err(Failure::Deadline),
-                },
-            })
-        });
-        let concurrency = self.inner.options.concurrency.max(1);
-        let read: Vec<_> = futures::stream::iter(reads).buffered(concurrency).collect().await;
-        opened
-            .iter_mut()
-            .zip(read)
-            .map(|(opened, read)| match (opened, read?) {
-                (Ok(message), Ok((pointer, payload))) => {
-                    let bytes = payload.len() as u64;
-                    message.body = payload.into();
-                    Some((pointer, bytes))
-                }
-                (opened, Err(failure)) => {
-                    *opened = Err(failure);
-                    None
-                }
-                (Err(_), Ok(_)) => None,
-            })
-            .collect()
-    }
-
-    /// Deletes the objects read for records that succeeded, or whose key had
-    /// (`SQS_ONCE_LARGE_PAYLOAD_DELETE`); an object that cannot be deleted
-    /// is left to the bucket's lifecycle rule.
-    async fn delete_payloads(&self, fetched: &[Option<(PayloadPointer, u64)>], report: &BatchReport) {
-        let Some(store) = &self.inner.payloads else { return };
-        let done = fetched.iter().zip(&report.records).filter_map(|(fetched, report)| {
-            let succeeded = matches!(report.outcome, Outcome::Processed { confirmed: true } | Outcome::Duplicate);
-            fetched.as_ref().filter(|_| succeeded).map(|(pointer, _)| pointer)
-        });
-        let unique: HashSet<&PayloadPointer> = done.collect();
-        join_all(unique.into_iter().map(|pointer| async move {
-            if let Err(error) = store.delete(pointer).await {
-                tracing::warn!(%error, "the payload of a record that succeeded was not deleted; a lifecycle rule removes it");
-            }
-        }))
-        .await;
     }
 
     /// The report of a record whose run had not reported when the answer

@@ -34,8 +34,30 @@ pub(crate) const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
 pub(crate) const LEGACY_SIZE_ATTRIBUTE: &str = "SQSLargePayloadSize";
 /// The first element of a pointer body.
 const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
-/// The same, as the Extended Client before version 2 writes it.
-const LEGACY_POINTER_CLASS: &str = "com.amazon.sqs.javamessaging.MessageS3Pointer";
+/// The message attributes only the Extended Client sets: a message of one's
+/// own that carried one would be taken for a pointer.
+pub(crate) const RESERVED_ATTRIBUTES: [&str; 2] = [SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE];
+
+/// Whether `class` names a pointer: the class the Extended Client writes
+/// since version 2, or one its versions before wrote, which it still reads
+/// (`com.amazon.sqs.javamessaging.MessageS3Pointer` and the names its
+/// packages had, `com.(amazon|amazonaws).(sqs|services).(javamessaging|extendedmessaging).MessageS3Pointer`).
+fn is_pointer_class(class: &str) -> bool {
+    let legacy = || {
+        let parts: Vec<&str> = class.split('.').collect();
+        matches!(
+            parts.as_slice(),
+            [
+                "com",
+                "amazon" | "amazonaws",
+                "sqs" | "services",
+                "javamessaging" | "extendedmessaging",
+                "MessageS3Pointer"
+            ]
+        )
+    };
+    class == POINTER_CLASS || legacy()
+}
 
 /// Where a payload kept in S3 is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -61,7 +83,7 @@ impl PayloadPointer {
         let (class, location): (String, Location) = serde_json::from_str(body).map_err(|error| {
             format!("a message marked {SIZE_ATTRIBUTE} must have an S3 pointer for its body: {error}")
         })?;
-        if class != POINTER_CLASS && class != LEGACY_POINTER_CLASS {
+        if !is_pointer_class(&class) {
             return Err(format!("`{class}` is not an S3 pointer (expected {POINTER_CLASS})"));
         }
         if location.bucket.is_empty() || location.key.is_empty() {
@@ -86,9 +108,21 @@ impl PayloadPointer {
             Some(Envelope::Sns(notification)) => notification.message_attributes.contains_key(name),
             _ => false,
         };
-        let marked = [SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE].iter().any(|name| on_message(name) || on_envelope(name));
+        let marked = RESERVED_ATTRIBUTES.iter().any(|name| on_message(name) || on_envelope(name));
         marked.then(|| Self::parse(&opened.body))
     }
+}
+
+/// The payload's size as the pointer's attribute declares it, in bytes.
+pub(crate) fn declared_size(opened: &Opened<'_>) -> Option<u64> {
+    RESERVED_ATTRIBUTES.iter().find_map(|name| {
+        let on_message = opened.message.message_attributes.get(*name).and_then(|value| value.string_value.as_deref());
+        let on_envelope = match &opened.envelope {
+            Some(Envelope::Sns(notification)) => notification.message_attributes.get(*name).map(|value| &*value.value),
+            _ => None,
+        };
+        on_message.or(on_envelope)?.trim().parse().ok()
+    })
 }
 
 impl fmt::Display for PayloadPointer {
@@ -156,16 +190,22 @@ pub(crate) struct PayloadOptions {
     /// Delete the object once its record succeeded
     /// (`SQS_ONCE_LARGE_PAYLOAD_DELETE`).
     pub delete_after: bool,
+    /// The payloads read that the process holds at once, in bytes
+    /// (`SQS_ONCE_LARGE_PAYLOAD_MEMORY`).
+    pub memory: u64,
     /// Where the payloads of staged messages too large to send are written
     /// (`SQS_ONCE_LARGE_PAYLOAD_BUCKET`); without one, staging refuses them.
     pub bucket: Option<String>,
+    /// The size past which a staged message goes through S3, body and
+    /// attributes as SQS counts them (`SQS_ONCE_LARGE_PAYLOAD_THRESHOLD`).
+    pub threshold: usize,
 }
 
 impl PayloadOptions {
     /// How staged messages too large to send go through S3, when a bucket is set.
     pub(crate) fn offload(&self) -> Option<Offload> {
         let bucket = self.bucket.clone()?;
-        Some(Offload { bucket, max_bytes: self.max_bytes })
+        Some(Offload { bucket, max_bytes: self.max_bytes, threshold: self.threshold })
     }
 }
 
@@ -177,6 +217,9 @@ pub(crate) struct Offload {
     pub bucket: String,
     /// The largest payload written (`SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`).
     pub max_bytes: u64,
+    /// The size past which a message goes through S3, its destination's
+    /// own limit if lower (`SQS_ONCE_LARGE_PAYLOAD_THRESHOLD`).
+    pub threshold: usize,
 }
 
 impl Offload {
@@ -190,12 +233,30 @@ impl Offload {
 }
 
 /// The largest payload read unless `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES` says
-/// otherwise: each record being processed holds its payload in memory.
+/// otherwise.
 pub(crate) const DEFAULT_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The payloads a process holds at once unless
+/// `SQS_ONCE_LARGE_PAYLOAD_MEMORY` says otherwise: half the template's
+/// function memory (256 MB).
+pub(crate) const DEFAULT_MEMORY: u64 = 128 * 1024 * 1024;
+
+/// The size past which a staged message goes through S3 unless
+/// `SQS_ONCE_LARGE_PAYLOAD_THRESHOLD` says otherwise: the Extended
+/// Client's own default, and what SNS, and a queue whose
+/// `MaximumMessageSize` was left at 256 KiB, take.
+pub(crate) const DEFAULT_THRESHOLD: usize = 256 * 1024;
 
 impl Default for PayloadOptions {
     fn default() -> Self {
-        Self { fetch: true, max_bytes: DEFAULT_MAX_BYTES, delete_after: false, bucket: None }
+        Self {
+            fetch: true,
+            max_bytes: DEFAULT_MAX_BYTES,
+            delete_after: false,
+            memory: DEFAULT_MEMORY,
+            bucket: None,
+            threshold: DEFAULT_THRESHOLD,
+        }
     }
 }
 
@@ -233,9 +294,15 @@ mod tests {
         let pointer = PayloadPointer { bucket: "large".into(), key: "5f1f4a47-2f63-4be8-8c3f-0b5c8a0d1e2f".into() };
         let sent = message(PYTHON_BODY, &[SIZE_ATTRIBUTE]);
         assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer.clone())));
-        let legacy = PYTHON_BODY.replace(POINTER_CLASS, LEGACY_POINTER_CLASS);
-        let sent = message(&legacy, &[LEGACY_SIZE_ATTRIBUTE]);
-        assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer.clone())));
+        for class in [
+            "com.amazon.sqs.javamessaging.MessageS3Pointer",
+            "com.amazonaws.services.extendedmessaging.MessageS3Pointer",
+        ] {
+            let legacy = PYTHON_BODY.replace(POINTER_CLASS, class);
+            let sent = message(&legacy, &[LEGACY_SIZE_ATTRIBUTE]);
+            assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer.clone())), "{class}");
+            assert_eq!(declared_size(&Opened::plain(&sent)), Some(300_000));
+        }
         assert_eq!(PayloadPointer::parse(&pointer.body()), Ok(pointer), "what sqs-once writes, it reads");
     }
 
@@ -247,7 +314,8 @@ mod tests {
 
     #[test]
     fn a_marked_message_whose_body_is_no_pointer_says_why() {
-        for body in ["{}", r#"["x.Other", {"s3BucketName": "b", "s3Key": "k"}]"#, r#"[1, 2]"#] {
+        let other = r#"["com.example.MessageS3Pointer", {"s3BucketName": "b", "s3Key": "k"}]"#;
+        for body in ["{}", r#"["x.Other", {"s3BucketName": "b", "s3Key": "k"}]"#, other, r#"[1, 2]"#] {
             let sent = message(body, &[SIZE_ATTRIBUTE]);
             let refused = PayloadPointer::of(&Opened::plain(&sent)).expect("marked");
             assert!(refused.is_err(), "{body}");
@@ -273,5 +341,6 @@ mod tests {
         let sent = message(&notification.to_string(), &[]);
         let opened = Opened::new(&sent, EnvelopeKind::Sns).expect("an SNS notification");
         assert_eq!(PayloadPointer::of(&opened).map(|pointer| pointer.map(|p| p.bucket)), Some(Ok("large".into())));
+        assert_eq!(declared_size(&opened), Some(300_000));
     }
 }

@@ -452,7 +452,9 @@ mod tests {
     #[test]
     fn with_a_bucket_messages_too_large_to_send_are_staged_to_go_through_s3() {
         const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:t";
-        let offload = Offload { bucket: "large".into(), max_bytes: 8 * 1024 * 1024 };
+        // A threshold past what SNS and an outbox item take: their limits decide.
+        let threshold = 1024 * 1024;
+        let offload = Offload { bucket: "large".into(), max_bytes: 8 * 1024 * 1024, threshold };
         let transaction = Transaction::carrying(None, Some(Arc::new(offload)));
         // Past SQS's 1 MiB, SNS's 256 KiB and an outbox item's 392 KB: staged, and counted as the pointer they become.
         for message in [
@@ -460,13 +462,16 @@ mod tests {
             Message::sns(TOPIC, "x".repeat(300 * 1024)),
             Message::sqs(QUEUE, "x".repeat(395 * 1024)).attribute("kind", "report"),
         ] {
-            assert!(message.needs_offload());
+            assert!(message.needs_offload(threshold));
             transaction.send(message).unwrap();
         }
-        transaction.send(Message::sqs(QUEUE, "small")).unwrap();
+        transaction.send(Message::sqs(QUEUE, "x".repeat(300 * 1024))).unwrap();
         let staged = transaction.staged();
-        assert_eq!(staged.messages().iter().filter(|message| message.needs_offload()).count(), 3);
-        assert!(staged.bytes < 4 * 1024, "pointers, not payloads, count towards the transaction: {}", staged.bytes);
+        assert_eq!(staged.messages().iter().filter(|message| message.needs_offload(threshold)).count(), 3);
+        // The Extended Client's threshold, 256 KiB: past it, through S3 too.
+        assert!(staged.messages()[3].needs_offload(crate::payload::DEFAULT_THRESHOLD));
+        let pointers = staged.bytes - staged.messages()[3].stored_size();
+        assert!(pointers < 4 * 1024, "pointers, not payloads, count towards the transaction: {pointers}");
         let refused = |message: Message| transaction.send(message).unwrap_err().to_string();
         assert!(refused(Message::sqs(QUEUE, "x".repeat(9 * 1024 * 1024))).contains("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES"));
         // An event has no pointer form.
@@ -476,7 +481,14 @@ mod tests {
         let crowded = (0..9).fold(Message::sqs(QUEUE, "x".repeat(2 * 1024 * 1024)), |message, n| {
             message.attribute(format!("a{n}"), "v")
         });
-        assert!(refused(crowded).contains("attributes at most"));
+        let error = refused(crowded);
+        assert!(error.contains("8 attributes at most through S3"), "{error}");
+        // The Extended Client's own attributes would make a message of one's own a pointer.
+        for name in ["ExtendedPayloadSize", "SQSLargePayloadSize"] {
+            assert!(refused(Message::sqs(QUEUE, "m").attribute(name, "12")).contains("Extended Client"), "{name}");
+            let plain = Transaction::default().send(Message::sqs(QUEUE, "m").attribute(name, "12"));
+            assert!(plain.is_err(), "{name} refused without a bucket too");
+        }
     }
 
     #[test]
@@ -490,7 +502,7 @@ mod tests {
         );
         assert_eq!(sent.attributes["ExtendedPayloadSize"], "2000000");
         assert_eq!(sent.attributes["kind"], "report");
-        assert!(!sent.needs_offload());
+        assert!(!sent.needs_offload(crate::payload::DEFAULT_THRESHOLD));
     }
 
     #[test]

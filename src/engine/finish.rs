@@ -167,16 +167,13 @@ impl Engine {
     /// committed; an object whose commit never lands is left to the
     /// bucket's lifecycle rule.
     async fn offload(&self, lease: &Lease, staged: &mut Staged) -> Result<(), Failure> {
-        let large = staged.messages_mut().iter_mut().enumerate().filter(|(_, message)| message.needs_offload());
-        let large: Vec<_> = large.collect();
-        if large.is_empty() {
-            return Ok(());
-        }
+        // Without a bucket, staging refused every message too large to send.
         let (Some(offload), Some(store)) = (&self.inner.offload, &self.inner.payloads) else {
-            // Staging refuses such a message unless the engine offloads.
-            return Err(Failure::Permanent("a staged message is too large to send, and no bucket is set".into()));
+            return Ok(());
         };
-        let writes = large.into_iter().map(|(n, message)| async move {
+        let messages = staged.messages_mut().iter_mut().enumerate();
+        let large = messages.filter(|(_, message)| message.needs_offload(offload.threshold));
+        let writes = large.map(|(n, message)| async move {
             let pointer =
                 offload.pointer(&OutboxEntry::outbox_id_of(&OutboxEntry::stored_id(&lease.id, &lease.token, n)));
             store.put(&pointer, &message.body).await.map_err(|error| {

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::StageError;
 use crate::{
-    payload::{Offload, PayloadPointer, SIZE_ATTRIBUTE},
+    payload::{Offload, PayloadPointer, RESERVED_ATTRIBUTES, SIZE_ATTRIBUTE},
     trace::{TRACEPARENT, TraceContext},
 };
 
@@ -172,11 +172,12 @@ impl Message {
         Ok((self, bytes))
     }
 
-    /// Whether it is too large to send as it is, or to keep in an outbox
-    /// entry: staged so only where it goes through S3 ([`Offload`]).
-    pub(crate) fn needs_offload(&self) -> bool {
+    /// Whether it goes through S3 past `threshold` bytes ([`Offload`]): its
+    /// size as sent is over the threshold or its destination's limit, or it
+    /// is too large to keep in an outbox entry.
+    pub(crate) fn needs_offload(&self, threshold: usize) -> bool {
         let (sent, limit) = self.sent_size();
-        sent > limit || self.stored_size() > MAX_STORED_BYTES
+        sent > threshold.min(limit) || self.stored_size() > MAX_STORED_BYTES
     }
 
     /// The message that carries `pointer` in its place, as the Amazon SQS
@@ -200,11 +201,42 @@ impl Message {
     /// that will hold it. A message staged is committed and then sent until
     /// sent: one its destination refuses would be committed and never sent.
     ///
-    /// A message too large for its destination, or for its outbox entry,
-    /// goes through S3 when `offload` says where (a queue's or a topic's; an
-    /// event has no such form): what is then stored and sent is a pointer,
-    /// which must pass instead.
+    /// A message past the threshold, too large for its destination or for
+    /// its outbox entry, goes through S3 when `offload` says where (a
+    /// queue's or a topic's; an event has no such form): what is then
+    /// stored and sent is a pointer, which must pass instead.
     fn validate(&self, offload: Option<&Offload>) -> Result<usize, StageError> {
+        let invalid =
+            |reason: String| StageError::InvalidMessage { destination: self.destination.name().into(), reason };
+        if let Some(name) = self.attributes.keys().find(|name| RESERVED_ATTRIBUTES.contains(&name.as_str())) {
+            return Err(invalid(format!(
+                "attribute `{name}` is the Amazon SQS Extended Client's, which marks a payload kept in S3"
+            )));
+        }
+        let through_s3 = offload.filter(|_| !matches!(self.destination, Destination::EventBridge { .. }));
+        let Some(offload) = through_s3.filter(|offload| self.needs_offload(offload.threshold)) else {
+            return self.sendable();
+        };
+        if self.body.len() as u64 > offload.max_bytes {
+            return Err(invalid(format!(
+                "a body of {} bytes, more than SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES={} through S3",
+                self.body.len(),
+                offload.max_bytes
+            )));
+        }
+        if self.attributes.len() >= MAX_ATTRIBUTES {
+            return Err(invalid(format!(
+                "{} attributes at most through S3 (the payload's size and the outbox id are the last two of ten)",
+                MAX_ATTRIBUTES - 1
+            )));
+        }
+        // Any outbox id has this length: the pointer sent is this long.
+        self.through(&offload.pointer(&"0".repeat(OUTBOX_ID_LEN))).sendable()
+    }
+
+    /// What its destination would refuse of it as it is sent and stored;
+    /// returns the size of the outbox item that will hold it.
+    fn sendable(&self) -> Result<usize, StageError> {
         let invalid =
             |reason: String| StageError::InvalidMessage { destination: self.destination.name().into(), reason };
         self.destination.validate().map_err(invalid)?;
@@ -244,20 +276,6 @@ impl Message {
                 return Err(invalid("a FIFO destination needs a message group (Message::group)".into()));
             }
             None => {}
-        }
-        let through_s3 = offload.filter(|_| !matches!(self.destination, Destination::EventBridge { .. }));
-        if let Some(offload) = through_s3
-            && self.needs_offload()
-        {
-            if self.body.len() as u64 > offload.max_bytes {
-                return Err(invalid(format!(
-                    "a body of {} bytes, more than SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES={} through S3",
-                    self.body.len(),
-                    offload.max_bytes
-                )));
-            }
-            // Any outbox id has this length: the pointer sent is this long.
-            return self.through(&offload.pointer(&"0".repeat(OUTBOX_ID_LEN))).validate(None);
         }
         let (sent, limit) = self.sent_size();
         if sent > limit {

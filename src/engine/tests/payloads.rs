@@ -286,3 +286,30 @@ async fn without_a_bucket_a_message_too_large_to_send_is_refused_when_staged() {
     assert!(entries(&store).await.is_empty());
     assert!(bucket.objects.lock().unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payloads_held_at_once_stay_within_the_memory_budget() {
+    // Three payloads of 300,000 bytes (as their pointers declare) in room for two.
+    let objects: Vec<(String, String)> =
+        (1..=3).map(|n| (format!("k-{n}"), order(&format!("o-{n}"), 299_970))).collect();
+    let bucket = Bucket::with(&objects.iter().map(|(key, body)| (key.as_str(), body.as_str())).collect::<Vec<_>>());
+    let options = PayloadOptions { memory: 700_000, max_bytes: 400_000, ..Default::default() };
+    let handler = Arc::new(Remembers::default());
+    let engine = setup(&bucket, options).engine(Arc::clone(&handler));
+    let batch = || (1..=3).map(|n| pointer(&format!("m-{n}"), &format!("k-{n}"))).collect::<Vec<_>>();
+    let report = run(&engine, batch(), Duration::from_secs(30)).await;
+
+    let failed = failures(&report);
+    assert_eq!(failed.len(), 1, "{report:?}");
+    match outcome(&report, &failed[0]) {
+        Outcome::Failed(Failure::PayloadUnavailable(reason)) => {
+            assert!(reason.contains("SQS_ONCE_LARGE_PAYLOAD_MEMORY=700000"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The batch answered, its payloads are let go: the one left out fits when it comes back.
+    let again = batch().into_iter().filter(|record| record["messageId"] == failed[0].as_str()).collect();
+    let report = run(&engine, again, Duration::from_secs(30)).await;
+    assert!(failures(&report).is_empty(), "{report:?}");
+    assert_eq!(handler.0.lock().unwrap().len(), 3, "each order ran once");
+}
