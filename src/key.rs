@@ -106,6 +106,10 @@ pub(crate) enum MissingKey {
     /// The source names nothing in this message (or names a JSON null).
     #[error("{0}: not present in the message")]
     Absent(String),
+    /// The source names an empty text: as keys, every such message would
+    /// be one message, so it is no key (as Powertools treats it).
+    #[error("{0}: empty in the message")]
+    Empty(String),
 }
 
 /// How a record with no derivable key is treated (`SQS_ONCE_ON_MISSING_KEY`).
@@ -214,42 +218,51 @@ impl Keys {
     }
 
     fn parts(&self, opened: &Opened<'_>) -> Result<Vec<String>, MissingKey> {
-        let message = opened.message;
-        let mut body: Option<Value> = None;
-        let mut envelope: Option<Value> = None;
+        let (mut body, mut envelope) = (None, None);
         self.spec
             .sources()
             .iter()
-            .map(|source| {
-                let absent = || MissingKey::Absent(source.to_string());
-                let json = |text: &str| {
-                    serde_json::from_str(text)
-                        .map_err(|e| MissingKey::BodyNotJson { key_source: source.to_string(), reason: e.to_string() })
-                };
-                match source {
-                    KeySource::MessageId => message.message_id.clone().ok_or_else(absent),
-                    KeySource::Attribute(name) => message.attributes.get(name).cloned().ok_or_else(absent),
-                    KeySource::MessageAttribute(name) => message
-                        .message_attributes
-                        .get(name)
-                        .and_then(|attribute| attribute.string_value.clone())
-                        .ok_or_else(absent),
-                    KeySource::Body(path) => {
-                        if body.is_none() {
-                            body = Some(json(&opened.body)?);
-                        }
-                        body.as_ref().and_then(|body| lookup(body, path)).ok_or_else(absent)
-                    }
-                    KeySource::Envelope(_) if opened.envelope.is_none() => Err(absent()),
-                    KeySource::Envelope(path) => {
-                        if envelope.is_none() {
-                            envelope = Some(json(message.body.as_deref().unwrap_or_default())?);
-                        }
-                        envelope.as_ref().and_then(|envelope| lookup(envelope, path)).ok_or_else(absent)
-                    }
-                }
+            .map(|source| match part(source, opened, &mut body, &mut envelope)? {
+                part if part.is_empty() => Err(MissingKey::Empty(source.to_string())),
+                part => Ok(part),
             })
             .collect()
+    }
+}
+
+/// The canonical text of the part `source` names in `opened`; the body and
+/// the envelope are parsed once for all the parts of a key.
+fn part(
+    source: &KeySource,
+    opened: &Opened<'_>,
+    body: &mut Option<Value>,
+    envelope: &mut Option<Value>,
+) -> Result<String, MissingKey> {
+    let message = opened.message;
+    let absent = || MissingKey::Absent(source.to_string());
+    let json = |text: &str| {
+        serde_json::from_str(text)
+            .map_err(|e| MissingKey::BodyNotJson { key_source: source.to_string(), reason: e.to_string() })
+    };
+    match source {
+        KeySource::MessageId => message.message_id.clone().ok_or_else(absent),
+        KeySource::Attribute(name) => message.attributes.get(name).cloned().ok_or_else(absent),
+        KeySource::MessageAttribute(name) => {
+            message.message_attributes.get(name).and_then(|attribute| attribute.string_value.clone()).ok_or_else(absent)
+        }
+        KeySource::Body(path) => {
+            if body.is_none() {
+                *body = Some(json(&opened.body)?);
+            }
+            body.as_ref().and_then(|body| lookup(body, path)).ok_or_else(absent)
+        }
+        KeySource::Envelope(_) if opened.envelope.is_none() => Err(absent()),
+        KeySource::Envelope(path) => {
+            if envelope.is_none() {
+                *envelope = Some(json(message.body.as_deref().unwrap_or_default())?);
+            }
+            envelope.as_ref().and_then(|envelope| lookup(envelope, path)).ok_or_else(absent)
+        }
     }
 }
 
@@ -337,6 +350,24 @@ mod tests {
         assert!(!id.contains("ann"));
         assert_eq!(id, format!("fn#{}", payload_hash("ann@example.com")));
         assert_eq!(id.len(), "fn#".len() + 64);
+    }
+
+    #[test]
+    fn an_empty_key_is_a_missing_key() {
+        // Two orders whose id is empty would share one key: the second would be dropped as the first's duplicate.
+        for body in [r#"{"id":"","order":1}"#, r#"{"id":"","order":2}"#] {
+            let error = plain("body.id", OnMissingKey::Fail)(&message(body)).unwrap_err();
+            assert_eq!(error, MissingKey::Empty("body.id".into()));
+            assert_eq!(error.to_string(), "body.id: empty in the message");
+            assert_eq!(plain("body.id", OnMissingKey::MessageId)(&message(body)).unwrap(), "p#m-1");
+        }
+        let both_empty = plain("body.a,body.b", OnMissingKey::Fail)(&message(r#"{"a":"","b":""}"#));
+        assert!(both_empty.is_err(), "a composite key of empty parts is missing");
+        let one_empty = plain("body.a,body.b", OnMissingKey::Fail)(&message(r#"{"a":"x","b":""}"#));
+        assert_eq!(one_empty.unwrap_err(), MissingKey::Empty("body.b".into()), "as is any part missing");
+        // Zero, false and an empty object are values, not emptiness.
+        assert_eq!(plain("body.id", OnMissingKey::Fail)(&message(r#"{"id":0}"#)).unwrap(), "p#0");
+        assert_eq!(plain("body.id", OnMissingKey::Fail)(&message(r#"{"id":{}}"#)).unwrap(), "p#{}");
     }
 
     #[test]

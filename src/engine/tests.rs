@@ -265,12 +265,17 @@ async fn records_without_a_key_fail_or_fall_back_to_their_message_id() {
             message("json", json!({"id": "k1"})),
             message("text", json!("not json")),
             message("no-id", json!({"x": 1})),
+            // Two orders with an empty id: as one key, the second would pass as the first's duplicate.
+            message("empty-1", json!({"id": "", "order": 1})),
+            message("empty-2", json!({"id": "", "order": 2})),
         ]
     };
-    let (handler, _) = demo();
+    let (handler, log) = demo();
     let report =
         run(&Setup { key: "body.id", ..Setup::default() }.engine(handler), records(), Duration::from_secs(30)).await;
-    assert_eq!(failures(&report), ["text", "no-id"]);
+    assert_eq!(failures(&report), ["text", "no-id", "empty-1", "empty-2"]);
+    assert!(matches!(outcome(&report, "empty-2"), Outcome::Failed(Failure::MissingKey(r)) if r.contains("empty")));
+    assert_eq!(log.runs().len(), 1, "only the record with a key ran");
     assert!(
         matches!(outcome(&report, "text"), Outcome::Failed(Failure::MissingKey(r)) if r.contains("body is not JSON"))
     );
@@ -283,6 +288,7 @@ async fn records_without_a_key_fail_or_fall_back_to_their_message_id() {
     let keys: HashMap<String, String> = log.runs().into_iter().map(|(k, id)| (id, k)).collect();
     assert_eq!(keys["text"], "test#text");
     assert_eq!(keys["json"], "test#k1");
+    assert_eq!((keys["empty-1"].as_str(), keys["empty-2"].as_str()), ("test#empty-1", "test#empty-2"), "each ran once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
