@@ -298,6 +298,7 @@ async fn an_init_that_takes_most_of_the_first_deadline_still_answers_by_it() {
         ("AWS_ENDPOINT_URL_SQS", sqs.as_str()),
         ("AWS_ENDPOINT_URL_SNS", sqs.as_str()),
         ("AWS_ENDPOINT_URL_EVENTBRIDGE", sqs.as_str()),
+        ("AWS_ENDPOINT_URL_S3", sqs.as_str()),
     ];
     let emulator = Emulator::start(3, &envs).await;
     let answer = emulator.invoke(&batch(&[("m-1", json!({}))], 1), None).await;

@@ -576,6 +576,7 @@ fn the_local_endpoints_exist_for_sam_local_invoke_only_and_env_json_sets_each() 
             "AWS_ENDPOINT_URL_SQS",
             "AWS_ENDPOINT_URL_SNS",
             "AWS_ENDPOINT_URL_EVENTBRIDGE",
+            "AWS_ENDPOINT_URL_S3",
         ] {
             let Value::Tagged(value) = &variables[name] else { panic!("{name}: {:?}", variables[name]) };
             assert_eq!(value.tag, "If", "{name}");

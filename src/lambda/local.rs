@@ -1,7 +1,7 @@
 //! The function run locally by `sam local invoke`: in Docker, under AWS's
 //! Runtime Interface Emulator, with the AWS credentials and Region of whoever
 //! runs it. There it must reach local services only (DynamoDB Local, a local
-//! SQS server): it refuses to start unless every AWS endpoint it may call is
+//! SQS and S3 server): it refuses to start unless every AWS endpoint it may call is
 //! set (the project's `env.json` sets them, `template.yaml` declares them for
 //! local invocations only) and none is AWS's own, rather than claim keys in,
 //! or send messages from, a real account.
@@ -9,9 +9,15 @@
 use crate::config::SAM_LOCAL;
 
 /// The services the function calls: the claim store, SQS (the SQS step and
-/// the outbox), SNS and EventBridge (the outbox).
-const ENDPOINTS: [&str; 4] =
-    ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_SNS", "AWS_ENDPOINT_URL_EVENTBRIDGE"];
+/// the outbox), SNS and EventBridge (the outbox), S3 (large messages'
+/// payloads).
+const ENDPOINTS: [&str; 5] = [
+    "AWS_ENDPOINT_URL_DYNAMODB",
+    "AWS_ENDPOINT_URL_SQS",
+    "AWS_ENDPOINT_URL_SNS",
+    "AWS_ENDPOINT_URL_EVENTBRIDGE",
+    "AWS_ENDPOINT_URL_S3",
+];
 
 /// Why the function must not start, when SAM runs it locally (`AWS_SAM_LOCAL`
 /// is `true`) and an endpoint is missing or AWS's; `None` elsewhere.
@@ -67,6 +73,9 @@ mod tests {
         assert_eq!(with(&[("AWS_ENDPOINT_URL", LOCAL)]), None, "one endpoint for every service");
         let missing = with(&every[..3]).unwrap();
         assert!(missing.starts_with("AWS_ENDPOINT_URL_EVENTBRIDGE is not set"), "{missing}");
+        // A pointer's payload, or a large message's, would be read from or written to the account's S3.
+        let missing = with(&every[..4]).unwrap();
+        assert!(missing.starts_with("AWS_ENDPOINT_URL_S3 is not set"), "{missing}");
         // SAM passes a declared variable env.json does not set as empty.
         let mut empty = every;
         empty[0].1 = "";
