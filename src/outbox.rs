@@ -159,6 +159,32 @@ pub(crate) struct Outbox {
     counters: OutboxCounters,
     sweep_every: Option<Duration>,
     schedule: Mutex<sweep::Schedule>,
+    /// Deliveries under way, for a process that leaves to let finish.
+    delivering: Delivering,
+}
+
+/// How many deliveries are under way, and a wake-up as each ends.
+#[derive(Debug, Default)]
+struct Delivering {
+    count: std::sync::atomic::AtomicUsize,
+    ended: tokio::sync::Notify,
+}
+
+/// One delivery under way, counted until dropped.
+struct UnderWay<'a>(&'a Delivering);
+
+impl<'a> UnderWay<'a> {
+    fn new(delivering: &'a Delivering) -> Self {
+        delivering.count.fetch_add(1, Ordering::SeqCst);
+        Self(delivering)
+    }
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.notify_waiters();
+    }
 }
 
 impl std::fmt::Debug for Outbox {
@@ -186,6 +212,7 @@ impl Outbox {
             counters: OutboxCounters::default(),
             sweep_every,
             schedule: Mutex::new(sweep::Schedule::starting_now()),
+            delivering: Delivering::default(),
         }
     }
 
@@ -205,6 +232,7 @@ impl Outbox {
     /// be sent stops the rest, which keep their order for a later sweep.
     /// Returns how many were sent.
     pub(crate) async fn deliver(&self, entries: &[OutboxEntry]) -> usize {
+        let _under_way = UnderWay::new(&self.delivering);
         let mut sent = 0;
         for entry in entries {
             if !self.send(entry).await {
@@ -214,6 +242,21 @@ impl Outbox {
             sent += 1;
         }
         sent
+    }
+
+    /// Waits until no delivery is under way, or until `until`: a process
+    /// that leaves with a message sent and its entry not yet deleted would
+    /// have a sweep send it again after its lease.
+    pub(crate) async fn finish_deliveries(&self, until: tokio::time::Instant) {
+        loop {
+            let ended = self.delivering.ended.notified();
+            if self.delivering.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(until, ended).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Notes that this process may have left a committed message unsent (see
@@ -405,6 +448,35 @@ mod tests {
         let (delivered, swept) = tokio::join!(delivered, swept);
         assert_eq!((delivered, swept.sent), (1, 1), "the second message waits for the lease to end");
         assert_eq!(*destinations.sent.lock().unwrap(), ["first", "second"], "each sent once, in order");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_process_leaving_lets_its_deliveries_finish_their_deletions() {
+        let clock: Arc<dyn Clock> = Arc::new(PausedClock(Instant::now()));
+        let store = Arc::new(SlowDeletions { inner: MemoryStore::default(), deleting: Duration::from_secs(3) });
+        let destinations = Arc::new(SlowSends { sending: Duration::from_secs(1), sent: Mutex::default() });
+        let entries = committed(&store.inner, &["notice"], clock.now_ms()).await;
+        let outbox = Arc::new(Outbox::new(
+            Arc::clone(&store) as Arc<dyn OutboxStore>,
+            destinations,
+            Arc::clone(&clock),
+            OutboxTimes::both(Duration::from_secs(5)),
+            None,
+        ));
+        let delivering = tokio::spawn({
+            let outbox = Arc::clone(&outbox);
+            async move { outbox.deliver(&entries).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Leaving while the send is under way: the send (1 s) and the deletion (3 s) are waited for.
+        outbox.finish_deliveries(Instant::now() + Duration::from_secs(10)).await;
+        let query = OutboxQuery { due_at_ms: None, limit: 10 };
+        assert!(store.inner.entries(&query).await.unwrap().is_empty(), "deleted: no sweep sends it again");
+        assert_eq!(delivering.await.unwrap(), 1);
+        // With nothing under way, leaving waits for nothing.
+        let before = Instant::now();
+        outbox.finish_deliveries(before + Duration::from_secs(10)).await;
+        assert_eq!(before.elapsed(), Duration::ZERO);
     }
 
     #[test]

@@ -92,7 +92,7 @@ impl Engine {
     /// Before the process leaves (SIGTERM, `poll`'s stop, `invoke`'s exit):
     /// waits for the finishing writes still under way and sends again those
     /// whose send failed, and the messages of the commits that land, and
-    /// lets a sweep under way finish, until `until`. Returns the ids of the claims whose writes are still
+    /// lets the deliveries and a sweep under way finish, until `until`. Returns the ids of the claims whose writes are still
     /// unconfirmed (logged): they stay in progress until their leases end.
     pub(crate) async fn leave(&self, until: Instant) -> Vec<String> {
         // Writes whose send is under way are waited for, and sent again if that send fails (a process thawed
@@ -109,6 +109,9 @@ impl Engine {
         };
         let _ = timeout_at(until, landing).await;
         if let Some(outbox) = &self.inner.outbox {
+            // A committed run's messages may still be on their way (the answer came at the cut-off): a message
+            // sent whose entry is not deleted yet would be sent again by a sweep after its lease.
+            outbox.finish_deliveries(until).await;
             outbox.finish_sweep(until).await;
         }
         self.inner.claims.still_unconfirmed()
