@@ -103,25 +103,28 @@ impl PayloadPointer {
     /// pointer's attribute (on the SQS message, or for SNS's extended client
     /// on the notification inside the envelope), or why its body is not one.
     pub(crate) fn of(opened: &Opened<'_>) -> Option<Result<Self, String>> {
-        let on_message = |name: &str| opened.message.message_attributes.contains_key(name);
-        let on_envelope = |name: &str| match &opened.envelope {
-            Some(Envelope::Sns(notification)) => notification.message_attributes.contains_key(name),
-            _ => false,
-        };
-        let marked = RESERVED_ATTRIBUTES.iter().any(|name| on_message(name) || on_envelope(name));
-        marked.then(|| Self::parse(&opened.body))
+        size_attribute(opened).map(|_| Self::parse(&opened.body))
     }
 }
 
 /// The payload's size as the pointer's attribute declares it, in bytes.
 pub(crate) fn declared_size(opened: &Opened<'_>) -> Option<u64> {
+    size_attribute(opened)??.trim().parse().ok()
+}
+
+/// The attribute that marks `opened` as a pointer, when one does: on the SQS
+/// message, or on the SNS notification inside the envelope; with its value,
+/// when it has a text one.
+fn size_attribute<'m>(opened: &'m Opened<'_>) -> Option<Option<&'m str>> {
     RESERVED_ATTRIBUTES.iter().find_map(|name| {
-        let on_message = opened.message.message_attributes.get(*name).and_then(|value| value.string_value.as_deref());
+        let on_message = opened.message.message_attributes.get(*name).map(|value| value.string_value.as_deref());
         let on_envelope = match &opened.envelope {
-            Some(Envelope::Sns(notification)) => notification.message_attributes.get(*name).map(|value| &*value.value),
+            Some(Envelope::Sns(notification)) => {
+                notification.message_attributes.get(*name).map(|value| Some(&*value.value))
+            }
             _ => None,
         };
-        on_message.or(on_envelope)?.trim().parse().ok()
+        on_message.or(on_envelope)
     })
 }
 

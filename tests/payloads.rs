@@ -5,8 +5,6 @@
 //! reads what sqs-once sent, and sqs-once reads it too.
 
 use std::{
-    path::PathBuf,
-    process::Command,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
@@ -22,23 +20,9 @@ use sqs_once::{
 };
 use testkit::sqs::Queue;
 
-/// The Python the SQS server runs in, which has the Extended Client.
-fn python() -> PathBuf {
-    std::env::var_os("SQS_ONCE_TEST_PYTHON")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/moto/bin/python"), PathBuf::from)
-}
-
 /// What scripts/extended-client.py printed, run with `args`.
 fn extended_client(args: &[&str]) -> String {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/extended-client.py");
-    let output = Command::new(python())
-        .arg(script)
-        .args(args)
-        .env("AWS_ENDPOINT_URL_S3", testkit::sqs::endpoint())
-        .output()
-        .unwrap_or_else(|error| panic!("{}: {error}; run scripts/test once (it installs it)", python().display()));
-    assert!(output.status.success(), "extended-client.py {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8(output.stdout).unwrap()
+    testkit::extended_client::run(args, "")
 }
 
 /// A bucket of its own on the S3 server; its name.

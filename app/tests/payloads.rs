@@ -4,12 +4,7 @@
 //! function, on the real `lambda_runtime` loop, reads them from S3 (moto's,
 //! the SQS server started by scripts/test) before anything else.
 
-use std::{
-    io::Write,
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -19,24 +14,9 @@ use crate::common::{
     sqs::{Queue, body_of_size},
 };
 
-/// The Python the SQS server runs in, which has the Extended Client.
-fn python() -> PathBuf {
-    std::env::var_os("SQS_ONCE_TEST_PYTHON")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/moto/bin/python"), PathBuf::from)
-}
-
 /// Runs scripts/extended-client.py with `args`, `input` on its standard input.
 fn extended_client(args: &[&str], input: &str) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/extended-client.py");
-    let mut child = Command::new(python())
-        .arg(script)
-        .args(args)
-        .env("AWS_ENDPOINT_URL_S3", common::sqs::endpoint())
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|error| panic!("{}: {error}; run scripts/test once (it installs it)", python().display()));
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success(), "extended-client.py {args:?} failed");
+    common::extended_client::run(args, input);
 }
 
 /// How many times the demo handler ran on each of `ids` (keys are `body.id`).

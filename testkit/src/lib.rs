@@ -13,6 +13,7 @@
 pub mod capacity;
 pub mod delay;
 pub mod dynamodb;
+pub mod extended_client;
 pub mod faults;
 pub mod otlp;
 pub mod runtime_api;
