@@ -24,19 +24,20 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::{
     budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
-    config::{self, Config, StoreChoice},
+    config::{Config, StoreChoice},
     consumer::{Builder, CommandParts, Needs},
     engine::Invocation,
+    environment::Environment,
     event::{Invoked, parse_invocation},
     handler::BuildHandler,
     logging,
     metrics::{Counters, emf_line},
     operator::{Operator, Verdict, timestamp},
-    outbox::{Destinations, Outbox, OutboxTimes},
+    outbox::{Destinations, Outbox, OutboxQuery, OutboxTimes},
     poll::{PollOptions, Poller},
     redelivery::RedeliveryPolicy,
     report::BatchReport,
-    store::{ClaimQuery, ClaimStore, OutboxQuery},
+    store::{ClaimQuery, ClaimStore},
     store::{ClaimStatus, StoredClaim},
 };
 
@@ -202,7 +203,7 @@ pub(crate) async fn main(mut builder: Builder, handler: BuildHandler<'_>) -> Exi
     }
     let matches = parser.get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
-    let lambda = cli.command.is_none() && config::in_lambda();
+    let lambda = cli.command.is_none() && Environment::current().in_lambda();
     // `claims` keeps 1 and 2 for "not found" and "refused".
     let error_code = if matches!(cli.command, Some(Command::Claims(_))) { 3 } else { 1 };
     builder.start_logging(lambda);
@@ -228,7 +229,7 @@ async fn command(cli: Cli, builder: Builder, handler: BuildHandler<'_>) -> anyho
         }
         Some(Command::CreateTable { table }) => create_table(table, builder).await,
         Some(Command::Claims(command)) => claims(command, builder).await,
-        None if config::in_lambda() => {
+        None if Environment::current().in_lambda() => {
             crate::lambda::start(builder, handler).await.map_err(anyhow::Error::msg)?;
             Ok(None)
         }
@@ -390,7 +391,7 @@ async fn claims_in(command: ClaimsCommand, config: Config, parts: CommandParts) 
             });
             let query = ClaimQuery { status, stale_at_ms: stale.then(|| operator.now_ms()), message_id: None, limit };
             let listing = operator.list(&query).await?;
-            print_claims(&listing.records, operator.now_ms(), json);
+            print_claims(&listing.claims, operator.now_ms(), json);
             return Ok(None);
         }
         ClaimsCommand::Show { target, json } => {

@@ -14,30 +14,13 @@ use crate::{
     dynamodb::{Attributes, TableKey, TableLayout},
     engine::EngineOptions,
     envelope::EnvelopeKind,
+    environment::LAMBDA_RUNTIME_API,
     key::{KeySpec, Keys, OnMissingKey},
     metrics::MetricsConfig,
     payload::PayloadOptions,
     redelivery::{RedeliveryPolicy, RetryBackoff},
     sqs::MAX_VISIBILITY,
 };
-
-/// The variable Lambda sets in its execution environments, and nowhere
-/// else: the address of its Runtime API.
-pub(crate) const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
-
-/// Whether this process runs inside Lambda.
-pub(crate) fn in_lambda() -> bool {
-    std::env::var_os(LAMBDA_RUNTIME_API).is_some()
-}
-
-/// The variable SAM CLI sets (to `true`) in the function it runs locally.
-pub(crate) const SAM_LOCAL: &str = "AWS_SAM_LOCAL";
-
-/// Whether this process is a deployed Lambda function: inside Lambda, and
-/// not SAM CLI's local emulation of it.
-pub(crate) fn deployed() -> bool {
-    in_lambda() && std::env::var(SAM_LOCAL).as_deref() != Ok("true")
-}
 
 /// How often a process that sends through the outbox sweeps it, unless
 /// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.

@@ -138,10 +138,7 @@ impl Clients {
             deduplication_id: fifo.then(|| outbox_id.to_owned()),
             trace_header: trace_header(message, propagators),
         };
-        self.sqs.send(queue_url, outgoing).await.map_err(|error| SendError {
-            refused: REFUSALS.iter().any(|code| error.reason.contains(code)),
-            reason: error.to_string(),
-        })
+        self.sqs.send(queue_url, outgoing).await.map_err(|error| judged(&error.reason, error.to_string()))
     }
 
     #[cfg(feature = "sns")]
@@ -190,13 +187,10 @@ impl Clients {
         match output.entries().first() {
             Some(result) if result.error_code().is_some() || output.failed_entry_count() > 0 => {
                 let code = result.error_code().unwrap_or("unknown error");
-                Err(SendError {
-                    refused: REFUSALS.iter().any(|refusal| code.contains(refusal)),
-                    reason: format!(
-                        "EventBridge PutEvents: {code}: {}",
-                        result.error_message().unwrap_or("no message")
-                    ),
-                })
+                Err(judged(
+                    code,
+                    format!("EventBridge PutEvents: {code}: {}", result.error_message().unwrap_or("no message")),
+                ))
             }
             _ => Ok(()),
         }
@@ -281,16 +275,22 @@ fn trace_header(message: &Message, propagators: Propagators) -> Option<String> {
 }
 
 fn refused(reason: String) -> SendError {
-    SendError { refused: true, reason }
+    SendError::refused(reason)
+}
+
+/// A failed send, refused for good when the service's error `code` is one of
+/// [`REFUSALS`].
+fn judged(code: &str, reason: String) -> SendError {
+    match REFUSALS.iter().any(|refusal| code.contains(refusal)) {
+        true => SendError::refused(reason),
+        false => SendError::failed(reason),
+    }
 }
 
 #[cfg(any(feature = "sns", feature = "eventbridge"))]
 fn service_error(operation: &str, error: impl std::error::Error + ProvideErrorMetadata) -> SendError {
     let code = error.code().unwrap_or_default().to_owned();
-    SendError {
-        refused: REFUSALS.iter().any(|refusal| code.contains(refusal)),
-        reason: format!("{operation}: {}", crate::aws::describe(&error)),
-    }
+    judged(&code, format!("{operation}: {}", crate::aws::describe(&error)))
 }
 
 #[cfg(test)]

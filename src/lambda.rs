@@ -25,9 +25,9 @@ use runtime_api::report_init_error;
 
 use crate::{
     clock::{Clock, SystemClock},
-    config::LAMBDA_RUNTIME_API,
     consumer::{Builder, Consumer, LambdaService, Layers, Needs},
     engine::{Engine, Invocation},
+    environment::Environment,
     event::{InvalidEvent, Invoked, parse_invocation},
     handler::BuildHandler,
     lock::lock,
@@ -37,35 +37,15 @@ use crate::{
     trace::TraceContext,
 };
 
-/// Variables the runtime needs, all set by Lambda itself.
-const RUNTIME_VARIABLES: [&str; 4] =
-    [LAMBDA_RUNTIME_API, "AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_VERSION"];
-
-/// Whether Lambda runs the init phase ahead of any invocation (provisioned
-/// concurrency), as `AWS_LAMBDA_INITIALIZATION_TYPE` says. Only then are the
-/// claim store's connections opened in it: on demand, an invocation waits
-/// for the init phase, and the connecting requests' own round trip would
-/// come on top of the handshakes they save its first batch.
-fn initialized_ahead() -> bool {
-    std::env::var("AWS_LAMBDA_INITIALIZATION_TYPE").is_ok_and(|kind| kind == "provisioned-concurrency")
-}
-
-/// How many invocations Lambda hands this environment at once, when more
-/// than one: `AWS_LAMBDA_MAX_CONCURRENCY`, which Lambda Managed Instances
-/// sets. Unset, 1 or unreadable, one at a time, as classic Lambda does.
-fn invocations_at_once() -> Option<u32> {
-    std::env::var("AWS_LAMBDA_MAX_CONCURRENCY").ok()?.trim().parse().ok().filter(|invocations| *invocations > 1)
-}
-
 /// The longest the init phase waits for the claim store's connections: a
 /// store out of reach must not hold the function's start (Lambda allows its
 /// init phase 10 seconds in all).
 const CONNECT_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
-impl From<InvalidEvent> for Diagnostic {
-    fn from(error: InvalidEvent) -> Self {
-        Diagnostic { error_type: "InvalidEvent".into(), error_message: error.to_string() }
-    }
+/// How an event that is no SQS batch is answered: Lambda's error for the
+/// whole invocation.
+fn diagnostic(error: InvalidEvent) -> Diagnostic {
+    Diagnostic { error_type: "InvalidEvent".into(), error_message: error.to_string() }
 }
 
 /// The function's state across invocations of one warm process.
@@ -102,11 +82,17 @@ pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result
 /// Serves invocations from the Lambda Runtime API until the process ends,
 /// the function's service wrapped in `layers`.
 async fn run(consumer: Consumer, layers: Option<Layers>) -> Result<(), lambda_runtime::Error> {
-    if let Some(missing) = RUNTIME_VARIABLES.iter().find(|name| std::env::var_os(name).is_none()) {
+    let environment = Environment::current();
+    if let Some(missing) = environment.missing {
         return Err(format!("{missing} is not set: the Lambda runtime sets it; outside Lambda use `invoke`").into());
     }
     shutdown::on_sigterm(consumer.engine.clone()).await;
-    if initialized_ahead() {
+    // Only when Lambda runs the init phase ahead of any invocation (provisioned
+    // concurrency) are the claim store's connections opened in it: on demand,
+    // an invocation waits for the init phase, and the connecting requests'
+    // own round trip would come on top of the handshakes they save its first
+    // batch.
+    if environment.initialized_ahead {
         // Still in the init phase: the first batch finds its connections open.
         consumer.engine.claims().connect(CONNECT_WITHIN).await;
     }
@@ -116,7 +102,7 @@ async fn run(consumer: Consumer, layers: Option<Layers>) -> Result<(), lambda_ru
         let function = Arc::clone(&function);
         async move { function.invoke(event).await }
     });
-    if let Some(invocations) = invocations_at_once() {
+    if let Some(invocations) = environment.invocations_at_once {
         let runtime = runtime(service, layers.as_ref());
         return serve_at_once(invocations, runtime, invoked.consumer.engine.clone()).await;
     }
@@ -202,7 +188,10 @@ impl Function {
     /// a whole; `lambda_runtime` logs that error, once.
     async fn invoke(&self, event: LambdaEvent<Event>) -> Result<SqsBatchResponse, Diagnostic> {
         let (Event(payload), context) = event.into_parts();
-        let invoked = payload.map_err(InvalidEvent::NotJson).and_then(|payload| parse_invocation(payload.get()))?;
+        let invoked = payload
+            .map_err(InvalidEvent::NotJson)
+            .and_then(|payload| parse_invocation(payload.get()))
+            .map_err(diagnostic)?;
         let invocation = Invocation { deadline: deadline(context.deadline), request_id: context.request_id };
         let records = match invoked {
             Invoked::Batch(records) => records,

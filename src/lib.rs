@@ -110,37 +110,22 @@ compile_error!(
      panic = \"abort\" unless the profile says otherwise)"
 );
 
-mod aws;
-mod budget;
-mod claim;
 #[cfg(feature = "cli")]
 mod cli;
-mod clock;
 pub mod config;
 pub mod consumer;
 mod destinations;
-mod dynamodb;
-mod engine;
-pub mod envelope;
-pub mod event;
-mod handler;
-mod key;
+mod environment;
 mod lambda;
-mod lock;
 mod logging;
 mod metrics;
 #[cfg(feature = "cli")]
 mod operator;
 #[cfg(feature = "opentelemetry")]
 mod otlp;
-pub mod outbox;
-mod payload;
 #[cfg(feature = "cli")]
 mod poll;
-mod reason;
-mod record;
 mod redelivery;
-pub mod report;
 #[cfg(feature = "s3")]
 mod s3;
 #[cfg(test)]
@@ -152,10 +137,17 @@ mod start;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod trace;
-pub mod transaction;
 
 pub use consumer::Consumer;
-pub use handler::{BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
-pub use record::Record;
+pub use sqs_once_core::{
+    BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, Record, envelope, event, handler_fn,
+    outbox, report, transaction,
+};
+#[cfg(feature = "testing")]
+pub use sqs_once_core::{admin_suite, claim_suite, commit_suite};
+// The core's modules the consumer's are built on, under the paths they had
+// before the crates were cut.
+use sqs_once_core::{budget, claim, clock, engine, handler, key, lock, payload, reason, record, trace};
+// The DynamoDB store, and the SDK settings every AWS client here shares.
+use sqs_once_dynamodb::{self as dynamodb, aws};
 pub use start::{run, run_with};

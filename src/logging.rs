@@ -7,6 +7,8 @@ use tracing_subscriber::{
     Layer, Registry, filter::filter_fn, layer::SubscriberExt, registry::LookupSpan, util::SubscriberInitExt,
 };
 
+use crate::environment::Environment;
+
 /// A layer beside the log lines' that records spans (the `opentelemetry`
 /// feature's), with its own filter.
 pub(crate) type SpanLayer = Box<dyn Layer<Registry> + Send + Sync>;
@@ -34,21 +36,16 @@ fn lines<S>(lambda: bool) -> impl Layer<S>
 where
     S: tracing::Subscriber + for<'span> LookupSpan<'span>,
 {
-    let lambda_level = lambda.then(|| std::env::var("AWS_LAMBDA_LOG_LEVEL").ok()).flatten();
+    let environment = Environment::current();
     let filter = ["SQS_ONCE_LOG", "RUST_LOG"]
         .iter()
         .find_map(|name| tracing_subscriber::EnvFilter::try_from_env(name).ok())
         .unwrap_or_else(|| {
-            // Lambda's levels are TRACE to FATAL; tracing's stop at ERROR.
-            let level = match lambda_level.map(|level| level.to_ascii_lowercase()).as_deref() {
-                Some(level @ ("trace" | "debug" | "info" | "warn" | "error")) => level.to_owned(),
-                Some("fatal") => "error".to_owned(),
-                _ => "info".to_owned(),
-            };
+            let level = environment.log_level.filter(|_| lambda).unwrap_or("info");
             tracing_subscriber::EnvFilter::new(format!("{level},aws_config=error"))
         });
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
-    let logs = match lambda && std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
+    let logs = match lambda && environment.json_logs {
         true => logs.json().flatten_event(true).with_span_list(false).boxed(),
         false => logs.with_ansi(std::io::stderr().is_terminal()).boxed(),
     };

@@ -162,14 +162,9 @@ mod tests {
     use crate::report::{Failure, Outcome, RecordReport};
 
     fn record(outcome: Outcome, claim_ms: Option<u64>) -> RecordReport {
-        RecordReport {
-            message_id: "m".into(),
-            key: None,
-            outcome,
-            duration: Duration::ZERO,
-            claim_latency: claim_ms.map(Duration::from_millis),
-            payload_bytes: None,
-        }
+        let mut record = RecordReport::of("m", outcome);
+        record.claim_latency = claim_ms.map(Duration::from_millis);
+        record
     }
 
     #[test]
@@ -196,7 +191,7 @@ mod tests {
         records[0].payload_bytes = Some(300_000);
         records[1].payload_bytes = Some(2_000_000);
         records.extend((0..300).map(|n| record(Outcome::Failed(Failure::Store("down".into())), Some(n))));
-        let report = BatchReport { records };
+        let report = BatchReport::of(records);
         let redelivery =
             RedeliveryCounts { visibility_changed: 4, visibility_failed: 1, dead_lettered: 2, dead_letter_failed: 3 };
         let counters = Counters {
@@ -280,7 +275,7 @@ mod tests {
             trace_export: Some(TraceExportCounts::default()),
             ..Counters::default()
         };
-        let report = BatchReport { records: vec![record(Outcome::Duplicate, Some(1))] };
+        let report = BatchReport::of(vec![record(Outcome::Duplicate, Some(1))]);
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, counters, 0)).unwrap();
         let published: std::collections::BTreeSet<String> = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
             .as_array()

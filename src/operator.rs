@@ -8,7 +8,8 @@ use std::{sync::Arc, time::Duration};
 
 use crate::{
     clock::Clock,
-    store::{ClaimAdmin, ClaimQuery, ClaimStore, Fenced, Listing, OutboxQuery, StoreError},
+    outbox::OutboxQuery,
+    store::{ClaimAdmin, ClaimQuery, ClaimStore, Fenced, Listing, StoreError},
     store::{ClaimStatus, StoredClaim},
 };
 
@@ -75,7 +76,7 @@ impl Operator {
         for status in [ClaimStatus::Failed, ClaimStatus::InProgress, ClaimStatus::Completed].map(Some) {
             let query =
                 ClaimQuery { status, message_id: Some(message_id.to_owned()), limit: 1, ..ClaimQuery::default() };
-            if let Some(claim) = self.admin.list(&query).await?.records.into_iter().next() {
+            if let Some(claim) = self.admin.list(&query).await?.claims.into_iter().next() {
                 return Ok(Some(claim));
             }
         }

@@ -252,7 +252,8 @@ impl Poller {
             match record.outcome {
                 Outcome::Processed { .. } => summary.processed += 1,
                 Outcome::Duplicate => summary.duplicates += 1,
-                Outcome::Failed(_) => {}
+                // Failed records are counted from the answer below.
+                _ => {}
             }
         }
         summary.failed += answer.response.batch_item_failures.len() as u64;
@@ -301,7 +302,7 @@ impl Poller {
 fn receipt_handle(record: &EventRecord) -> Option<&str> {
     match record {
         EventRecord::Message(message) => message.receipt_handle.as_deref(),
-        EventRecord::Malformed { .. } => None,
+        _ => None,
     }
 }
 

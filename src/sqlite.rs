@@ -22,7 +22,8 @@ use std::{
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use crate::{
+// The core's store interface, this store's internals among it.
+use sqs_once_core::{
     lock::lock,
     store::{
         ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,

@@ -94,6 +94,13 @@ impl Sqs {
         Self { client }
     }
 
+    /// An SQS client given by the program, with the timeouts it lacks filled
+    /// in as [`crate::aws::with_limits`] fills a configuration's.
+    pub(crate) fn with_limits(client: Client) -> Client {
+        let config = client.config();
+        Client::from_conf(config.to_builder().timeout_config(crate::aws::filled(config.timeout_config())).build())
+    }
+
     /// The URL of the queue with `arn`, as SQS forms it. SQS takes the URL in
     /// the request body and routes by the client's endpoint, so the canonical
     /// form serves a custom endpoint too.
@@ -218,6 +225,19 @@ fn trace_header(header: String) -> HashMap<MessageSystemAttributeNameForSends, M
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_client_given_gets_the_timeouts_it_lacks() {
+        let loaded = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .no_credentials()
+            .load()
+            .await;
+        let client = Sqs::with_limits(Client::new(&loaded));
+        let timeouts = client.config().timeout_config().unwrap();
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(crate::aws::ATTEMPT_TIMEOUT));
+        assert_eq!(timeouts.operation_timeout(), Some(crate::aws::OPERATION_TIMEOUT));
+    }
 
     #[test]
     fn visibility_is_whole_seconds_rounded_up_and_capped() {

@@ -6,9 +6,9 @@ use std::{fmt::Display, process::ExitCode};
 use futures::FutureExt;
 
 use crate::{
-    Handler,
+    BoxHandler, Handler,
     consumer::{Builder, Consumer},
-    handler::{BoxHandler, BuildHandler},
+    handler::BuildHandler,
 };
 
 /// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
@@ -115,7 +115,7 @@ impl Builder {
 
     #[cfg(not(feature = "cli"))]
     async fn serve(mut self, handler: BuildHandler<'_>) -> ExitCode {
-        let lambda = crate::config::in_lambda();
+        let lambda = crate::environment::Environment::current().in_lambda();
         self.start_logging(lambda);
         let result = if lambda {
             crate::lambda::start(self, handler).await

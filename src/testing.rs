@@ -52,11 +52,7 @@
 // `admin_suite!` and `commit_suite!` expand to calls of; the macros are their
 // documentation.
 #[doc(hidden)]
-pub mod admin_suite;
-#[doc(hidden)]
-pub mod claim_suite;
-#[doc(hidden)]
-pub mod commit_suite;
+pub use sqs_once_core::testing::{admin_suite, claim_suite, commit_suite};
 
 use std::{
     sync::{Arc, Mutex},

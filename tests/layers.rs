@@ -1,12 +1,13 @@
-//! The crate's layers, checked on its source: an import never points up a
-//! layer, and no two modules import each other (directly or round a circle).
+//! The layers of the library, checked on its source: the crates it is cut
+//! into depend on each other one way (the command line → `sqs-once` →
+//! `sqs-once-dynamodb` → `sqs-once-core`), an import inside a crate never
+//! points up a layer, and no two modules of a crate import each other
+//! (directly or round a circle).
 //!
-//! The layers are the crates the library is being cut into: the core (the
-//! engine, claims, stores' interface, the outbox), DynamoDB (its store and the
-//! SDK clients' settings), the consumer (Lambda, `poll`, settings, the command
-//! line) and the scaffolder `new`. Keeping the one crate layered first is what
-//! lets it be cut without untangling anything. Test code (`#[cfg(test)]`
-//! modules and the files they declare) may reach anywhere and is left out.
+//! Cargo keeps the crates' direction once their manifests point one way;
+//! inside `sqs-once`, the consumer (Lambda, `poll`, settings, the command
+//! line) sits below the scaffolder `new`. Test code (`#[cfg(test)]` modules
+//! and the files they declare) may reach anywhere and is left out.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -22,36 +23,29 @@ enum Layer {
     Scaffolder,
 }
 
-/// Each module's layer, by its path in the crate; the longest prefix decides.
-/// A module missing here fails the test, so that a new one is placed on
-/// purpose.
-const LAYERS: &[(&str, Layer)] = &[
-    ("budget", Layer::Core),
-    ("claim", Layer::Core),
-    ("clock", Layer::Core),
-    ("engine", Layer::Core),
-    ("envelope", Layer::Core),
-    ("event", Layer::Core),
-    ("handler", Layer::Core),
-    ("key", Layer::Core),
-    ("lock", Layer::Core),
-    ("outbox", Layer::Core),
-    ("payload", Layer::Core),
-    ("reason", Layer::Core),
-    ("record", Layer::Core),
-    ("report", Layer::Core),
-    ("store", Layer::Core),
-    ("testing::admin_suite", Layer::Core),
-    ("testing::claim_suite", Layer::Core),
-    ("testing::commit_suite", Layer::Core),
-    ("trace", Layer::Core),
-    ("transaction", Layer::Core),
-    ("aws", Layer::DynamoDb),
-    ("dynamodb", Layer::DynamoDb),
+/// A crate of the library: its package, its folder, and its modules' layers
+/// (`every`, or by path, the longest prefix deciding).
+struct Crate {
+    package: &'static str,
+    folder: &'static str,
+    every: Option<Layer>,
+    placed: &'static [(&'static str, Layer)],
+}
+
+const CRATES: &[Crate] = &[
+    Crate { package: "sqs-once-core", folder: "core", every: Some(Layer::Core), placed: &[] },
+    Crate { package: "sqs-once-dynamodb", folder: "dynamodb", every: Some(Layer::DynamoDb), placed: &[] },
+    Crate { package: "sqs-once", folder: ".", every: None, placed: CONSUMER },
+];
+
+/// The layers of `sqs-once`'s modules. A module missing here fails the test,
+/// so that a new one is placed on purpose.
+const CONSUMER: &[(&str, Layer)] = &[
     ("cli", Layer::Consumer),
     ("config", Layer::Consumer),
     ("consumer", Layer::Consumer),
     ("destinations", Layer::Consumer),
+    ("environment", Layer::Consumer),
     ("lambda", Layer::Consumer),
     ("logging", Layer::Consumer),
     ("metrics", Layer::Consumer),
@@ -63,24 +57,14 @@ const LAYERS: &[(&str, Layer)] = &[
     ("sqlite", Layer::Consumer),
     ("sqs", Layer::Consumer),
     ("start", Layer::Consumer),
+    ("store", Layer::Consumer),
     ("testing", Layer::Consumer),
     ("cli::new", Layer::Scaffolder),
 ];
 
-/// Imports up a layer that stay until the crate is cut, each with the reason.
-const UPWARD_ALLOWED: &[(&str, &str, &str)] = &[
-    (
-        "store",
-        "dynamodb",
-        "the public `store` module re-exports the DynamoDB store; the cut makes this the `sqs-once` facade",
-    ),
-    (
-        "store",
-        "sqlite",
-        "the public `store` module re-exports the SQLite store; the cut makes this the `sqs-once` facade",
-    ),
-    ("cli", "cli::new", "the command line declares `new`; the cut moves both to sqs-once-cli"),
-];
+/// Imports up a layer that stay, each with the reason.
+const UPWARD_ALLOWED: &[(&str, &str, &str)] =
+    &[("cli", "cli::new", "the command line declares `new`; both are to move to sqs-once-cli")];
 
 /// Whether `from` may import `to` although it is a layer above.
 fn allowed_upward(from: &Module, to: &Module) -> bool {
@@ -100,15 +84,28 @@ impl fmt::Display for Module {
     }
 }
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+impl Crate {
+    fn root(&self) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(self.folder)
+    }
+
+    fn layer_of(&self, module: &Module) -> Option<Layer> {
+        let name = module.to_string();
+        self.every.or_else(|| {
+            self.placed
+                .iter()
+                .filter(|(prefix, _)| name == *prefix || name.starts_with(&format!("{prefix}::")))
+                .max_by_key(|(prefix, _)| prefix.len())
+                .map(|(_, layer)| *layer)
+        })
+    }
 }
 
 /// The crate's production modules, found by following `mod` declarations
 /// from `lib.rs`; `#[cfg(test)]` ones are left out with everything below them.
-fn modules() -> Vec<(Module, String)> {
+fn modules(krate: &Crate) -> Vec<(Module, String)> {
     let mut found = Vec::new();
-    let mut pending = vec![Module { path: Vec::new(), file: src().join("lib.rs") }];
+    let mut pending = vec![Module { path: Vec::new(), file: krate.root().join("src/lib.rs") }];
     while let Some(module) = pending.pop() {
         let text =
             fs::read_to_string(&module.file).unwrap_or_else(|error| panic!("{}: {error}", module.file.display()));
@@ -132,7 +129,7 @@ fn child_file(parent: &Module, child: &str) -> PathBuf {
         Some("lib.rs" | "mod.rs") => parent.file.parent().map(Path::to_path_buf),
         _ => Some(parent.file.with_extension("")),
     }
-    .unwrap_or_else(src);
+    .unwrap_or_default();
     let flat = folder.join(format!("{child}.rs"));
     if flat.exists() { flat } else { folder.join(child).join("mod.rs") }
 }
@@ -264,18 +261,11 @@ fn owner<'a>(path: &[String], modules: &'a BTreeMap<Vec<String>, Module>) -> Opt
     (1..=path.len()).rev().find_map(|n| modules.get(&path[..n]))
 }
 
-fn layer_of(module: &Module) -> Option<Layer> {
-    let name = module.to_string();
-    LAYERS
-        .iter()
-        .filter(|(prefix, _)| name == *prefix || name.starts_with(&format!("{prefix}::")))
-        .max_by_key(|(prefix, _)| prefix.len())
-        .map(|(_, layer)| *layer)
-}
-
-/// Every import between two production modules: (from, to, the path named).
-fn imports() -> Vec<(Module, Module, String)> {
-    let found = modules();
+/// Every import between two production modules of a crate: (from, to, the
+/// path named). A path into another crate (`sqs_once_core::…`, or a name the
+/// crate's root imports from it) lands in no module of this one.
+fn imports(krate: &Crate) -> Vec<(Module, Module, String)> {
+    let found = modules(krate);
     let by_path: BTreeMap<Vec<String>, Module> =
         found.iter().map(|(module, _)| (module.path.clone(), module.clone())).collect();
     let mut edges = Vec::new();
@@ -298,11 +288,15 @@ fn imports() -> Vec<(Module, Module, String)> {
 
 #[test]
 fn every_module_has_a_layer() {
-    let unplaced: Vec<String> = modules()
-        .into_iter()
-        .map(|(module, _)| module)
-        .filter(|module| !module.path.is_empty() && layer_of(module).is_none())
-        .map(|module| module.to_string())
+    let unplaced: Vec<String> = CRATES
+        .iter()
+        .flat_map(|krate| {
+            modules(krate)
+                .into_iter()
+                .map(|(module, _)| module)
+                .filter(|module| !module.path.is_empty() && krate.layer_of(module).is_none())
+                .map(|module| format!("{}: {module}", krate.package))
+        })
         .collect();
     assert!(unplaced.is_empty(), "modules with no layer in tests/layers.rs: {unplaced:?}");
 }
@@ -310,15 +304,52 @@ fn every_module_has_a_layer() {
 #[test]
 fn no_import_points_up_a_layer() {
     let mut upward = Vec::new();
-    for (from, to, named) in imports() {
-        let (Some(lower), Some(higher)) = (layer_of(&from), layer_of(&to)) else {
-            continue;
-        };
-        if higher > lower && !allowed_upward(&from, &to) {
-            upward.push(format!("{from} ({lower:?}) imports {named} ({higher:?}), in {}", from.file.display()));
+    for krate in CRATES {
+        for (from, to, named) in imports(krate) {
+            let (Some(lower), Some(higher)) = (krate.layer_of(&from), krate.layer_of(&to)) else {
+                continue;
+            };
+            if higher > lower && !allowed_upward(&from, &to) {
+                upward.push(format!("{from} ({lower:?}) imports {named} ({higher:?}), in {}", from.file.display()));
+            }
         }
     }
     assert!(upward.is_empty(), "imports up a layer:\n{}", upward.join("\n"));
+}
+
+/// The crates' own dependencies (not their tests') name only crates of lower
+/// layers: a store crate never depends on the consumer, the core on nothing
+/// of sqs-once's.
+#[test]
+fn crates_depend_down_the_layers() {
+    let layer = |package: &str| {
+        CRATES.iter().find(|krate| krate.package == package).map(|krate| krate.every.unwrap_or(Layer::Consumer))
+    };
+    let mut upward = Vec::new();
+    for krate in CRATES {
+        let manifest = fs::read_to_string(krate.root().join("Cargo.toml")).expect("the crate's manifest");
+        let own = krate.every.unwrap_or(Layer::Consumer);
+        for dependency in dependencies(&manifest) {
+            match layer(&dependency) {
+                Some(theirs) if theirs >= own => upward.push(format!("{} depends on {dependency}", krate.package)),
+                _ => {}
+            }
+        }
+    }
+    assert!(upward.is_empty(), "dependencies that do not point down a layer: {upward:?}");
+    let core = fs::read_to_string(CRATES[0].root().join("Cargo.toml")).expect("the core's manifest");
+    assert!(dependencies(&core).iter().all(|dependency| dependency != "sqs-once-dynamodb"));
+}
+
+/// The packages a manifest's `[dependencies]` names.
+fn dependencies(manifest: &str) -> Vec<String> {
+    let Some((_, section)) = manifest.split_once("\n[dependencies]\n") else { return Vec::new() };
+    let section = section.split("\n[").next().unwrap_or_default();
+    section
+        .lines()
+        .filter_map(|line| line.split_once('=').map(|(name, _)| name.trim().to_string()))
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect()
 }
 
 /// Modules import each other in a circle when, at the level where their
@@ -326,33 +357,32 @@ fn no_import_points_up_a_layer() {
 /// `engine::finish`; `report` and `store` through `transaction`).
 #[test]
 fn no_import_circle() {
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut examples: BTreeMap<(String, String), String> = BTreeMap::new();
-    for (from, to, named) in imports() {
-        if allowed_upward(&from, &to) {
-            continue;
+    let mut described = Vec::new();
+    for krate in CRATES {
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut examples: BTreeMap<(String, String), String> = BTreeMap::new();
+        for (from, to, named) in imports(krate) {
+            if allowed_upward(&from, &to) {
+                continue;
+            }
+            let shared = from.path.iter().zip(&to.path).take_while(|(a, b)| a == b).count();
+            if shared == from.path.len() || shared == to.path.len() {
+                continue; // a parent and its own child
+            }
+            let a = from.path[..=shared].join("::");
+            let b = to.path[..=shared].join("::");
+            examples.entry((a.clone(), b.clone())).or_insert(format!("{from} names {named}"));
+            graph.entry(a).or_default().insert(b);
         }
-        let shared = from.path.iter().zip(&to.path).take_while(|(a, b)| a == b).count();
-        if shared == from.path.len() || shared == to.path.len() {
-            continue; // a parent and its own child
-        }
-        let a = from.path[..=shared].join("::");
-        let b = to.path[..=shared].join("::");
-        examples.entry((a.clone(), b.clone())).or_insert(format!("{from} names {named}"));
-        graph.entry(a).or_default().insert(b);
-    }
-    let circles = strongly_connected(&graph);
-    let described: Vec<String> = circles
-        .iter()
-        .map(|circle| {
+        for circle in strongly_connected(&graph) {
             let edges: Vec<&String> = examples
                 .iter()
                 .filter(|((a, b), _)| circle.contains(a) && circle.contains(b))
                 .map(|(_, example)| example)
                 .collect();
-            format!("{circle:?}: {edges:?}")
-        })
-        .collect();
+            described.push(format!("{}: {circle:?}: {edges:?}", krate.package));
+        }
+    }
     assert!(described.is_empty(), "import circles:\n{}", described.join("\n"));
 }
 

@@ -199,7 +199,7 @@ async fn dynamodb_failed_claims_are_listed_through_the_index_open_ones_from_the_
     let counted = DynamoDbStore::new(common::dynamodb::client_at(&proxy).await, store.layout().clone());
     let failed = ClaimQuery { status: Some(ClaimStatus::Failed), limit: 10, ..ClaimQuery::default() };
     let listing = counted.list(&failed).await.unwrap();
-    assert_eq!(listing.records.len(), 1, "the failed claim");
+    assert_eq!(listing.claims.len(), 1, "the failed claim");
     assert!(!listing.full_scan);
     // One query per partition of the index: its 16 shards (docs/dynamodb.md),
     // and the bare status older versions wrote.
@@ -208,7 +208,7 @@ async fn dynamodb_failed_claims_are_listed_through_the_index_open_ones_from_the_
     // Claims in progress are not in the index: the open claims are read from
     // the table, in 8 segments at once, each one page here.
     let listing = counted.list(&ClaimQuery { limit: 10, ..ClaimQuery::default() }).await.unwrap();
-    assert_eq!(listing.records.len(), 1, "only the failed claim is open");
+    assert_eq!(listing.claims.len(), 1, "only the failed claim is open");
     assert!(listing.full_scan);
     assert_eq!(operations.lock().unwrap().clone(), vec!["Scan"; 8]);
 

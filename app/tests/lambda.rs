@@ -143,7 +143,7 @@ async fn with_provisioned_concurrency_the_init_phase_opens_the_connections_the_f
     assert!(failures(&function.invoke(&event, SECONDS_30).await).is_empty());
     assert_eq!(proxy.connections.load(Ordering::SeqCst), 8, "the first batch opened connections of its own");
     let completed = ClaimQuery { status: Some(ClaimStatus::Completed), limit: 100, ..ClaimQuery::default() };
-    assert_eq!(store.list(&completed).await.unwrap().records.len(), 8);
+    assert_eq!(store.list(&completed).await.unwrap().claims.len(), 8);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,7 +265,7 @@ async fn a_crashed_invocations_claim_is_taken_over_by_a_delivery_after_its_lease
         () = crash => {}
     }
     let query = sqs_once::store::ClaimQuery { limit: 10, ..Default::default() };
-    let open = sqs_once::store::ClaimAdmin::list(&store, &query).await.unwrap().records;
+    let open = sqs_once::store::ClaimAdmin::list(&store, &query).await.unwrap().claims;
     let [claim] = open.as_slice() else { panic!("one open claim, the crashed run's: {open:?}") };
     assert_eq!(claim.lease_until_ms, Some(deadline_ms + 1000), "Lambda mode leases until the deadline plus the margin");
 

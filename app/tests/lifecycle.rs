@@ -451,7 +451,7 @@ mod ledger {
         // The completions expire, and TTL deletes them (as it may at any moment after).
         use sqs_once::store::{ClaimAdmin, ClaimQuery, ClaimStatus};
         let query = ClaimQuery { status: Some(ClaimStatus::Completed), limit: 1000, ..ClaimQuery::default() };
-        let completed = store.list(&query).await.unwrap().records;
+        let completed = store.list(&query).await.unwrap().claims;
         assert_eq!(completed.len(), 2 * RECORDS);
         let expired_s = completed.iter().map(|claim| claim.expires_at_s).max().unwrap() + 1;
         let now_s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();

@@ -13,12 +13,11 @@ use lambda_runtime::{
 
 use super::{Consumer, StartupError};
 use crate::{
-    Handler,
+    BoxHandler, Handler,
     config::{Config, ConfigError, StoreChoice},
     destinations::AwsDestinations,
     dynamodb::{self, RequestCounter, Unusable},
     engine::{EngineParts, OutboxParts},
-    handler::BoxHandler,
     outbox::Destinations,
     payload::PayloadStore,
     redelivery::Redelivery,
@@ -354,7 +353,7 @@ impl Builder {
             Arc::new(destinations.propagating(config.engine.propagators))
         });
         let sqs_client =
-            self.sqs.take().map(crate::aws::sqs_with_limits).or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
+            self.sqs.take().map(crate::sqs::Sqs::with_limits).or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
         let sqs = sqs_client.filter(|_| needs.redelivery || needs.queue).map(Sqs::from_client);
         Ok(CommandParts { store, destinations, send_time, sqs, payloads: payloads(aws.as_ref()) })
     }
@@ -371,7 +370,7 @@ impl Builder {
             StoreChoice::DynamoDb(layout) => {
                 let table = self.dynamodb_table(aws).await;
                 // Looked for with one DescribeTable, on a client that counts nothing: no metric shows it.
-                if !crate::config::deployed() {
+                if !crate::environment::Environment::current().deployed() {
                     refuse_unusable_table(&table, &layout.table).await?;
                 }
                 let target = format!("table {} at {}", layout.table, table.endpoint);

@@ -6,7 +6,7 @@
 //! local invocations only) and none is AWS's own, rather than claim keys in,
 //! or send messages from, a real account.
 
-use crate::config::SAM_LOCAL;
+use crate::environment::SAM_LOCAL;
 
 /// The services the function calls: the claim store, SQS (the SQS step and
 /// the outbox), SNS and EventBridge (the outbox), S3 (large messages'

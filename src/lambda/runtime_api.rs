@@ -23,7 +23,7 @@ use serde_json::json;
 use tracing::Instrument;
 
 use super::{Event, Function};
-use crate::config::LAMBDA_RUNTIME_API;
+use crate::environment::Environment;
 
 /// Whether `lambda_runtime` stopped because one invocation's headers did
 /// not parse (its client context, Cognito identity or deadline) rather than
@@ -83,14 +83,14 @@ fn context(headers: &HeaderMap) -> Result<Context, lambda_runtime::Error> {
 /// process exits with the message on standard error either way. A plain
 /// blocking request: it is the process's last act.
 pub(crate) fn report_init_error(error_type: &str, message: &str) {
-    let Ok(api) = std::env::var(LAMBDA_RUNTIME_API) else { return };
+    let Some(api) = &Environment::current().runtime_api else { return };
     let body = json!({ "errorType": error_type, "errorMessage": message }).to_string();
     let request = format!(
         "POST /2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {api}\r\nLambda-Runtime-Function-Error-Type: {error_type}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let sent = TcpStream::connect(&api).and_then(|mut stream| {
+    let sent = TcpStream::connect(api.as_str()).and_then(|mut stream| {
         stream.set_read_timeout(Some(Duration::from_secs(2)))?;
         stream.write_all(request.as_bytes())?;
         let mut status = [0; 12];

@@ -15,10 +15,10 @@ use super::{
 use crate::{
     clock::Clock,
     lock::lock,
-    outbox::{Destinations, SendError},
+    outbox::{Destinations, OutboxEntry, OutboxQuery, SendError},
     store::{
-        ClaimAdmin, ClaimQuery, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing, OutboxEntry,
-        OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
+        ClaimAdmin, ClaimQuery, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing, OutboxStore,
+        PutOutcome, StoreError, StoredClaim,
     },
     transaction::Message,
 };

@@ -19,13 +19,16 @@ use std::{
 use futures::FutureExt;
 use serde_json::Value;
 
+use sqs_once_core::store::TOKEN_WINDOW;
+
 use super::world::SimClock;
 use crate::{
     clock::{Clock, duration_ms},
     lock::lock,
+    outbox::{OutboxEntry, OutboxQuery},
     store::{
         ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-        MemoryStore, OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, TOKEN_WINDOW,
+        MemoryStore, OutboxStore, PutOutcome, StoreError, StoredClaim,
     },
     transaction::Write,
 };

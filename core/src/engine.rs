@@ -1,0 +1,460 @@
+//! The batch engine: one SQS batch in, one partial-batch response out.
+//!
+//! Records fan out concurrently, with a bound. Records that share a key run
+//! once: the first is reported as the run ended, the copies as duplicates of
+//! a confirmed success, or as the run ended otherwise. FIFO records run in order within their message
+//! group, and a failure stops the rest of its group. When the invocation's
+//! deadline comes within the safety margin, nothing new starts, and the engine
+//! answers with every unfinished record failed, so a slow record never turns
+//! into a Lambda timeout that would redeliver the whole batch.
+//!
+//! The engine knows a [`Claims`] state machine and a handler; it does not know
+//! which store is behind them, nor whether it runs inside Lambda.
+//!
+//! A batch passes through its phases in this order, one module each: this
+//! one takes the batch in, cuts it off at the deadline and answers;
+//! `payloads` reads the payloads records point to in S3;
+//! `groups` runs FIFO groups in order; `run` admits each key's run, claims
+//! the key and runs the handler; `finish` records how the handler ended
+//! and delivers what it committed; `tending` resends what failed to land,
+//! beside the batch, between batches and before the process leaves.
+
+mod cutoff;
+mod finish;
+mod groups;
+mod outcome;
+mod parts;
+mod payloads;
+mod run;
+mod tending;
+
+pub use parts::{EngineParts, OutboxParts};
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use futures::future::{join, join_all};
+use tokio::{
+    sync::Semaphore,
+    time::{Instant, timeout_at},
+};
+use tracing::Instrument;
+
+use crate::{
+    budget::{DeadlineBudget, Margins},
+    claim::Claims,
+    clock::{duration_ms, epoch_ms},
+    envelope::{EnvelopeKind, Opened},
+    event::EventRecord,
+    handler::{BoxHandler, Handler},
+    key::Keys,
+    lock::lock,
+    outbox::Outbox,
+    payload::{Offload, PayloadOptions, PayloadStore},
+    report::{BatchReport, Failure, Outcome, RecordReport},
+    store::StoreError,
+    trace::{self, Propagators, TraceContext},
+    transaction::Transaction,
+};
+use cutoff::{HandlerSlots, Started, cancel_running, returned_outcomes};
+use groups::{keep_group_order, message_groups};
+use payloads::PayloadMemory;
+use run::Runs;
+use tending::Done;
+
+/// Tuning of the engine; docs/configuration.md has the matching settings.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Records running at once (`SQS_ONCE_CONCURRENCY`).
+    pub concurrency: usize,
+    /// How each invocation's time is planned back from its deadline; see
+    /// [`DeadlineBudget`].
+    pub margins: Margins,
+    /// Include each record's body in its log line (`SQS_ONCE_LOG_BODIES`).
+    pub log_bodies: bool,
+    /// The envelope message bodies arrive in (`SQS_ONCE_ENVELOPE`).
+    pub envelope: EnvelopeKind,
+    /// When a run claims its key before the handler runs (`SQS_ONCE_CLAIM`).
+    pub claim: ClaimFirst,
+    /// The trace headers read and written (`OTEL_PROPAGATORS`).
+    pub propagators: Propagators,
+    /// How records that carry an S3 pointer are read.
+    pub payloads: PayloadOptions,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            concurrency: 64,
+            margins: Margins::default(),
+            log_bodies: false,
+            envelope: EnvelopeKind::None,
+            claim: ClaimFirst::Auto,
+            propagators: Propagators::default(),
+            payloads: PayloadOptions::default(),
+        }
+    }
+}
+
+/// When a run claims its key before its handler runs (`SQS_ONCE_CLAIM`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClaimFirst {
+    /// Unless the handler stages every effect
+    /// ([`Handler::stages_every_effect`](crate::Handler::stages_every_effect)):
+    /// its run then takes no claim, and its commit writes the completion
+    /// where the key is free.
+    #[default]
+    Auto,
+    /// Always: only the claim's winner runs the handler.
+    Always,
+}
+
+impl std::str::FromStr for ClaimFirst {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "always" => Ok(Self::Always),
+            _ => Err(()),
+        }
+    }
+}
+
+/// The shortest `SQS_ONCE_EXPIRES_AFTER_SECS` under which runs take no
+/// claim: a commit without a claim must be sent before the completion it
+/// writes could expire, less a margin, which a shorter memory leaves too
+/// little room for; runs then claim first.
+const UNCLAIMED_MEMORY: Duration = Duration::from_secs(2 * crate::store::SEND_MARGIN.as_secs());
+
+/// One invocation of the engine.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// When the answer is due (the Lambda deadline, or `invoke --timeout`).
+    pub deadline: SystemTime,
+    /// Who is processing: stored as the claims' holder.
+    pub request_id: String,
+}
+
+/// The batch engine. Cheap to clone; build one per process and reuse it.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Inner { keys, options, .. } = &*self.inner;
+        f.debug_struct("Engine").field("keys", keys).field("options", options).finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    handler: BoxHandler,
+    claims: Arc<Claims>,
+    keys: Keys,
+    options: EngineOptions,
+    outbox: Option<Arc<Outbox>>,
+    /// Where payloads that records point to are read (S3), and those of
+    /// messages too large to send are written.
+    payloads: Option<Arc<dyn PayloadStore>>,
+    /// Where the payloads of messages too large to send go, when a bucket
+    /// is set and there is a store to write them with.
+    offload: Option<Arc<Offload>>,
+    /// The payloads read from S3 that the process holds at once.
+    payload_memory: PayloadMemory,
+    bounds: Bounds,
+}
+
+/// The bounds every batch of the process shares, however many run at once
+/// (`poll`'s overlapping batches, Lambda Managed Instances' concurrent
+/// invocations): `SQS_ONCE_CONCURRENCY` bounds the process, not a batch.
+#[derive(Debug, Clone)]
+struct Bounds {
+    /// Records claiming, waiting for a handler slot, or in their handler:
+    /// `concurrency`, and as many more when the store gathers calls into
+    /// shared requests, so that claims run ahead of the handlers.
+    admitted: Arc<Semaphore>,
+    /// Handlers under way, at most `concurrency`.
+    handlers: Arc<Semaphore>,
+    /// Finishing writes under way that gave their run's permit back: at
+    /// most `concurrency` too when the store gathers calls into shared
+    /// requests, none when each call is a request of its own.
+    finishing: Arc<Semaphore>,
+}
+
+impl Bounds {
+    /// `concurrency` handlers, and `overlap` more records on either side of them.
+    fn new(concurrency: usize, overlap: usize) -> Self {
+        Self {
+            admitted: Arc::new(Semaphore::new(concurrency + overlap)),
+            handlers: Arc::new(Semaphore::new(concurrency)),
+            finishing: Arc::new(Semaphore::new(overlap)),
+        }
+    }
+}
+
+/// What the records of one batch share while it runs.
+struct BatchState {
+    /// Outcome of each record, by event index; `None` until it is known.
+    reports: Mutex<Vec<Option<RecordReport>>>,
+    started: Mutex<Vec<Started>>,
+    /// The engine's bounds on records admitted and finishing writes.
+    bounds: Bounds,
+    /// The engine's handler slots, until this batch's cut-off.
+    handler_slots: HandlerSlots,
+    budget: DeadlineBudget,
+    deadline_ms: u64,
+    request_id: Arc<str>,
+    /// Each record's `process` span, by event index (see [`crate::trace`]).
+    spans: Vec<tracing::Span>,
+}
+
+impl Engine {
+    /// An engine running `handler` under `claims`, keying records with
+    /// `keys`, sending the messages handlers stage through `outbox` once
+    /// their transactions commit (without one, they wait in the store for a
+    /// sweep: `sqs-once claims outbox --send`), reading the payloads records
+    /// point to from `payloads`. Assembled by [`EngineParts`].
+    fn new(
+        handler: BoxHandler,
+        claims: Arc<Claims>,
+        keys: Keys,
+        options: EngineOptions,
+        outbox: Option<Arc<Outbox>>,
+        payloads: Option<Arc<dyn PayloadStore>>,
+    ) -> Self {
+        let concurrency = options.concurrency.max(1);
+        // Records whose store calls may be under way beyond the concurrency bound, on either side of the
+        // handlers: claims running ahead of them, and finishing writes after them (see `Engine::start`). Only
+        // calls gathered into shared requests may overlap: a store that sends each call alone would get up to
+        // three times the requests, and under faults three times the late answers.
+        let overlap = if claims.gathers_calls() { concurrency } else { 0 };
+        let bounds = Bounds::new(concurrency, overlap);
+        let offload = options.payloads.offload().filter(|_| payloads.is_some()).map(Arc::new);
+        let payload_memory = PayloadMemory::new(options.payloads.memory);
+        let inner = Inner { handler, claims, keys, options, outbox, payloads, offload, payload_memory, bounds };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The trace headers it reads and writes (`OTEL_PROPAGATORS`).
+    pub fn propagators(&self) -> Propagators {
+        self.inner.options.propagators
+    }
+
+    /// The claim state machine the engine runs on.
+    pub fn claims(&self) -> &Arc<Claims> {
+        &self.inner.claims
+    }
+
+    /// The outbox the engine sends staged messages through, if it has one.
+    pub fn outbox(&self) -> Option<&Arc<Outbox>> {
+        self.inner.outbox.as_ref()
+    }
+
+    /// The transaction a run on `message` stages into: its messages carry
+    /// the record's trace context onward, and go through S3 when too large
+    /// to send and a bucket is set.
+    fn transaction(&self, message: &Opened<'_>) -> Transaction {
+        let context = trace::onward(message.message, self.inner.options.propagators);
+        Transaction::carrying(context, self.inner.offload.clone())
+    }
+
+    /// The budget of an invocation due at `deadline`, as this engine plans it.
+    pub fn budget(&self, deadline: SystemTime) -> DeadlineBudget {
+        self.inner.options.margins.budget(deadline, self.inner.claims.now_ms())
+    }
+
+    /// Processes one batch and reports every record's fate, in event order.
+    ///
+    /// Finishing writes left unconfirmed by earlier batches are sent again
+    /// first (see [`Claims::resend_unconfirmed`]). The time until the
+    /// deadline is spent as [`DeadlineBudget`] says. The batch's span is a
+    /// child of `parent` (in Lambda, the invocation's own trace).
+    pub async fn process(
+        &self,
+        records: &[EventRecord],
+        invocation: &Invocation,
+        parent: Option<&TraceContext>,
+    ) -> BatchReport {
+        let budget = self.budget(invocation.deadline);
+        if budget.cutoff() <= Instant::now() && !records.is_empty() {
+            tracing::warn!(
+                margin_ms = duration_ms(self.inner.options.margins.deadline_margin),
+                "the invocation had no more time than SQS_ONCE_DEADLINE_MARGIN_MS: no record can start, each fails \
+                 `deadline`; the margin must stay well below the function timeout"
+            );
+        }
+        let left = budget.deadline().saturating_duration_since(Instant::now());
+        tracing::debug!(records = records.len(), remaining_ms = left.as_millis(), "batch received");
+        let batch_span = trace::batch_span(records.len(), parent);
+        let state = BatchState {
+            reports: Mutex::new(vec![None; records.len()]),
+            started: Mutex::new(Vec::new()),
+            bounds: self.inner.bounds.clone(),
+            handler_slots: HandlerSlots { free: Arc::clone(&self.inner.bounds.handlers), cutoff: budget.cutoff() },
+            budget,
+            deadline_ms: epoch_ms(invocation.deadline),
+            request_id: invocation.request_id.as_str().into(),
+            spans: batch_span.in_scope(|| {
+                records.iter().map(|record| trace::record_span(record, self.inner.options.propagators)).collect()
+            }),
+        };
+        let groups = message_groups(records);
+        let mut opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();
+        let fetched = self.fetch_payloads(&mut opened, budget.cutoff()).await;
+        // Declared after `state` and `opened`, which the runs borrow.
+        let runs: Runs<'_> = Mutex::new(HashMap::new());
+        // Entries left unsent by any process are swept while the batch runs.
+        let sweep = self.inner.outbox.as_ref().and_then(|outbox| outbox.sweep_if_due(Some(budget.cutoff())));
+        let done = Done::default();
+        let groups_run = async {
+            join_all(groups.iter().map(|group| self.run_group(records, &opened, group, &state, &runs))).await;
+            done.set();
+        }
+        .instrument(batch_span);
+        let work = join(groups_run, self.resend_while(&done));
+        tokio::pin!(work);
+        if timeout_at(budget.cutoff(), &mut work).await.is_err() {
+            let cancelled = cancel_running(&state);
+            self.inner.claims.expedite(budget.writes_by());
+            tracing::warn!(
+                cancelled,
+                wait_ms = budget.writes_left().as_millis(),
+                "deadline margin reached: no handler starts, running handlers are cancelled; \
+                 waiting for the finishing writes of handlers that returned"
+            );
+            if timeout_at(budget.writes_by(), &mut work).await.is_err() {
+                tracing::warn!("answering before every finishing write was confirmed; they go on in the background");
+            }
+        }
+        if let Some(sweep) = sweep {
+            // The sweep goes through what it listed (starting nothing after the cut-off) before the answer,
+            // however fast the batch was, so that nothing is left in flight when Lambda freezes the process.
+            let _ = timeout_at(budget.writes_by(), sweep.finished()).await;
+        }
+        let returned = returned_outcomes(&state);
+        let reports = std::mem::take(&mut *lock(&state.reports));
+        let mut report = BatchReport {
+            records: records
+                .iter()
+                .zip(&opened)
+                .zip(reports)
+                .map(|((record, opened), report)| report.unwrap_or_else(|| self.unanswered(record, opened, &returned)))
+                .collect(),
+        };
+        keep_group_order(&groups, &mut report.records);
+        copies_are_duplicates(&mut report.records);
+        for ((span, report), fetched) in state.spans.iter().zip(&mut report.records).zip(&fetched) {
+            report.payload_bytes = fetched.as_ref().map(|fetched| fetched.bytes);
+            trace::record_outcome(span, report);
+        }
+        if self.inner.options.payloads.delete_after {
+            let _ = timeout_at(budget.writes_by(), self.delete_payloads(&fetched, &report)).await;
+        }
+        for (opened, report) in opened.iter().zip(&report.records) {
+            let body = opened.as_ref().map_or("", |opened| &opened.body);
+            log_record(report, self.inner.options.log_bodies.then_some(body));
+        }
+        report
+    }
+
+    /// Whether runs take no claim: the handler stages every effect,
+    /// `SQS_ONCE_CLAIM` leaves it so, and keys are remembered long enough
+    /// for a commit without a claim to be sent (see
+    /// [`Commit::send_by_ms`](crate::store::Commit::send_by_ms)).
+    fn unclaimed(&self) -> bool {
+        self.inner.options.claim == ClaimFirst::Auto
+            && self.inner.handler.stages_every_effect()
+            && self.inner.claims.policy().expires_after >= UNCLAIMED_MEMORY
+    }
+
+    /// The record as keys, payload validation, logs and the handler read it:
+    /// its envelope opened, or why it cannot be.
+    fn open<'m>(&self, record: &'m EventRecord) -> Result<Opened<'m>, Failure> {
+        match record {
+            EventRecord::Message(message) => Opened::new(message, self.inner.options.envelope)
+                .map_err(|invalid| Failure::InvalidRecord(invalid.to_string())),
+            EventRecord::Malformed { reason, .. } => Err(Failure::InvalidRecord(reason.clone())),
+        }
+    }
+
+    /// The report of a record whose run had not reported when the answer
+    /// was due: its handler's outcome if the handler had returned (its
+    /// finishing write not confirmed), otherwise a `deadline` failure.
+    fn unanswered(
+        &self,
+        record: &EventRecord,
+        opened: &Result<Opened<'_>, Failure>,
+        returned: &HashMap<String, Outcome>,
+    ) -> RecordReport {
+        let key = opened.as_ref().ok().and_then(|opened| self.inner.keys.derive(opened).ok());
+        let outcome = key.as_ref().and_then(|key| returned.get(key)).cloned();
+        if let (Some(outcome), Some(key)) = (&outcome, &key)
+            && outcome.is_unconfirmed()
+        {
+            tracing::warn!(
+                message_id = record.message_id(), key = %key,
+                "CompletionUnconfirmed: the handler succeeded but its completion was not confirmed before the \
+                 answer was due; reported successful. The write goes on and is sent again by this process; \
+                 until it lands the claim stays in progress"
+            );
+        }
+        RecordReport {
+            message_id: record.message_id().to_owned(),
+            key,
+            outcome: outcome.unwrap_or(Outcome::Failed(Failure::Deadline)),
+            duration: Duration::ZERO,
+            claim_latency: None,
+            payload_bytes: None,
+        }
+    }
+}
+
+/// Records that share their key with an earlier record of the batch are
+/// copies of it, and ran as its run: where that run succeeded and its
+/// completion is confirmed, the first record is the one processed and the
+/// others are duplicates of it, as a later batch would find them (and as
+/// metrics count them). A run whose completion is not confirmed leaves its
+/// copies as it is (a duplicate says the key is completed), and a failed run
+/// fails every copy, so that each comes back.
+fn copies_are_duplicates(records: &mut [RecordReport]) {
+    let mut processed = HashSet::new();
+    for record in records {
+        if let (Some(key), Outcome::Processed { confirmed: true }) = (&record.key, &record.outcome)
+            && !processed.insert(key.clone())
+        {
+            record.outcome = Outcome::Duplicate;
+        }
+    }
+}
+
+// Here rather than beside `Failure`: a report knows nothing of stores, and
+// the engine is where a store's error becomes a record's failure.
+impl From<StoreError> for Failure {
+    fn from(error: StoreError) -> Self {
+        Self::Store(error.to_string())
+    }
+}
+
+/// One line per record: message id, key, outcome and duration, and the body
+/// only when the user opted in.
+fn log_record(report: &RecordReport, body: Option<&str>) {
+    let duration_ms = u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX);
+    let key = report.key.as_deref().unwrap_or("-");
+    match &report.outcome {
+        Outcome::Failed(failure) => tracing::warn!(
+            message_id = %report.message_id, key, outcome = failure.label(), duration_ms, reason = %failure, body,
+            "record failed"
+        ),
+        outcome => tracing::info!(
+            message_id = %report.message_id, key, outcome = outcome.label(), duration_ms, body, "record done"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

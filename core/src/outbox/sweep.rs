@@ -1,0 +1,249 @@
+//! Sweeping the outbox: the entries whose sender stopped (killed, frozen
+//! past its lease) or whose destination failed are taken over and sent, on
+//! the outbox's own schedule, whether or not anyone stages messages.
+//!
+//! Every process that can send sweeps: as each batch starts (Lambda,
+//! `invoke`, `poll`), on `poll`'s timer, and before `invoke` and `poll`
+//! leave when they may have left a message of their own unsent; at most
+//! once per sweep interval (`SQS_ONCE_OUTBOX_SWEEP_SECS`), the process's
+//! start counting as one. A Lambda function whose queue is quiet is invoked
+//! for one by the template's schedule (the outbox sweep event). A sweep
+//! started beside a batch starts no run after the batch's cut-off, and the
+//! batch's answer waits for it, so that no send is left in flight when
+//! Lambda freezes the process.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{
+    FutureExt, StreamExt,
+    future::{BoxFuture, Shared},
+};
+use tokio::time::Instant;
+
+use super::{Outbox, OutboxEntry, SENDING_LEASE};
+use crate::{
+    clock::duration_ms,
+    lock::lock,
+    store::{Fenced, StoreError, new_token},
+};
+
+/// Entries read per sweep at most; the rest wait for the next: as many as
+/// the DynamoDB store's pages hold (16 shards of 100).
+const SWEEP_LIMIT: usize = 1_600;
+
+/// Runs whose entries are sent at once during a sweep.
+const SWEEP_CONCURRENCY: usize = 16;
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Messages sent.
+    pub sent: usize,
+    /// Whether it went through every entry due: not cut short by its
+    /// budget, nor by the listing's limit.
+    pub complete: bool,
+}
+
+/// A sweep under way in a task of its own: [`finished`](Self::finished)
+/// waits for it to end.
+#[derive(Clone)]
+pub struct Sweep {
+    done: Shared<BoxFuture<'static, ()>>,
+}
+
+impl std::fmt::Debug for Sweep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweep").finish_non_exhaustive()
+    }
+}
+
+impl Sweep {
+    /// Completes when the sweep has ended.
+    pub async fn finished(&self) {
+        self.done.clone().await;
+    }
+}
+
+/// When sweeps start, and what the last one found.
+#[derive(Debug, Default)]
+pub(super) struct Schedule {
+    /// When the last sweep started; `None` before the first, and after one
+    /// that was cut short, so that the next batch goes on with it.
+    last: Option<Instant>,
+    /// The sweep under way, if any; its task clears it as it ends.
+    running: Option<Sweep>,
+    /// The oldest unsent entry's age as a sweep found it, until published.
+    oldest_age: Option<Duration>,
+}
+
+impl Schedule {
+    /// The schedule of an outbox made now: the first sweep is due a sweep
+    /// interval later, so that a cold start's batch does not wait for one
+    /// and an environment gone within the interval never pays for one.
+    pub(super) fn starting_now() -> Self {
+        Self { last: Some(Instant::now()), ..Self::default() }
+    }
+}
+
+impl Outbox {
+    /// Starts a sweep in a task of its own, if one is due (none has started
+    /// for the sweep interval, the process's start counting as one, or the
+    /// last was cut short) and none is under way. It takes no new run of
+    /// entries after `until`. Every process that can send calls it: as each
+    /// batch starts (the batch's answer waits for it, within its budget),
+    /// and `poll` on a timer of its own too; a schedule invokes a Lambda
+    /// function for one when its queue is quiet ([`sweep_asked`](Self::sweep_asked)).
+    pub(crate) fn sweep_if_due(self: &Arc<Self>, until: Option<Instant>) -> Option<Sweep> {
+        let every = self.sweep_every?;
+        let due = lock(&self.schedule).last.is_none_or(|last| last.elapsed() >= every);
+        if !due {
+            return None;
+        }
+        self.sweep_now(until)
+    }
+
+    /// Starts a sweep now, as [`sweep_if_due`](Self::sweep_if_due) does
+    /// when one is due, unless one is under way or sweeps are off: before
+    /// `invoke` and `poll` leave.
+    pub fn sweep_now(self: &Arc<Self>, until: Option<Instant>) -> Option<Sweep> {
+        self.sweep_every?;
+        let mut schedule = lock(&self.schedule);
+        if schedule.running.is_some() {
+            return None;
+        }
+        Some(self.start(&mut schedule, until))
+    }
+
+    /// A sweep asked for (a scheduled invocation): one now, whatever the
+    /// sweep interval says, its runs started until `until` and waited for
+    /// until `by`; how many messages this process sent meanwhile. A sweep
+    /// under way is let finish first: it may be one an earlier invocation
+    /// left when the environment froze, its listing as old as the freeze.
+    pub async fn sweep_asked(self: &Arc<Self>, until: Instant, by: Instant) -> u64 {
+        let sent = || self.counters.sent.load(Ordering::Relaxed);
+        let before = sent();
+        let running = lock(&self.schedule).running.clone();
+        if let Some(running) = running {
+            let _ = tokio::time::timeout_at(by, running.finished()).await;
+        }
+        let sweep = {
+            let mut schedule = lock(&self.schedule);
+            match schedule.running {
+                Some(_) => None,
+                None => Some(self.start(&mut schedule, Some(until))),
+            }
+        };
+        if let Some(sweep) = sweep {
+            let _ = tokio::time::timeout_at(by, sweep.finished()).await;
+        }
+        sent() - before
+    }
+
+    /// Starts a sweep in a task of its own, noted in `schedule`.
+    fn start(self: &Arc<Self>, schedule: &mut Schedule, until: Option<Instant>) -> Sweep {
+        schedule.last = Some(Instant::now());
+        let outbox = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let swept = outbox.sweep(until).await;
+            let complete = match swept {
+                Ok(swept) => swept.complete,
+                Err(error) => {
+                    tracing::warn!(%error, "outbox: the sweep could not read the outbox; the next one tries again");
+                    true
+                }
+            };
+            let mut schedule = lock(&outbox.schedule);
+            schedule.running = None;
+            if !complete {
+                schedule.last = None;
+            }
+        });
+        let sweep = Sweep { done: task.map(drop).boxed().shared() };
+        schedule.running = Some(sweep.clone());
+        sweep
+    }
+
+    /// Before the process leaves: waits for a sweep under way, until `until`.
+    pub(crate) async fn finish_sweep(&self, until: Instant) {
+        let sweep = lock(&self.schedule).running.clone();
+        if let Some(sweep) = sweep {
+            let _ = tokio::time::timeout_at(until, sweep.finished()).await;
+        }
+    }
+
+    /// The oldest unsent entry's age as a sweep found it since the last call.
+    pub fn take_oldest_age(&self) -> Option<Duration> {
+        lock(&self.schedule).oldest_age.take()
+    }
+
+    /// Takes over the entries whose sending lease has ended, among those the
+    /// store's [`sweep_listing`](crate::store::OutboxStore::sweep_listing)
+    /// reads, and sends them, the entries of one run in order, starting no
+    /// run after `until`. Notes the oldest unsent entry's age it read.
+    pub async fn sweep(&self, until: Option<Instant>) -> Result<Swept, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let listed = self.store.sweep_listing(SWEEP_LIMIT).await?;
+        let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
+        lock(&self.schedule).oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
+        let listed_all = listed.len() < SWEEP_LIMIT;
+        let mut runs: BTreeMap<(String, String), Vec<OutboxEntry>> = BTreeMap::new();
+        for entry in listed {
+            let (claim, token) = entry.run();
+            runs.entry((claim.to_owned(), token.to_owned())).or_default().push(entry);
+        }
+        // A run's entries leave in order: those due before the first held by a sender (its lease not ended).
+        for entries in runs.values_mut() {
+            let due = entries.iter().take_while(|entry| entry.is_due(now_ms)).count();
+            entries.truncate(due);
+        }
+        runs.retain(|_, entries| !entries.is_empty());
+        if runs.is_empty() {
+            return Ok(Swept { sent: 0, complete: listed_all });
+        }
+        tracing::info!(entries = runs.values().map(Vec::len).sum::<usize>(), "outbox: sending entries left unsent");
+        let cut_short = AtomicBool::new(false);
+        let sent = futures::stream::iter(runs.into_values().map(|entries| {
+            let cut_short = &cut_short;
+            async move {
+                if until.is_some_and(|until| Instant::now() >= until) {
+                    cut_short.store(true, Ordering::Relaxed);
+                    return 0;
+                }
+                self.take_and_deliver(entries).await
+            }
+        }))
+        .buffer_unordered(SWEEP_CONCURRENCY)
+        .fold(0, |total, sent| async move { total + sent })
+        .await;
+        Ok(Swept { sent, complete: listed_all && !cut_short.load(Ordering::Relaxed) })
+    }
+
+    /// Takes over one run's due entries, in order, and sends those taken.
+    /// The first it cannot take stops the rest: another sender holds it (and
+    /// sends the run's later entries after it), or it was sent and deleted
+    /// since the listing, which the next sweep's listing shows. Either way
+    /// no later entry of the run leaves before an earlier one.
+    async fn take_and_deliver(&self, entries: Vec<OutboxEntry>) -> usize {
+        let mut taken = Vec::new();
+        for entry in entries {
+            let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
+            let token = new_token();
+            match self.store.take_entry(&entry, &token, lease_until_ms).await {
+                Ok(Fenced::Applied) => taken.push(OutboxEntry { token, lease_until_ms, ..entry }),
+                Ok(Fenced::Refused) => break,
+                Err(error) => {
+                    tracing::warn!(id = %entry.id, %error, "outbox: cannot take the entry over; the next sweep tries again");
+                    break;
+                }
+            }
+        }
+        self.deliver(&taken).await
+    }
+}

@@ -1,0 +1,449 @@
+//! Where claims live: the [`ClaimStore`] trait, its capabilities, and the
+//! in-memory store. `sqs_once::store` re-exports them beside the DynamoDB and
+//! SQLite stores and says how to write a store of one's own.
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+
+use crate::{
+    clock::duration_ms,
+    transaction::{Refusal, Write},
+};
+
+pub mod items;
+mod memory;
+pub mod outbox_entry;
+mod stored;
+
+pub(crate) use stored::new_token;
+pub use stored::{ClaimStatus, Finish, StoredClaim};
+
+pub use outbox_entry::{OutboxEntry, OutboxQuery, UnreadableEntry};
+
+pub use memory::MemoryStore;
+
+/// The outcome of [`ClaimStore::put_if_free`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum PutOutcome {
+    /// The record was written: the caller holds the claim.
+    Claimed,
+    /// Another record holds the key. It is returned when the store can say
+    /// what it is in the same request; `None` makes the state machine read it.
+    Taken(Option<Box<StoredClaim>>),
+}
+
+/// The outcome of a write fenced by a claim's token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// The caller still held the claim and the write took effect.
+    Applied,
+    /// The claim is no longer the caller's (its lease was taken over, or it is
+    /// gone): nothing was written.
+    Refused,
+}
+
+/// A handler's staged writes and outbox entries, to commit in one
+/// transaction with the completion of its claim (see [`crate::transaction`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    /// The claim's completion.
+    pub finish: Finish,
+    /// `None` when the caller holds the claim (in progress under the
+    /// commit's token), which the commit finishes. A run that took no claim
+    /// (its handler stages every effect) commits the claim it never took.
+    pub unclaimed: Option<Unclaimed>,
+    /// The handler's writes, in the order it staged them.
+    pub writes: Vec<Write>,
+    /// The outbox entries of the messages it staged.
+    pub outbox: Vec<OutboxEntry>,
+}
+
+/// The claim a run that took none commits: written, finished, where the
+/// key is free, instead of finishing a claim in progress.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unclaimed {
+    /// The claim as the run would have taken it (its token the commit's);
+    /// the commit writes it with [`Commit::finish`] applied.
+    pub claim: StoredClaim,
+    /// The time the key must be free at, by [`StoredClaim::is_free`].
+    pub now_ms: u64,
+}
+
+impl Commit {
+    /// What the key's claim as stored (`stored`) answers this commit under
+    /// `token` before its writes are evaluated; `None` when it may apply.
+    /// An attempt that meets its own earlier, applied attempt (the claim
+    /// finished under `token`) is [`Committed::Applied`].
+    #[doc(hidden)]
+    pub fn judged_by(&self, token: &str, stored: Option<&StoredClaim>) -> Option<Committed> {
+        let ours = stored.filter(|claim| claim.token.as_deref() == Some(token));
+        if ours.is_some_and(|claim| claim.status == self.finish.status) {
+            return Some(Committed::Applied);
+        }
+        match &self.unclaimed {
+            None if ours.is_some_and(|claim| claim.status == ClaimStatus::InProgress) => None,
+            None => Some(Committed::Refused),
+            Some(unclaimed) => match stored {
+                Some(claim) if !claim.is_free(unclaimed.now_ms) => {
+                    Some(Committed::Taken(Some(Box::new(claim.clone()))))
+                }
+                _ => None,
+            },
+        }
+    }
+
+    /// The last moment (epoch milliseconds) this commit may still be sent,
+    /// for a commit that takes no claim; `None` for one that finishes a
+    /// claim, whose token refuses it whenever it comes.
+    ///
+    /// A commit without a claim is conditioned on its key being free, and
+    /// what refuses a second application is the key's completion: its own
+    /// (an earlier send applied unseen) or a redelivery's. Once that record
+    /// can have expired and been deleted by the table's TTL, a late send
+    /// would find the key free and apply again; and after DynamoDB's ten
+    /// minutes a request token is new. So every send, first or again, goes
+    /// out before the completion it writes could expire and within the
+    /// token's window, each less a margin (a send's own time, clocks that
+    /// differ); after that it is given up, and the record's redelivery
+    /// (reported `uncommitted`) decides.
+    pub fn send_by_ms(&self) -> Option<u64> {
+        let unclaimed = self.unclaimed.as_ref()?;
+        let token_window = unclaimed.now_ms + duration_ms(TOKEN_WINDOW - SEND_MARGIN);
+        let expiry = (self.finish.expires_at_s * 1000).saturating_sub(duration_ms(SEND_MARGIN));
+        Some(token_window.min(expiry))
+    }
+
+    /// The claim as this commit leaves it, `stored` being the one it
+    /// finishes (ignored for an unclaimed commit, which writes its own).
+    #[doc(hidden)]
+    pub fn finished_claim(&self, stored: Option<&StoredClaim>) -> Option<StoredClaim> {
+        let mut claim = self.unclaimed.as_ref().map(|unclaimed| &unclaimed.claim).or(stored)?.clone();
+        claim.apply(&self.finish);
+        Some(claim)
+    }
+}
+
+/// How long DynamoDB answers a `TransactWriteItems` sent again with the same
+/// `ClientRequestToken` as it answered the first: "A client request token is
+/// valid for 10 minutes after the first request that uses it is completed.
+/// After 10 minutes, any request with the same client token is treated as a
+/// new request" (the API reference).
+#[doc(hidden)]
+pub const TOKEN_WINDOW: Duration = Duration::from_secs(600);
+
+/// Kept back from each bound of [`Commit::send_by_ms`]: an attempt checked
+/// against it reaches DynamoDB within its attempt timeout (2 s by default),
+/// and clocks differ by less than a second.
+pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(10);
+
+/// The outcome of [`CommitStore::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// Everything applied: the claim is completed, the writes and the outbox
+    /// entries are in place. Also the answer when an earlier attempt of the
+    /// same commit had applied unseen.
+    Applied,
+    /// The claim is no longer the caller's (its lease was taken over, or it
+    /// is gone): nothing applied.
+    Refused,
+    /// A staged write's own condition did not hold: nothing applied.
+    Cancelled(Cancellation),
+    /// An unclaimed commit found the key not free: nothing applied. The
+    /// record that holds it is returned when the store can say what it is
+    /// in the same request; `None` makes the state machine read it.
+    Taken(Option<Box<StoredClaim>>),
+}
+
+/// Which staged write cancelled a commit, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Cancellation {
+    /// The write, by its place in [`Commit::writes`].
+    pub write: usize,
+    /// How the handler fails for it, as the write declared
+    /// ([`Write::refusal`]).
+    pub refusal: Refusal,
+    /// The reason of each action of the transaction, as the store gave
+    /// them (DynamoDB's cancellation reasons, in order).
+    pub reasons: String,
+}
+
+impl Cancellation {
+    /// The cancellation of a commit of `writes` by the one at `write`, for
+    /// `reasons`: the handler fails as that write declared.
+    pub fn by(writes: &[Write], write: usize, reasons: String) -> Self {
+        let refusal = writes.get(write).map(Write::refusal).unwrap_or_default();
+        Self { write, refusal, reasons }
+    }
+}
+
+/// Which claims an operator lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimQuery {
+    /// Only claims in this state; `None` lists the open ones (in progress and failed).
+    pub status: Option<ClaimStatus>,
+    /// Only in-progress claims whose lease had ended at this time (work that crashed).
+    pub stale_at_ms: Option<u64>,
+    /// Only the claim made by the delivery with this SQS message id.
+    pub message_id: Option<String>,
+    /// At most this many claims.
+    pub limit: usize,
+}
+
+impl ClaimQuery {
+    /// Whether `record` belongs in the listing; every store filters with this.
+    #[doc(hidden)]
+    pub fn matches(&self, claim: &StoredClaim) -> bool {
+        let status = match self.status {
+            Some(status) => claim.status == status,
+            None => claim.status != ClaimStatus::Completed,
+        };
+        status
+            && self.stale_at_ms.is_none_or(|now_ms| claim.is_stale(now_ms))
+            && self.message_id.as_ref().is_none_or(|message_id| claim.message_id.as_ref() == Some(message_id))
+    }
+
+    /// The listing of those of `claims` that match, oldest first,
+    /// at most `limit` of them.
+    ///
+    /// ```
+    /// use sqs_once::store::{ClaimQuery, ClaimStatus, StoredClaim};
+    ///
+    /// let claim = |id: &str, status, claimed_at_ms| StoredClaim {
+    ///     id: id.into(), status, expires_at_s: u64::MAX / 1000, lease_until_ms: None, token: None, holder: None,
+    ///     attempt: None, message_id: None, claimed_at_ms: Some(claimed_at_ms), updated_at_ms: None, payload_hash: None,
+    ///     result: None, error: None,
+    /// };
+    /// let claims = vec![
+    ///     claim("late", ClaimStatus::Failed, 20),
+    ///     claim("done", ClaimStatus::Completed, 5),
+    ///     claim("early", ClaimStatus::Failed, 10),
+    /// ];
+    /// let open = ClaimQuery { limit: 10, ..ClaimQuery::default() }.select(claims, false);
+    /// let ids: Vec<&str> = open.claims.iter().map(|claim| claim.id.as_str()).collect();
+    /// assert_eq!(ids, ["early", "late"]); // open claims only, oldest first
+    /// ```
+    pub fn select(&self, claims: impl IntoIterator<Item = StoredClaim>, full_scan: bool) -> Listing {
+        let mut claims: Vec<StoredClaim> = claims.into_iter().filter(|claim| self.matches(claim)).collect();
+        claims.sort_by_key(|claim| claim.claimed_at_ms);
+        claims.truncate(self.limit);
+        Listing { claims, full_scan }
+    }
+
+    /// The states whose claims can match.
+    #[doc(hidden)]
+    pub fn statuses(&self) -> Vec<ClaimStatus> {
+        match (self.status, self.stale_at_ms) {
+            (_, Some(_)) => vec![ClaimStatus::InProgress],
+            (Some(status), None) => vec![status],
+            (None, None) => vec![ClaimStatus::InProgress, ClaimStatus::Failed],
+        }
+    }
+}
+
+/// Claims found by [`ClaimAdmin::list`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Listing {
+    /// The claims, at most the query's limit.
+    pub claims: Vec<StoredClaim>,
+    /// The store had to read every claim to answer (no index for the query).
+    pub full_scan: bool,
+}
+
+/// A failure to reach or understand the store. Records that meet one are
+/// reported failed and never marked done.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached or refused the request (I/O error,
+    /// network, throttling, timeout).
+    #[error("claim store unavailable: {0}")]
+    Unavailable(Box<dyn std::error::Error + Send + Sync>),
+    /// The store holds a record this version cannot read.
+    #[error("stored claim `{id}` is malformed: {reason}")]
+    Malformed {
+        /// The record's id.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The record changed under every attempt to claim it.
+    #[error("stored claim `{0}` kept changing while it was being claimed")]
+    Contended(String),
+    /// The store refused the request for what it holds (an item over the
+    /// size limit, a key too long): sending it again cannot succeed.
+    #[error("claim store rejected the request: {0}")]
+    Rejected(String),
+    /// The store does not do what was asked of it.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl StoreError {
+    /// Wraps a backend error as [`StoreError::Unavailable`].
+    pub fn unavailable(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Unavailable(error.into())
+    }
+}
+
+/// Atomic operations on stored claims, keyed by their stored id: the four
+/// every store offers, and the capabilities a store may add, each a trait
+/// of its own that [`admin`](Self::admin), [`commits`](Self::commits) and
+/// [`outbox`](Self::outbox) hand out when the store has it.
+///
+/// Implementations must make each method atomic with respect to every other
+/// caller of the same store, including other processes when the store is
+/// shared. The state machine supplies all timestamps, so a store never reads
+/// a clock of its own.
+///
+/// A store with the four methods alone runs handlers that stage nothing; a
+/// consumer that needs more (a handler that stages every effect needs
+/// commits; `sqs-once claims` needs the listing) refuses to start on it,
+/// naming what is missing.
+#[async_trait]
+pub trait ClaimStore: Send + Sync {
+    /// Writes `claim` (replacing what is there) if no claim holds its id or
+    /// the one that does is free at `now_ms` by [`StoredClaim::is_free`].
+    async fn put_if_free(&self, claim: &StoredClaim, now_ms: u64) -> Result<PutOutcome, StoreError>;
+
+    /// Reads a record, with strong consistency.
+    async fn get(&self, id: &str) -> Result<Option<StoredClaim>, StoreError>;
+
+    /// Records the end of an in-progress claim that still carries `token`.
+    async fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Fenced, StoreError>;
+
+    /// Deletes an in-progress claim that still carries `token`. A key no
+    /// record holds counts as released ([`Fenced::Applied`]): a retried
+    /// release whose first attempt applied unseen finds it so, and a free key
+    /// is what a release wants. Only another holder's record refuses it.
+    async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError>;
+
+    /// The answer of a batch is due by `until`: writes waiting to be sent
+    /// together go out now, and until then without waiting for a free
+    /// request slot. Stores that send each write at once have nothing to do.
+    fn expedite(&self, until: tokio::time::Instant) {
+        let _ = until;
+    }
+
+    /// Opens, ahead of the first batch, what its calls will need. The Lambda
+    /// function calls it in its init phase when that phase runs ahead of any
+    /// invocation (provisioned concurrency), so that the first batch finds
+    /// its connections open. Best effort: a failure is logged, not returned,
+    /// and calls open what they need themselves. Stores with nothing to open
+    /// do nothing (the default).
+    async fn connect(&self) {}
+
+    /// Whether concurrent calls share requests, as batched statements do.
+    /// The engine then claims records ahead of its handlers and lets a
+    /// record's finishing write overlap the next record's claim: they travel
+    /// in the requests that go out anyway. A store that sends each call as a
+    /// request of its own answers `false` (the default), and the engine
+    /// keeps its calls under way within the concurrency bound.
+    fn gathers_calls(&self) -> bool {
+        false
+    }
+
+    /// The store's listing and operator edits (`sqs-once claims`), if it
+    /// offers them; `None` (the default) if not.
+    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
+        None
+    }
+
+    /// The store's commits of staged writes with a claim's completion
+    /// ([`crate::transaction`]), if it offers them; `None` (the default) if
+    /// not, and a handler's staged writes fail its record for good.
+    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
+        None
+    }
+
+    /// The store's outbox of messages committed with staged writes, if it
+    /// keeps one; `None` (the default) if not.
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        None
+    }
+}
+
+/// Listing claims and changing one as an operator saw it: what `sqs-once
+/// claims` needs of a store ([`ClaimStore::admin`]).
+#[async_trait]
+pub trait ClaimAdmin: Send + Sync {
+    /// Claims matching `query`, for operators.
+    async fn list(&self, query: &ClaimQuery) -> Result<Listing, StoreError>;
+
+    /// Replaces the record `seen` was read from with `record` (or deletes it,
+    /// for `None`), if it is still in the state seen (same status and token).
+    /// `seen` of `None` means the key had no record, and still must not.
+    async fn replace_seen(
+        &self,
+        seen: Option<&StoredClaim>,
+        record: Option<&StoredClaim>,
+    ) -> Result<Fenced, StoreError>;
+}
+
+/// Commits of a handler's staged writes with its claim's completion
+/// ([`ClaimStore::commits`]).
+#[async_trait]
+pub trait CommitStore: Send + Sync {
+    /// Applies `commit` atomically, if the in-progress claim `id` still
+    /// carries `token` (for an unclaimed commit: if the key is free, see
+    /// [`Unclaimed`]) and every staged write's condition holds: the
+    /// claim's completion, the writes and the outbox entries, or nothing.
+    /// An attempt that meets its own earlier, applied attempt answers
+    /// [`Committed::Applied`]. A store without an outbox refuses a commit
+    /// that holds outbox entries with [`StoreError::Unsupported`]. A store
+    /// whose records expire by a TTL (a key free again once deleted) sends no
+    /// attempt of a commit without a claim after [`Commit::send_by_ms`], and
+    /// answers it with an error.
+    async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError>;
+}
+
+/// The outbox: messages committed with staged writes, until they are sent
+/// ([`ClaimStore::outbox`]).
+#[async_trait]
+pub trait OutboxStore: Send + Sync {
+    /// Outbox entries, oldest run first and each run's in order; entries
+    /// the store cannot read are skipped ([`unreadable`](Self::unreadable)).
+    async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError>;
+
+    /// What a sweep reads: at most `limit` entries, due or not (an entry of
+    /// a run held by another sender tells the sweep to leave the run's later
+    /// ones), each run's listed from its first, oldest run first. A store
+    /// whose outbox may grow beyond what a process holds reads a bounded
+    /// part of it, going on where the last sweep's part ended, so that
+    /// entries that cannot be sent do not hide the others (the DynamoDB
+    /// store does). By default, [`entries`](Self::entries).
+    async fn sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.entries(&OutboxQuery { due_at_ms: None, limit }).await
+    }
+
+    /// Entries the store holds and cannot read, at most `limit`, which
+    /// [`entries`](Self::entries) and [`sweep_listing`](Self::sweep_listing)
+    /// skip: for operators (`sqs-once claims outbox`). By default none, as
+    /// for a store that reads every entry it keeps.
+    async fn unreadable(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
+        let _ = limit;
+        Ok(Vec::new())
+    }
+
+    /// Gives `entry`'s sending lease to `token` until `lease_until_ms`, if
+    /// the entry is still there under the token it was listed with.
+    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError>;
+
+    /// Deletes the sent entry `id`, if it is still leased to `token`.
+    async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError>;
+}
+
+/// The id a [`ClaimAdmin::replace_seen`] call is about.
+pub fn replaced_id<'r>(seen: Option<&'r StoredClaim>, record: Option<&'r StoredClaim>) -> Option<&'r str> {
+    seen.or(record).map(|record| record.id.as_str())
+}
+
+/// Whether `current` is still the record an operator saw as `seen`.
+pub fn unchanged(seen: Option<&StoredClaim>, current: Option<&StoredClaim>) -> bool {
+    match (seen, current) {
+        (None, None) => true,
+        (Some(seen), Some(current)) => seen.status == current.status && seen.token == current.token,
+        _ => false,
+    }
+}

@@ -1,0 +1,190 @@
+//! The AWS SDK configuration every client of the consumer shares: this
+//! crate's DynamoDB client and `sqs-once`'s SQS, SNS, EventBridge and S3
+//! clients.
+//!
+//! Loaded once per process from the SDK's default chain, so `AWS_REGION`,
+//! credentials and per-service endpoints (`AWS_ENDPOINT_URL_DYNAMODB`,
+//! `AWS_ENDPOINT_URL_SQS`) work as the SDK defines them. Retries and timeouts
+//! are short on purpose: a call that does not answer in seconds fails its
+//! record long before a Lambda timeout would fail the whole batch.
+
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, SdkConfig, retry::RetryConfig, timeout::TimeoutConfig};
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+
+/// Attempts per request, the first included. Throttling and 5xx answers are
+/// retried with jittered exponential back-off between these bounds.
+pub const MAX_ATTEMPTS: u32 = 3;
+/// First retry back-off.
+pub const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
+/// Longest retry back-off.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Time to open a connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Time for one attempt of a request.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time for a request, retries included.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The shared configuration, with this module's retry and timeout settings.
+pub async fn sdk_config() -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest())
+        .http_client(https_client())
+        .retry_config(retries())
+        .timeout_config(timeouts(None))
+        .load()
+        .await
+}
+
+/// This module's retries.
+fn retries() -> RetryConfig {
+    RetryConfig::standard()
+        .with_max_attempts(MAX_ATTEMPTS)
+        .with_initial_backoff(INITIAL_BACKOFF)
+        .with_max_backoff(MAX_BACKOFF)
+}
+
+/// `config`, given by the program, with this module's retries where it has
+/// none, and each of this module's timeouts (connect, attempt, operation)
+/// that it lacks filled in on its own: `aws_config::load_defaults` sets a
+/// connect timeout and nothing else, and without the others a lost answer
+/// would hold its write until the deadline's cut-off, and a send could
+/// outlast its outbox lease (see [`sqs_once_core::outbox`]). A timeout the program
+/// set stays as it set it.
+pub fn with_limits(config: &SdkConfig) -> SdkConfig {
+    let mut limited = config.to_builder();
+    limited.set_timeout_config(Some(filled(config.timeout_config())));
+    if config.retry_config().is_none() {
+        limited.set_retry_config(Some(retries()));
+    }
+    limited.build()
+}
+
+/// A DynamoDB client given by the program, with the timeouts it lacks
+/// filled in as [`with_limits`] fills them.
+pub fn dynamodb_with_limits(client: aws_sdk_dynamodb::Client) -> aws_sdk_dynamodb::Client {
+    let config = client.config();
+    aws_sdk_dynamodb::Client::from_conf(config.to_builder().timeout_config(filled(config.timeout_config())).build())
+}
+
+/// `given` timeouts, each of connect, attempt and operation that is unset
+/// (or disabled) filled in with this module's.
+pub fn filled(given: Option<&TimeoutConfig>) -> TimeoutConfig {
+    let given = given.cloned().unwrap_or_else(TimeoutConfig::disabled);
+    let mut timeouts = TimeoutConfig::builder()
+        .connect_timeout(given.connect_timeout().unwrap_or(CONNECT_TIMEOUT))
+        .operation_attempt_timeout(given.operation_attempt_timeout().unwrap_or(ATTEMPT_TIMEOUT))
+        .operation_timeout(given.operation_timeout().unwrap_or(OPERATION_TIMEOUT));
+    if let Some(read) = given.read_timeout() {
+        timeouts = timeouts.read_timeout(read);
+    }
+    timeouts.build()
+}
+
+/// The operation timeout of clients made with `timeouts` (after
+/// [`filled`], always one): how long one of their requests may take,
+/// retries included.
+pub fn operation_timeout(timeouts: Option<&TimeoutConfig>) -> Duration {
+    timeouts.and_then(TimeoutConfig::operation_timeout).unwrap_or(OPERATION_TIMEOUT)
+}
+
+/// The SDK's default HTTPS client but for its crypto: rustls on ring, where
+/// the default's aws-lc took 1.8 MiB of the binary. As the default does, it
+/// honours the connector settings (the connect timeout above) and the
+/// proxy environment (`HTTPS_PROXY`, `NO_PROXY`…).
+fn https_client() -> aws_sdk_dynamodb::config::SharedHttpClient {
+    use aws_smithy_http_client::{Builder, ConnectorBuilder, proxy::ProxyConfig, tls};
+    Builder::new().build_with_connector_fn(|settings, components| {
+        let mut connector =
+            ConnectorBuilder::default().tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring));
+        connector.set_connector_settings(settings.cloned());
+        connector.set_sleep_impl(components.and_then(|components| components.sleep_impl()));
+        connector.set_proxy_config(Some(ProxyConfig::from_env()));
+        connector.build()
+    })
+}
+
+/// This module's timeouts; `long_poll` widens the attempt and operation
+/// limits for a call that waits that long on purpose (SQS long polling).
+pub fn timeouts(long_poll: Option<Duration>) -> TimeoutConfig {
+    let wait = long_poll.unwrap_or_default();
+    TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .operation_attempt_timeout(ATTEMPT_TIMEOUT + wait)
+        .operation_timeout(OPERATION_TIMEOUT + wait)
+        .build()
+}
+
+/// An SDK failure in one line: the error code and message when the service
+/// answered, else the whole cause chain, since the SDK's own `Display` says
+/// only "service error" or "dispatch failure".
+pub fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
+    if let (Some(code), Some(message)) = (error.code(), error.message()) {
+        return format!("{code}: {message}");
+    }
+    crate::reason::with_causes(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_config::Region;
+
+    use super::*;
+
+    /// A configuration as programs load it: `aws_config::defaults(..).load()`,
+    /// which sets a connect timeout of 3.1 s and no other.
+    async fn loaded(timeouts: Option<TimeoutConfig>) -> SdkConfig {
+        let loader = aws_config::defaults(BehaviorVersion::latest()).region(Region::new("us-east-1")).no_credentials();
+        match timeouts {
+            Some(timeouts) => loader.timeout_config(timeouts).load().await,
+            None => loader.load().await,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_configuration_loaded_the_usual_way_gets_every_timeout_it_lacks() {
+        let given = loaded(None).await;
+        assert_eq!(given.timeout_config().unwrap().operation_timeout(), None, "the SDK's default loader sets none");
+        let limited = with_limits(&given);
+        let timeouts = limited.timeout_config().unwrap();
+        assert_eq!(timeouts.operation_timeout(), Some(OPERATION_TIMEOUT));
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+        assert_eq!(timeouts.connect_timeout(), Some(Duration::from_millis(3100)), "the loader's own connect timeout");
+        assert!(limited.retry_config().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_timeout_the_program_set_stays_and_disabled_ones_are_filled_in() {
+        let own = TimeoutConfig::builder()
+            .operation_timeout(Duration::from_secs(9))
+            .read_timeout(Duration::from_secs(4))
+            .build();
+        let limited = with_limits(&loaded(Some(own)).await);
+        let timeouts = limited.timeout_config().unwrap();
+        assert_eq!(timeouts.operation_timeout(), Some(Duration::from_secs(9)));
+        assert_eq!(operation_timeout(limited.timeout_config()), Duration::from_secs(9));
+        assert_eq!(timeouts.read_timeout(), Some(Duration::from_secs(4)));
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+        let disabled = with_limits(&loaded(Some(TimeoutConfig::disabled())).await);
+        assert_eq!(disabled.timeout_config().unwrap().operation_timeout(), Some(OPERATION_TIMEOUT));
+    }
+
+    #[tokio::test]
+    async fn a_client_given_gets_the_timeouts_it_lacks() {
+        let client = aws_sdk_dynamodb::Client::new(&loaded(None).await);
+        assert_eq!(client.config().timeout_config().unwrap().operation_timeout(), None);
+        let limited = dynamodb_with_limits(client);
+        assert_eq!(operation_timeout(limited.config().timeout_config()), OPERATION_TIMEOUT);
+        let attempt = limited.config().timeout_config().unwrap().operation_attempt_timeout();
+        assert_eq!(attempt, Some(ATTEMPT_TIMEOUT));
+    }
+
+    #[test]
+    fn describe_names_the_code_and_message() {
+        use aws_sdk_dynamodb::{error::ErrorMetadata, operation::get_item::GetItemError};
+
+        let refused = GetItemError::generic(ErrorMetadata::builder().code("AccessDenied").message("no").build());
+        assert_eq!(describe(&refused), "AccessDenied: no");
+    }
+}

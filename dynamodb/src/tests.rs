@@ -1,0 +1,741 @@
+//! The DynamoDB store under the engine, against DynamoDB Local: races
+//! between whole engines, batched writes, the request floor per record path,
+//! the read after a claim that returned no item, large results, answers made
+//! to measure, and the open-claims index.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use testkit::dynamodb::Reply;
+
+use super::{
+    DynamoDbStore, TableLayout,
+    client::{RequestCounter, RequestCounts, client_from},
+    layout::OPEN_SHARDS,
+};
+use sqs_once_core::{
+    BoxHandler, Handler, HandlerError, HandlerResult, Record,
+    claim::{Claim, ClaimPolicy, ClaimRequest, Claims},
+    clock::{Clock, SystemClock},
+    engine::{Engine, EngineParts, Invocation},
+    event::parse_event,
+    key::Keys,
+    report::{BatchReport, Failure, Outcome},
+    testing::Directed,
+};
+
+use crate::{
+    store::{ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Fenced, OutboxEntry, OutboxQuery, OutboxStore},
+    transaction::{Key, Message, Update},
+};
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::{Value, json};
+
+/// A counting client from the SDK's default chain, as the consumer makes one.
+async fn client() -> (aws_sdk_dynamodb::Client, Arc<RequestCounter>) {
+    client_from(&crate::aws::sdk_config().await)
+}
+
+/// A counting client that waits for slow answers (30 s attempts), for tests
+/// whose subject is not how the consumer meets a timeout: on a machine busy
+/// with other tests, DynamoDB Local can answer past the consumer's 2 s
+/// attempts, and the request is sent again.
+async fn patient_client() -> (aws_sdk_dynamodb::Client, Arc<RequestCounter>) {
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .operation_attempt_timeout(Duration::from_secs(30))
+        .operation_timeout(Duration::from_secs(50))
+        .build();
+    client_from(&crate::aws::sdk_config().await.to_builder().timeout_config(timeouts).build())
+}
+
+/// A fresh claim table with a unique name, and the counter of the requests
+/// of the store on it.
+pub(crate) async fn fresh_table() -> (DynamoDbStore, Arc<RequestCounter>) {
+    fresh_table_with(client().await).await
+}
+
+/// A fresh claim table with a unique name, and the counter of the requests
+/// of the store on it, through `client`.
+async fn fresh_table_with(
+    (client, requests): (aws_sdk_dynamodb::Client, Arc<RequestCounter>),
+) -> (DynamoDbStore, Arc<RequestCounter>) {
+    let store = DynamoDbStore::new(client, TableLayout::new(testkit::dynamodb::unique_name("claims")));
+    assert!(store.create_table().await.expect("create table"), "table name collided");
+    (store, requests)
+}
+
+fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> Engine {
+    let keys = Keys::new("body.key", "test").unwrap();
+    EngineParts { policy, ..EngineParts::new(Arc::new(store), keys) }.engine(BoxHandler::new(handler))
+}
+
+async fn run(engine: &Engine, records: &[Value]) -> BatchReport {
+    let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(60), request_id: "r".into() };
+    engine.process(&parse_event(&json!({ "Records": records }).to_string()).unwrap(), &invocation, None).await
+}
+
+fn failed(report: &BatchReport) -> usize {
+    report.response().batch_item_failures.len()
+}
+
+/// A store on `layout`'s table whose requests go through `endpoint` (a
+/// proxy in front of DynamoDB Local), configured as the consumer's are.
+pub(crate) async fn store_through(endpoint: &str, layout: TableLayout) -> DynamoDbStore {
+    let config = aws_sdk_dynamodb::config::Builder::from(&crate::aws::sdk_config().await).endpoint_url(endpoint);
+    DynamoDbStore::new(aws_sdk_dynamodb::Client::from_conf(config.build()), layout)
+}
+
+/// Runs per key.
+fn run_counts(handler: &Directed) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for (key, _) in handler.runs() {
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_engines_on_one_batch_run_each_key_once() {
+    // Every attempt must run each key once. Whether the engines raced at all is up to the scheduler: on a machine
+    // busy with other work one engine can claim and finish the whole batch before the others' claims arrive, a
+    // world with nothing to prove, which is run again on a new table.
+    for _ in 0..3 {
+        let (working, conflicts) = four_engines_on_one_batch().await;
+        if working >= 2 && conflicts > 0 {
+            return;
+        }
+    }
+    panic!("three attempts and no race: no engine met another's live claim");
+}
+
+/// Four engines, each with a client and batches of its own, on one batch of
+/// 500 records; checks that each key ran once, and returns how many engines
+/// ran handlers and how many records met another engine's live claim.
+async fn four_engines_on_one_batch() -> (usize, usize) {
+    let (store, _) = fresh_table().await;
+    let handler = Directed::default();
+    let records = testkit::records((0..500).map(|n| json!({"key": n, "sleep_ms": n % 4})));
+    // Clients that wait for slow answers: 2,000 claims at once on a machine busy with other tests can keep DynamoDB
+    // Local past the consumer's 2 s attempts, and a claim whose answer timed out fails its record in every engine
+    // (the claim may be held, so the others find it live), which is right and not what this test is about.
+    let mut engines = Vec::new();
+    for _ in 0..4 {
+        let own = DynamoDbStore::new(patient_client().await.0, store.layout().clone());
+        engines.push(engine(own, handler.clone(), ClaimPolicy::default()));
+    }
+    let reports = futures::future::join_all(engines.iter().map(|engine| run(engine, &records))).await;
+    let counts = run_counts(&handler);
+    assert!(counts.values().all(|&runs| runs == 1), "a key ran twice");
+    // Each record was processed by one engine; elsewhere it was a duplicate or a conflict.
+    for index in 0..500 {
+        let labels: Vec<&str> = reports.iter().map(|report| report.records[index].outcome.label()).collect();
+        assert_eq!(labels.iter().filter(|label| **label == "processed").count(), 1, "record {index}: {labels:?}");
+        let outcomes: Vec<&Outcome> = reports.iter().map(|report| &report.records[index].outcome).collect();
+        assert!(labels.iter().all(|label| ["processed", "duplicate", "conflict"].contains(label)), "{outcomes:?}");
+    }
+    assert_eq!(counts.len(), 500, "every key ran");
+    let processed_by =
+        |report: &BatchReport| report.records.iter().filter(|r| r.outcome.label() == "processed").count();
+    let working = reports.iter().filter(|report| processed_by(report) > 0).count();
+    (working, reports.iter().map(failed).sum())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_writes_share_requests_and_keep_every_outcome() {
+    let (store, requests) = fresh_table().await;
+    let handler = Directed::default();
+    let cold = || engine(store.clone(), handler.clone(), ClaimPolicy::default());
+    let bodies = (0..300).map(|n| match n % 10 {
+        0 => json!({"key": n, "fail": "retryable"}),
+        1 => json!({"key": n, "fail": "permanent"}),
+        _ => json!({"key": n}),
+    });
+    let records = testkit::records(bodies);
+    let requests_of = |counts: RequestCounts| (counts.put, counts.get, counts.update, counts.delete);
+
+    let report = run(&cold(), &records).await;
+    let labels: Vec<&str> = report.records.iter().map(|record| record.outcome.label()).collect();
+    for (index, label) in labels.iter().enumerate() {
+        let expected = ["retryable", "permanent"].get(index % 10).copied().unwrap_or("processed");
+        assert_eq!(*label, expected, "record {index}");
+    }
+    assert_eq!(failed(&report), 60);
+    let first = requests.snapshot();
+    assert_eq!(requests_of(first), (0, 0, 0, 0), "every write went in a batch");
+    // 600 writes (a claim, then a completion, failure record or release each).
+    assert!(first.batch_statement <= 600 / 8, "{first:?}: fewer than 8 writes per request");
+    let stored = |index: usize| report.records[index].key.clone().unwrap();
+    for index in 0..300 {
+        let record = store.get(&stored(index)).await.unwrap();
+        let status = record.map(|record| record.status);
+        let expected =
+            [None, Some(ClaimStatus::Failed)].get(index % 10).copied().unwrap_or(Some(ClaimStatus::Completed));
+        assert_eq!(status, expected, "record {index}");
+    }
+
+    // Another process: completions and failures are found, released keys run again.
+    let first = requests.snapshot();
+    let again = run(&cold(), &records).await;
+    for (index, record) in again.records.iter().enumerate() {
+        let expected = ["retryable", "failed_before"].get(index % 10).copied().unwrap_or("duplicate");
+        assert_eq!(record.outcome.label(), expected, "record {index}");
+    }
+    let second = requests.snapshot();
+    assert_eq!(requests_of(second), (0, 0, 0, 0));
+    // Refusals come back as the write requests answer, several at once: 5 reads a request at least.
+    assert!(second.batch_get - first.batch_get <= 270 / 5, "{second:?}: refused claims read in batches");
+    let runs = run_counts(&handler);
+    assert_eq!(runs.len(), 300, "every key ran");
+    assert!(runs.iter().all(|(_, &count)| count == 1 || count == 2), "{runs:?}");
+    assert_eq!(runs.values().filter(|&&count| count == 2).count(), 30, "only released keys ran again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_requests_per_record_meet_the_floor() {
+    let (store, requests) = fresh_table().await;
+    let store = store.batching(false);
+    let cached = ClaimPolicy { local_cache_entries: 1000, ..ClaimPolicy::default() };
+    let warm = engine(store.clone(), Directed::default(), cached);
+    let cold =
+        || engine(store.clone(), Directed::default(), ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() });
+    let new_records = testkit::records((0..20).map(|n| json!({"key": n})));
+    let mut before = requests.snapshot();
+    let mut delta = |what: &str| {
+        let now = requests.snapshot();
+        let delta =
+            (now.put - before.put, now.get - before.get, now.update - before.update, now.delete - before.delete);
+        assert_eq!(now.other, before.other, "{what}: unexpected operations");
+        before = now;
+        delta
+    };
+
+    assert_eq!(failed(&run(&warm, &new_records).await), 0);
+    assert_eq!(delta("new"), (20, 0, 20, 0), "new record: 2 (claim + complete)");
+    assert_eq!(failed(&run(&cold(), &new_records).await), 0);
+    assert_eq!(delta("duplicate"), (20, 0, 0, 0), "duplicate: 1 (failed claim returning the old item)");
+    assert_eq!(failed(&run(&warm, &new_records).await), 0);
+    assert_eq!(delta("warm duplicate"), (0, 0, 0, 0), "duplicate seen by this process: 0");
+    let repeated = testkit::records((0..20).map(|n| json!({"key": format!("r{}", n % 10)})));
+    assert_eq!(failed(&run(&warm, &repeated).await), 0);
+    assert_eq!(delta("in-batch duplicates"), (10, 0, 10, 0), "in-batch duplicate: 0 extra");
+    let failing = testkit::records((0..10).map(|n| json!({"key": format!("f{n}"), "fail": "retryable"})));
+    assert_eq!(failed(&run(&warm, &failing).await), 10);
+    assert_eq!(delta("handler failure"), (10, 0, 0, 10), "handler failure: 2 (claim + release)");
+    let permanent = testkit::records((0..10).map(|n| json!({"key": format!("p{n}"), "fail": "permanent"})));
+    assert_eq!(failed(&run(&warm, &permanent).await), 10);
+    assert_eq!(delta("permanent failure"), (10, 0, 10, 0), "permanent failure: 2 (claim + failure record)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_units_per_record_path_are_powertools_own_on_the_ordinary_path() {
+    // What DynamoDB charges, as it reports it (testkit's meter): single requests, since Local reports no
+    // capacity for batched statements, which AWS charges as the single requests they stand for.
+    let (created, _) = fresh_table().await;
+    let meter = testkit::capacity::Meter::start().await;
+    let store = store_through(&meter.url, created.layout().clone()).await.batching(false);
+    let warm = engine(store.clone(), Directed::default(), ClaimPolicy::default());
+    let cold =
+        || engine(store.clone(), Directed::default(), ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() });
+    let per_record = |units: f64| units / 20.0;
+    let new_records = testkit::records((0..20).map(|n| json!({"key": n})));
+    assert_eq!(failed(&run(&warm, &new_records).await), 0);
+    let new = meter.take();
+    assert_eq!(
+        (per_record(new.writes()), new.index_writes()),
+        (2.0, 0.0),
+        "new record: a claim and its completion, no index: {new:?}"
+    );
+    assert_eq!(failed(&run(&cold(), &new_records).await), 0);
+    let duplicate = meter.take();
+    assert_eq!(
+        (per_record(duplicate.writes()), duplicate.refused_writes),
+        (1.0, 20),
+        "duplicate: the refused claim: {duplicate:?}"
+    );
+    let failing = testkit::records((0..20).map(|n| json!({"key": format!("f{n}"), "fail": "retryable"})));
+    assert_eq!(failed(&run(&warm, &failing).await), 20);
+    let retryable = meter.take();
+    assert_eq!(
+        (per_record(retryable.writes()), retryable.index_writes()),
+        (2.0, 0.0),
+        "retryable: claim and release: {retryable:?}"
+    );
+    let permanent = testkit::records((0..20).map(|n| json!({"key": format!("p{n}"), "fail": "permanent"})));
+    assert_eq!(failed(&run(&warm, &permanent).await), 20);
+    let failed_for_good = meter.take();
+    // The failure record enters the open-claims index, where operators find it.
+    assert_eq!(
+        (per_record(failed_for_good.writes()), per_record(failed_for_good.index_writes())),
+        (3.0, 1.0),
+        "permanent: claim, failure record and its index entry: {failed_for_good:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_without_a_claim_costs_one_transaction_of_two_actions() {
+    /// Stages one credit to the account its body names, and nothing else.
+    struct Credit(String);
+    impl Handler for Credit {
+        async fn handle(&self, record: &Record) -> HandlerResult {
+            let account = record.body_json::<Value>()?["key"].to_string();
+            record.transaction().stage(Update::new(&self.0, Key::new("pk", account)).add("balance", 5))?;
+            Ok(None)
+        }
+        fn stages_every_effect(&self) -> bool {
+            true
+        }
+    }
+    let (created, _) = fresh_table().await;
+    let balances = testkit::dynamodb::items_table().await;
+    let meter = testkit::capacity::Meter::start().await;
+    let store = store_through(&meter.url, created.layout().clone()).await.batching(false);
+    let cold = ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() };
+    let credits = testkit::records((0..20).map(|n| json!({"key": n})));
+    assert_eq!(failed(&run(&engine(store.clone(), Credit(balances.clone()), cold.clone()), &credits).await), 0);
+    let new = meter.take();
+    assert_eq!(new.requests, [("TransactWriteItems".to_owned(), 20)].into(), "one request per credit: {new:?}");
+    assert_eq!(
+        (new.writes() / 20.0, new.index_writes()),
+        (4.0, 0.0),
+        "the claim's completion and the credit, 2 units each, no claim before them: {new:?}"
+    );
+    // A copy delivered again (its receive count above 1) reads the key, strongly consistent: 1 read unit.
+    let copies: Vec<Value> = credits
+        .iter()
+        .map(|record| {
+            let mut record = record.clone();
+            record["attributes"] = json!({"ApproximateReceiveCount": "2"});
+            record
+        })
+        .collect();
+    let report = run(&engine(store, Credit(balances), cold), &copies).await;
+    assert!(report.records.iter().all(|record| record.outcome == Outcome::Duplicate), "{report:?}");
+    let duplicate = meter.take();
+    assert_eq!((duplicate.writes(), duplicate.reads / 20.0), (0.0, 1.0), "a read, no write: {duplicate:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_the_old_item_reads_it_once_consistently() {
+    let (store, requests) = fresh_table().await;
+    let store = store.batching(false).returning_old_item(false);
+    let claims = Claims::with_policy(
+        Arc::new(store.clone()),
+        ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() },
+        Arc::new(SystemClock),
+    );
+    let deadline_ms = crate::clock::Clock::now_ms(&SystemClock) + 60_000;
+    let request = ClaimRequest { id: "k", body: "{}", deadline_ms, holder: "h", attempt: 1, message_id: "m" };
+    let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("key was free") };
+    let before = requests.snapshot();
+    assert!(matches!(claims.claim(&request).await.unwrap(), Claim::Conflict { .. }));
+    claims.complete(&lease, None).await.unwrap();
+    assert_eq!(claims.claim(&request).await.unwrap(), Claim::Duplicate { result: None });
+    let after = requests.snapshot();
+    assert_eq!((after.put - before.put, after.get - before.get), (2, 2), "each failed claim: put + consistent get");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_stored_and_oversized_ones_are_dropped_without_failing_the_record() {
+    struct Sized;
+    impl Handler for Sized {
+        async fn handle(&self, record: &Record) -> HandlerResult {
+            let kib: usize = record.body_json::<Value>()?["kib"].as_u64().unwrap_or(0) as usize;
+            Ok(Some(json!({ "blob": "x".repeat(kib * 1024) })))
+        }
+    }
+    let (store, _) = fresh_table().await;
+    let policy = ClaimPolicy { store_result: true, ..ClaimPolicy::default() };
+    let engine = engine(store.clone(), Sized, policy);
+    let report =
+        run(&engine, &testkit::records([json!({"key": "small", "kib": 300}), json!({"key": "huge", "kib": 500})]))
+            .await;
+    assert_eq!(failed(&report), 0, "{report:?}");
+    let stored = |index: usize| report.records[index].key.clone().unwrap();
+    let small = store.get(&stored(0)).await.unwrap().unwrap();
+    assert_eq!(small.status, ClaimStatus::Completed);
+    assert_eq!(small.result.map(|result| result.len()), Some(300 * 1024 + r#"{"blob":""}"#.len()));
+    let huge = store.get(&stored(1)).await.unwrap().unwrap();
+    assert_eq!((huge.status, huge.result), (ClaimStatus::Completed, None));
+    assert_eq!(engine.claims().counters().oversized_results.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// The item an `INSERT ... VALUE {'name': ?, ...}` statement writes.
+fn inserted_item(statement: &Value) -> serde_json::Map<String, Value> {
+    let text = statement["Statement"].as_str().unwrap();
+    let tuple = &text[text.find('{').unwrap() + 1..text.rfind('}').unwrap()];
+    let names = tuple.split(", ").map(|field| field.trim_end_matches(": ?").trim_matches('\'').to_owned());
+    names.zip(statement["Parameters"].as_array().unwrap().iter().cloned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
+    let (table, _) = fresh_table().await;
+    let table = table.layout().table.clone();
+    let now_ms = SystemClock.now_ms();
+    // Real DynamoDB, asked for ALL_OLD, returns the item a statement's condition failed on with the error
+    // (DynamoDB Local never does). Every claim statement is refused so, with the holder's item made to
+    // measure from the key: completed, held under a live lease, or held under a lease that has ended.
+    let answering = table.clone();
+    let operations = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = operations.clone();
+    let proxy = testkit::dynamodb::proxy(move |operation, request| {
+        seen.lock().unwrap().push(operation.to_owned());
+        let statements = request["Statements"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let inserts = statements.iter().all(|s| s["Statement"].as_str().unwrap_or_default().starts_with("INSERT"));
+        if operation != "BatchExecuteStatement" || !inserts {
+            return Reply::Forward;
+        }
+        let responses: Vec<Value> = statements
+            .iter()
+            .map(|statement| {
+                let mut item = inserted_item(statement);
+                let id = item["id"]["S"].as_str().unwrap().to_owned();
+                item.insert("token".into(), json!({"S": "another-holder"}));
+                if id.contains("done") {
+                    item.insert("status".into(), json!({"S": "COMPLETED"}));
+                    item.remove("in_progress_expiration");
+                } else {
+                    let lease_ms = if id.contains("held") { now_ms + 60_000 } else { now_ms - 1_000 };
+                    item.insert("in_progress_expiration".into(), json!({"N": lease_ms.to_string()}));
+                }
+                let error =
+                    json!({"Code": "DuplicateItem", "Message": "Duplicate primary key exists in table", "Item": item});
+                json!({"Error": error, "TableName": answering})
+            })
+            .collect();
+        Reply::Answer(200, json!({ "Responses": responses }).to_string())
+    })
+    .await;
+    let store = store_through(&proxy, TableLayout::new(table)).await;
+    let keys = Keys::new("body.key", "test").unwrap().hashed(false);
+    let handler = Directed::default();
+    let engine = EngineParts::new(Arc::new(store), keys).engine(BoxHandler::new(handler.clone()));
+
+    let bodies = (0..30).map(|n| json!({"key": format!("{}-{n}", ["done", "held", "free"][n % 3])}));
+    let report = run(&engine, &testkit::records(bodies)).await;
+    for record in &report.records {
+        let key = record.key.as_deref().unwrap();
+        let expected = match &key[..9] {
+            "test#done" => "duplicate",
+            "test#held" => "conflict",
+            _ => "processed",
+        };
+        assert_eq!(record.outcome.label(), expected, "{key}");
+    }
+    let operations = operations.lock().unwrap().clone();
+    let count = |name: &str| operations.iter().filter(|operation| *operation == name).count();
+    assert_eq!(count("BatchGetItem") + count("GetItem"), 0, "the returned items were judged, not read: {operations:?}");
+    assert_eq!(count("PutItem"), 10, "a key whose lease ended is claimed with the conditional PutItem");
+    let runs = run_counts(&handler);
+    assert_eq!(runs.len(), 10, "only the free keys ran: {runs:?}");
+    assert!(runs.keys().all(|key| key.starts_with("test#free")) && runs.values().all(|&runs| runs == 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_claims_alone_are_in_the_index_and_every_listing_is_exact() {
+    let (store, _) = fresh_table().await;
+    let table = store.layout().table.clone();
+    let claims = Claims::with_policy(Arc::new(store.clone()), ClaimPolicy::default(), Arc::new(SystemClock));
+    let deadline_ms = SystemClock.now_ms() + 60_000;
+    for n in 0..60 {
+        let id = format!("test#k-{n}");
+        let request = ClaimRequest { id: &id, body: "{}", deadline_ms, holder: "h", attempt: 1, message_id: "m" };
+        let Claim::Won(lease) = claims.claim(&request).await.unwrap() else { panic!("{id} was free") };
+        match n % 3 {
+            0 => drop(claims.complete(&lease, None).await.unwrap()),
+            1 => drop(claims.fail(&lease, "no").await.unwrap()),
+            _ => {}
+        }
+    }
+    // A claim in progress as versions before the sharding wrote it, in the index under the bare status.
+    let client = aws_sdk_dynamodb::Client::new(&crate::aws::sdk_config().await);
+    let mut legacy = HashMap::from([("id", "test#legacy"), ("status", "INPROGRESS"), ("open_status", "INPROGRESS")]);
+    legacy.insert("token", "t");
+    let mut item: HashMap<String, AttributeValue> =
+        legacy.into_iter().map(|(name, value)| (name.to_owned(), AttributeValue::S(value.to_owned()))).collect();
+    item.insert("expiration".into(), AttributeValue::N((deadline_ms / 1000 + 3600).to_string()));
+    item.insert("in_progress_expiration".into(), AttributeValue::N(deadline_ms.to_string()));
+    client.put_item().table_name(&table).set_item(Some(item)).send().await.unwrap();
+
+    let list = |status| {
+        let store = store.clone();
+        async move {
+            let query = ClaimQuery { status, limit: 1_000, ..ClaimQuery::default() };
+            let listing = store.list(&query).await.unwrap();
+            // Failed claims through the index; claims in progress are not in it, and are read from the table.
+            assert_eq!(listing.full_scan, status != Some(ClaimStatus::Failed), "{status:?}");
+            listing.claims.into_iter().map(|record| record.id).collect::<std::collections::BTreeSet<_>>()
+        }
+    };
+    let expected = |rest: usize| (0..60).filter(move |n| n % 3 == rest).map(|n| format!("test#k-{n}"));
+    let in_progress: std::collections::BTreeSet<_> = expected(2).chain(["test#legacy".to_owned()]).collect();
+    let failed: std::collections::BTreeSet<_> = expected(1).collect();
+    assert_eq!(list(Some(ClaimStatus::InProgress)).await, in_progress);
+    assert_eq!(list(Some(ClaimStatus::Failed)).await, failed);
+    assert_eq!(list(None).await, in_progress.union(&failed).cloned().collect());
+
+    let stale = ClaimQuery { stale_at_ms: Some(deadline_ms + 60_000), limit: 1_000, ..ClaimQuery::default() };
+    let stale: std::collections::BTreeSet<_> =
+        store.list(&stale).await.unwrap().claims.into_iter().map(|record| record.id).collect();
+    assert_eq!(stale, in_progress, "every lease (the deadline and its margin) has ended a minute later");
+
+    // The index keys: FAILED and a shard of the id, spread over the shards; none for claims in progress (but
+    // the earlier version's) or completed.
+    let items = client.scan().table_name(&table).send().await.unwrap().items.unwrap_or_default();
+    let partitions: std::collections::BTreeSet<String> = items
+        .iter()
+        .filter(|item| item["id"] != AttributeValue::S("test#legacy".into()))
+        .filter_map(|item| item.get("open_status").map(|value| value.as_s().unwrap().clone()))
+        .collect();
+    assert!(partitions.iter().all(|partition| {
+        let (status, shard) = partition.split_once('#').unwrap();
+        status == "FAILED" && shard.parse::<u32>().unwrap() < OPEN_SHARDS
+    }));
+    assert!(partitions.len() >= 8, "20 failed claims on {} index keys: {partitions:?}", partitions.len());
+    let completed = items.iter().filter(|item| item["status"] == AttributeValue::S("COMPLETED".into()));
+    assert!(completed.clone().count() == 20 && completed.clone().all(|item| !item.contains_key("open_status")));
+}
+
+/// A failed claim of `id`, claimed at `claimed_at_ms`.
+pub(super) fn failed_claim(id: &str, claimed_at_ms: u64) -> crate::store::StoredClaim {
+    crate::store::StoredClaim {
+        id: id.into(),
+        status: ClaimStatus::Failed,
+        expires_at_s: SystemClock.now_ms() / 1000 + 3600,
+        lease_until_ms: None,
+        token: Some(format!("t-{id}")),
+        holder: None,
+        attempt: Some(1),
+        message_id: Some(format!("m-{id}")),
+        claimed_at_ms: Some(claimed_at_ms),
+        updated_at_ms: None,
+        payload_hash: None,
+        result: None,
+        error: Some("asked to fail".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_are_oldest_first_and_exact_when_a_shard_holds_more_than_the_limit() {
+    let (store, _) = fresh_table().await;
+    // 80 failed claims over 16 index shards, about five in each; the later the id, the older the claim,
+    // so reading each shard in id order and cutting it at the limit would find the newest ones.
+    for n in 0..80_u64 {
+        let claim = failed_claim(&format!("k-{n:03}"), 1_000_000 - n);
+        store.put_if_free(&claim, SystemClock.now_ms()).await.unwrap();
+    }
+    for status in [Some(ClaimStatus::Failed), None] {
+        let listing = store.list(&ClaimQuery { status, limit: 3, ..ClaimQuery::default() }).await.unwrap();
+        let ids: Vec<&str> = listing.claims.iter().map(|claim| claim.id.as_str()).collect();
+        assert_eq!(ids, ["k-079", "k-078", "k-077"], "{status:?}");
+        assert_eq!(listing.full_scan, status.is_none(), "the open claims, in progress too, are read from the table");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_table_run_again_leaves_the_ttl_it_turned_on_alone() {
+    let (store, _) = fresh_table().await;
+    // DynamoDB allows one TTL change an hour; a second run must not ask for one.
+    assert!(!store.create_table().await.expect("a second run succeeds"), "the table existed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_failure_that_mentions_the_index_is_an_error_not_a_scan() {
+    let (table, _) = fresh_table().await;
+    let scans = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&scans);
+    let denied = testkit::dynamodb::proxy(move |operation, _| match operation {
+        "Query" => Reply::error(
+            "AccessDeniedException",
+            "User is not authorized to perform: dynamodb:Query on resource: table/claims/index/open-claims",
+        ),
+        "Scan" => {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Reply::Forward
+        }
+        _ => Reply::Forward,
+    })
+    .await;
+    let store = store_through(&denied, table.layout().clone()).await;
+    let listed =
+        store.list(&ClaimQuery { status: Some(ClaimStatus::Failed), limit: 10, ..ClaimQuery::default() }).await;
+    let error = listed.expect_err("an error, not a listing");
+    assert!(error.to_string().contains("AccessDeniedException"), "{error}");
+    assert_eq!(scans.load(std::sync::atomic::Ordering::SeqCst), 0, "no scan of the whole table");
+}
+
+/// Stages a credit on the table `{"table": ...}` names, and one on the
+/// existing table `{"items": ...}` names; `stages_every_effect` as given.
+struct StagesTo(bool);
+
+impl Handler for StagesTo {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        let body = record.body_json::<Value>()?;
+        let transaction = record.transaction();
+        for table in [&body["items"], &body["table"]] {
+            transaction.stage(Update::new(table.as_str().unwrap_or_default(), Key::new("pk", "a")).add("n", 1))?;
+        }
+        Ok(None)
+    }
+
+    fn stages_every_effect(&self) -> bool {
+        self.0
+    }
+}
+
+/// A staged write to a table that does not exist (misnamed, or not made
+/// yet: the commonest first-deploy mistake) fails its record for good,
+/// naming the table, with nothing of the transaction applied, whether its
+/// run claimed first or not; it is not sent again as an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_write_to_a_missing_table_fails_for_good_naming_it() {
+    let items = testkit::dynamodb::items_table().await;
+    for stages_every_effect in [false, true] {
+        let (store, _) = fresh_table().await;
+        let engine = engine(store.clone(), StagesTo(stages_every_effect), ClaimPolicy::default());
+        let missing = testkit::dynamodb::unique_name("accounts");
+        let records = testkit::records([json!({"key": "k", "items": items, "table": missing})]);
+        let report = run(&engine, &records).await;
+        let Outcome::Failed(Failure::Permanent(reason)) = &report.records[0].outcome else { panic!("{report:?}") };
+        assert!(reason.contains(&format!("the table `{missing}` does not exist")), "{reason}");
+        assert!(!reason.contains(&format!("`{items}`")), "the existing table is not named: {reason}");
+        let item = store.client.get_item().table_name(&items).key("pk", AttributeValue::S("a".into())).send().await;
+        assert_eq!(item.unwrap().item, None, "nothing of the transaction applied");
+        // Recorded as failed for good. A delivery of the event again finds it (claiming first), or, taking no
+        // claim on a first delivery, is refused for the same reason: never `uncommitted`, sent again.
+        let key = report.records[0].key.clone().expect("keyed");
+        let stored = store.get(&key).await.unwrap().expect("the failure is recorded");
+        assert_eq!(stored.status, ClaimStatus::Failed);
+        let again = if stages_every_effect { "permanent" } else { "failed_before" };
+        assert_eq!(run(&engine, &records).await.records[0].outcome.label(), again);
+    }
+}
+
+/// Fails permanently with the body's `error` text, if it has one.
+struct FailsWithItsText;
+
+impl Handler for FailsWithItsText {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        match record.body_json::<Value>()?["error"].as_str() {
+            Some(text) => Err(HandlerError::permanent(text.to_owned())),
+            None => Ok(None),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() {
+    let (store, requests) = fresh_table().await;
+    // Keys stored as they are, so that one can be longer than DynamoDB's 2,048-byte partition key.
+    let keys = Keys::new("body.key", "test").unwrap().hashed(false);
+    let engine = EngineParts::new(Arc::new(store.clone()), keys).engine(BoxHandler::new(FailsWithItsText));
+    let long_key = "k".repeat(3000);
+    let mut bodies: Vec<Value> = (0..20).map(|n| json!({ "key": format!("ok-{n}") })).collect();
+    bodies.push(json!({ "key": "huge-error", "error": "e".repeat(1 << 20) }));
+    bodies.push(json!({ "key": long_key }));
+    let start = requests.snapshot();
+    let report = run(&engine, &testkit::records(bodies)).await;
+    let first = requests.snapshot();
+    // The long key's claim was refused in its batch (ValidationError), sent alone, and refused again.
+    assert_eq!(first.put - start.put, 1, "{start:?} → {first:?}");
+
+    let failures: Vec<_> = report.response().batch_item_failures.into_iter().map(|f| f.item_identifier).collect();
+    assert_eq!(failures, ["m-0020", "m-0021"], "{report:?}");
+    let huge = store.get("test#huge-error").await.unwrap().expect("the failure was recorded");
+    assert_eq!(huge.status, ClaimStatus::Failed);
+    let error = huge.error.unwrap();
+    assert!(error.len() <= crate::reason::MAX_BYTES && error.ends_with("more bytes cut]"), "{}", error.len());
+    for n in 0..20 {
+        assert_eq!(store.get(&format!("test#ok-{n}")).await.unwrap().unwrap().status, ClaimStatus::Completed);
+    }
+    let long = format!("{:?}", report.records[21].outcome);
+    assert!(long.contains("2048"), "the record says DynamoDB's reason: {long}");
+
+    // Batching is still on: the next batch's claims and completions go out batched.
+    let before = requests.snapshot();
+    let report = run(&engine, &testkit::records((0..10).map(|n| json!({ "key": format!("next-{n}") })))).await;
+    assert_eq!(failed(&report), 0, "{report:?}");
+    let after = requests.snapshot();
+    assert_eq!((after.put - before.put, after.update - before.update), (0, 0), "{before:?} → {after:?}");
+    assert!(after.batch_statement > before.batch_statement);
+}
+
+/// Puts `runs` runs of `messages` entries each, every body `bytes` long, as
+/// a commit writes them, left unsent (their leases ended).
+async fn unsent_runs(store: &DynamoDbStore, runs: usize, messages: usize, bytes: usize) {
+    use futures::StreamExt;
+    let writes = futures::stream::iter((0..runs).map(|run| {
+        let body = format!("{run:06}{}", "x".repeat(bytes.saturating_sub(6)));
+        let message = Message::sqs("https://sqs.us-east-1.amazonaws.com/123456789012/refusing", body);
+        let entries = OutboxEntry::of_run(&format!("k-{run}"), "t", "m", &vec![message; messages], run as u64, 0);
+        async move {
+            for entry in entries {
+                put_outbox_item(store, store.layout.outbox_item(&entry).unwrap()).await;
+            }
+        }
+    }))
+    .buffer_unordered(8);
+    writes.collect::<Vec<()>>().await;
+}
+
+/// Puts `item`, sent again while a loaded DynamoDB Local times it out.
+async fn put_outbox_item(store: &DynamoDbStore, item: super::Item) {
+    for attempt in 1.. {
+        let put = store.client.put_item().table_name(&store.layout.table).set_item(Some(item.clone())).send().await;
+        match put {
+            Ok(_) => return,
+            Err(error) if attempt < 5 => eprintln!("put again: {error:?}"),
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_reads_a_bounded_page_of_a_backlog_and_the_next_goes_on_from_there() {
+    // Megabyte pages of a busy DynamoDB Local can outlast a 2 s attempt, and a query sent again would count twice.
+    let (store, requests) = fresh_table_with(patient_client().await).await;
+    // 400 runs of two 100 KB entries each: 80 MB, which every sweep read whole, twice over as it parsed it.
+    unsent_runs(&store, 400, 2, 100 * 1024).await;
+    // One item this version cannot read: a destination it does not know.
+    let message = Message::sqs("https://sqs.us-east-1.amazonaws.com/123456789012/q", "m");
+    let entry = OutboxEntry::of_run("k-x", "t", "m", &[message], 0, 0).remove(0);
+    let mut unknown = store.layout.outbox_item(&entry).unwrap();
+    unknown.insert("outbox".into(), AttributeValue::S(r#"{"service":"kinesis"}"#.into()));
+    put_outbox_item(&store, unknown).await;
+
+    let mut seen = BTreeSet::new();
+    let mut sweeps = 0;
+    while seen.len() < 400 {
+        sweeps += 1;
+        assert!(sweeps <= 12, "{} runs listed after 11 sweeps", seen.len());
+        let before = requests.snapshot();
+        let listed = store.sweep_listing(1_600).await.unwrap();
+        let after = requests.snapshot();
+        assert_eq!(after.query - before.query, 16, "one page of each shard");
+        let bytes: usize = listed.iter().map(|entry| entry.message.body.len()).sum();
+        assert!(bytes <= 16 << 20, "a page of each shard, a megabyte at most: {bytes} bytes");
+        // A run is listed whole: its entries in one shard, the page cut between runs.
+        let mut runs: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for entry in &listed {
+            runs.entry(&entry.claim_id).or_default().push(&entry.id);
+        }
+        for (run, ids) in runs {
+            assert_eq!(ids.len(), 2, "{run}: {ids:?}");
+            seen.insert(run.to_owned());
+        }
+    }
+    // Two 100 KB entries a run, about five runs a megabyte page: a sweep of 16 pages lists about 80 runs, and
+    // the backlog is gone through in about five sweeps, every run listed.
+    assert!(sweeps >= 3, "each sweep listed a part of the backlog, not all of it: {sweeps} sweeps");
+    let everything = store.entries(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await.unwrap();
+    assert_eq!(everything.len(), 800, "the operator's listing: every entry but the unreadable one");
+    // Listed apart, with what drops it.
+    let unreadable = store.unreadable(10).await.unwrap();
+    assert_eq!(unreadable.iter().map(|u| (u.id.as_str(), u.token.as_str())).collect::<Vec<_>>(), [(&*entry.id, "t")]);
+    assert!(unreadable[0].reason.contains("missing field"), "{unreadable:?}");
+    assert_eq!(store.entry_sent(&entry.id, "t").await.unwrap(), Fenced::Applied);
+    assert_eq!(store.unreadable(10).await.unwrap(), []);
+}
