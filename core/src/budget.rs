@@ -18,7 +18,7 @@
 //! writes (completion, failure record, release) of handlers that returned:
 //! it goes out as soon as every one is confirmed, or at `writes_by`,
 //! whichever is first. What the SQS step and the answer itself need is kept
-//! back from the margin ([`ANSWER_TIME`], and [`SQS_STEP_TIME`] when the
+//! back from the margin ([`ANSWER_TIME`], and `SQS_STEP_TIME` when the
 //! consumer acts on failed records through SQS).
 
 use std::time::{Duration, SystemTime};
@@ -53,7 +53,7 @@ pub const LEAVING_TIME: Duration = Duration::from_secs(5);
 
 /// How every invocation's budget is planned: the margin before the
 /// deadline, and whether an SQS step follows the engine (it then keeps
-/// [`SQS_STEP_TIME`] of the margin besides [`ANSWER_TIME`]).
+/// `SQS_STEP_TIME` of the margin besides [`ANSWER_TIME`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Margins {
     /// Before the deadline by this much, no record starts and handlers still

@@ -81,7 +81,7 @@ pub struct Lease {
     /// The body hash stored with the claim, when payload validation is on.
     pub payload_hash: Option<String>,
     /// `None` for a claim held in the store. A run that took none (see
-    /// [`Claims::start_unclaimed`]) keeps the claim it would have taken,
+    /// `Claims::start_unclaimed`) keeps the claim it would have taken,
     /// which its commit writes where the key is free.
     pub unclaimed: Option<Box<StoredClaim>>,
 }

@@ -2,7 +2,7 @@
 //!
 //! Claims are judged by timestamps written into the store, so every "now" the
 //! state machine uses comes through a [`Clock`]. Production code uses
-//! [`SystemClock`]; tests use [`ManualClock`] to step over leases and expiries
+//! [`SystemClock`]; tests use `ManualClock` to step over leases and expiries
 //! without sleeping.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

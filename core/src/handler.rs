@@ -26,7 +26,7 @@ pub type HandlerResult = Result<Option<Value>, HandlerError>;
 /// deadline's cut-off), so blocking work goes to
 /// [`tokio::task::spawn_blocking`](https://docs.rs/tokio/1/tokio/task/fn.spawn_blocking.html).
 ///
-/// A complete handler; [`run`](crate::run) makes a binary of it:
+/// A complete handler; [`sqs_once::run`](https://docs.rs/sqs-once/latest/sqs_once/fn.run.html) makes a binary of it:
 ///
 /// ```
 /// use serde::Deserialize;

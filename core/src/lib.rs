@@ -1,7 +1,9 @@
-//! The engine of [`sqs-once`](https://docs.rs/sqs-once), with no AWS client:
+//! The engine of [`sqs-once`](https://docs.rs/sqs-once), making no AWS request:
 //! the [`Handler`] and its [`Record`], idempotency keys, the claim machine,
 //! the [`store`] and [`outbox`] interfaces with the in-memory store, staged
-//! [`transaction`]s, reports and trace contexts.
+//! [`transaction`]s, reports and trace contexts. Of the AWS SDK it names
+//! only `aws-sdk-dynamodb`'s types: a handler may stage an SDK
+//! `TransactWriteItem` of its own.
 //!
 //! Use it through `sqs-once`, which re-exports everything here a program
 //! needs beside the Lambda function, `poll`, the DynamoDB and SQLite stores,

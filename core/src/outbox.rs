@@ -82,7 +82,7 @@ impl SendError {
 
 /// Where outbox messages go: by default the AWS services their
 /// destinations name; a program may give its own
-/// ([`Builder::destinations`](crate::consumer::Builder::destinations)).
+/// ([`Builder::destinations`](https://docs.rs/sqs-once/latest/sqs_once/consumer/struct.Builder.html#method.destinations)).
 ///
 /// A message may be sent more than once (its sender stopped between the
 /// send and the entry's deletion): `outbox_id` is the same each time, and the
@@ -113,7 +113,7 @@ pub struct OutboxCounters {
 
 /// How long a send and the deletion of its entry may take: the operation
 /// timeouts of the clients that make them (a program's own destinations
-/// and stores get the SDK's, which this crate's clients bound). The outbox
+/// and stores get the SDK's, which sqs-once's clients bound). The outbox
 /// holds each to its time, and starts a send only while the entry's sending
 /// lease has room for both, so that a healthy sender is done with an entry
 /// before another sender may take it over.

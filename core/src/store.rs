@@ -11,14 +11,17 @@ use crate::{
     transaction::{Refusal, Write},
 };
 
+#[doc(hidden)]
 pub mod items;
 mod memory;
+#[doc(hidden)]
 pub mod outbox_entry;
 mod stored;
 
 pub(crate) use stored::new_token;
 pub use stored::{ClaimStatus, Finish, StoredClaim};
 
+#[doc(hidden)]
 pub use outbox_entry::{OutboxEntry, OutboxQuery, UnreadableEntry};
 
 pub use memory::MemoryStore;
@@ -435,11 +438,13 @@ pub trait OutboxStore: Send + Sync {
 }
 
 /// The id a [`ClaimAdmin::replace_seen`] call is about.
+#[doc(hidden)]
 pub fn replaced_id<'r>(seen: Option<&'r StoredClaim>, record: Option<&'r StoredClaim>) -> Option<&'r str> {
     seen.or(record).map(|record| record.id.as_str())
 }
 
 /// Whether `current` is still the record an operator saw as `seen`.
+#[doc(hidden)]
 pub fn unchanged(seen: Option<&StoredClaim>, current: Option<&StoredClaim>) -> bool {
     match (seen, current) {
         (None, None) => true,

@@ -23,8 +23,7 @@
 
 //!
 //! This crate is the store alone; use it through `sqs-once`, whose
-//! `sqs_once::store` re-exports it. A program that brings a store of its own
-//! builds `sqs-once` without this crate's feature `dynamodb`.
+//! `sqs_once::store` re-exports it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::{collections::HashMap, sync::Arc};

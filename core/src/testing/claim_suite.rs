@@ -1,5 +1,5 @@
 //! The claim-store conformance suite: the claim state machine's behaviour,
-//! written once and run against every store, this crate's and yours.
+//! written once and run against every store, sqs-once's and yours.
 //! [`claim_suite!`](crate::claim_suite) expands to one test per transition;
 //! each function here is one of them, for a store the caller makes.
 //!
