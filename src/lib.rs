@@ -99,17 +99,6 @@
 // On docs.rs (nightly rustdoc), each item that a feature gates says which.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The engine isolates a handler's panic in its record by catching the unwind;
-// with `panic = "abort"` one panicking record would kill the process and fail
-// every record of the batch. cargo-lambda builds with abort unless the release
-// profile sets `panic` itself.
-#[cfg(panic = "abort")]
-compile_error!(
-    "sqs-once needs panic = \"unwind\" so that a panicking handler fails its record, not the whole batch: \
-     add `panic = \"unwind\"` to [profile.release] in your Cargo.toml (cargo-lambda builds with \
-     panic = \"abort\" unless the profile says otherwise)"
-);
-
 #[cfg(feature = "cli")]
 mod cli;
 pub mod config;
