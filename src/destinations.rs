@@ -129,7 +129,7 @@ impl Clients {
         let attributes = sent_attributes(message, outbox_id, propagators)
             .map(|(name, value)| Ok((name.to_owned(), attribute(name, value)?)))
             .collect::<Result<HashMap<_, _>, aws_sdk_sqs::error::BuildError>>()
-            .map_err(|error| refused(format!("invalid message attribute: {error}")))?;
+            .map_err(|error| SendError::refused(format!("invalid message attribute: {error}")))?;
         let fifo = message.destination.is_fifo();
         let outgoing = OutgoingMessage {
             body: message.body.clone(),
@@ -155,7 +155,7 @@ impl Clients {
         let attributes = sent_attributes(message, outbox_id, propagators)
             .map(|(name, value)| Ok((name.to_owned(), attribute(name, value)?)))
             .collect::<Result<HashMap<_, _>, aws_sdk_sns::error::BuildError>>()
-            .map_err(|error| refused(format!("invalid message attribute: {error}")))?;
+            .map_err(|error| SendError::refused(format!("invalid message attribute: {error}")))?;
         self.sns
             .publish()
             .topic_arn(topic_arn)
@@ -207,7 +207,7 @@ fn event_entry(
     propagators: Propagators,
 ) -> Result<aws_sdk_eventbridge::types::PutEventsRequestEntry, SendError> {
     let mut detail: serde_json::Value = serde_json::from_str(&message.body)
-        .map_err(|error| refused(format!("the event's detail is not JSON: {error}")))?;
+        .map_err(|error| SendError::refused(format!("the event's detail is not JSON: {error}")))?;
     if let Some(fields) = detail.as_object_mut() {
         fields.insert(crate::transaction::OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
     }
@@ -239,7 +239,7 @@ impl Clients {
                 self.send_event((event_bus, source, detail_type), entry, propagators).await
             }
             #[allow(unreachable_patterns)]
-            other => Err(refused(format!(
+            other => Err(SendError::refused(format!(
                 "this build sends no message to {}: enable the `{}` feature of sqs-once",
                 other.name(),
                 if matches!(other, Destination::Sns { .. }) { "sns" } else { "eventbridge" }
@@ -272,10 +272,6 @@ fn data_type(name: &str) -> &'static str {
 /// written.
 fn trace_header(message: &Message, propagators: Propagators) -> Option<String> {
     message.trace_context().filter(|_| propagators.xray).map(|context| context.xray_header())
-}
-
-fn refused(reason: String) -> SendError {
-    SendError::refused(reason)
 }
 
 /// A failed send, refused for good when the service's error `code` is one of
