@@ -24,7 +24,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::{
     budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
-    config::{Config, StoreChoice},
+    config::Config,
     consumer::{Builder, CommandParts, Needs},
     engine::Invocation,
     environment::Environment,
@@ -95,6 +95,7 @@ enum Command {
         timeout: Option<f64>,
     },
     /// Create the DynamoDB claim table (on-demand, TTL on the expiry attribute).
+    #[cfg(feature = "dynamodb")]
     CreateTable {
         /// The table name; defaults to SQS_ONCE_TABLE.
         #[arg(long)]
@@ -227,6 +228,7 @@ async fn command(cli: Cli, builder: Builder, handler: BuildHandler<'_>) -> anyho
             let options = PollOptions { receivers, max_in_flight, wait: Duration::from_secs(wait_secs), timeout };
             poll(queue_url, options, builder, handler).await
         }
+        #[cfg(feature = "dynamodb")]
         Some(Command::CreateTable { table }) => create_table(table, builder).await,
         Some(Command::Claims(command)) => claims(command, builder).await,
         None if Environment::current().in_lambda() => {
@@ -329,6 +331,7 @@ async fn poll(
     Ok(None)
 }
 
+#[cfg(feature = "dynamodb")]
 async fn create_table(table: Option<String>, mut builder: Builder) -> anyhow::Result<Option<ExitCode>> {
     let config = match table {
         // The table `--table` names, and every other setting as the environment says.
@@ -338,7 +341,7 @@ async fn create_table(table: Option<String>, mut builder: Builder) -> anyhow::Re
         })?,
         None => builder.settings()?,
     };
-    let StoreChoice::DynamoDb(layout) = config.store else {
+    let crate::config::StoreChoice::DynamoDb(layout) = config.store else {
         bail!("no table to create: set SQS_ONCE_TABLE or pass --table NAME");
     };
     let (store, endpoint) = builder.dynamodb_store(layout).await;
@@ -353,7 +356,9 @@ async fn create_table(table: Option<String>, mut builder: Builder) -> anyhow::Re
 /// `claims`: what it did, or why not, naming the store it acted on.
 async fn claims(command: ClaimsCommand, builder: Builder) -> anyhow::Result<Option<ExitCode>> {
     // One request at a time: nothing to batch, and no batch permissions needed.
-    let mut builder = builder.adjust(|config| config.dynamodb_batching = false)?;
+    #[cfg(feature = "dynamodb")]
+    let builder = builder.adjust(|config| config.dynamodb_batching = false)?;
+    let mut builder = builder;
     let config = builder.settings()?;
     let parts = builder.parts(&config, Needs::default()).await?;
     let target = parts.store.target.clone();

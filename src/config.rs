@@ -7,11 +7,12 @@
 
 use std::{fmt::Display, str::FromStr, time::Duration};
 
+#[cfg(feature = "dynamodb")]
+use crate::dynamodb::{Attributes, TableKey, TableLayout};
 use crate::{
     budget::{ANSWER_TIME, Margins},
     claim::ClaimPolicy,
     clock::duration_ms,
-    dynamodb::{Attributes, TableKey, TableLayout},
     engine::EngineOptions,
     envelope::EnvelopeKind,
     environment::LAMBDA_RUNTIME_API,
@@ -27,10 +28,11 @@ use crate::{
 pub(crate) const DEFAULT_OUTBOX_SWEEP: Duration = Duration::from_secs(60);
 
 /// What `SQS_ONCE_STORE` takes.
-const STORES: &str = if cfg!(feature = "sqlite") {
-    "dynamodb, file or memory"
-} else {
-    "dynamodb or memory (file needs the sqlite feature)"
+const STORES: &str = match (cfg!(feature = "dynamodb"), cfg!(feature = "sqlite")) {
+    (true, true) => "dynamodb, file or memory",
+    (true, false) => "dynamodb or memory (file needs the sqlite feature)",
+    (false, true) => "file or memory (dynamodb needs the dynamodb feature)",
+    (false, false) => "memory (dynamodb and file need the dynamodb and sqlite features)",
 };
 
 /// What `SQS_ONCE_EXPIRES_AFTER_SECS` takes: a key remembered for no time
@@ -51,21 +53,47 @@ pub(crate) enum StoreChoice {
     #[cfg(feature = "sqlite")]
     File(std::path::PathBuf),
     /// A DynamoDB table: the production store.
+    #[cfg(feature = "dynamodb")]
     DynamoDb(TableLayout),
     /// None named, inside Lambda: only a store given to
     /// [`Builder::store`](crate::consumer::Builder::store) will do.
     Unnamed,
+    /// DynamoDB, which `.0` asks for with the value `.1`, in a program
+    /// built without the `dynamodb` feature: only a store given to the
+    /// builder will do.
+    #[cfg(not(feature = "dynamodb"))]
+    NotBuilt(&'static str, String),
 }
 
 impl StoreChoice {
     /// Whether claims are kept in DynamoDB.
     pub(crate) fn is_dynamodb(&self) -> bool {
-        matches!(self, Self::DynamoDb(_))
+        #[cfg(feature = "dynamodb")]
+        return matches!(self, Self::DynamoDb(_));
+        #[cfg(not(feature = "dynamodb"))]
+        false
     }
 
-    /// Why there is no store inside Lambda: no table named, and memory or
-    /// a file would keep claims that the next environment never sees.
+    /// Whether the choice may stand inside Lambda, where memory or a file
+    /// would keep claims that the next environment never sees.
+    fn fits_lambda(&self) -> bool {
+        match self {
+            Self::Memory => false,
+            #[cfg(feature = "sqlite")]
+            Self::File(_) => false,
+            _ => true,
+        }
+    }
+
+    /// Why there is no store when none was given to the builder: none
+    /// named inside Lambda, or one this program was built without.
     pub(crate) fn refusal(&self) -> ConfigError {
+        #[cfg(not(feature = "dynamodb"))]
+        if let Self::NotBuilt(name, value) = self {
+            let expected = "nothing: this program was built without sqs-once's `dynamodb` feature, which keeps \
+                            claims in DynamoDB; give Consumer::builder().store(..) a store";
+            return ConfigError { name, value: value.clone(), expected: expected.into() };
+        }
         ConfigError {
             name: "SQS_ONCE_TABLE",
             value: String::new(),
@@ -106,6 +134,7 @@ pub struct Config {
     /// Whether the DynamoDB store sends the writes of concurrent records
     /// together (`SQS_ONCE_DYNAMODB_BATCHING`, default on; see
     /// [`crate::store::DynamoDbStore::batching`]).
+    #[cfg(feature = "dynamodb")]
     pub(crate) dynamodb_batching: bool,
     /// The metrics published per Lambda invocation.
     pub(crate) metrics: MetricsConfig,
@@ -190,6 +219,7 @@ impl Config {
             claims,
             engine,
             store,
+            #[cfg(feature = "dynamodb")]
             dynamodb_batching: env.flag("SQS_ONCE_DYNAMODB_BATCHING", true)?,
             metrics: env.metrics()?,
             redelivery: env.redelivery()?,
@@ -349,10 +379,10 @@ impl Env<'_> {
     fn store(&self, key_prefix: &str) -> Result<StoreChoice, ConfigError> {
         let in_lambda = self.text(LAMBDA_RUNTIME_API).is_some();
         let store = match self.text("SQS_ONCE_STORE").as_deref() {
-            None if self.text("SQS_ONCE_TABLE").is_some() => StoreChoice::DynamoDb(self.table_layout(key_prefix)?),
+            None if self.text("SQS_ONCE_TABLE").is_some() => self.dynamodb("SQS_ONCE_TABLE", key_prefix)?,
             // A store given to the builder will do; without one, the consumer refuses to start.
             None if in_lambda => StoreChoice::Unnamed,
-            Some("dynamodb") => StoreChoice::DynamoDb(self.table_layout(key_prefix)?),
+            Some("dynamodb") => self.dynamodb("SQS_ONCE_STORE", key_prefix)?,
             #[cfg(feature = "sqlite")]
             None | Some("file") => StoreChoice::File(std::path::PathBuf::from(
                 self.text("SQS_ONCE_STORE_PATH").unwrap_or_else(|| ".sqs-once/claims.db".into()),
@@ -362,7 +392,7 @@ impl Env<'_> {
             Some("memory") => StoreChoice::Memory,
             Some(_) => return Err(self.invalid("SQS_ONCE_STORE", STORES)),
         };
-        if in_lambda && !matches!(store, StoreChoice::DynamoDb(_) | StoreChoice::Unnamed) {
+        if in_lambda && !store.fits_lambda() {
             return Err(StoreChoice::Unnamed.refusal());
         }
         Ok(store)
@@ -430,8 +460,23 @@ impl Env<'_> {
         }
     }
 
+    /// The DynamoDB store, which `variable` asked for.
+    #[cfg(feature = "dynamodb")]
+    fn dynamodb(&self, _variable: &'static str, key_prefix: &str) -> Result<StoreChoice, ConfigError> {
+        Ok(StoreChoice::DynamoDb(self.table_layout(key_prefix)?))
+    }
+
+    /// The DynamoDB store, which `variable` asked for, in a program built
+    /// without it: a store given to the builder, or a start-up error rather
+    /// than memory, which would forget every key with the process.
+    #[cfg(not(feature = "dynamodb"))]
+    fn dynamodb(&self, variable: &'static str, _key_prefix: &str) -> Result<StoreChoice, ConfigError> {
+        Ok(StoreChoice::NotBuilt(variable, self.text(variable).unwrap_or_default()))
+    }
+
     /// The DynamoDB table and attribute names (`SQS_ONCE_TABLE`, `SQS_ONCE_ATTR_*`,
     /// `SQS_ONCE_TABLE_SORT_KEY`, `SQS_ONCE_TABLE_PARTITION_VALUE`).
+    #[cfg(feature = "dynamodb")]
     fn table_layout(&self, key_prefix: &str) -> Result<TableLayout, ConfigError> {
         let table = self.text("SQS_ONCE_TABLE").ok_or_else(|| self.invalid("SQS_ONCE_TABLE", "a table name"))?;
         let defaults = Attributes::default();
@@ -610,6 +655,7 @@ mod tests {
         assert_eq!(config.engine.margins.deadline_margin, ANSWER_TIME);
     }
 
+    #[cfg(feature = "dynamodb")]
     #[test]
     fn the_table_selects_dynamodb_with_powertools_names_and_an_optional_sort_key() {
         let plain = config(&[("SQS_ONCE_TABLE", "claims")]).unwrap();

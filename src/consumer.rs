@@ -5,10 +5,7 @@
 //!
 #![doc = include_str!("../docs/redelivery.md")]
 
-use std::{
-    sync::{Arc, atomic::Ordering},
-    time::SystemTime,
-};
+use std::{sync::atomic::Ordering, time::SystemTime};
 
 use aws_lambda_events::sqs::SqsBatchResponse;
 
@@ -23,7 +20,6 @@ pub(crate) use builder::{Layers, Needs};
 
 use crate::{
     config::ConfigError,
-    dynamodb::RequestCounter,
     engine::Engine,
     event::EventRecord,
     metrics::{Counters, MetricsConfig, TraceExportCounts},
@@ -158,7 +154,8 @@ pub struct Consumer {
     /// The engine: handler, claims, keys.
     pub(crate) engine: Engine,
     /// DynamoDB requests made so far, when the store is DynamoDB.
-    pub(crate) dynamodb_requests: Option<Arc<RequestCounter>>,
+    #[cfg(feature = "dynamodb")]
+    pub(crate) dynamodb_requests: Option<std::sync::Arc<crate::dynamodb::RequestCounter>>,
     /// What SQS does with failed records, unless the policy asks nothing.
     pub(crate) redelivery: Option<Redelivery>,
     /// The metrics published after each batch.
@@ -248,10 +245,20 @@ impl Consumer {
             outbox_failed: count(|counters| &counters.failed),
             outbox_refused: count(|counters| &counters.refused),
             outbox_oldest_age: outbox.and_then(|outbox| outbox.take_oldest_age()),
-            dynamodb_requests: self.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total()),
+            dynamodb_requests: self.dynamodb_requests(),
             redelivery: None,
             trace_export: self.trace_export(),
         }
+    }
+
+    #[cfg(feature = "dynamodb")]
+    fn dynamodb_requests(&self) -> Option<u64> {
+        self.dynamodb_requests.as_ref().map(|counter| counter.snapshot().total())
+    }
+
+    #[cfg(not(feature = "dynamodb"))]
+    fn dynamodb_requests(&self) -> Option<u64> {
+        None
     }
 
     #[cfg(feature = "opentelemetry")]
@@ -282,6 +289,7 @@ impl Consumer {
         let metrics = MetricsConfig { enabled: false, ..MetricsConfig::default() };
         Self {
             engine,
+            #[cfg(feature = "dynamodb")]
             dynamodb_requests: None,
             redelivery: None,
             metrics,

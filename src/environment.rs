@@ -80,6 +80,7 @@ impl Environment {
 
     /// Whether this process is a deployed Lambda function: inside Lambda, and
     /// not SAM CLI's local emulation of it.
+    #[cfg_attr(not(feature = "dynamodb"), expect(dead_code, reason = "the DynamoDB table's start-up check alone asks"))]
     pub(crate) fn deployed(&self) -> bool {
         self.in_lambda() && !self.sam_local
     }

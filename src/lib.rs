@@ -90,6 +90,7 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
+//! | `dynamodb` | yes | the DynamoDB claim store (`SQS_ONCE_TABLE`, `store::DynamoDbStore`, `create-table`) and `transaction::Write::Sdk`; without it aws-sdk-dynamodb is not compiled, and a program gives its own store to [`Consumer::builder`] |
 //! | `cli` | yes | the command line around the Lambda function; without it a binary is the function alone |
 //! | `sqlite` | yes | the SQLite claim store, `invoke`'s default |
 //! | `sns`, `eventbridge` | yes | staged messages to SNS topics and EventBridge buses (SQS queues need nothing) |
@@ -137,6 +138,8 @@ pub use sqs_once_core::{admin_suite, claim_suite, commit_suite};
 // The core's modules the consumer's are built on, under the paths they had
 // before the crates were cut.
 use sqs_once_core::{budget, claim, clock, engine, handler, key, lock, payload, reason, record, trace};
-// The DynamoDB store, and the SDK settings every AWS client here shares.
-use sqs_once_dynamodb::{self as dynamodb, aws};
+// The SDK settings every AWS client here shares, and the DynamoDB store.
+use sqs_once_core::aws;
+#[cfg(feature = "dynamodb")]
+use sqs_once_dynamodb as dynamodb;
 pub use start::{run, run_with};

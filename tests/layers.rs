@@ -341,6 +341,32 @@ fn crates_depend_down_the_layers() {
     assert!(dependencies(&core).iter().all(|dependency| dependency != "sqs-once-dynamodb"));
 }
 
+/// A program that brings its own store builds `sqs-once` without its
+/// default features: nothing of DynamoDB may be compiled then, and the
+/// `dynamodb` feature brings it back. Read from `cargo tree`, which resolves
+/// the features as a build would, without building.
+#[test]
+fn a_program_with_a_store_of_its_own_compiles_no_dynamodb_client() {
+    let packages = |features: &[&str]| -> BTreeSet<String> {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let output = std::process::Command::new(cargo)
+            .args(["tree", "--locked", "--offline", "-p", "sqs-once", "--no-default-features", "-e", "normal"])
+            .args(["--prefix", "none", "--format", "{p}", "--features", &features.join(",")])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo tree runs");
+        assert!(output.status.success(), "cargo tree: {}", String::from_utf8_lossy(&output.stderr));
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.lines().filter_map(|line| line.split_whitespace().next()).map(str::to_owned).collect()
+    };
+    let dynamodb = ["aws-sdk-dynamodb", "sqs-once-dynamodb"];
+    let without = packages(&[]);
+    assert!(without.contains("sqs-once-core") && without.contains("aws-sdk-sqs"), "{without:?}");
+    assert!(dynamodb.iter().all(|package| !without.contains(*package)), "without `dynamodb`: {without:?}");
+    let with = packages(&["dynamodb"]);
+    assert!(dynamodb.iter().all(|package| with.contains(*package)), "with `dynamodb`: {with:?}");
+}
+
 /// The packages a manifest's `[dependencies]` names.
 fn dependencies(manifest: &str) -> Vec<String> {
     let Some((_, section)) = manifest.split_once("\n[dependencies]\n") else { return Vec::new() };

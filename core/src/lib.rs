@@ -25,6 +25,9 @@ compile_error!(
      panic = \"abort\" unless the profile says otherwise)"
 );
 
+#[cfg(feature = "aws")]
+#[doc(hidden)]
+pub mod aws;
 #[doc(hidden)]
 pub mod budget;
 #[doc(hidden)]

@@ -136,6 +136,14 @@ pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounte
     (Client::from_conf(config), counter)
 }
 
+/// A DynamoDB client given by the program, with the timeouts it lacks
+/// filled in as [`crate::aws::with_limits`] fills a configuration's.
+#[doc(hidden)]
+pub fn with_limits(client: Client) -> Client {
+    let config = client.config();
+    Client::from_conf(config.to_builder().timeout_config(crate::aws::filled(config.timeout_config())).build())
+}
+
 /// An SDK failure as a store error, in one line ([`crate::aws::describe`]):
 /// [`StoreError::Rejected`] when DynamoDB refused the request for what it
 /// holds (`ValidationException`: sending it again cannot succeed), else

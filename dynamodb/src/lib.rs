@@ -43,11 +43,9 @@ use crate::store::{
     ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
     OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry, replaced_id,
 };
-use sqs_once_core::{clock, lock, reason, store, transaction};
+use sqs_once_core::{aws, clock, lock, reason, store, transaction};
 
 mod admin;
-#[doc(hidden)]
-pub mod aws;
 mod batched;
 #[doc(hidden)]
 pub use admin::{Unusable, check_table};
@@ -58,7 +56,7 @@ mod statements;
 mod transact;
 
 #[doc(hidden)]
-pub use client::{RequestCounter, client_from};
+pub use client::{RequestCounter, client_from, with_limits};
 pub use layout::{Attributes, TableKey, TableLayout};
 pub(crate) use layout::{OPEN_INDEX, OPEN_STATUS, open_partition};
 

@@ -51,6 +51,23 @@ async fn patient_client() -> (aws_sdk_dynamodb::Client, Arc<RequestCounter>) {
     client_from(&crate::aws::sdk_config().await.to_builder().timeout_config(timeouts).build())
 }
 
+#[tokio::test]
+async fn a_client_given_gets_the_timeouts_it_lacks() {
+    use crate::aws::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT, operation_timeout};
+    // As programs load a configuration: a connect timeout and no other.
+    let loaded = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .no_credentials()
+        .load()
+        .await;
+    let client = aws_sdk_dynamodb::Client::new(&loaded);
+    assert_eq!(client.config().timeout_config().unwrap().operation_timeout(), None);
+    let limited = super::with_limits(client);
+    assert_eq!(operation_timeout(limited.config().timeout_config()), OPERATION_TIMEOUT);
+    let attempt = limited.config().timeout_config().unwrap().operation_attempt_timeout();
+    assert_eq!(attempt, Some(ATTEMPT_TIMEOUT));
+}
+
 /// A fresh claim table with a unique name, and the counter of the requests
 /// of the store on it.
 pub(crate) async fn fresh_table() -> (DynamoDbStore, Arc<RequestCounter>) {

@@ -16,13 +16,17 @@ use crate::{
     BoxHandler, Handler,
     config::{Config, ConfigError, StoreChoice},
     destinations::AwsDestinations,
-    dynamodb::{self, RequestCounter, Unusable},
     engine::{EngineParts, OutboxParts},
     outbox::Destinations,
     payload::PayloadStore,
     redelivery::Redelivery,
     sqs::Sqs,
-    store::{ClaimStore, DynamoDbStore, MemoryStore},
+    store::{ClaimStore, MemoryStore},
+};
+#[cfg(feature = "dynamodb")]
+use crate::{
+    dynamodb::{self, RequestCounter, Unusable},
+    store::DynamoDbStore,
 };
 
 /// The Lambda function's service as `lambda_runtime` runs it: each
@@ -56,6 +60,7 @@ pub struct Builder {
     /// Settings set in code ([`key`](Builder::key), [`key_prefix`](Builder::key_prefix)).
     fixed: Vec<(&'static str, String)>,
     sdk_config: Option<SdkConfig>,
+    #[cfg(feature = "dynamodb")]
     dynamodb: Option<aws_sdk_dynamodb::Client>,
     sqs: Option<aws_sdk_sqs::Client>,
     store: Option<Arc<dyn ClaimStore>>,
@@ -142,6 +147,8 @@ impl Builder {
 
     /// The DynamoDB client of the claim store `SQS_ONCE_TABLE` names, instead
     /// of one made from the AWS configuration.
+    #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub fn dynamodb_client(mut self, client: aws_sdk_dynamodb::Client) -> Self {
         self.dynamodb = Some(client);
         self
@@ -316,11 +323,11 @@ impl Builder {
             ..EngineParts::new(store, config.keys.clone())
         }
         .engine(handler);
-        let dynamodb_requests = parts.store.requests;
         let queue = parts.sqs.filter(|_| needs.queue);
         let consumer = Consumer {
             engine,
-            dynamodb_requests,
+            #[cfg(feature = "dynamodb")]
+            dynamodb_requests: parts.store.requests,
             redelivery,
             metrics: config.metrics.clone(),
             #[cfg(feature = "opentelemetry")]
@@ -333,7 +340,7 @@ impl Builder {
     /// `needs` asks for them: what a command that runs no handler (`claims`)
     /// and one that does share.
     pub(crate) async fn parts(&mut self, config: &Config, needs: Needs) -> Result<CommandParts, StartupError> {
-        let needs_aws = (self.store.is_none() && self.dynamodb.is_none() && config.store.is_dynamodb())
+        let needs_aws = (self.store.is_none() && !self.has_dynamodb_client() && config.store.is_dynamodb())
             || ((needs.redelivery || needs.queue) && self.sqs.is_none());
         // Loaded once: credentials and region are resolved once for every client.
         let aws = match (self.sdk_config.take(), needs_aws) {
@@ -361,12 +368,21 @@ impl Builder {
     /// The claim store given, or the one the settings choose: a DynamoDB
     /// table (which must exist, outside a deployed function), a SQLite
     /// file, or memory.
-    async fn claim_store(&mut self, config: &Config, aws: Option<&SdkConfig>) -> Result<OpenStore, StartupError> {
+    async fn claim_store(
+        &mut self,
+        config: &Config,
+        #[cfg_attr(
+            not(feature = "dynamodb"),
+            expect(unused_variables, reason = "only DynamoDB's client is made from it")
+        )]
+        aws: Option<&SdkConfig>,
+    ) -> Result<OpenStore, StartupError> {
         if let Some(store) = self.store.take() {
             let target = "a store of one's own".into();
-            return Ok(OpenStore { store, requests: None, target, operation_timeout: crate::aws::OPERATION_TIMEOUT });
+            return Ok(OpenStore::of(store, target));
         }
         let open = match &config.store {
+            #[cfg(feature = "dynamodb")]
             StoreChoice::DynamoDb(layout) => {
                 let table = self.dynamodb_table(aws).await;
                 // Looked for with one DescribeTable, on a client that counts nothing: no metric shows it.
@@ -379,19 +395,13 @@ impl Builder {
                 OpenStore { store: Arc::new(store), requests: table.requests, target, operation_timeout }
             }
             #[cfg(feature = "sqlite")]
-            StoreChoice::File(path) => OpenStore {
-                store: Arc::new(crate::store::SqliteStore::open(path)?),
-                requests: None,
-                target: format!("file {}", path.display()),
-                operation_timeout: crate::aws::OPERATION_TIMEOUT,
-            },
-            StoreChoice::Memory => OpenStore {
-                store: Arc::new(MemoryStore::default()),
-                requests: None,
-                target: "memory".into(),
-                operation_timeout: crate::aws::OPERATION_TIMEOUT,
-            },
+            StoreChoice::File(path) => {
+                OpenStore::of(Arc::new(crate::store::SqliteStore::open(path)?), format!("file {}", path.display()))
+            }
+            StoreChoice::Memory => OpenStore::of(Arc::new(MemoryStore::default()), "memory".into()),
             StoreChoice::Unnamed => return Err(config.store.refusal().into()),
+            #[cfg(not(feature = "dynamodb"))]
+            StoreChoice::NotBuilt(..) => return Err(config.store.refusal().into()),
         };
         Ok(open)
     }
@@ -399,6 +409,7 @@ impl Builder {
 
 /// Refuses to start on a claim table that cannot be used, naming what is
 /// wrong and where it was looked for.
+#[cfg(feature = "dynamodb")]
 async fn refuse_unusable_table(dynamodb: &DynamoDbTable, table: &str) -> Result<(), StartupError> {
     let endpoint = dynamodb.endpoint.clone();
     let checked = dynamodb::check_table(&dynamodb.uncounted, dynamodb.credentials.clone(), table).await;
@@ -411,6 +422,7 @@ async fn refuse_unusable_table(dynamodb: &DynamoDbTable, table: &str) -> Result<
 }
 
 /// The DynamoDB clients of a claim table, and where they reach it.
+#[cfg(feature = "dynamodb")]
 struct DynamoDbTable {
     client: aws_sdk_dynamodb::Client,
     /// The same, counting no request (the given client counts what it counts).
@@ -424,10 +436,21 @@ struct DynamoDbTable {
 }
 
 impl Builder {
+    /// Whether a DynamoDB client was given.
+    fn has_dynamodb_client(&self) -> bool {
+        #[cfg(feature = "dynamodb")]
+        return self.dynamodb.is_some();
+        #[cfg(not(feature = "dynamodb"))]
+        false
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+impl Builder {
     /// The DynamoDB client given, or one made from `aws` (the SDK's default
     /// configuration when there is none), counting its requests.
     async fn dynamodb_table(&mut self, aws: Option<&SdkConfig>) -> DynamoDbTable {
-        if let Some(client) = self.dynamodb.take().map(crate::aws::dynamodb_with_limits) {
+        if let Some(client) = self.dynamodb.take().map(dynamodb::with_limits) {
             let endpoint = "the endpoint of the DynamoDB client given".to_owned();
             return DynamoDbTable { uncounted: client.clone(), client, requests: None, endpoint, credentials: None };
         }
@@ -492,6 +515,7 @@ fn payloads(_: Option<&SdkConfig>) -> Option<Arc<dyn PayloadStore>> {
 /// A claim store, what counts its DynamoDB requests, and what it is, for logs and errors.
 pub(crate) struct OpenStore {
     pub(crate) store: Arc<dyn ClaimStore>,
+    #[cfg(feature = "dynamodb")]
     pub(crate) requests: Option<Arc<RequestCounter>>,
     pub(crate) target: String,
     /// How long one of its requests may take, retries included: its
@@ -499,9 +523,24 @@ pub(crate) struct OpenStore {
     pub(crate) operation_timeout: Duration,
 }
 
+impl OpenStore {
+    /// A store that makes no AWS request of its own: nothing to count, and
+    /// the SDK's operation timeout.
+    fn of(store: Arc<dyn ClaimStore>, target: String) -> Self {
+        Self {
+            store,
+            #[cfg(feature = "dynamodb")]
+            requests: None,
+            target,
+            operation_timeout: crate::aws::OPERATION_TIMEOUT,
+        }
+    }
+}
+
 /// Where the DynamoDB clients made from `aws` send their requests, for
 /// logs and errors: the endpoint set for DynamoDB, or AWS in the
 /// configuration's Region.
+#[cfg(feature = "dynamodb")]
 pub(crate) fn dynamodb_endpoint(aws: &SdkConfig) -> String {
     let named = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
     match named("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| named("AWS_ENDPOINT_URL")) {

@@ -481,7 +481,9 @@ pub enum Write {
     Delete(Delete),
     /// See [`Check`].
     Check(Check),
-    /// An action built with the AWS SDK, sent as it is.
+    /// An action built with the AWS SDK, sent as it is (feature `dynamodb`).
+    #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     Sdk(Box<aws_sdk_dynamodb::types::TransactWriteItem>),
 }
 
@@ -493,6 +495,7 @@ impl Write {
             Self::Update(update) => Some(&update.target),
             Self::Delete(delete) => Some(&delete.target),
             Self::Check(check) => Some(&check.target),
+            #[cfg(feature = "dynamodb")]
             Self::Sdk(_) => None,
         }
     }
@@ -503,6 +506,7 @@ impl Write {
     /// attributes only the table knows.
     pub(crate) fn item(&self) -> Option<String> {
         let (table, key): (&str, Vec<(&str, String)>) = match self {
+            #[cfg(feature = "dynamodb")]
             Self::Sdk(item) => sdk_item(item)?,
             typed => {
                 let target = typed.target()?;
@@ -523,6 +527,7 @@ impl Write {
             Self::Update(_) => "update",
             Self::Delete(_) => "delete",
             Self::Check(_) => "condition check",
+            #[cfg(feature = "dynamodb")]
             Self::Sdk(_) => return "an SDK action".to_owned(),
         };
         format!("{kind} of {}", self.target().map(Target::describe).unwrap_or_default())
@@ -554,7 +559,9 @@ impl Write {
                 }
                 key_size + update.actions.iter().map(action_size).sum::<usize>()
             }
-            Self::Delete(_) | Self::Check(_) | Self::Sdk(_) => key_size,
+            Self::Delete(_) | Self::Check(_) => key_size,
+            #[cfg(feature = "dynamodb")]
+            Self::Sdk(_) => key_size,
         };
         if size > super::MAX_ITEM_BYTES {
             return Err(StageError::ItemTooLarge { what: self.describe(), bytes: size });
@@ -587,6 +594,8 @@ impl From<Check> for Write {
     }
 }
 
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 impl From<aws_sdk_dynamodb::types::TransactWriteItem> for Write {
     fn from(item: aws_sdk_dynamodb::types::TransactWriteItem) -> Self {
         Self::Sdk(Box::new(item))
@@ -604,6 +613,7 @@ fn key_value(value: &Value) -> String {
 }
 
 /// The table and key of an SDK update, delete or condition check.
+#[cfg(feature = "dynamodb")]
 fn sdk_item(item: &aws_sdk_dynamodb::types::TransactWriteItem) -> Option<(&str, Vec<(&str, String)>)> {
     use aws_sdk_dynamodb::types::AttributeValue;
     let (table, key) = if let Some(update) = &item.update {
@@ -736,6 +746,13 @@ mod tests {
         assert_ne!(a, item(Delete::new("t", Key::new("pk", "1")).into()), "a string is not a number");
         let sorted = item(Check::new("t", Key::new("pk", "a").and("sk", 2), Condition::exists("pk")).into());
         assert_eq!(sorted, item(Delete::new("t", Key::new("sk", 2.0).and("pk", "a")).into()));
+    }
+
+    #[cfg(feature = "dynamodb")]
+    #[test]
+    fn an_sdk_action_is_the_item_its_table_and_key_name() {
+        let item = |write: Write| write.item().unwrap();
+        let a = item(Delete::new("t", Key::new("pk", 1)).into());
         use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
         let sdk = aws_sdk_dynamodb::types::Delete::builder()
             .table_name("t")

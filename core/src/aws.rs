@@ -1,6 +1,7 @@
-//! The AWS SDK configuration every client of the consumer shares: this
-//! crate's DynamoDB client and `sqs-once`'s SQS, SNS, EventBridge and S3
-//! clients.
+//! The AWS SDK configuration every client of the consumer shares: the
+//! DynamoDB store's client and `sqs-once`'s SQS, SNS, EventBridge and S3
+//! clients (feature `aws`). Here, below them all, because `sqs-once` without
+//! its DynamoDB store still makes the others.
 //!
 //! Loaded once per process from the SDK's default chain, so `AWS_REGION`,
 //! credentials and per-service endpoints (`AWS_ENDPOINT_URL_DYNAMODB`,
@@ -11,7 +12,7 @@
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig, retry::RetryConfig, timeout::TimeoutConfig};
-use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
 /// Attempts per request, the first included. Throttling and 5xx answers are
 /// retried with jittered exponential back-off between these bounds.
@@ -28,9 +29,23 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The shared configuration, with this module's retry and timeout settings.
+///
+/// Its HTTPS client is the SDK's default but for its crypto: rustls on ring,
+/// where the default's aws-lc took 1.8 MiB of the binary. As the default
+/// does, it honours the connector settings (the connect timeout below) and
+/// the proxy environment (`HTTPS_PROXY`, `NO_PROXY`…).
 pub async fn sdk_config() -> SdkConfig {
+    use aws_smithy_http_client::{Builder, ConnectorBuilder, proxy::ProxyConfig, tls};
+    let https = Builder::new().build_with_connector_fn(|settings, components| {
+        let mut connector =
+            ConnectorBuilder::default().tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring));
+        connector.set_connector_settings(settings.cloned());
+        connector.set_sleep_impl(components.and_then(|components| components.sleep_impl()));
+        connector.set_proxy_config(Some(ProxyConfig::from_env()));
+        connector.build()
+    });
     aws_config::defaults(BehaviorVersion::latest())
-        .http_client(https_client())
+        .http_client(https)
         .retry_config(retries())
         .timeout_config(timeouts(None))
         .load()
@@ -50,7 +65,7 @@ fn retries() -> RetryConfig {
 /// that it lacks filled in on its own: `aws_config::load_defaults` sets a
 /// connect timeout and nothing else, and without the others a lost answer
 /// would hold its write until the deadline's cut-off, and a send could
-/// outlast its outbox lease (see [`sqs_once_core::outbox`]). A timeout the program
+/// outlast its outbox lease (see [`crate::outbox`]). A timeout the program
 /// set stays as it set it.
 pub fn with_limits(config: &SdkConfig) -> SdkConfig {
     let mut limited = config.to_builder();
@@ -59,13 +74,6 @@ pub fn with_limits(config: &SdkConfig) -> SdkConfig {
         limited.set_retry_config(Some(retries()));
     }
     limited.build()
-}
-
-/// A DynamoDB client given by the program, with the timeouts it lacks
-/// filled in as [`with_limits`] fills them.
-pub fn dynamodb_with_limits(client: aws_sdk_dynamodb::Client) -> aws_sdk_dynamodb::Client {
-    let config = client.config();
-    aws_sdk_dynamodb::Client::from_conf(config.to_builder().timeout_config(filled(config.timeout_config())).build())
 }
 
 /// `given` timeouts, each of connect, attempt and operation that is unset
@@ -87,22 +95,6 @@ pub fn filled(given: Option<&TimeoutConfig>) -> TimeoutConfig {
 /// retries included.
 pub fn operation_timeout(timeouts: Option<&TimeoutConfig>) -> Duration {
     timeouts.and_then(TimeoutConfig::operation_timeout).unwrap_or(OPERATION_TIMEOUT)
-}
-
-/// The SDK's default HTTPS client but for its crypto: rustls on ring, where
-/// the default's aws-lc took 1.8 MiB of the binary. As the default does, it
-/// honours the connector settings (the connect timeout above) and the
-/// proxy environment (`HTTPS_PROXY`, `NO_PROXY`…).
-fn https_client() -> aws_sdk_dynamodb::config::SharedHttpClient {
-    use aws_smithy_http_client::{Builder, ConnectorBuilder, proxy::ProxyConfig, tls};
-    Builder::new().build_with_connector_fn(|settings, components| {
-        let mut connector =
-            ConnectorBuilder::default().tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring));
-        connector.set_connector_settings(settings.cloned());
-        connector.set_sleep_impl(components.and_then(|components| components.sleep_impl()));
-        connector.set_proxy_config(Some(ProxyConfig::from_env()));
-        connector.build()
-    })
 }
 
 /// This module's timeouts; `long_poll` widens the attempt and operation
@@ -170,21 +162,9 @@ mod tests {
         assert_eq!(disabled.timeout_config().unwrap().operation_timeout(), Some(OPERATION_TIMEOUT));
     }
 
-    #[tokio::test]
-    async fn a_client_given_gets_the_timeouts_it_lacks() {
-        let client = aws_sdk_dynamodb::Client::new(&loaded(None).await);
-        assert_eq!(client.config().timeout_config().unwrap().operation_timeout(), None);
-        let limited = dynamodb_with_limits(client);
-        assert_eq!(operation_timeout(limited.config().timeout_config()), OPERATION_TIMEOUT);
-        let attempt = limited.config().timeout_config().unwrap().operation_attempt_timeout();
-        assert_eq!(attempt, Some(ATTEMPT_TIMEOUT));
-    }
-
     #[test]
     fn describe_names_the_code_and_message() {
-        use aws_sdk_dynamodb::{error::ErrorMetadata, operation::get_item::GetItemError};
-
-        let refused = GetItemError::generic(ErrorMetadata::builder().code("AccessDenied").message("no").build());
+        let refused = aws_smithy_types::error::ErrorMetadata::builder().code("AccessDenied").message("no").build();
         assert_eq!(describe(&refused), "AccessDenied: no");
     }
 }
