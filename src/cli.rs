@@ -1,18 +1,18 @@
 //! The command line every consumer binary shares, so that a crate of one's
-//! own gets all of it from [`run`](crate::run): `new`, which writes such a
-//! crate, the offline `invoke`, the `poll` consumer, and the operator's
-//! `create-table` and `claims` commands, and the Lambda function when
-//! `AWS_LAMBDA_RUNTIME_API` is set and no command is given.
+//! own gets all of it from [`run`](crate::run): the offline `invoke`, the
+//! `poll` consumer, the operator's `create-table` and `claims` commands,
+//! and the Lambda function when `AWS_LAMBDA_RUNTIME_API` is set and no
+//! command is given. (`new`, which writes such a crate, is the bundled
+//! `sqs-once` binary's own, in `sqs-once-cli`.)
 //!
 //! This is the binary's edge: errors are reported with their context here,
 //! as one line on standard error and an exit code.
 
-mod new;
 mod received;
 
 use std::{
     io::Read,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::ExitCode,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -51,16 +51,6 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Write a consumer crate of one's own: a handler with its tests, a SAM template (queue, dead-letter queue,
-    /// claim table, alarms), a sample event.
-    New {
-        /// The directory to create; its last component names the crate.
-        path: PathBuf,
-        /// Depend on the sqs-once library in this directory (a checkout, or a package unpacked) instead of the one
-        /// this binary was built with (its checkout, or its version on crates.io).
-        #[arg(long, value_name = "DIR")]
-        library_path: Option<PathBuf>,
-    },
     /// Process one SQS event offline and print the partial-batch response.
     Invoke {
         /// The event file; `-` or nothing reads standard input.
@@ -219,7 +209,6 @@ pub(crate) async fn main(mut builder: Builder, handler: BuildHandler<'_>) -> Exi
 
 async fn command(cli: Cli, builder: Builder, handler: BuildHandler<'_>) -> anyhow::Result<Option<ExitCode>> {
     match cli.command {
-        Some(Command::New { path, library_path }) => new_crate(&path, library_path.as_deref()),
         Some(Command::Invoke { file, timeout, metrics, sqs }) => {
             invoke(file, timeout, metrics, sqs, builder, handler).await
         }
@@ -240,17 +229,6 @@ async fn command(cli: Cli, builder: Builder, handler: BuildHandler<'_>) -> anyho
             logging::program()
         ),
     }
-}
-
-/// Writes a consumer crate at `path` and says what to do next.
-fn new_crate(path: &Path, library_path: Option<&Path>) -> anyhow::Result<Option<ExitCode>> {
-    let library = library_path.map_or_else(new::Library::this_build, new::Library::local)?;
-    let files = new::create(path, &library)?;
-    let path = path.display();
-    println!("created {path}, depending on {library}:");
-    files.iter().for_each(|file| println!("  {}", file.display()));
-    println!("next: cd {path} && cargo test && cargo run -- invoke events/batch.json");
-    Ok(None)
 }
 
 /// A positive `--timeout`.
@@ -291,7 +269,7 @@ async fn invoke(
     let records = match invoked {
         Invoked::Batch(records) => records,
         Invoked::OutboxSweep => {
-            let sent = consumer.sweep_outbox(invocation.deadline).await;
+            let sent = consumer.engine.sweep_outbox(invocation.deadline).await;
             println!("{}", serde_json::json!({ "outboxSent": sent }));
             if metrics {
                 eprintln!(

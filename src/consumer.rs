@@ -273,43 +273,12 @@ impl Consumer {
         None
     }
 
-    /// Sweeps the outbox now, as a scheduled invocation asks
-    /// (`events/outbox-sweep.json`): sends what is due, starting nothing
-    /// after the cut-off of an invocation due at `deadline` and waiting for
-    /// nothing after its reserve; how many messages it sent.
-    pub(crate) async fn sweep_outbox(&self, deadline: SystemTime) -> u64 {
-        let Some(outbox) = self.engine.outbox() else { return 0 };
-        let budget = self.engine.budget(deadline);
-        outbox.sweep_asked(budget.cutoff(), budget.writes_by()).await
-    }
-
-    /// A consumer of `engine` alone: no SQS step, no metrics, no span export.
-    #[cfg(test)]
-    pub(crate) fn of(engine: Engine) -> Self {
-        let metrics = MetricsConfig { enabled: false, ..MetricsConfig::default() };
-        Self {
-            engine,
-            #[cfg(feature = "dynamodb")]
-            dynamodb_requests: None,
-            redelivery: None,
-            metrics,
-            #[cfg(feature = "opentelemetry")]
-            export: None,
-        }
-    }
-
     /// Before the process leaves: sends the unconfirmed finishing writes
     /// again (and the messages of the commits that land), then sweeps the
     /// outbox for messages left unsent, until `until`. Returns the ids of
     /// the claims whose writes are still unconfirmed.
     pub async fn leave(&self, until: tokio::time::Instant) -> Vec<String> {
-        let left = self.engine.leave(until).await;
-        // Only a process that may have left a message of its own unsent sweeps: another's are swept by the
-        // processes that go on, and by the schedule.
-        let outbox = self.engine.outbox().filter(|outbox| outbox.counters().left_unsent.load(Ordering::Relaxed));
-        if let Some(sweep) = outbox.and_then(|outbox| outbox.sweep_now(Some(until))) {
-            let _ = tokio::time::timeout_at(until, sweep.finished()).await;
-        }
+        let left = self.engine.leave_sweeping(until).await;
         self.export_spans(until).await;
         left
     }

@@ -196,7 +196,7 @@ impl Function {
         let records = match invoked {
             Invoked::Batch(records) => records,
             Invoked::OutboxSweep => {
-                let sent = self.consumer.sweep_outbox(invocation.deadline).await;
+                let sent = self.consumer.engine.sweep_outbox(invocation.deadline).await;
                 tracing::info!(sent, "outbox swept, as the schedule asked");
                 self.publish(&BatchReport::default(), None);
                 return Ok(SqsBatchResponse::default());

@@ -118,8 +118,6 @@ mod poll;
 mod redelivery;
 #[cfg(feature = "s3")]
 mod s3;
-#[cfg(test)]
-mod simulation;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod sqs;

@@ -1,13 +1,11 @@
 //! The layers of the library, checked on its source: the crates it is cut
-//! into depend on each other one way (the command line → `sqs-once` →
-//! `sqs-once-dynamodb` → `sqs-once-core`), an import inside a crate never
-//! points up a layer, and no two modules of a crate import each other
-//! (directly or round a circle).
+//! into depend on each other one way (`sqs-once-cli`, the command → `sqs-once`
+//! → `sqs-once-dynamodb` → `sqs-once-core`), and no two modules of a crate
+//! import each other (directly or round a circle).
 //!
-//! Cargo keeps the crates' direction once their manifests point one way;
-//! inside `sqs-once`, the consumer (Lambda, `poll`, settings, the command
-//! line) sits below the scaffolder `new`. Test code (`#[cfg(test)]` modules
-//! and the files they declare) may reach anywhere and is left out.
+//! Each crate is one layer: Cargo keeps the crates' direction once their
+//! manifests point one way. Test code (`#[cfg(test)]` modules and the files
+//! they declare) may reach anywhere and is left out.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,56 +18,24 @@ enum Layer {
     Core,
     DynamoDb,
     Consumer,
-    Scaffolder,
+    Command,
 }
 
-/// A crate of the library: its package, its folder, and its modules' layers
-/// (`every`, or by path, the longest prefix deciding).
+/// A crate of the library: its package, its folder, the file its modules
+/// are declared from, and its layer.
 struct Crate {
     package: &'static str,
     folder: &'static str,
-    every: Option<Layer>,
-    placed: &'static [(&'static str, Layer)],
+    entry: &'static str,
+    layer: Layer,
 }
 
 const CRATES: &[Crate] = &[
-    Crate { package: "sqs-once-core", folder: "core", every: Some(Layer::Core), placed: &[] },
-    Crate { package: "sqs-once-dynamodb", folder: "dynamodb", every: Some(Layer::DynamoDb), placed: &[] },
-    Crate { package: "sqs-once", folder: ".", every: None, placed: CONSUMER },
+    Crate { package: "sqs-once-core", folder: "core", entry: "src/lib.rs", layer: Layer::Core },
+    Crate { package: "sqs-once-dynamodb", folder: "dynamodb", entry: "src/lib.rs", layer: Layer::DynamoDb },
+    Crate { package: "sqs-once", folder: ".", entry: "src/lib.rs", layer: Layer::Consumer },
+    Crate { package: "sqs-once-cli", folder: "app", entry: "src/main.rs", layer: Layer::Command },
 ];
-
-/// The layers of `sqs-once`'s modules. A module missing here fails the test,
-/// so that a new one is placed on purpose.
-const CONSUMER: &[(&str, Layer)] = &[
-    ("cli", Layer::Consumer),
-    ("config", Layer::Consumer),
-    ("consumer", Layer::Consumer),
-    ("destinations", Layer::Consumer),
-    ("environment", Layer::Consumer),
-    ("lambda", Layer::Consumer),
-    ("logging", Layer::Consumer),
-    ("metrics", Layer::Consumer),
-    ("operator", Layer::Consumer),
-    ("otlp", Layer::Consumer),
-    ("poll", Layer::Consumer),
-    ("redelivery", Layer::Consumer),
-    ("s3", Layer::Consumer),
-    ("sqlite", Layer::Consumer),
-    ("sqs", Layer::Consumer),
-    ("start", Layer::Consumer),
-    ("store", Layer::Consumer),
-    ("testing", Layer::Consumer),
-    ("cli::new", Layer::Scaffolder),
-];
-
-/// Imports up a layer that stay, each with the reason.
-const UPWARD_ALLOWED: &[(&str, &str, &str)] =
-    &[("cli", "cli::new", "the command line declares `new`; both are to move to sqs-once-cli")];
-
-/// Whether `from` may import `to` although it is a layer above.
-fn allowed_upward(from: &Module, to: &Module) -> bool {
-    UPWARD_ALLOWED.iter().any(|(a, b, _)| from.to_string() == *a && to.to_string() == *b)
-}
 
 /// A module of the crate: its path (`engine::run`) and file.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -88,24 +54,13 @@ impl Crate {
     fn root(&self) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join(self.folder)
     }
-
-    fn layer_of(&self, module: &Module) -> Option<Layer> {
-        let name = module.to_string();
-        self.every.or_else(|| {
-            self.placed
-                .iter()
-                .filter(|(prefix, _)| name == *prefix || name.starts_with(&format!("{prefix}::")))
-                .max_by_key(|(prefix, _)| prefix.len())
-                .map(|(_, layer)| *layer)
-        })
-    }
 }
 
 /// The crate's production modules, found by following `mod` declarations
-/// from `lib.rs`; `#[cfg(test)]` ones are left out with everything below them.
+/// from its entry file; `#[cfg(test)]` ones are left out with everything below them.
 fn modules(krate: &Crate) -> Vec<(Module, String)> {
     let mut found = Vec::new();
-    let mut pending = vec![Module { path: Vec::new(), file: krate.root().join("src/lib.rs") }];
+    let mut pending = vec![Module { path: Vec::new(), file: krate.root().join(krate.entry) }];
     while let Some(module) = pending.pop() {
         let text =
             fs::read_to_string(&module.file).unwrap_or_else(|error| panic!("{}: {error}", module.file.display()));
@@ -126,7 +81,7 @@ fn modules(krate: &Crate) -> Vec<(Module, String)> {
 /// folder named after its parent's file.
 fn child_file(parent: &Module, child: &str) -> PathBuf {
     let folder = match parent.file.file_name().and_then(|name| name.to_str()) {
-        Some("lib.rs" | "mod.rs") => parent.file.parent().map(Path::to_path_buf),
+        Some("lib.rs" | "main.rs" | "mod.rs") => parent.file.parent().map(Path::to_path_buf),
         _ => Some(parent.file.with_extension("")),
     }
     .unwrap_or_default();
@@ -286,49 +241,16 @@ fn imports(krate: &Crate) -> Vec<(Module, Module, String)> {
     edges
 }
 
-#[test]
-fn every_module_has_a_layer() {
-    let unplaced: Vec<String> = CRATES
-        .iter()
-        .flat_map(|krate| {
-            modules(krate)
-                .into_iter()
-                .map(|(module, _)| module)
-                .filter(|module| !module.path.is_empty() && krate.layer_of(module).is_none())
-                .map(|module| format!("{}: {module}", krate.package))
-        })
-        .collect();
-    assert!(unplaced.is_empty(), "modules with no layer in tests/layers.rs: {unplaced:?}");
-}
-
-#[test]
-fn no_import_points_up_a_layer() {
-    let mut upward = Vec::new();
-    for krate in CRATES {
-        for (from, to, named) in imports(krate) {
-            let (Some(lower), Some(higher)) = (krate.layer_of(&from), krate.layer_of(&to)) else {
-                continue;
-            };
-            if higher > lower && !allowed_upward(&from, &to) {
-                upward.push(format!("{from} ({lower:?}) imports {named} ({higher:?}), in {}", from.file.display()));
-            }
-        }
-    }
-    assert!(upward.is_empty(), "imports up a layer:\n{}", upward.join("\n"));
-}
-
 /// The crates' own dependencies (not their tests') name only crates of lower
 /// layers: a store crate never depends on the consumer, the core on nothing
 /// of sqs-once's.
 #[test]
 fn crates_depend_down_the_layers() {
-    let layer = |package: &str| {
-        CRATES.iter().find(|krate| krate.package == package).map(|krate| krate.every.unwrap_or(Layer::Consumer))
-    };
+    let layer = |package: &str| CRATES.iter().find(|krate| krate.package == package).map(|krate| krate.layer);
     let mut upward = Vec::new();
     for krate in CRATES {
         let manifest = fs::read_to_string(krate.root().join("Cargo.toml")).expect("the crate's manifest");
-        let own = krate.every.unwrap_or(Layer::Consumer);
+        let own = krate.layer;
         for dependency in dependencies(&manifest) {
             match layer(&dependency) {
                 Some(theirs) if theirs >= own => upward.push(format!("{} depends on {dependency}", krate.package)),
@@ -388,9 +310,6 @@ fn no_import_circle() {
         let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut examples: BTreeMap<(String, String), String> = BTreeMap::new();
         for (from, to, named) in imports(krate) {
-            if allowed_upward(&from, &to) {
-                continue;
-            }
             let shared = from.path.iter().zip(&to.path).take_while(|(a, b)| a == b).count();
             if shared == from.path.len() || shared == to.path.len() {
                 continue; // a parent and its own child

@@ -1,10 +1,12 @@
-//! The bundled `sqs-once` binary: the library's command line (`new`,
-//! `invoke`, `poll`, `claims`, `create-table`, and the Lambda function)
-//! around the handler `SQS_ONCE_HANDLER` names in the registry of
-//! `handlers/`.
+//! The bundled `sqs-once` binary: `new`, which writes a consumer crate of
+//! one's own, and the library's command line (`invoke`, `poll`, `claims`,
+//! `create-table`, and the Lambda function) around the handler
+//! `SQS_ONCE_HANDLER` names in the registry of `handlers/`.
 //!
 //! It uses only the public API of the `sqs-once` library, as a consumer
 //! crate of one's own does.
+
+mod new;
 
 use std::process::ExitCode;
 
@@ -19,5 +21,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 // record (README, "Runtime"). Handlers must not block it.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    if let Some(code) = new::command(&std::env::args_os().collect::<Vec<_>>()) {
+        return code;
+    }
     sqs_once::run_with(async || sqs_once_handlers::from_env()).await
 }

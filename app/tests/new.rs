@@ -99,11 +99,15 @@ fn a_name_cargo_would_refuse_is_refused_before_anything_is_written() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
 }
 
+/// `new` is the bundled binary's own command, before the library's command
+/// line: its help names it first, then lists the library's commands (which
+/// a consumer's own binary has alone).
 #[test]
-fn help_lists_new_first() {
+fn help_names_new_first_then_the_librarys_commands() {
     let dir = tempfile::tempdir().unwrap();
     let output = common::command_in(dir.path()).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.starts_with("sqs-once new <PATH>: write a consumer crate of one's own"), "{help}");
     let commands: Vec<&str> = help
         .lines()
         .skip_while(|line| *line != "Commands:")
@@ -111,5 +115,8 @@ fn help_lists_new_first() {
         .take_while(|line| !line.is_empty())
         .filter_map(|line| line.split_whitespace().next())
         .collect();
-    assert_eq!(commands, ["new", "invoke", "poll", "create-table", "claims", "help"], "{help}");
+    assert_eq!(commands, ["invoke", "poll", "create-table", "claims", "help"], "{help}");
+    let new_help = common::command_in(dir.path()).args(["new", "--help"]).output().unwrap();
+    let new_help = String::from_utf8_lossy(&new_help.stdout);
+    assert!(new_help.contains("Usage: sqs-once new [OPTIONS] <PATH>"), "{new_help}");
 }

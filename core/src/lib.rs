@@ -52,6 +52,8 @@ pub mod reason;
 #[doc(hidden)]
 pub mod record;
 pub mod report;
+#[cfg(test)]
+mod simulation;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

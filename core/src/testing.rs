@@ -17,3 +17,21 @@ mod directed;
 
 #[doc(hidden)]
 pub use directed::Directed;
+
+use aws_lambda_events::sqs::SqsMessage;
+
+/// An SQS message with `id` and `body`, received once, from a standard queue.
+///
+/// ```
+/// let message = sqs_once::testing::message("m-1", r#"{"n": 1}"#);
+/// assert_eq!(message.attributes["ApproximateReceiveCount"], "1");
+/// ```
+pub fn message(id: &str, body: impl Into<String>) -> SqsMessage {
+    let mut message = SqsMessage::default();
+    message.message_id = Some(id.to_owned());
+    message.body = Some(body.into());
+    message.event_source = Some("aws:sqs".to_owned());
+    message.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:work".to_owned());
+    message.attributes.insert("ApproximateReceiveCount".to_owned(), "1".to_owned());
+    message
+}

@@ -4,7 +4,7 @@
 
 use std::{
     sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use futures::future::join;
@@ -115,6 +115,30 @@ impl Engine {
             outbox.finish_sweep(until).await;
         }
         self.inner.claims.still_unconfirmed()
+    }
+
+    /// A process that stops for good (`poll`'s stop, `invoke`'s exit):
+    /// [`leave`](Self::leave), then, if it may have left a message of its
+    /// own unsent, sweeps the outbox until `until`. Only such a process
+    /// sweeps: another's messages are swept by the processes that go on,
+    /// and by the schedule. Returns what `leave` returns.
+    pub async fn leave_sweeping(&self, until: Instant) -> Vec<String> {
+        let left = self.leave(until).await;
+        let outbox = self.outbox().filter(|outbox| outbox.counters().left_unsent.load(Ordering::Relaxed));
+        if let Some(sweep) = outbox.and_then(|outbox| outbox.sweep_now(Some(until))) {
+            let _ = timeout_at(until, sweep.finished()).await;
+        }
+        left
+    }
+
+    /// Sweeps the outbox now, as a scheduled invocation asks
+    /// (`events/outbox-sweep.json`): sends what is due, starting nothing
+    /// after the cut-off of an invocation due at `deadline` and waiting for
+    /// nothing after its reserve; how many messages it sent.
+    pub async fn sweep_outbox(&self, deadline: SystemTime) -> u64 {
+        let Some(outbox) = self.outbox() else { return 0 };
+        let budget = self.budget(deadline);
+        outbox.sweep_asked(budget.cutoff(), budget.writes_by()).await
     }
 }
 

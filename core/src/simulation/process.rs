@@ -3,9 +3,10 @@
 //! Lambda function, a `poll` process or an environment of Lambda Managed
 //! Instances. Each is assembled as the builder assembles a real consumer
 //! ([`EngineParts`]), on the world's clock, and runs its batches, its
-//! tending and its leaving through the same calls the real loops make:
-//! [`Consumer::process`], `Engine::tend`, the SIGTERM handler's
-//! [`shut_down`], and [`Consumer::leave`] as `poll` stops.
+//! tending and its leaving through the engine calls the real loops make:
+//! [`Engine::process`], [`Engine::tend`], [`Engine::leave`] within
+//! [`SHUTDOWN_TIME`] as the SIGTERM handler does, and
+//! [`Engine::leave_sweeping`] as `poll` stops.
 
 use std::{sync::Arc, time::Duration};
 
@@ -22,14 +23,12 @@ use super::{
 };
 use crate::{
     BoxHandler,
-    budget::LEAVING_TIME,
+    budget::{LEAVING_TIME, SHUTDOWN_TIME},
     claim::ClaimPolicy,
     clock::Clock,
-    consumer::Consumer,
-    engine::{ClaimFirst, EngineOptions, EngineParts, Invocation, OutboxParts},
+    engine::{ClaimFirst, Engine, EngineOptions, EngineParts, Invocation, OutboxParts},
     event::EventRecord,
     key::Keys,
-    lambda::shutdown::shut_down,
     outbox::OutboxTimes,
     store::ClaimStore,
 };
@@ -40,26 +39,26 @@ const POLL_BATCHES: usize = 3;
 /// Runs process `id` as `mode` says, until the world stops or the process
 /// dies (a replacement then takes its place).
 pub(super) async fn drive(world: Arc<World>, id: usize, mode: Mode) {
-    let consumer = consumer(&world, id);
+    let engine = engine(&world, id);
     match mode {
-        Mode::Lambda => lambda(&world, id, &consumer).await,
-        Mode::Scheduled => scheduled(&world, id, &consumer).await,
+        Mode::Lambda => lambda(&world, id, &engine).await,
+        Mode::Scheduled => scheduled(&world, id, &engine).await,
         Mode::Poll | Mode::Managed => {
             // Tended in the background until the process stops, as `poll` and a managed environment are (once
             // killed, its requests never return anyway).
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let tended = consumer.engine.clone();
+            let tended = engine.clone();
             tokio::spawn(async move { tended.tend(async move { drop(stopped.await) }).await });
-            poll(&world, id, &consumer, mode).await;
+            poll(&world, id, &engine, mode).await;
             drop(stop);
         }
     }
-    let given_up = consumer.engine.claims().writes_given_up();
+    let given_up = engine.claims().writes_given_up();
     world.count(|stats| stats.given_up += given_up);
 }
 
-/// The consumer of process `id`, as the builder would assemble it.
-fn consumer(world: &Arc<World>, id: usize) -> Consumer {
+/// The engine of process `id`, as the builder would assemble it.
+fn engine(world: &Arc<World>, id: usize) -> Engine {
     let scenario = &world.scenario;
     let link = Arc::new(Link { world: Arc::clone(world), process: id });
     let store: Arc<dyn ClaimStore> = Arc::clone(&link) as Arc<dyn ClaimStore>;
@@ -86,7 +85,7 @@ fn consumer(world: &Arc<World>, id: usize) -> Consumer {
         outbox: Some(outbox),
         ..EngineParts::new(store, Keys::new("body.id", "sim").expect("a valid key").hashed(false))
     };
-    Consumer::of(parts.engine(BoxHandler::new(SimHandler { world: Arc::clone(world) })))
+    parts.engine(BoxHandler::new(SimHandler { world: Arc::clone(world) }))
 }
 
 /// The records of an invocation's `deliveries`, each carrying the
@@ -116,12 +115,12 @@ fn records(deliveries: &[Delivery], invocation: &Invocation) -> Vec<EventRecord>
 /// shut down with SIGTERM; now and then left frozen for minutes to hours
 /// while another environment takes the traffic, then invoked again or
 /// reclaimed; reclaimed with SIGTERM when the world stops.
-async fn lambda(world: &Arc<World>, id: usize, consumer: &Consumer) {
+async fn lambda(world: &Arc<World>, id: usize, engine: &Engine) {
     world.set_life(id, Life::Frozen);
     for batch in 0.. {
         let deliveries = world.receive().await;
         if deliveries.is_empty() {
-            return shut_down_by_sigterm(world, id, consumer).await;
+            return shut_down_by_sigterm(world, id, engine).await;
         }
         world.set_life(id, Life::Running);
         let invocation = world.invocation(id, batch);
@@ -130,36 +129,36 @@ async fn lambda(world: &Arc<World>, id: usize, consumer: &Consumer) {
             Instant::now()
                 + world.draw(|rng| Duration::from_millis(rng.u64(0..world.scenario.timeout.as_millis() as u64)))
         });
-        let answer = tokio::select! {
+        let report = tokio::select! {
             biased;
-            answer = consumer.process(&records, &invocation) => answer,
+            report = engine.process(&records, &invocation, None) => report,
             () = sleep_until(killed_at) => return kill(world, id, Mode::Lambda),
         };
-        world.answered(&invocation, &deliveries, &answer.report);
+        world.answered(&invocation, &deliveries, &report);
         world.set_life(id, Life::Frozen);
         if world.strikes(|faults| faults.kill) {
             return kill(world, id, Mode::Lambda);
         }
         if world.strikes(|faults| faults.shutdown) {
-            shut_down_by_sigterm(world, id, consumer).await;
+            shut_down_by_sigterm(world, id, engine).await;
             world.start(Mode::Lambda);
             return;
         }
         if world.strikes(|faults| faults.long_freeze) && !long_freeze(world).await {
-            return shut_down_by_sigterm(world, id, consumer).await;
+            return shut_down_by_sigterm(world, id, engine).await;
         }
     }
 }
 
 /// The environment the schedule invokes with the outbox sweep event, every
 /// `schedule_every`, until the world is over.
-async fn scheduled(world: &Arc<World>, id: usize, consumer: &Consumer) {
+async fn scheduled(world: &Arc<World>, id: usize, engine: &Engine) {
     world.set_life(id, Life::Frozen);
     while !world.ended() {
         tokio::time::sleep(world.scenario.schedule_every).await;
         world.set_life(id, Life::Running);
         let deadline = world.invocation(id, 0).deadline;
-        consumer.sweep_outbox(deadline).await;
+        engine.sweep_outbox(deadline).await;
         world.set_life(id, Life::Frozen);
     }
     world.set_life(id, Life::Dead);
@@ -180,10 +179,10 @@ async fn long_freeze(world: &Arc<World>) -> bool {
 
 /// Lambda reclaims the environment: SIGTERM, its time to send its
 /// unconfirmed writes again, and it is gone.
-async fn shut_down_by_sigterm(world: &Arc<World>, id: usize, consumer: &Consumer) {
+async fn shut_down_by_sigterm(world: &Arc<World>, id: usize, engine: &Engine) {
     world.set_life(id, Life::Running);
     world.count(|stats| stats.shutdowns += 1);
-    shut_down(&consumer.engine).await;
+    engine.leave(Instant::now() + SHUTDOWN_TIME).await;
     world.set_life(id, Life::Dead);
 }
 
@@ -191,30 +190,30 @@ async fn shut_down_by_sigterm(world: &Arc<World>, id: usize, consumer: &Consumer
 /// batches overlapping, never frozen; killed now and then, or stopped: its
 /// batches finish, its unconfirmed writes are sent again (`poll` leaving,
 /// or a managed environment's SIGTERM).
-async fn poll(world: &Arc<World>, id: usize, consumer: &Consumer, mode: Mode) {
+async fn poll(world: &Arc<World>, id: usize, engine: &Engine, mode: Mode) {
     let batches = Arc::new(Semaphore::new(POLL_BATCHES));
     for batch in 0.. {
         let Ok(permit) = Arc::clone(&batches).acquire_owned().await else { return };
         let deliveries = world.receive().await;
         if deliveries.is_empty() {
             drop(permit);
-            return leave(world, id, consumer, mode, &batches).await;
+            return leave(world, id, engine, mode, &batches).await;
         }
         if batches.available_permits() < POLL_BATCHES - 1 {
             world.count(|stats| stats.overlapping += 1);
         }
-        let (world_, consumer_) = (Arc::clone(world), consumer.clone());
+        let (world_, engine_) = (Arc::clone(world), engine.clone());
         tokio::spawn(async move {
             let invocation = world_.invocation(id, batch);
-            let answer = consumer_.process(&records(&deliveries, &invocation), &invocation).await;
-            world_.answered(&invocation, &deliveries, &answer.report);
+            let report = engine_.process(&records(&deliveries, &invocation), &invocation, None).await;
+            world_.answered(&invocation, &deliveries, &report);
             drop(permit);
         });
         if world.strikes(|faults| faults.kill) {
             return kill(world, id, mode);
         }
         if world.strikes(|faults| faults.shutdown) {
-            leave(world, id, consumer, mode, &batches).await;
+            leave(world, id, engine, mode, &batches).await;
             world.start(mode);
             return;
         }
@@ -223,12 +222,12 @@ async fn poll(world: &Arc<World>, id: usize, consumer: &Consumer, mode: Mode) {
 
 /// A `poll` process or a managed environment stops: its batches finish,
 /// then it leaves as each does.
-async fn leave(world: &Arc<World>, id: usize, consumer: &Consumer, mode: Mode, batches: &Semaphore) {
+async fn leave(world: &Arc<World>, id: usize, engine: &Engine, mode: Mode, batches: &Semaphore) {
     world.count(|stats| stats.shutdowns += 1);
     let _all_done = batches.acquire_many(POLL_BATCHES as u32).await;
     match mode {
-        Mode::Managed => drop(shut_down(&consumer.engine).await),
-        _ => drop(consumer.leave(Instant::now() + LEAVING_TIME).await),
+        Mode::Managed => drop(engine.leave(Instant::now() + SHUTDOWN_TIME).await),
+        _ => drop(engine.leave_sweeping(Instant::now() + LEAVING_TIME).await),
     }
     world.set_life(id, Life::Dead);
 }

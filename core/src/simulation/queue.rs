@@ -144,7 +144,6 @@ impl Queue {
                 queued.fate = Fate::Done;
                 queued.copy_at_ms = copy_at_ms.filter(|_| queued.group.is_none());
             }
-            other => unreachable!("an outcome the simulation does not know: {other:?}"),
         }
     }
 

@@ -27,9 +27,9 @@
 //! SIGTERM) and [`check`] judges the world against what sqs-once promises.
 //!
 //! ```text
-//! cargo test -p sqs-once --lib simulation                     # 2,000 seeds
-//! SQS_ONCE_SIM_SEEDS=20000 cargo test -p sqs-once --lib simulation
-//! SQS_ONCE_SIM_SEED=1234 cargo test -p sqs-once --lib simulation -- --nocapture   # replay one
+//! cargo test -p sqs-once-core --lib simulation                     # 2,000 seeds
+//! SQS_ONCE_SIM_SEEDS=20000 cargo test -p sqs-once-core --lib simulation
+//! SQS_ONCE_SIM_SEED=1234 cargo test -p sqs-once-core --lib simulation -- --nocapture   # replay one
 //! ```
 
 mod check;

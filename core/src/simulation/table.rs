@@ -19,7 +19,7 @@ use std::{
 use futures::FutureExt;
 use serde_json::Value;
 
-use sqs_once_core::store::TOKEN_WINDOW;
+use crate::store::TOKEN_WINDOW;
 
 use super::world::SimClock;
 use crate::{

@@ -1,36 +1,89 @@
-//! `new <path>`: a consumer crate of one's own, ready to test, `invoke`
-//! offline and deploy with SAM.
+//! `sqs-once new <path>`: a consumer crate of one's own, ready to test,
+//! `invoke` offline and deploy with SAM. The bundled binary's command alone:
+//! a consumer's own binary has the library's commands, not a scaffolder and
+//! its template.
 //!
 //! The crate is the library's example `own_consumer` as its
 //! `src/main.rs` (a handler, its tests through `sqs_once::testing`, and
 //! `sqs_once::run`), the repository's `template.yaml` without the bundled
 //! handlers' parts and building the new crate's binary, its `samconfig.toml`
 //! and `env.json`, and the example's event as `events/batch.json`: the files
-//! the repository tests are the files a new crate starts from. They are in
-//! the library's package (its `include`), so a binary built from crates.io
-//! writes them as a checkout's does.
+//! the repository tests are the files a new crate starts from. They reach
+//! this package through the links in `scaffold/` (Cargo packs a link's
+//! target), so a binary built from crates.io writes them as a checkout's
+//! does.
 
 use std::{
+    ffi::OsString,
     fs, io,
     path::{Path, PathBuf},
+    process::ExitCode,
 };
 
-/// The example the new crate's `src/main.rs` is.
-const MAIN: &str = include_str!("../../examples/own_consumer.rs");
-/// Its sample event, processed by `cargo run -- invoke events/batch.json`.
-const EVENT: &str = include_str!("../../events/payments.json");
-const TEMPLATE: &str = include_str!("../../template.yaml");
-const SAMCONFIG: &str = include_str!("../../samconfig.toml");
-/// The settings `sam local invoke` gives the function (samconfig.toml names it).
-const SAM_LOCAL_ENV: &str = include_str!("../../env.json");
+use clap::Parser;
 
-/// The version of the library this binary was built with, which a new
-/// crate depends on unless told otherwise.
+/// The example the new crate's `src/main.rs` is.
+const MAIN: &str = include_str!("../scaffold/own_consumer.rs");
+/// Its sample event, processed by `cargo run -- invoke events/batch.json`.
+const EVENT: &str = include_str!("../scaffold/payments.json");
+const TEMPLATE: &str = include_str!("../scaffold/template.yaml");
+const SAMCONFIG: &str = include_str!("../scaffold/samconfig.toml");
+/// The settings `sam local invoke` gives the function (samconfig.toml names it).
+const SAM_LOCAL_ENV: &str = include_str!("../scaffold/env.json");
+
+/// The version of the library this binary was built with (the workspace
+/// releases its crates at one version), which a new crate depends on
+/// unless told otherwise.
 const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Write a consumer crate of one's own: a handler with its tests, a SAM
+/// template (queue, dead-letter queue, claim table, alarms), a sample event.
+#[derive(Debug, Parser)]
+#[command(name = "sqs-once new", bin_name = "sqs-once new", version)]
+struct New {
+    /// The directory to create; its last component names the crate.
+    path: PathBuf,
+    /// Depend on the sqs-once library in this directory (a checkout, or a package unpacked) instead of the one
+    /// this binary was built with (its checkout, or its version on crates.io).
+    #[arg(long, value_name = "DIR")]
+    library_path: Option<PathBuf>,
+}
+
+/// Runs `new` when the command line (`args`, the program first) asks for
+/// it, and says so in the top-level help the library prints after; `None`
+/// leaves the command line to the library.
+pub(crate) fn command(args: &[OsString]) -> Option<ExitCode> {
+    match args.get(1).and_then(|arg| arg.to_str()) {
+        Some("new") => Some(new(New::parse_from(&args[1..]))),
+        Some("-h" | "--help" | "help") if args.len() == 2 => {
+            println!("sqs-once new <PATH>: write a consumer crate of one's own (sqs-once new --help)\n");
+            None
+        }
+        _ => None,
+    }
+}
+
+/// Writes the crate and says what to do next, or why it wrote nothing.
+fn new(args: New) -> ExitCode {
+    let library = args.library_path.as_deref().map_or_else(Library::this_build, Library::local);
+    let created = library.and_then(|library| Ok((create(&args.path, &library)?, library)));
+    let (files, library) = match created {
+        Ok(created) => created,
+        Err(error) => {
+            eprintln!("sqs-once: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let path = args.path.display();
+    println!("created {path}, depending on {library}:");
+    files.iter().for_each(|file| println!("  {}", file.display()));
+    println!("next: cd {path} && cargo test && cargo run -- invoke events/batch.json");
+    ExitCode::SUCCESS
+}
 
 /// Where the new crate gets the `sqs-once` library from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Library {
+enum Library {
     /// crates.io, at this version requirement.
     Registry(String),
     /// A directory holding the library's `Cargo.toml`: a checkout, or a
@@ -52,27 +105,28 @@ impl Library {
     /// unpacked in Cargo's `registry/src`, or any `cargo package` made and
     /// marked with `Cargo.toml.orig`) is depended on by its version, whether
     /// or not its sources are still on this machine; a checkout (`cargo
-    /// install --path app`, `cargo run`) by its path, published or not, while
-    /// it is still there.
-    pub(super) fn this_build() -> Result<Self, NewError> {
+    /// install --path app`, `cargo run`) by its path, the directory above
+    /// this package's, published or not, while it is still there.
+    fn this_build() -> Result<Self, NewError> {
         Self::built_in(Path::new(env!("CARGO_MANIFEST_DIR")))
     }
 
+    /// The library of a binary built from this package's directory `dir`.
     fn built_in(dir: &Path) -> Result<Self, NewError> {
         let components: Vec<_> = dir.components().map(|component| component.as_os_str()).collect();
         let in_registry = components.windows(2).any(|pair| pair[0] == "registry" && pair[1] == "src");
         if in_registry || dir.join("Cargo.toml.orig").is_file() {
-            Ok(Self::Registry(LIBRARY_VERSION.to_owned()))
-        } else if dir.join("Cargo.toml").is_file() {
-            Ok(Self::Path(dir.to_owned()))
-        } else {
-            Err(NewError::CheckoutGone(dir.to_owned()))
+            return Ok(Self::Registry(LIBRARY_VERSION.to_owned()));
         }
+        let checkout = dir.parent().filter(|checkout| {
+            fs::read_to_string(checkout.join("Cargo.toml")).is_ok_and(|manifest| names_the_library(&manifest))
+        });
+        checkout.map(|checkout| Self::Path(checkout.to_owned())).ok_or_else(|| NewError::CheckoutGone(dir.to_owned()))
     }
 
     /// The library in the directory `path` (made absolute, as the new crate
     /// lives elsewhere), which must hold a `Cargo.toml`.
-    pub(super) fn local(path: &Path) -> Result<Self, NewError> {
+    fn local(path: &Path) -> Result<Self, NewError> {
         let path = fs::canonicalize(path).map_err(|source| NewError::Library { path: path.to_owned(), source })?;
         let manifest = fs::read_to_string(path.join("Cargo.toml"));
         match manifest.map(|manifest| names_the_library(&manifest)) {
@@ -107,7 +161,7 @@ impl Library {
 
 /// Why `new` wrote nothing.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum NewError {
+enum NewError {
     /// Something is already at the path; it is left as it is.
     #[error("{} already exists; `new` writes a new directory and never into an existing one", .0.display())]
     Exists(PathBuf),
@@ -149,7 +203,7 @@ pub(super) enum NewError {
 ///
 /// Nothing is written when `path` exists or its name cannot name a crate;
 /// when a write fails, the directory is removed again.
-pub(super) fn create(path: &Path, library: &Library) -> Result<Vec<PathBuf>, NewError> {
+fn create(path: &Path, library: &Library) -> Result<Vec<PathBuf>, NewError> {
     let name = crate_name(path)?;
     let files = files(&name, library);
     if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
@@ -238,7 +292,7 @@ panic = "unwind"
 
 /// The repository's template, without the bundled handlers' lines (the key
 /// among them: the crate sets its own in code), building the binary `name`.
-pub(super) fn template(name: &str) -> String {
+fn template(name: &str) -> String {
     let mut bundled = false;
     let mut lines = Vec::new();
     for line in TEMPLATE.lines() {
@@ -376,7 +430,7 @@ mod tests {
 
     #[test]
     fn a_binary_depends_on_its_checkout_while_it_is_there_and_on_its_version_when_packaged() {
-        let checkout = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         assert_eq!(Library::this_build().unwrap(), Library::Path(checkout.to_owned()));
         let packaged = tempfile::tempdir().unwrap();
         std::fs::write(packaged.path().join("Cargo.toml"), "").unwrap();
@@ -392,7 +446,7 @@ mod tests {
 
     #[test]
     fn a_library_path_must_hold_the_sqs_once_package() {
-        let checkout = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         assert_eq!(Library::local(checkout).unwrap(), Library::Path(checkout.canonicalize().unwrap()));
         let error = Library::local(&checkout.join("handlers")).unwrap_err().to_string();
         assert!(

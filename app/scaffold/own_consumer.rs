@@ -1,0 +1,1 @@
+../../examples/own_consumer.rs
