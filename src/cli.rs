@@ -34,7 +34,7 @@ use crate::{
     metrics::{Counters, emf_line},
     operator::{Operator, Verdict, timestamp},
     outbox::{Destinations, Outbox, OutboxQuery, OutboxTimes},
-    poll::{PollOptions, Poller},
+    poll::{PollOptions, PollSummary, Poller},
     redelivery::RedeliveryPolicy,
     report::BatchReport,
     store::{ClaimQuery, ClaimStore},
@@ -299,11 +299,24 @@ async fn poll(
     handler: BuildHandler<'_>,
 ) -> anyhow::Result<Option<ExitCode>> {
     let shutdown = crate::poll::interrupted();
+    tokio::pin!(shutdown);
     let handler = handler.await.map_err(anyhow::Error::msg)?;
-    let (consumer, sqs) = builder.assemble(handler, Needs { queue: true, ..Needs::default() }).await?;
-    let sqs = sqs.context("no SQS client to receive with")?;
-    let poller =
-        Poller::new(consumer, sqs, &queue_url, options).await.with_context(|| format!("cannot poll {queue_url}"))?;
+    // Boxed: the waits nest deep enough to overflow the compiler's query depth when inlined.
+    let starting = Box::pin(async {
+        let needs = Needs { queue: true, long_running: true, ..Needs::default() };
+        let (consumer, sqs) = builder.assemble(handler, needs).await?;
+        let sqs = sqs.context("no SQS client to receive with")?;
+        Poller::new(consumer, sqs, &queue_url, options).await.with_context(|| format!("cannot poll {queue_url}"))
+    });
+    // A signal while the start waits for the table or the queue ends it: nothing was received.
+    let poller = tokio::select! {
+        poller = starting => poller?,
+        () = &mut shutdown => {
+            tracing::info!("stopped before polling");
+            println!("{}", serde_json::to_string(&PollSummary::default())?);
+            return Ok(None);
+        }
+    };
     let summary = poller.run(shutdown).await;
     println!("{}", serde_json::to_string(&summary)?);
     Ok(None)

@@ -125,6 +125,8 @@ mod start;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(any(feature = "dynamodb", feature = "cli"))]
+mod waiting;
 
 pub use consumer::Consumer;
 pub use sqs_once_core::{

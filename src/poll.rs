@@ -10,6 +10,10 @@
 //! successes are deleted with `DeleteMessageBatch` and the failures get the
 //! redelivery policy's back-off, exactly as in Lambda.
 //!
+//! At the start, a claim table or a queue that does not answer is waited for
+//! ([`crate::waiting`]), as a receive that fails is tried again later; a
+//! signal meanwhile ends the wait, with nothing done.
+//!
 //! Shutdown stops receiving, lets the batches in flight finish, settle and
 //! delete, and returns; nothing is dropped half-way. A receive call cut short
 //! by the shutdown may have taken messages that it never returns: SQS makes
@@ -19,6 +23,7 @@ use std::{
     collections::HashSet,
     convert::Infallible,
     future::Future,
+    ops::ControlFlow,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -127,14 +132,19 @@ impl std::fmt::Debug for Poller {
 }
 
 impl Poller {
-    /// A poller of `queue_url`, after reading the queue's attributes.
+    /// A poller of `queue_url`, after reading the queue's attributes: a
+    /// queue that does not answer is waited for ([`crate::waiting`]).
     pub(crate) async fn new(
         consumer: Consumer,
         sqs: Sqs,
         queue_url: &str,
         options: PollOptions,
     ) -> Result<Self, PollError> {
-        let queue = sqs.queue_info(queue_url).await?;
+        let queue = crate::waiting::until_answered("the queue", async || match sqs.queue_info(queue_url).await {
+            Err(error) if error.transient => ControlFlow::Continue(error.to_string()),
+            read => ControlFlow::Break(read),
+        })
+        .await?;
         let timeout = options.timeout.unwrap_or(queue.visibility_timeout);
         if timeout.is_zero() {
             return Err(PollError::NoTimeout);

@@ -267,8 +267,7 @@ impl Redelivery {
         match Sqs::queue_url(queue_arn) {
             Some(url) => self.sqs.change_visibility(&url, changes).await,
             None => {
-                let error =
-                    SqsError { operation: "ChangeMessageVisibilityBatch", reason: "not an SQS queue ARN".into() };
+                let error = SqsError::lasting("ChangeMessageVisibilityBatch", "not an SQS queue ARN".into());
                 vec![Err(error); changes.len()]
             }
         }

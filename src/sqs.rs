@@ -43,20 +43,33 @@ pub(crate) struct SqsError {
     pub operation: &'static str,
     /// Why, as the SDK or SQS put it.
     pub reason: String,
+    /// SQS did not answer (a timeout, a connection that failed), or
+    /// answered that it cannot now: the same call may succeed later.
+    pub transient: bool,
 }
+
+/// Error codes with which SQS answers that it cannot now (AWS's common
+/// errors: throttled, unavailable, failed inside).
+const NOT_NOW: [&str; 5] =
+    ["ThrottlingException", "RequestThrottled", "ServiceUnavailable", "InternalFailure", "InternalError"];
 
 impl SqsError {
     fn new(operation: &'static str, error: impl std::error::Error + ProvideErrorMetadata) -> Self {
-        Self { operation, reason: crate::aws::describe(&error) }
+        let transient = error.code().is_none_or(|code| NOT_NOW.contains(&code));
+        Self { operation, reason: crate::aws::describe(&error), transient }
+    }
+
+    /// A failure the same call would meet again: `reason`.
+    pub(crate) fn lasting(operation: &'static str, reason: String) -> Self {
+        Self { operation, reason, transient: false }
     }
 
     fn unbuilt(operation: &'static str, error: BuildError) -> Self {
-        Self { operation, reason: format!("invalid request: {error}") }
+        Self::lasting(operation, format!("invalid request: {error}"))
     }
 
     fn entry(operation: &'static str, entry: &BatchResultErrorEntry) -> Self {
-        let reason = format!("{}: {}", entry.code(), entry.message().unwrap_or("no message"));
-        Self { operation, reason }
+        Self::lasting(operation, format!("{}: {}", entry.code(), entry.message().unwrap_or("no message")))
     }
 }
 
@@ -258,7 +271,7 @@ mod tests {
             |entries| async move {
                 match entries[0].1 {
                     // The second call fails as a whole; the first refuses its entry 3.
-                    10 => Err(SqsError { operation: "Op", reason: "down".into() }),
+                    10 => Err(SqsError::lasting("Op", "down".into())),
                     // The third has entries 0 to 2 only: its "refused 3" names none of them.
                     _ => Ok(vec![refused("3").unwrap()]),
                 }

@@ -13,7 +13,8 @@ use std::{
 
 use common::{
     otlp::Collector,
-    sqs::{LARGEST_MESSAGE, Queue, body_of_size},
+    outage::Outage,
+    sqs::{LARGEST_MESSAGE, Queue, QueueInfo, body_of_size},
 };
 use serde_json::{Value, json};
 use sqs_once::store::{ClaimStore, DynamoDbStore, TableLayout};
@@ -72,15 +73,36 @@ struct Poller {
     name: String,
 }
 
+impl Poller {
+    /// What it has logged so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("poll-{}.err", self.name))).unwrap_or_default()
+    }
+
+    /// Waits until it logs `line`, failing with its log if it exits first.
+    async fn logged(&mut self, line: &str) {
+        let started = Instant::now();
+        while !self.log().contains(line) {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("the poller exited ({status}) before logging {line:?}:\n{}", self.log());
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "no {line:?} within 60 s:\n{}", self.log());
+            sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// SIGTERM once the poller polls, then the summary it prints as it exits cleanly.
+async fn stop(mut poller: Poller) -> Value {
+    // A signal before the process has set up its handlers would kill it outright.
+    poller.logged("polling").await;
+    terminate(poller).await
+}
+
 /// SIGTERM, then the summary the poller prints as it exits cleanly.
-async fn stop(poller: Poller) -> Value {
+async fn terminate(poller: Poller) -> Value {
     let Poller { mut child, dir, name } = poller;
     let log = dir.join(format!("poll-{name}.err"));
-    // A signal before the process has set up its handlers would kill it outright.
-    until("the poller has started", Duration::from_secs(30), async || {
-        std::fs::read_to_string(&log).unwrap_or_default().contains("polling")
-    })
-    .await;
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
     let stderr = std::fs::read_to_string(&log).unwrap();
@@ -291,4 +313,59 @@ async fn poll_opens_sns_envelopes_and_dead_letters_what_is_not_one_as_it_arrived
         .collect();
     moved.sort_by_key(|body| body.to_string());
     assert_eq!(moved, [failing, json!({"id": "raw"})]);
+}
+
+#[tokio::test]
+async fn poll_waits_at_its_start_for_a_table_and_a_queue_that_do_not_answer_yet() {
+    let queue = Queue::create(false, 30).await;
+    let consumers = Consumers::new().await;
+    queue.send(&[json!({"id": "after-the-outage"})]).await;
+    // Both services still starting: every connection closes unanswered.
+    let dynamodb = Outage::start(&common::dynamodb::endpoint()).await.unwrap();
+    let sqs = Outage::start(&common::sqs::endpoint()).await.unwrap();
+    let endpoints = [("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.url.as_str()), ("AWS_ENDPOINT_URL_SQS", sqs.url.as_str())];
+    let mut poller = consumers.poll(&queue, &[], &endpoints);
+    poller.logged("the claim table does not answer; waiting for it").await;
+    dynamodb.end();
+    poller.logged("the queue does not answer; waiting for it").await;
+    assert!(!poller.log().contains("polling"), "{}", poller.log());
+    sqs.end();
+    until("the queue is drained", Duration::from_secs(60), async || queue.depth().await == (0, 0)).await;
+    let summary = stop(poller).await;
+    assert_eq!((summary["processed"].as_u64(), summary["deleted"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(consumers.runs(), HashMap::from([("after-the-outage".to_owned(), 1)]));
+    assert!(dynamodb.refused.load(std::sync::atomic::Ordering::SeqCst) > 0);
+}
+
+#[tokio::test]
+async fn poll_stopped_while_it_waits_for_the_queue_exits_cleanly_having_received_nothing() {
+    let queue = Queue::create(false, 30).await;
+    let consumers = Consumers::new().await;
+    queue.send(&[json!({"id": "never-received"})]).await;
+    let sqs = Outage::start(&common::sqs::endpoint()).await.unwrap();
+    let mut poller = consumers.poll(&queue, &[], &[("AWS_ENDPOINT_URL_SQS", sqs.url.as_str())]);
+    poller.logged("the queue does not answer; waiting for it").await;
+    let summary = terminate(poller).await;
+    assert_eq!((summary["received"].as_u64(), summary["processed"].as_u64()), (Some(0), Some(0)));
+    assert!(consumers.runs().is_empty());
+    assert_eq!(queue.depth().await, (1, 0), "the message waits in the queue, never received");
+}
+
+#[tokio::test]
+async fn poll_refuses_a_queue_that_does_not_exist_without_waiting_for_it() {
+    let queue = Queue::create(false, 30).await;
+    let consumers = Consumers::new().await;
+    let url = format!("{}-missing", queue.url());
+    let missing = Queue { client: queue.client.clone(), info: QueueInfo { url, ..queue.info.clone() } };
+    let mut poller = consumers.poll(&missing, &[], &[]);
+    let status = loop {
+        if let Some(status) = poller.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(!poller.log().contains("waiting for it"), "a missing queue is not waited for:\n{}", poller.log());
+        sleep(Duration::from_millis(200)).await;
+    };
+    let log = poller.log();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("cannot poll") && log.contains("The specified queue does not exist"), "{log}");
 }

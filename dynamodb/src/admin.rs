@@ -38,7 +38,9 @@ pub enum Unusable {
     NoRegion,
     /// No credentials could be loaded: why.
     NoCredentials(String),
-    /// DynamoDB refused the credentials, or did not answer: why.
+    /// DynamoDB refused the credentials: its answer.
+    Refused(String),
+    /// DynamoDB did not answer: why.
     Unreachable(String),
 }
 
@@ -78,8 +80,7 @@ pub async fn check_table(
         match error.code() {
             Some("ResourceNotFoundException") => return Err(Unusable::Missing),
             Some(code) if REFUSED_CREDENTIALS.contains(&code) => {
-                let refused = format!("it refused the credentials: {}", crate::aws::describe(&error));
-                return Err(Unusable::Unreachable(refused));
+                return Err(Unusable::Refused(crate::aws::describe(&error)));
             }
             Some(_) => return Ok(()),
             None => silent = Some(error),

@@ -348,7 +348,7 @@ impl Builder {
             (None, true) => Some(crate::aws::sdk_config().await),
             (None, false) => None,
         };
-        let store = self.claim_store(config, aws.as_ref()).await?;
+        let store = self.claim_store(config, aws.as_ref(), needs).await?;
         // A program's own destinations are held to the SDK's operation timeout; the AWS ones, to their clients'.
         let send_time = match self.destinations {
             Some(_) => crate::aws::OPERATION_TIMEOUT,
@@ -376,6 +376,8 @@ impl Builder {
             expect(unused_variables, reason = "only DynamoDB's client is made from it")
         )]
         aws: Option<&SdkConfig>,
+        #[cfg_attr(not(feature = "dynamodb"), expect(unused_variables, reason = "only a table is waited for"))]
+        needs: Needs,
     ) -> Result<OpenStore, StartupError> {
         if let Some(store) = self.store.take() {
             let target = "a store of one's own".into();
@@ -387,7 +389,7 @@ impl Builder {
                 let table = self.dynamodb_table(aws).await;
                 // Looked for with one DescribeTable, on a client that counts nothing: no metric shows it.
                 if !crate::environment::Environment::current().deployed() {
-                    refuse_unusable_table(&table, &layout.table).await?;
+                    refuse_unusable_table(&table, &layout.table, needs.long_running).await?;
                 }
                 let target = format!("table {} at {}", layout.table, table.endpoint);
                 let operation_timeout = crate::aws::operation_timeout(table.client.config().timeout_config());
@@ -408,15 +410,27 @@ impl Builder {
 }
 
 /// Refuses to start on a claim table that cannot be used, naming what is
-/// wrong and where it was looked for.
+/// wrong and where it was looked for; one that does not answer is waited
+/// for when `wait` (a long-running command).
 #[cfg(feature = "dynamodb")]
-async fn refuse_unusable_table(dynamodb: &DynamoDbTable, table: &str) -> Result<(), StartupError> {
+async fn refuse_unusable_table(dynamodb: &DynamoDbTable, table: &str, wait: bool) -> Result<(), StartupError> {
+    use std::ops::ControlFlow;
     let endpoint = dynamodb.endpoint.clone();
-    let checked = dynamodb::check_table(&dynamodb.uncounted, dynamodb.credentials.clone(), table).await;
+    // Boxed: inlined, the wait's futures nest past the compiler's query depth in `run`.
+    let checked = Box::pin(crate::waiting::until_answered("the claim table", async || {
+        match dynamodb::check_table(&dynamodb.uncounted, dynamodb.credentials.clone(), table).await {
+            Err(Unusable::Unreachable(reason)) if wait => ControlFlow::Continue(reason),
+            checked => ControlFlow::Break(checked),
+        }
+    }))
+    .await;
     checked.map_err(|unusable| match unusable {
         Unusable::Missing => StartupError::MissingTable { table: table.to_owned(), endpoint },
         Unusable::NoRegion => StartupError::NoRegion,
         Unusable::NoCredentials(reason) => StartupError::NoCredentials { reason },
+        Unusable::Refused(answer) => {
+            StartupError::StoreUnreachable { endpoint, reason: format!("it refused the credentials: {answer}") }
+        }
         Unusable::Unreachable(reason) => StartupError::StoreUnreachable { endpoint, reason },
     })
 }
@@ -485,6 +499,10 @@ pub(crate) struct Needs {
     pub(crate) redelivery: bool,
     /// A queue to receive from (`poll`).
     pub(crate) queue: bool,
+    /// A long-running command (`poll`): a claim table that does not answer
+    /// at the start is waited for ([`crate::waiting`]) rather than refused.
+    #[cfg_attr(not(feature = "dynamodb"), expect(dead_code, reason = "only a claim table is waited for"))]
+    pub(crate) long_running: bool,
 }
 
 /// The parts every command builds on.

@@ -45,7 +45,7 @@ impl Sqs {
             .map_err(|error| SqsError::new(OPERATION, error))?;
         let attributes = output.attributes().cloned().unwrap_or_default();
         let attribute = |name: QueueAttributeName| attributes.get(&name).cloned();
-        let missing = |what: &str| SqsError { operation: OPERATION, reason: format!("the answer lacks {what}") };
+        let missing = |what: &str| SqsError::lasting(OPERATION, format!("the answer lacks {what}"));
         let arn = attribute(QueueAttributeName::QueueArn).ok_or_else(|| missing("QueueArn"))?;
         let visibility_timeout = attribute(QueueAttributeName::VisibilityTimeout)
             .and_then(|seconds| seconds.parse().ok())

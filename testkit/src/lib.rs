@@ -2,7 +2,8 @@
 //! server as the test command (`scripts/test`) starts them, proxies that
 //! answer chosen requests to measure ([`dynamodb::proxy`]) or misbehave at
 //! random ([`faults::FaultProxy`]), a network that takes time
-//! ([`delay::DelayProxy`]), an HTTPS endpoint ([`tls::TlsProxy`]), and a
+//! ([`delay::DelayProxy`]), one that is down until told otherwise
+//! ([`outage::Outage`]), an HTTPS endpoint ([`tls::TlsProxy`]), and a
 //! Lambda Runtime API that drives a
 //! function process as Lambda does ([`runtime_api::RuntimeApi`]).
 //!
@@ -16,6 +17,7 @@ pub mod dynamodb;
 pub mod extended_client;
 pub mod faults;
 pub mod otlp;
+pub mod outage;
 pub mod runtime_api;
 pub mod sqs;
 pub mod tls;

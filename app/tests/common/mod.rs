@@ -9,7 +9,7 @@
 pub mod function;
 pub mod rounds;
 
-pub use testkit::{delay, dynamodb, extended_client, faults, otlp, runtime_api, sqs};
+pub use testkit::{delay, dynamodb, extended_client, faults, otlp, outage, runtime_api, sqs};
 
 use sqs_once::store::{DynamoDbStore, TableLayout};
 
