@@ -20,7 +20,7 @@ use aws_config::SdkConfig;
 use aws_lambda_events::sqs::SqsMessageAttribute;
 use aws_sdk_sqs::{
     Client,
-    error::{BuildError, ProvideErrorMetadata},
+    error::{BuildError, ProvideErrorMetadata, SdkError},
     primitives::Blob,
     types::{
         BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue,
@@ -54,8 +54,14 @@ const NOT_NOW: [&str; 5] =
     ["ThrottlingException", "RequestThrottled", "ServiceUnavailable", "InternalFailure", "InternalError"];
 
 impl SqsError {
-    fn new(operation: &'static str, error: impl std::error::Error + ProvideErrorMetadata) -> Self {
-        let transient = error.code().is_none_or(|code| NOT_NOW.contains(&code));
+    fn new<E, R>(operation: &'static str, error: SdkError<E, R>) -> Self
+    where
+        SdkError<E, R>: std::error::Error + ProvideErrorMetadata,
+    {
+        let transient = match error.code() {
+            Some(code) => NOT_NOW.contains(&code),
+            None => crate::aws::unanswered(&error),
+        };
         Self { operation, reason: crate::aws::describe(&error), transient }
     }
 

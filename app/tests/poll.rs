@@ -352,20 +352,29 @@ async fn poll_stopped_while_it_waits_for_the_queue_exits_cleanly_having_received
 }
 
 #[tokio::test]
-async fn poll_refuses_a_queue_that_does_not_exist_without_waiting_for_it() {
+async fn poll_refuses_what_waiting_would_not_change_without_waiting() {
     let queue = Queue::create(false, 30).await;
     let consumers = Consumers::new().await;
     let url = format!("{}-missing", queue.url());
     let missing = Queue { client: queue.client.clone(), info: QueueInfo { url, ..queue.info.clone() } };
-    let mut poller = consumers.poll(&missing, &[], &[]);
+    let log = refused_at_once(consumers.poll(&missing, &[], &[])).await;
+    assert!(log.contains("The specified queue does not exist"), "{log}");
+    let table = common::dynamodb::unique_name("missing");
+    let log = refused_at_once(consumers.poll(&queue, &[], &[("SQS_ONCE_TABLE", &table)])).await;
+    assert!(log.contains(&format!("the claim table `{table}` does not exist")), "{log}");
+    assert!(consumers.runs().is_empty());
+}
+
+/// The log of a poller that exits with status 1 without waiting for anything.
+async fn refused_at_once(mut poller: Poller) -> String {
     let status = loop {
         if let Some(status) = poller.child.try_wait().unwrap() {
             break status;
         }
-        assert!(!poller.log().contains("waiting for it"), "a missing queue is not waited for:\n{}", poller.log());
+        assert!(!poller.log().contains("waiting for it"), "waits:\n{}", poller.log());
         sleep(Duration::from_millis(200)).await;
     };
     let log = poller.log();
-    assert!(!status.success(), "{log}");
-    assert!(log.contains("cannot poll") && log.contains("The specified queue does not exist"), "{log}");
+    assert_eq!(status.code(), Some(1), "{log}");
+    log
 }

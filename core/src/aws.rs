@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig, retry::RetryConfig, timeout::TimeoutConfig};
+use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
 /// Attempts per request, the first included. Throttling and 5xx answers are
@@ -108,6 +109,21 @@ pub fn timeouts(long_poll: Option<Duration>) -> TimeoutConfig {
         .build()
 }
 
+/// Whether `error` is a call that got no answer, for a reason that may pass:
+/// a timeout, a connection refused or lost, an answer that could not be
+/// read. Not a request that could not be built, nor one the caller's
+/// settings failed (a dispatch failure of the user's kind), nor any answer
+/// of the service's. The HTTP client calls a connection closed mid-answer
+/// an "other" failure, as it does an endpoint that is no URL: both count as
+/// unanswered, and whoever waits logs the reason.
+pub fn unanswered<E, R>(error: &SdkError<E, R>) -> bool {
+    match error {
+        SdkError::TimeoutError(_) | SdkError::ResponseError(_) => true,
+        SdkError::DispatchFailure(failure) => !failure.is_user(),
+        _ => false,
+    }
+}
+
 /// An SDK failure in one line: the error code and message when the service
 /// answered, else the whole cause chain, since the SDK's own `Display` says
 /// only "service error" or "dispatch failure".
@@ -160,6 +176,27 @@ mod tests {
         assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
         let disabled = with_limits(&loaded(Some(TimeoutConfig::disabled())).await);
         assert_eq!(disabled.timeout_config().unwrap().operation_timeout(), Some(OPERATION_TIMEOUT));
+    }
+
+    #[test]
+    fn a_call_without_an_answer_is_unanswered_and_one_that_could_not_be_made_is_not() {
+        use aws_smithy_runtime_api::client::result::ConnectorError;
+        use aws_smithy_types::error::ErrorMetadata;
+        let failed = || -> Box<dyn std::error::Error + Send + Sync> { "failed".into() };
+        let unanswered: [SdkError<ErrorMetadata, ()>; 5] = [
+            SdkError::timeout_error(failed()),
+            SdkError::dispatch_failure(ConnectorError::io(failed())),
+            SdkError::dispatch_failure(ConnectorError::timeout(failed())),
+            SdkError::dispatch_failure(ConnectorError::other(failed(), None)),
+            SdkError::response_error(failed(), ()),
+        ];
+        assert!(unanswered.iter().all(super::unanswered));
+        let not_made_or_answered: [SdkError<ErrorMetadata, ()>; 3] = [
+            SdkError::construction_failure(failed()),
+            SdkError::dispatch_failure(ConnectorError::user(failed())),
+            SdkError::service_error(ErrorMetadata::builder().code("InternalError").build(), ()),
+        ];
+        assert!(!not_made_or_answered.iter().any(super::unanswered));
     }
 
     #[test]

@@ -38,10 +38,12 @@ pub enum Unusable {
     NoRegion,
     /// No credentials could be loaded: why.
     NoCredentials(String),
-    /// DynamoDB refused the credentials: its answer.
-    Refused(String),
-    /// DynamoDB did not answer: why.
+    /// DynamoDB refused the credentials, or the request could not be made
+    /// (an endpoint that is no URL): why. Waiting would not change it.
     Unreachable(String),
+    /// No answer came (a timeout, a connection refused or lost): why. It may
+    /// come later.
+    Silent(String),
 }
 
 /// Error codes with which DynamoDB refuses the request's credentials or
@@ -59,7 +61,8 @@ const REFUSED_CREDENTIALS: [&str; 5] = [
 /// once must not stop a consumer that would have run: `poll` on a service
 /// restarts into the same network), and then what kept the answer from
 /// coming (no Region; no `credentials` from the provider the client was made
-/// with, when known; else an endpoint that does not answer). Any other
+/// with, when known; else an endpoint that does not answer, or a request
+/// that cannot be made, which is not sent twice). Any other
 /// answer of DynamoDB (not allowed to describe the table, throttled) counts
 /// as usable: records that cannot be claimed say why on their own.
 #[doc(hidden)]
@@ -80,10 +83,18 @@ pub async fn check_table(
         match error.code() {
             Some("ResourceNotFoundException") => return Err(Unusable::Missing),
             Some(code) if REFUSED_CREDENTIALS.contains(&code) => {
-                return Err(Unusable::Refused(crate::aws::describe(&error)));
+                let refused = format!("it refused the credentials: {}", crate::aws::describe(&error));
+                return Err(Unusable::Unreachable(refused));
             }
             Some(_) => return Ok(()),
-            None => silent = Some(error),
+            None => {
+                let unanswered = crate::aws::unanswered(&error);
+                silent = Some((error, unanswered));
+                // A request that could not be made is not tried again.
+                if !unanswered {
+                    break;
+                }
+            }
         }
     }
     if let Some(credentials) = credentials
@@ -91,7 +102,11 @@ pub async fn check_table(
     {
         return Err(Unusable::NoCredentials(crate::reason::with_causes(&error)));
     }
-    Err(Unusable::Unreachable(silent.map(|error| crate::aws::describe(&error)).unwrap_or_default()))
+    let reason = silent.as_ref().map(|(error, _)| crate::aws::describe(error)).unwrap_or_default();
+    match silent {
+        Some((_, true)) => Err(Unusable::Silent(reason)),
+        _ => Err(Unusable::Unreachable(reason)),
+    }
 }
 
 impl DynamoDbStore {

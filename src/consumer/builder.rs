@@ -419,7 +419,7 @@ async fn refuse_unusable_table(dynamodb: &DynamoDbTable, table: &str, wait: bool
     // Boxed: inlined, the wait's futures nest past the compiler's query depth in `run`.
     let checked = Box::pin(crate::waiting::until_answered("the claim table", async || {
         match dynamodb::check_table(&dynamodb.uncounted, dynamodb.credentials.clone(), table).await {
-            Err(Unusable::Unreachable(reason)) if wait => ControlFlow::Continue(reason),
+            Err(Unusable::Silent(reason)) if wait => ControlFlow::Continue(reason),
             checked => ControlFlow::Break(checked),
         }
     }))
@@ -428,10 +428,7 @@ async fn refuse_unusable_table(dynamodb: &DynamoDbTable, table: &str, wait: bool
         Unusable::Missing => StartupError::MissingTable { table: table.to_owned(), endpoint },
         Unusable::NoRegion => StartupError::NoRegion,
         Unusable::NoCredentials(reason) => StartupError::NoCredentials { reason },
-        Unusable::Refused(answer) => {
-            StartupError::StoreUnreachable { endpoint, reason: format!("it refused the credentials: {answer}") }
-        }
-        Unusable::Unreachable(reason) => StartupError::StoreUnreachable { endpoint, reason },
+        Unusable::Unreachable(reason) | Unusable::Silent(reason) => StartupError::StoreUnreachable { endpoint, reason },
     })
 }
 
