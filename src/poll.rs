@@ -141,7 +141,10 @@ impl Poller {
         options: PollOptions,
     ) -> Result<Self, PollError> {
         let queue = crate::waiting::until_answered("the queue", async || match sqs.queue_info(queue_url).await {
-            Err(error) if error.transient => ControlFlow::Continue(error.to_string()),
+            Err(error) if error.transient => match sqs.can_sign().await {
+                Ok(()) => ControlFlow::Continue(error.to_string()),
+                Err(unsigned) => ControlFlow::Break(Err(unsigned)),
+            },
             read => ControlFlow::Break(read),
         })
         .await?;

@@ -20,6 +20,7 @@ use aws_config::SdkConfig;
 use aws_lambda_events::sqs::SqsMessageAttribute;
 use aws_sdk_sqs::{
     Client,
+    config::SharedCredentialsProvider,
     error::{BuildError, ProvideErrorMetadata, SdkError},
     primitives::Blob,
     types::{
@@ -99,18 +100,22 @@ pub(crate) struct OutgoingMessage {
 #[derive(Debug, Clone)]
 pub(crate) struct Sqs {
     client: Client,
+    /// Where the client's credentials come from, when known (not for a
+    /// client given): what `poll` asks when SQS does not answer.
+    #[cfg_attr(not(feature = "cli"), expect(dead_code, reason = "asked by `poll` alone"))]
+    credentials: Option<SharedCredentialsProvider>,
 }
 
 impl Sqs {
     /// A client from the shared SDK configuration ([`crate::aws::sdk_config`]),
     /// so `AWS_ENDPOINT_URL_SQS` points it at another server.
     pub(crate) fn new(config: &SdkConfig) -> Self {
-        Self::from_client(Client::new(config))
+        Self { client: Client::new(config), credentials: config.credentials_provider() }
     }
 
     /// Requests through `client`.
     pub(crate) fn from_client(client: Client) -> Self {
-        Self { client }
+        Self { client, credentials: None }
     }
 
     /// An SQS client given by the program, with the timeouts it lacks filled
@@ -244,6 +249,22 @@ fn trace_header(header: String) -> HashMap<MessageSystemAttributeNameForSends, M
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "cli")]
+    #[tokio::test]
+    async fn a_client_without_a_region_cannot_sign_and_says_so() {
+        let latest = aws_config::BehaviorVersion::latest();
+        let no_region = Sqs::new(&SdkConfig::builder().behavior_version(latest).build());
+        let refused = no_region.can_sign().await.unwrap_err();
+        assert!(!refused.transient && refused.reason.contains("no AWS Region"), "{refused}");
+        let credentials = aws_sdk_sqs::config::Credentials::new("id", "secret", None, None, "test");
+        let signing = SdkConfig::builder()
+            .behavior_version(latest)
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(SharedCredentialsProvider::new(credentials))
+            .build();
+        assert_eq!(Sqs::new(&signing).can_sign().await, Ok(()));
+    }
 
     #[tokio::test]
     async fn a_client_given_gets_the_timeouts_it_lacks() {

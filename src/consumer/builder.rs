@@ -359,9 +359,11 @@ impl Builder {
             let destinations = aws.as_ref().map_or_else(AwsDestinations::from_env, AwsDestinations::new);
             Arc::new(destinations.propagating(config.engine.propagators))
         });
-        let sqs_client =
-            self.sqs.take().map(crate::sqs::Sqs::with_limits).or_else(|| aws.as_ref().map(aws_sdk_sqs::Client::new));
-        let sqs = sqs_client.filter(|_| needs.redelivery || needs.queue).map(Sqs::from_client);
+        let sqs = match self.sqs.take() {
+            Some(given) => Some(Sqs::from_client(Sqs::with_limits(given))),
+            None => aws.as_ref().map(Sqs::new),
+        };
+        let sqs = sqs.filter(|_| needs.redelivery || needs.queue);
         Ok(CommandParts { store, destinations, send_time, sqs, payloads: payloads(aws.as_ref()) })
     }
 

@@ -30,6 +30,26 @@ pub(crate) struct QueueInfo {
 }
 
 impl Sqs {
+    /// Whether the client can sign a request: a Region, and credentials its
+    /// provider can load. Asked when a call got no answer, since the SDK
+    /// reports those two missing as it reports a connection lost: a start
+    /// that lacks them is refused, not waited out.
+    pub(crate) async fn can_sign(&self) -> Result<(), SqsError> {
+        use aws_sdk_sqs::config::ProvideCredentials;
+        const NOT_SIGNED: &str = "signing";
+        let config = self.client.config();
+        if config.region().is_none() {
+            return Err(SqsError::lasting(NOT_SIGNED, "no AWS Region: set AWS_REGION".into()));
+        }
+        if let Some(credentials) = &self.credentials
+            && let Err(error) = credentials.provide_credentials().await
+        {
+            let reason = format!("no AWS credentials: {}", crate::reason::with_causes(&error));
+            return Err(SqsError::lasting(NOT_SIGNED, reason));
+        }
+        Ok(())
+    }
+
     /// The queue's ARN, visibility timeout and type.
     pub(crate) async fn queue_info(&self, queue_url: &str) -> Result<QueueInfo, SqsError> {
         const OPERATION: &str = "GetQueueAttributes";
