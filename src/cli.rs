@@ -256,8 +256,10 @@ async fn invoke(
     drop(text);
     let builder = builder.adjust(|config| {
         if !sqs {
-            // Offline events carry made-up receipt handles: leave SQS alone.
+            // Offline events carry made-up receipt handles: leave SQS alone. No queue delivers their records
+            // again, so keys are remembered for SQS_ONCE_EXPIRES_AFTER_SECS alone.
             config.redelivery = RedeliveryPolicy::none();
+            config.claims.redelivered_within = None;
         }
     })?;
     let handler = handler.await.map_err(anyhow::Error::msg)?;

@@ -210,10 +210,14 @@ impl Config {
         // `poll` consumer, `claims` on a laptop and the function share keys.
         let key_prefix = env.text("SQS_ONCE_KEY_PREFIX").unwrap_or_else(|| crate::key::DEFAULT_KEY_PREFIX.to_owned());
         env.log_filter()?;
-        let claims = env.claim_policy()?;
+        let mut claims = env.claim_policy()?;
         let engine = env.engine_options()?;
         let store = env.store(&key_prefix)?;
         let keys = env.keys(key_prefix, engine.envelope)?;
+        let redelivery = env.redelivery()?;
+        // Unknown, the queue's visibility timeout is taken as SQS's longest; `poll` reads its queue's.
+        let visibility_timeout = env.visibility_timeout()?.unwrap_or(MAX_VISIBILITY);
+        claims.redelivered_within = Some(redelivery.redelivered_within(visibility_timeout));
         Ok(Self {
             keys,
             claims,
@@ -222,7 +226,7 @@ impl Config {
             #[cfg(feature = "dynamodb")]
             dynamodb_batching: env.flag("SQS_ONCE_DYNAMODB_BATCHING", true)?,
             metrics: env.metrics()?,
-            redelivery: env.redelivery()?,
+            redelivery,
             outbox_sweep: env.outbox_sweep()?,
         })
     }
@@ -542,9 +546,25 @@ impl Env<'_> {
         }
         Ok(RedeliveryPolicy {
             conflict_backoff: self.flag("SQS_ONCE_CONFLICT_BACKOFF", defaults.conflict_backoff)?,
+            longest_delay: max,
             retry_backoff: (!base.is_zero()).then_some(RetryBackoff { base, max }),
             dead_letter_queue: self.dead_letter_queue()?,
         })
+    }
+
+    /// `SQS_ONCE_VISIBILITY_TIMEOUT_SECS`: the source queue's visibility
+    /// timeout, as the template hands it to the function.
+    fn visibility_timeout(&self) -> Result<Option<Duration>, ConfigError> {
+        const SECONDS: &str = "the source queue's visibility timeout in seconds, at most 43200 (12 hours)";
+        const NAME: &str = "SQS_ONCE_VISIBILITY_TIMEOUT_SECS";
+        if self.text(NAME).is_none() {
+            return Ok(None);
+        }
+        let duration = Duration::from_secs(self.parse(NAME, 0, SECONDS)?);
+        match duration > MAX_VISIBILITY {
+            true => Err(self.invalid("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", SECONDS)),
+            false => Ok(Some(duration)),
+        }
     }
 
     /// `SQS_ONCE_DLQ_URL`: a queue URL, or nothing. (Run locally by SAM, a
@@ -630,9 +650,23 @@ mod tests {
             [("SQS_ONCE_KEYS".to_owned(), "SQS_ONCE_KEY"), ("SQS_ONCE_TABEL".to_owned(), "SQS_ONCE_TABLE")],
             "a setting, a handler's own name, another prefix and a name far from any are left alone"
         );
-        assert_eq!(settings().count(), 46, "docs/configuration.md's table lists every setting");
+        assert_eq!(settings().count(), 47, "docs/configuration.md's table lists every setting");
         assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn keys_are_remembered_past_the_queues_redelivery_its_timeout_known_or_the_longest_assumed() {
+        let within = |pairs: &[(&str, &str)]| config(pairs).unwrap().claims.redelivered_within;
+        // Unknown, the visibility timeout is SQS's longest: twelve hours.
+        assert_eq!(within(&[]), Some(MAX_VISIBILITY));
+        // The template's queue, 180 s, and the default back-off's ceiling, 900 s with its jitter (181 s).
+        assert_eq!(within(&[("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "180")]), Some(Duration::from_secs(1_081)));
+        let short = [("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "180"), ("SQS_ONCE_RETRY_MAX_SECS", "60")];
+        assert_eq!(within(&short), Some(Duration::from_secs(180)));
+        let error = config(&[("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "43201")]).unwrap_err();
+        assert_eq!(error.name, "SQS_ONCE_VISIBILITY_TIMEOUT_SECS");
+        assert!(config(&[("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "soon")]).is_err());
     }
 
     #[test]

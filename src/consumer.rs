@@ -5,7 +5,10 @@
 //!
 #![doc = include_str!("../docs/redelivery.md")]
 
-use std::{sync::atomic::Ordering, time::SystemTime};
+use std::{
+    sync::atomic::Ordering,
+    time::{Duration, SystemTime},
+};
 
 use aws_lambda_events::sqs::SqsBatchResponse;
 
@@ -98,18 +101,15 @@ pub enum StartupError {
     )]
     OutboxTimeouts {
         /// The operation timeout of the destinations' clients.
-        send: std::time::Duration,
+        send: Duration,
         /// The operation timeout of the claim store's client.
-        delete: std::time::Duration,
+        delete: Duration,
     },
 }
 
 /// The outbox's times for sends of `send` and deletions of `delete`, or the
 /// refusal to start when a sending lease cannot hold them.
-pub(crate) fn outbox_times(
-    send: std::time::Duration,
-    delete: std::time::Duration,
-) -> Result<crate::outbox::OutboxTimes, StartupError> {
+pub(crate) fn outbox_times(send: Duration, delete: Duration) -> Result<crate::outbox::OutboxTimes, StartupError> {
     crate::outbox::OutboxTimes { send, delete }.checked().map_err(|crate::outbox::LeaseTooShort(times)| {
         StartupError::OutboxTimeouts { send: times.send, delete: times.delete }
     })
@@ -217,6 +217,36 @@ impl Consumer {
         let _ = by;
     }
 
+    /// Remembers keys past the redelivery of a queue whose visibility
+    /// timeout is `visibility_timeout`, for batches of `timeout` at most
+    /// (see [`ClaimPolicy::redelivered_within`](crate::claim::ClaimPolicy)),
+    /// in place of what the settings said: `poll` reads its queue's.
+    pub(crate) fn redelivered_by_queue(&self, visibility_timeout: Duration, timeout: Duration) {
+        let within = match &self.redelivery {
+            Some(redelivery) => redelivery.policy().redelivered_within(visibility_timeout),
+            None => visibility_timeout,
+        };
+        let within = within.max(timeout);
+        self.engine.claims().set_redelivered_within(Some(within));
+        self.log_key_memory();
+    }
+
+    /// Says at start how long completed keys are remembered when a queue's
+    /// redelivery asks for longer than `SQS_ONCE_EXPIRES_AFTER_SECS`.
+    pub(crate) fn log_key_memory(&self) {
+        let claims = self.engine.claims();
+        let expires_after = claims.policy().expires_after;
+        if let Some(within) = claims.redelivered_within().filter(|within| *within > expires_after) {
+            tracing::info!(
+                expires_after_s = expires_after.as_secs(),
+                redelivered_within_s = within.as_secs(),
+                "completed keys are remembered past their lease for as long as a failed record can stay away from \
+                 the queue (its visibility timeout, SQS_ONCE_VISIBILITY_TIMEOUT_SECS, or SQS_ONCE_RETRY_MAX_SECS \
+                 with jitter), longer than SQS_ONCE_EXPIRES_AFTER_SECS: the record's redelivery finds its commit"
+            );
+        }
+    }
+
     /// The redelivery step of [`process`](Self::process). It is best effort
     /// and ends by `deadline` (less the time to post the answer): when SQS is
     /// slow or down, the engine's own answer stands, which is correct on its
@@ -286,7 +316,7 @@ impl Consumer {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use Duration;
 
     use super::*;
 

@@ -152,6 +152,7 @@ impl Poller {
         if timeout.is_zero() {
             return Err(PollError::NoTimeout);
         }
+        consumer.redelivered_by_queue(queue.visibility_timeout, timeout);
         tracing::info!(
             queue = %queue.arn, fifo = queue.fifo, visibility_timeout_s = queue.visibility_timeout.as_secs(),
             timeout_ms = timeout.as_millis(), "polling"

@@ -35,6 +35,7 @@ use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 
 use crate::{
+    claim::{ClaimPolicy, jitter_spread},
     event::EventRecord,
     lock::{into_inner, lock},
     record::receive_count,
@@ -81,8 +82,13 @@ impl RetryBackoff {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RedeliveryPolicy {
     /// Make a conflicting record visible when the lease can have ended
-    /// (`SQS_ONCE_CONFLICT_BACKOFF`).
+    /// (`SQS_ONCE_CONFLICT_BACKOFF`), after `longest_delay` at most.
     pub conflict_backoff: bool,
+    /// The longest the policy keeps any record away, before jitter
+    /// (`SQS_ONCE_RETRY_MAX_SECS`, the retry back-off's ceiling too): it
+    /// bounds how long keys must be remembered (see
+    /// [`redelivered_within`](Self::redelivered_within)).
+    pub longest_delay: Duration,
     /// Back off retryable failures; `None` leaves them to the queue.
     pub retry_backoff: Option<RetryBackoff>,
     /// The queue that takes permanent failures (`SQS_ONCE_DLQ_URL`).
@@ -102,7 +108,13 @@ pub(crate) enum NextDelivery {
 
 impl Default for RedeliveryPolicy {
     fn default() -> Self {
-        Self { conflict_backoff: true, retry_backoff: Some(RetryBackoff::default()), dead_letter_queue: None }
+        let backoff = RetryBackoff::default();
+        Self {
+            conflict_backoff: true,
+            longest_delay: backoff.max,
+            retry_backoff: Some(backoff),
+            dead_letter_queue: None,
+        }
     }
 }
 
@@ -111,12 +123,23 @@ impl RedeliveryPolicy {
     /// the queue's visibility timeout.
     #[cfg(feature = "cli")]
     pub(crate) fn none() -> Self {
-        Self { conflict_backoff: false, retry_backoff: None, dead_letter_queue: None }
+        Self { conflict_backoff: false, retry_backoff: None, dead_letter_queue: None, ..Self::default() }
     }
 
     /// Whether the policy asks anything of SQS.
     pub(crate) fn is_active(&self) -> bool {
         self.conflict_backoff || self.retry_backoff.is_some() || self.dead_letter_queue.is_some()
+    }
+
+    /// The longest a failed record stays away before SQS delivers it again,
+    /// on a queue whose visibility timeout is `visibility_timeout`: that
+    /// timeout (SQS's own redelivery, which also applies when a visibility
+    /// change fails), or the longest delay the policy sets, jitter
+    /// included, whichever is longer. Keys are remembered past it
+    /// ([`ClaimPolicy::redelivered_within`](crate::claim::ClaimPolicy)).
+    pub(crate) fn redelivered_within(&self, visibility_timeout: Duration) -> Duration {
+        let backs_off = self.conflict_backoff || self.retry_backoff.is_some();
+        ClaimPolicy::redelivery_window(visibility_timeout, backs_off.then_some(self.longest_delay))
     }
 
     /// The next delivery of a record that failed with `failure`, before jitter.
@@ -134,7 +157,7 @@ impl RedeliveryPolicy {
             _ if fifo => NextDelivery::AsQueued,
             // Both wait for a lease: another holder's, or the one whose commit may still land.
             Failure::Conflict { retry_after } | Failure::Uncommitted { retry_after } if self.conflict_backoff => {
-                NextDelivery::After(*retry_after)
+                NextDelivery::After((*retry_after).min(self.longest_delay))
             }
             Failure::Retryable(_)
             | Failure::Panicked(_)
@@ -151,8 +174,7 @@ impl RedeliveryPolicy {
 
 /// `delay` plus up to a fifth of it, and up to one second more, at random.
 pub(crate) fn with_jitter(delay: Duration) -> Duration {
-    let spread = delay / 5 + Duration::from_secs(1);
-    delay + spread.mul_f64(fastrand::f64())
+    delay + jitter_spread(delay).mul_f64(fastrand::f64())
 }
 
 /// What the SQS side of one batch did.
@@ -191,6 +213,11 @@ impl Redelivery {
     /// Carries out `policy` with `sqs`.
     pub(crate) fn new(policy: RedeliveryPolicy, sqs: Sqs) -> Self {
         Self { policy, sqs }
+    }
+
+    /// The policy carried out.
+    pub(crate) fn policy(&self) -> &RedeliveryPolicy {
+        &self.policy
     }
 
     /// Acts on the failed records of `report` (the engine's report on
@@ -406,9 +433,27 @@ mod tests {
     fn policy() -> RedeliveryPolicy {
         RedeliveryPolicy {
             conflict_backoff: true,
+            longest_delay: Duration::from_secs(30),
             retry_backoff: Some(RetryBackoff { base: Duration::from_secs(2), max: Duration::from_secs(30) }),
             dead_letter_queue: Some("https://sqs.us-east-1.amazonaws.com/1/dlq".into()),
         }
+    }
+
+    #[test]
+    fn no_record_is_kept_away_longer_than_the_keys_are_remembered_past_their_lease() {
+        let policy = policy();
+        // A conflict with a lease of an hour comes back after the longest delay, not the lease.
+        let conflict = Failure::Conflict { retry_after: Duration::from_secs(3_600) };
+        assert_eq!(policy.next_delivery(&conflict, 1, false), NextDelivery::After(Duration::from_secs(30)));
+        let retryable = Failure::Retryable("again".into());
+        assert_eq!(policy.next_delivery(&retryable, 20, false), NextDelivery::After(Duration::from_secs(30)));
+        // Whichever is longer: the longest delay with its jitter (30 s + 6 s + 1 s), or the queue's own timeout.
+        assert_eq!(policy.redelivered_within(Duration::from_secs(20)), Duration::from_secs(37));
+        assert_eq!(policy.redelivered_within(Duration::from_secs(180)), Duration::from_secs(180));
+        let most = (0..1_000).map(|_| with_jitter(Duration::from_secs(30))).max().unwrap();
+        assert!(most <= policy.redelivered_within(Duration::ZERO), "{most:?}");
+        // A policy that asks nothing of SQS leaves the queue's timeout alone.
+        assert_eq!(RedeliveryPolicy::none().redelivered_within(Duration::from_secs(20)), Duration::from_secs(20));
     }
 
     #[test]

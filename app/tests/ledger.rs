@@ -519,6 +519,35 @@ async fn commits_answered_after_the_next_invocation_started_apply_once_and_notif
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncommitted_record_back_after_its_key_memory_finds_its_commit() {
+    let world = World::new().await;
+    // Keys remembered 1 s; the queue's visibility timeout 20 s, so the record may be back 20 s after its answer,
+    // or after a back-off of 2 s at most (and its jitter).
+    let proxy = FaultProxy::holding_finishing_writes(Duration::from_millis(1800)).await;
+    let mut envs = world.envs(&proxy.url, &common::sqs::endpoint());
+    envs.extend([
+        ("SQS_ONCE_EXPIRES_AFTER_SECS", "1".to_owned()),
+        ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "20".to_owned()),
+        ("SQS_ONCE_RETRY_BASE_SECS", "1".to_owned()),
+        ("SQS_ONCE_RETRY_MAX_SECS", "2".to_owned()),
+    ]);
+    let function = Function::spawn(&envs).await;
+    let credits: BTreeMap<String, String> =
+        entries(8, 59).into_iter().filter(|(_, body)| !body.contains(&OVERDRAFT.to_string())).collect();
+    // DynamoDB holds each commit past the 1.5 s deadline: every credit is reported uncommitted, and lands.
+    let failed = invoke(&function, &records(&credits, 1), Duration::from_millis(1500)).await;
+    assert_eq!(failed, credits.keys().cloned().collect(), "uncommitted when the answer was due");
+    proxy.hold_finishing(Duration::ZERO);
+    // Back 6 s later: past the key memory, within the queue's timeout. Each finds its commit landed.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let again = invoke(&function, &records(&credits, 2), Duration::from_secs(12)).await;
+    assert!(again.is_empty(), "{again:?}\n{}", function.output());
+    let report = world.check(&credits).await;
+    println!("ledger-report {}", json!({ "case": "back after the key memory", "checked": report }));
+    assert_eq!(report["notices_duplicated"], 0, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notices_of_a_process_killed_after_its_commits_are_sent_by_runs_that_stage_nothing() {
     let world = World::new().await;
     // A notice queue endpoint that takes connections and never answers: the sends hang.

@@ -410,6 +410,18 @@ mod ledger {
         Reclaimed,
     }
 
+    /// Keys remembered 20 s, on a queue whose records are back within 2 s
+    /// (its visibility timeout, and a back-off of 1 s with its jitter), so
+    /// that the key memory, not the redelivery window, says when they expire.
+    fn remembered_20_s() -> [(&'static str, String); 4] {
+        [
+            ("SQS_ONCE_EXPIRES_AFTER_SECS", "20".to_owned()),
+            ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "2".to_owned()),
+            ("SQS_ONCE_RETRY_BASE_SECS", "1".to_owned()),
+            ("SQS_ONCE_RETRY_MAX_SECS", "1".to_owned()),
+        ]
+    }
+
     /// An environment frozen at its answer with its commits held (and then
     /// lost: they never reached DynamoDB), whose copies another environment
     /// commits; back after the keys' completions (20 s) expired and TTL
@@ -417,7 +429,7 @@ mod ledger {
     async fn frozen(table: &str, balances: &str, prefix: &str, log: &Path) -> (Environment, FaultProxy) {
         let proxy = FaultProxy::holding_finishing_writes(Duration::from_secs(6)).await;
         let mut settings = ledger(balances, "auto");
-        settings.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "20".to_owned()));
+        settings.extend(remembered_20_s());
         let first = Environment::with(table, &proxy.url, true, 2000, log, &settings).await;
         first.freeze_at_answer(&proxy);
         let failed = first.invoke(&credits_of(prefix, 1)).await;
@@ -442,7 +454,7 @@ mod ledger {
         // After the leases, the copies go to another environment, which commits every credit.
         tokio::time::sleep(Duration::from_secs(7)).await;
         let mut settings = ledger(&balances, "auto");
-        settings.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "20".to_owned()));
+        settings.extend(remembered_20_s());
         let direct = common::dynamodb::endpoint();
         let second = Environment::with(&table, &direct, true, 2000, &log, &settings).await;
         for (prefix, _) in ways {

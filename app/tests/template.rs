@@ -116,7 +116,7 @@ fn the_event_source_reports_batch_item_failures() {
 }
 
 #[test]
-fn the_queue_has_a_dead_letter_queue_and_outlasts_six_function_timeouts() {
+fn the_queue_has_a_dead_letter_queue_outlasts_six_function_timeouts_and_the_function_knows_its_timeout() {
     for template in templates() {
         let queue = &resource(&template, "WorkQueue")["Properties"];
         assert_eq!(queue["RedrivePolicy"]["deadLetterTargetArn"], get_att("DeadLetterQueue.Arn"));
@@ -124,6 +124,10 @@ fn the_queue_has_a_dead_letter_queue_and_outlasts_six_function_timeouts() {
         let timeout = number(&template["Globals"]["Function"]["Timeout"]);
         assert!(resource(&template, "ConsumerFunction")["Properties"].get("Timeout").is_none(), "timeout overridden");
         assert!(number(&queue["VisibilityTimeout"]) >= 6 * timeout);
+        // The function remembers completed keys past the queue's redelivery: it must know the timeout.
+        let variables = &resource(&template, "ConsumerFunction")["Properties"]["Environment"]["Variables"];
+        let told: u64 = variables["SQS_ONCE_VISIBILITY_TIMEOUT_SECS"].as_str().unwrap().parse().unwrap();
+        assert_eq!(told, number(&queue["VisibilityTimeout"]));
         assert_eq!(queue["SqsManagedSseEnabled"], true);
         assert_eq!(resource(&template, "DeadLetterQueue")["Properties"]["SqsManagedSseEnabled"], true);
     }

@@ -102,6 +102,19 @@ impl Lease {
     pub(crate) fn is_unclaimed(&self) -> bool {
         self.unclaimed.is_some()
     }
+
+    /// The earliest a completion written under this lease may expire, epoch
+    /// seconds, when the queue delivers failed records again `within` at
+    /// most after their answer (or their receive, unanswered): the lease's
+    /// end, plus `within` for a delivery received before then (this run's
+    /// own, or a copy's that met the lease as a conflict) to answer, since
+    /// an invocation lasts no longer than the visibility timeout, plus
+    /// `within` for the queue to bring it back. A record the framework asked
+    /// the queue to deliver again because of this run finds the completion.
+    fn remembered_until_s(&self, within: Duration) -> u64 {
+        let until_ms = self.lease_until_ms.saturating_add(2 * duration_ms(within));
+        until_ms.div_ceil(1000) + 1
+    }
 }
 
 /// The outcome of [`Claims::claim`].
@@ -131,8 +144,19 @@ pub enum Claim {
 /// Tuning of the state machine; docs/configuration.md has the matching settings.
 #[derive(Debug, Clone)]
 pub struct ClaimPolicy {
-    /// How long a finished key is remembered (`SQS_ONCE_EXPIRES_AFTER_SECS`).
+    /// How long a finished key is remembered (`SQS_ONCE_EXPIRES_AFTER_SECS`),
+    /// at least: see `redelivered_within`.
     pub expires_after: Duration,
+    /// The longest a record the consumer reported failed can stay away
+    /// after its answer before the queue delivers it again: the queue's
+    /// visibility timeout, or the longest back-off the consumer asks of
+    /// the queue, whichever is longer (see [`Self::redelivery_window`]),
+    /// and no shorter than an invocation. A completed key is remembered
+    /// twice this past its lease, however short `expires_after`: a commit
+    /// whose answer was lost is reported `uncommitted`, and its redelivery
+    /// must find it. `None` when no queue delivers the records again
+    /// (`invoke` of an event file, tests).
+    pub redelivered_within: Option<Duration>,
     /// How long after the invocation deadline a lease lasts.
     pub lease_margin: Duration,
     /// Store a body hash and refuse the same key with another body.
@@ -149,6 +173,7 @@ impl Default for ClaimPolicy {
     fn default() -> Self {
         Self {
             expires_after: Duration::from_secs(3600),
+            redelivered_within: None,
             lease_margin: Duration::from_secs(2),
             validate_payload: false,
             store_result: false,
@@ -157,6 +182,26 @@ impl Default for ClaimPolicy {
             local_cache_entries: 1024,
         }
     }
+}
+
+impl ClaimPolicy {
+    /// The longest a record reported failed can stay away after its answer
+    /// before the queue delivers it again: the queue's `visibility_timeout`
+    /// (SQS's own redelivery, and the consumer's when a visibility change
+    /// fails), or `longest_delay`, the longest the consumer asks SQS to keep
+    /// a record away (if it asks), with its jitter, whichever is longer:
+    /// the value of [`redelivered_within`](Self::redelivered_within).
+    pub fn redelivery_window(visibility_timeout: Duration, longest_delay: Option<Duration>) -> Duration {
+        let longest = longest_delay.map(|delay| delay + jitter_spread(delay));
+        visibility_timeout.max(longest.unwrap_or_default())
+    }
+}
+
+/// The most random jitter adds to a redelivery delay of `delay`: a fifth
+/// of it, and a second, so that records failed together do not return
+/// together.
+pub fn jitter_spread(delay: Duration) -> Duration {
+    delay / 5 + Duration::from_secs(1)
 }
 
 /// A completed key as remembered by the local cache.
@@ -211,7 +256,14 @@ pub struct Claims {
     cache: Option<Mutex<LruCache<String, Completed>>>,
     counters: ClaimCounters,
     unconfirmed: Arc<Unconfirmed>,
+    /// The policy's `redelivered_within` in milliseconds ([`NOT_REDELIVERED`]
+    /// for `None`), which a consumer that learns its queue's visibility
+    /// timeout after the start sets ([`Claims::set_redelivered_within`]).
+    redelivered_within_ms: AtomicU64,
 }
+
+/// `redelivered_within_ms` when no queue delivers the records again.
+const NOT_REDELIVERED: u64 = u64::MAX;
 
 impl std::fmt::Debug for Claims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -231,11 +283,43 @@ impl Claims {
     pub fn with_policy(store: Arc<dyn ClaimStore>, policy: ClaimPolicy, clock: Arc<dyn Clock>) -> Self {
         let cache = NonZeroUsize::new(policy.local_cache_entries).map(|size| Mutex::new(LruCache::new(size)));
         let commits = Arc::clone(&store).commits();
-        Self { store, commits, clock, policy, cache, counters: ClaimCounters::default(), unconfirmed: Arc::default() }
+        let redelivered_within_ms = AtomicU64::new(policy.redelivered_within.map_or(NOT_REDELIVERED, duration_ms));
+        Self {
+            store,
+            commits,
+            clock,
+            policy,
+            cache,
+            counters: ClaimCounters::default(),
+            unconfirmed: Arc::default(),
+            redelivered_within_ms,
+        }
+    }
+
+    /// Sets how long a failed record can stay away before the queue
+    /// delivers it again (see [`ClaimPolicy::redelivered_within`]): `poll`
+    /// learns it from its queue's visibility timeout once it has read it.
+    pub fn set_redelivered_within(&self, within: Option<Duration>) {
+        self.redelivered_within_ms.store(within.map_or(NOT_REDELIVERED, duration_ms), Ordering::Relaxed);
+    }
+
+    /// How long a failed record can stay away before the queue delivers it
+    /// again, as last set.
+    pub fn redelivered_within(&self) -> Option<Duration> {
+        match self.redelivered_within_ms.load(Ordering::Relaxed) {
+            NOT_REDELIVERED => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// The shortest time a completed key is remembered for: the policy's
+    /// `expires_after`, or the redelivery window when that is longer.
+    pub(crate) fn remembers_at_least(&self) -> Duration {
+        self.policy.expires_after.max(self.redelivered_within().unwrap_or_default())
     }
 
     /// The policy in force.
-    pub(crate) fn policy(&self) -> &ClaimPolicy {
+    pub fn policy(&self) -> &ClaimPolicy {
         &self.policy
     }
 
@@ -320,7 +404,7 @@ impl Claims {
 
     /// Marks the lease's claim completed, storing `output` if the policy says so.
     pub async fn complete(&self, lease: &Lease, output: Option<&Value>) -> Result<Fenced, StoreError> {
-        let finish = self.finish(ClaimStatus::Completed, self.result_of(lease, output), None);
+        let finish = self.finish(lease, ClaimStatus::Completed, self.result_of(lease, output), None);
         self.settle(lease, Ending::Finish(finish)).await.map(fenced)
     }
 
@@ -330,7 +414,7 @@ impl Claims {
     /// another run completed meanwhile stays completed.
     pub async fn fail(&self, lease: &Lease, error: &str) -> Result<Fenced, StoreError> {
         let error = reason::capped(error).into_owned();
-        let finish = self.finish(ClaimStatus::Failed, None, Some(error));
+        let finish = self.finish(lease, ClaimStatus::Failed, None, Some(error));
         let Some(unclaimed) = &lease.unclaimed else {
             return self.settle(lease, Ending::Finish(finish)).await.map(fenced);
         };
@@ -356,7 +440,7 @@ impl Claims {
     /// [`SENDING_LEASE`]) with the claim's completion, storing `output` if
     /// the policy says so. `message_id` is the delivery's.
     pub fn prepare_commit(&self, lease: &Lease, output: Option<&Value>, staged: Staged, message_id: &str) -> Commit {
-        let finish = self.finish(ClaimStatus::Completed, self.result_of(lease, output), None);
+        let finish = self.finish(lease, ClaimStatus::Completed, self.result_of(lease, output), None);
         let now_ms = finish.finished_at_ms;
         let (writes, messages) = staged.into_parts();
         let lease_until_ms = now_ms + duration_ms(SENDING_LEASE);
@@ -591,9 +675,19 @@ impl Claims {
         matches!((stored_hash, payload_hash), (Some(stored), Some(ours)) if stored != ours)
     }
 
-    fn finish(&self, status: ClaimStatus, result: Option<String>, error: Option<String>) -> Finish {
+    /// How `lease`'s claim finishes. A completion's expiry covers every
+    /// redelivery the consumer's own answer can cause (see
+    /// [`ClaimPolicy::redelivered_within`]); a failure's need not: its
+    /// redelivery finding the key free runs the handler once more, and
+    /// nothing of the failed run applied.
+    fn finish(&self, lease: &Lease, status: ClaimStatus, result: Option<String>, error: Option<String>) -> Finish {
         let now_ms = self.clock.now_ms();
-        Finish { status, expires_at_s: self.expiry_from(now_ms), finished_at_ms: now_ms, result, error }
+        let floor_s = match (status, self.redelivered_within()) {
+            (ClaimStatus::Completed, Some(within)) => lease.remembered_until_s(within),
+            _ => 0,
+        };
+        let expires_at_s = self.expiry_from(now_ms).max(floor_s);
+        Finish { status, expires_at_s, finished_at_ms: now_ms, result, error }
     }
 
     fn expiry_from(&self, now_ms: u64) -> u64 {

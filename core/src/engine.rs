@@ -369,7 +369,7 @@ impl Engine {
     fn unclaimed(&self) -> bool {
         self.inner.options.claim == ClaimFirst::Auto
             && self.inner.handler.stages_every_effect()
-            && self.inner.claims.policy().expires_after >= UNCLAIMED_MEMORY
+            && self.inner.claims.remembers_at_least() >= UNCLAIMED_MEMORY
     }
 
     /// The record as keys, payload validation, logs and the handler read it:

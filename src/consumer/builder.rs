@@ -333,6 +333,7 @@ impl Builder {
             #[cfg(feature = "opentelemetry")]
             export: self.export.take().transpose()?,
         };
+        consumer.log_key_memory();
         Ok((consumer, queue))
     }
 

@@ -6,6 +6,13 @@
 //!   (claimed, or judged the key free) after the last application, once
 //!   that application's completion had expired: never by a run that
 //!   decided before it (a commit kept and sent again late);
+//! - never by a record the queue delivered again because its last delivery
+//!   ended without a deletion (reported failed: `uncommitted`, a conflict,
+//!   retryable; or held past its visibility timeout) while the key's last
+//!   application was decided and remembered, whenever the queue brings it
+//!   back (a visibility timeout of hours, a back-off, a failed visibility
+//!   change), however short the key memory; a redrive from the dead-letter
+//!   queue after the key memory may run it again, as documented;
 //! - a run reported failed (anything but `uncommitted`, whose commit may
 //!   still land) never has its writes applied, and a run reported processed
 //!   has them;
@@ -43,7 +50,10 @@ use crate::{
 pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
     let mut violations = Vec::new();
     if !drained {
-        violations.push("the queue did not drain".to_owned());
+        violations.push(format!(
+            "the queue did not drain: {:?}, a timeout of {:?}",
+            world.scenario.queue, world.scenario.timeout
+        ));
     }
     let applications = world.table.applications();
     let run_items: BTreeMap<u64, u64> = world
@@ -68,6 +78,9 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
         }
     }
     violations.extend(reapplications(&applications));
+    let (back, back_violations) = applied_again_when_back(&ledger, &applications);
+    violations.extend(back_violations);
+    ledger.stats.back_after_applied += back;
     let runs: HashMap<(&str, &str), &RunInfo> =
         ledger.runs.iter().map(|run| ((run.holder.as_str(), run.key.as_str()), run)).collect();
     let mut succeeded = BTreeSet::new();
@@ -152,6 +165,53 @@ fn reapplications(applications: &[Application]) -> Vec<String> {
     violations
 }
 
+/// The applications of a key's writes by a run of a record the queue
+/// delivered again after a delivery of it that met an earlier application
+/// (received before that run's lease ended, ended after the run decided:
+/// the run's own delivery, or one that met its lease as a conflict). The
+/// framework's own redelivery must find the earlier application, whenever
+/// it comes. Returns how many such records there were (the check means
+/// something only where there are) and the violations.
+fn applied_again_when_back(ledger: &Ledger, applications: &[Application]) -> (u64, Vec<String>) {
+    let run_ids: HashMap<(&str, &str), u64> =
+        ledger.runs.iter().map(|run| ((run.holder.as_str(), run.key.as_str()), run.id)).collect();
+    let applied_by: HashMap<u64, &Application> =
+        applications.iter().map(|application| (application.run, application)).collect();
+    let mut back = 0;
+    let mut violations = Vec::new();
+    for report in &ledger.reports {
+        let (Some(key), Some(ended)) = (&report.key, report.back_after) else { continue };
+        let met = |application: &&Application| {
+            application.key == *key
+                && ended.received_ms <= application.lease_until_ms
+                && application.decided_ms <= ended.ended_ms
+        };
+        let earlier: Vec<&Application> = applications.iter().filter(met).collect();
+        if earlier.is_empty() {
+            continue;
+        }
+        back += 1;
+        let Some(run) = run_ids.get(&(report.holder.as_str(), key.as_str())) else { continue };
+        let Some(applied) = applied_by.get(run) else { continue };
+        for before in earlier.iter().filter(|before| before.run != applied.run) {
+            violations.push(format!(
+                "the writes of {key} applied again by run {}, for {} back from the queue after its delivery \
+                 received at {} ms ended at {} ms, which met run {} (decided at {} ms, its lease until {} ms, \
+                 remembered until {} s)",
+                applied.run,
+                report.message_id,
+                ended.received_ms,
+                ended.ended_ms,
+                before.run,
+                before.decided_ms,
+                before.lease_until_ms,
+                before.expires_at_s
+            ));
+        }
+    }
+    (back, violations)
+}
+
 /// Every message of a committed run sent, within the bound, in the run's
 /// order; none of a run that did not commit; none twice unexcused.
 fn sends(world: &World, ledger: &mut Ledger, applications: &[Application]) -> Vec<String> {
@@ -216,7 +276,7 @@ fn group_order(world: &World, applications: &[Application]) -> Vec<String> {
         let specs = scenario.messages.iter().enumerate().filter(|(n, _)| n % scenario.groups == group);
         for (n, &spec) in specs {
             if scenario.messages.iter().filter(|&&other| other == spec).count() > 1
-                || world.dead_lettered(&format!("m-{n}"))
+                || world.out_of_order(&format!("m-{n}"))
             {
                 continue;
             }

@@ -9,7 +9,7 @@ use std::{
     hash::{DefaultHasher, Hash, Hasher},
 };
 
-use super::workload::Spec;
+use super::{queue::Ended, workload::Spec};
 use crate::report::Outcome;
 
 /// A run of the handler, as it saw itself.
@@ -34,6 +34,10 @@ pub(super) struct Reported {
     pub message_id: String,
     pub key: Option<String>,
     pub outcome: Outcome,
+    /// For a delivery the queue made because the last one ended without a
+    /// deletion (see [`Delivery::back_after`](super::queue::Delivery)):
+    /// that one.
+    pub back_after: Option<Ended>,
 }
 
 /// Counts of what the world did, summed over seeds for the summary line.
@@ -67,6 +71,12 @@ pub(super) struct Stats {
     pub given_up: u64,
     pub quiet_worlds: u64,
     pub fifo_worlds: u64,
+    /// Records back from the queue after a visibility timeout, a back-off
+    /// or a kill, whose key had applied before.
+    pub back_after_applied: u64,
+    pub visibility_failed: u64,
+    pub deduplicated: u64,
+    pub redriven: u64,
     /// Each committed message's time from its commit to its first send, in
     /// worlds whose traffic goes on and in those whose traffic stops.
     pub send_ms: [Vec<u64>; 2],
@@ -103,6 +113,10 @@ impl Stats {
             (&mut self.given_up, other.given_up),
             (&mut self.quiet_worlds, other.quiet_worlds),
             (&mut self.fifo_worlds, other.fifo_worlds),
+            (&mut self.back_after_applied, other.back_after_applied),
+            (&mut self.visibility_failed, other.visibility_failed),
+            (&mut self.deduplicated, other.deduplicated),
+            (&mut self.redriven, other.redriven),
         ];
         for (total, value) in fields {
             *total += value;
@@ -129,7 +143,7 @@ impl Stats {
     }
 
     /// The faults and schedules the simulation is made to meet, counted.
-    pub(super) fn faults(&self) -> [(&'static str, u64); 23] {
+    pub(super) fn faults(&self) -> [(&'static str, u64); 27] {
         [
             ("a request failed before applying", self.failed_before),
             ("an answer lost after applying", self.lost_after),
@@ -154,6 +168,10 @@ impl Stats {
             ("a world whose traffic stops", self.quiet_worlds),
             ("a FIFO queue", self.fifo_worlds),
             ("a run applied", self.applied_runs),
+            ("a record back from the queue after its key applied", self.back_after_applied),
+            ("a visibility change that failed", self.visibility_failed),
+            ("a producer's retry dropped by FIFO deduplication", self.deduplicated),
+            ("a message redriven from the dead-letter queue", self.redriven),
         ]
     }
 }

@@ -77,6 +77,7 @@ fn engine(world: &Arc<World>, id: usize) -> Engine {
     let parts = EngineParts {
         policy: ClaimPolicy {
             expires_after: scenario.expires_after,
+            redelivered_within: Some(scenario.queue.redelivered_within()),
             local_cache_entries: scenario.cache_entries,
             ..ClaimPolicy::default()
         },
@@ -156,6 +157,9 @@ async fn scheduled(world: &Arc<World>, id: usize, engine: &Engine) {
     world.set_life(id, Life::Frozen);
     while !world.ended() {
         tokio::time::sleep(world.scenario.schedule_every).await;
+        if world.schedule_idle() {
+            continue;
+        }
         world.set_life(id, Life::Running);
         let deadline = world.invocation(id, 0).deadline;
         engine.sweep_outbox(deadline).await;

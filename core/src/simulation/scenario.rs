@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use super::workload::Spec;
+use super::{
+    queue::{Backoff, QueueSettings},
+    workload::Spec,
+};
 
 /// How a consumer runs its batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,6 +89,15 @@ pub(super) struct Scenario {
     pub messages: Vec<usize>,
     /// Message groups of a FIFO queue; 0 for a standard queue.
     pub groups: usize,
+    /// The queue's clocks and the consumers' redelivery policy.
+    pub queue: QueueSettings,
+    /// Messages the producer sends again (a retry after a lost answer),
+    /// by index into `messages`, and how long after: on a FIFO queue, the
+    /// deduplication interval drops those sent within it.
+    pub resent: Vec<(usize, Duration)>,
+    /// When the operator moves the dead-letter queue's messages back,
+    /// after the world went quiet, if ever.
+    pub redrive_after: Option<Duration>,
     pub batch_size: usize,
     pub timeout: Duration,
     pub concurrency: usize,
@@ -123,27 +135,44 @@ impl Scenario {
         let seconds =
             |choices: &[u64], rng: &mut fastrand::Rng| Duration::from_secs(choices[rng.usize(..choices.len())]);
         let quiet = seconds(&[60, 1_800, 2 * 3_600], rng);
+        let groups = if rng.u8(0..5) == 0 { rng.usize(1..=3) } else { 0 };
+        // Lambda's timeouts, up to its 15 minutes; most are seconds.
+        let timeout = match rng.u8(0..10) {
+            0 => seconds(&[30, 900], rng),
+            _ => Duration::from_millis(rng.u64(2_000..=8_000)),
+        };
+        let queue = draw_queue(rng, groups > 0, timeout);
         // A world of hours sweeps at most every minute, as a process with the default setting does: a sweep a
         // second for hours would cost the simulation much and find nothing more.
-        let sweep_every = match quiet > Duration::from_secs(1_800) {
+        let hours = quiet > Duration::from_secs(1_800) || queue.visibility_timeout > Duration::from_secs(600);
+        let sweep_every = match hours {
             true => Duration::from_secs(60),
             false => seconds(&[1, 5, 10, 30, 60], rng),
         };
+        let mut resent = Vec::new();
+        for n in 0..messages.len() {
+            if rng.u8(0..10) == 0 {
+                resent.push((n, Duration::from_secs(rng.u64(1..=600))));
+            }
+        }
+        let redrive_after = (rng.u8(0..3) == 0).then(|| seconds(&[600, 2 * 3_600, 26 * 3_600, 3 * 24 * 3_600], rng));
         Self {
             consumers,
             specs,
             messages,
-            groups: if rng.u8(0..5) == 0 { rng.usize(1..=3) } else { 0 },
+            groups,
+            queue,
+            resent,
+            redrive_after,
             batch_size: rng.usize(1..=10),
-            timeout: Duration::from_millis(rng.u64(2_000..=8_000)),
+            timeout,
             concurrency: rng.usize(1..=8),
             gathers: rng.bool(),
             cache_entries: if rng.bool() { 1024 } else { 0 },
             sweep_every,
             unclaimed: [0.0, 0.5, 1.0][rng.usize(..3)],
-            // A minute at least: a completion that lands after its expiry (a request delayed 8 s, or applied
-            // 30 s after its caller gave up) leaves its key free at once, which no consumer can prevent.
-            expires_after: seconds(&[60, 300, 3_600], rng),
+            // Down to the shortest the start accepts: the queue's redelivery is what keys must outlive.
+            expires_after: seconds(&[1, 20, 60, 300, 3_600], rng),
             ttl: [0.0, 0.1, 1.0][rng.usize(..3)],
             transaction_ms: [0, 20, 300][rng.usize(..3)],
             index_lag_ms: [0, 100, 2_000][rng.usize(..3)],
@@ -152,5 +181,39 @@ impl Scenario {
             schedule_every: seconds(&[60, 300], rng),
             faults: Faults::draw(rng),
         }
+    }
+}
+
+/// A queue as users set one up: a visibility timeout at least the
+/// function's `timeout` (Lambda refuses a shorter one), often six times it
+/// as AWS advises, now and then hours; a back-off or none, visibility
+/// changes that fail now and then; a dead-letter queue after a few receives
+/// or many; days of retention, or an hour.
+fn draw_queue(rng: &mut fastrand::Rng, fifo: bool, timeout: Duration) -> QueueSettings {
+    let visibility_timeout = match rng.u8(0..10) {
+        0..=4 => timeout + Duration::from_secs(5),
+        5..=7 => timeout * 6,
+        // Not on a FIFO queue, whose group waits out each failure's timeout in turn: days of a world.
+        _ if fifo => timeout * 6,
+        _ => Duration::from_secs(rng.u64(timeout.as_secs().max(60)..=2 * 3_600)),
+    };
+    let longest = Duration::from_secs([30, 900][rng.usize(..2)]);
+    let backoff = rng.bool().then(|| Backoff { base: Duration::from_secs(rng.u64(1..=5)), longest });
+    // Many receives with a long timeout would keep a world going for days.
+    let max_receives = match visibility_timeout > Duration::from_secs(600) {
+        true => rng.u32(2..=5),
+        false => [2, 3, 5, 10, 40][rng.usize(..5)],
+    };
+    let retention = match rng.u8(0..10) {
+        0 => Duration::from_secs(3_600),
+        _ => Duration::from_secs([4, 14][rng.usize(..2)] * 24 * 3_600),
+    };
+    QueueSettings {
+        fifo,
+        visibility_timeout,
+        max_receives,
+        retention,
+        backoff,
+        change_fails: [0.0, 0.1, 0.5][rng.usize(..3)],
     }
 }

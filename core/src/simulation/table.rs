@@ -45,6 +45,8 @@ pub(super) struct Application {
     pub decided_ms: u64,
     /// When they applied.
     pub applied_ms: u64,
+    /// When the run's lease ended (its invocation's deadline, and a margin).
+    pub lease_until_ms: u64,
     /// When the completion written with them expires, epoch seconds.
     pub expires_at_s: u64,
 }
@@ -150,14 +152,18 @@ impl Table {
             {
                 state.forgotten.insert(claim.id.clone(), now_ms);
             }
-            let decided_ms = match &commit.unclaimed {
-                Some(unclaimed) => unclaimed.now_ms,
-                None => before.and_then(|claim| claim.claimed_at_ms).unwrap_or(now_ms),
+            let (decided_ms, lease_until_ms) = match &commit.unclaimed {
+                Some(unclaimed) => (unclaimed.now_ms, unclaimed.claim.lease_until_ms),
+                None => (before.as_ref().and_then(|claim| claim.claimed_at_ms).unwrap_or(now_ms), {
+                    before.as_ref().and_then(|claim| claim.lease_until_ms)
+                }),
             };
             if let Some(run) = run_of(&commit.writes) {
-                let key = id.to_owned();
-                let expires_at_s = commit.finish.expires_at_s;
-                state.applications.push(Application { key, run, decided_ms, applied_ms: now_ms, expires_at_s });
+                let (key, expires_at_s) = (id.to_owned(), commit.finish.expires_at_s);
+                let lease_until_ms = lease_until_ms.unwrap_or(now_ms);
+                let applied_ms = now_ms;
+                let application = Application { key, run, decided_ms, applied_ms, lease_until_ms, expires_at_s };
+                state.applications.push(application);
             }
             for entry in &commit.outbox {
                 state.versions.entry(entry.id.clone()).or_default().push((now_ms, Some(entry.clone())));

@@ -17,7 +17,7 @@ use tokio::{sync::Notify, time::Instant};
 use super::{
     LONG_POLL, Run, check,
     ledger::{Ledger, Reported, Stats},
-    queue::{Delivery, Queue},
+    queue::{Delivery, Queue, Sent, Settled},
     scenario::{Faults, Mode, Scenario},
     table::Table,
 };
@@ -29,9 +29,8 @@ use crate::{
     report::{BatchReport, Failure, Outcome},
 };
 
-/// How long the queue may take to drain before the world is judged as it is:
-/// a FIFO group's messages that fail until they are dead-lettered (40
-/// receives each, seconds apart) wait for one another.
+/// How long the queue may take to drain before the world is judged as it
+/// is, besides the queue's own clocks (see [`World::drain_limit`]).
 const DRAIN_LIMIT: Duration = Duration::from_secs(3 * 3_600);
 
 /// How long records that stage nothing keep arriving, in worlds with live
@@ -89,6 +88,9 @@ pub(super) struct World {
     stopping: AtomicBool,
     /// The schedule stops too: the world is over.
     ended: AtomicBool,
+    /// The schedule's invocations find nothing to do while the world waits
+    /// days for a redrive: they are skipped, to spare the simulation.
+    schedule_idle: AtomicBool,
 }
 
 impl World {
@@ -96,11 +98,12 @@ impl World {
         let mut rng = fastrand::Rng::with_seed(seed);
         let scenario = Scenario::draw(&mut rng);
         let clock = Arc::new(SimClock { start: Instant::now() });
+        let queue = Queue::new(scenario.queue.clone());
         Arc::new(Self {
             scenario,
             rng: Mutex::new(rng),
             table: Table::new(Arc::clone(&clock)),
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(queue),
             sent: Notify::new(),
             clock,
             ledger: Mutex::new(Ledger::default()),
@@ -110,6 +113,7 @@ impl World {
             healed_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             stopping: AtomicBool::new(false),
             ended: AtomicBool::new(false),
+            schedule_idle: AtomicBool::new(false),
         })
     }
 
@@ -123,17 +127,28 @@ impl World {
             ledger.stats.quiet_worlds += u64::from(!scenario.tail);
             ledger.stats.fifo_worlds += u64::from(scenario.groups > 0);
         }
-        for (n, &spec) in scenario.messages.iter().enumerate() {
-            let body = serde_json::to_string(&scenario.specs[spec]).expect("a spec serializes");
-            let group = (scenario.groups > 0).then(|| format!("g-{}", n % scenario.groups));
-            self.send_message(format!("m-{n}"), body, group);
+        let sent: Vec<Sent> = scenario
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(n, &spec)| Sent {
+                message_id: format!("m-{n}"),
+                deduplication_id: format!("m-{n}"),
+                body: serde_json::to_string(&scenario.specs[spec]).expect("a spec serializes"),
+                group: (scenario.groups > 0).then(|| format!("g-{}", n % scenario.groups)),
+            })
+            .collect();
+        for message in &sent {
+            self.send_message(message.clone());
         }
+        let resending = tokio::spawn(Arc::clone(&self).send_again(sent));
         let schedule = self.start(Mode::Scheduled);
         for &mode in &scenario.consumers {
             self.start(mode);
         }
         let ttl = tokio::spawn(Arc::clone(&self).expire());
-        let drained = self.wait_for_queue(DRAIN_LIMIT).await;
+        resending.await.expect("the producer's retries are sent");
+        let drained = self.wait_for_queue(self.drain_limit()).await;
         self.faults_on.store(false, Ordering::SeqCst);
         self.healed_ms.store(self.clock.now_ms(), Ordering::SeqCst);
         if scenario.tail {
@@ -142,37 +157,108 @@ impl World {
             while tail_start.elapsed() < TAIL {
                 let body = serde_json::json!({ "id": format!("tail-{n}") }).to_string();
                 let group = (scenario.groups > 0).then(|| "g-tail".to_owned());
-                self.send_message(format!("t-{n}"), body, group);
+                self.send_message(Sent {
+                    message_id: format!("t-{n}"),
+                    deduplication_id: format!("t-{n}"),
+                    body,
+                    group,
+                });
                 n += 1;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
-        let tail_drained = self.wait_for_queue(Duration::from_secs(120)).await;
+        let tail_drained = self.wait_for_queue(self.tail_limit()).await;
         tokio::time::sleep(scenario.quiet).await;
-        self.stopping.store(true, Ordering::SeqCst);
-        self.sent.notify_waiters();
-        self.wait_for_processes(schedule).await;
+        self.stop_consumers(schedule).await;
+        let redriven_drained = match scenario.redrive_after {
+            Some(after) => self.redrive(after, schedule).await,
+            None => true,
+        };
         // The schedule goes on: what the last processes committed as they left is sent once its sending lease
         // has ended, at the next scheduled sweep.
         tokio::time::sleep(SENDING_LEASE + scenario.schedule_every + Duration::from_secs(1)).await;
         self.ended.store(true, Ordering::SeqCst);
         self.wait_for_processes(usize::MAX).await;
         ttl.abort();
-        let mut violations = check::invariants(&self, drained && tail_drained).await;
+        let mut violations = check::invariants(&self, drained && tail_drained && redriven_drained).await;
         let mut ledger = lock(&self.ledger);
         violations.append(&mut ledger.violations);
         Run { violations, digest: ledger.digest(), stats: ledger.stats.clone() }
     }
 
-    fn send_message(&self, message_id: String, body: String, group: Option<String>) {
+    fn send_message(&self, message: Sent) {
         let now_ms = self.clock.now_ms();
-        lock(&self.queue).push(message_id, body, group, now_ms);
+        let taken = lock(&self.queue).push(message, now_ms);
+        self.count(|stats| stats.deduplicated += u64::from(!taken));
         self.sent.notify_waiters();
+    }
+
+    /// The producer sends some messages again, as a retry after a lost
+    /// answer does: the same deduplication id (a FIFO queue drops one
+    /// within its interval), a new message id.
+    async fn send_again(self: Arc<Self>, sent: Vec<Sent>) {
+        let mut resent: Vec<(usize, Duration)> = self.scenario.resent.clone();
+        resent.sort_by_key(|(_, after)| *after);
+        let start = Instant::now();
+        for (n, after) in resent {
+            tokio::time::sleep_until(start + after).await;
+            let message = Sent { message_id: format!("{}-again", sent[n].message_id), ..sent[n].clone() };
+            self.send_message(message);
+        }
+    }
+
+    /// How long the queue may take to drain: a failed message comes back
+    /// after a visibility timeout or a back-off, until its receives reach
+    /// `maxReceiveCount`, and a FIFO group's messages wait for one another.
+    fn drain_limit(&self) -> Duration {
+        let queue = &self.scenario.queue;
+        let messages = u32::try_from(self.scenario.messages.len()).unwrap_or(u32::MAX);
+        let per_receive = queue.redelivered_within() + self.scenario.timeout;
+        let in_turn = if queue.fifo { messages } else { messages.min(4) };
+        DRAIN_LIMIT + per_receive * queue.max_receives * in_turn
+    }
+
+    /// How long the tail's records may take once the faults healed: a
+    /// conflict with a copy, or a freeze, returns a record after a
+    /// visibility timeout or a back-off, a few times at most.
+    fn tail_limit(&self) -> Duration {
+        Duration::from_secs(120) + (self.scenario.queue.redelivered_within() + self.scenario.timeout) * 3
+    }
+
+    /// Stops every consumer but `but` (the schedule), and waits for them to leave.
+    async fn stop_consumers(&self, but: usize) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.sent.notify_waiters();
+        self.wait_for_processes(but).await;
+    }
+
+    /// `after` the world went quiet, the operator moves the dead-letter
+    /// queue's messages back; new processes (cold) drain them. Whether the
+    /// queue drained.
+    async fn redrive(self: &Arc<Self>, after: Duration, schedule: usize) -> bool {
+        // The schedule sweeps what the processes left as they stopped, then has nothing to do until the redrive.
+        let idle = SENDING_LEASE + self.scenario.schedule_every * 2;
+        tokio::time::sleep(idle.min(after)).await;
+        self.schedule_idle.store(true, Ordering::SeqCst);
+        tokio::time::sleep(after.saturating_sub(idle)).await;
+        self.schedule_idle.store(false, Ordering::SeqCst);
+        let moved = lock(&self.queue).redrive(self.clock.now_ms());
+        if moved == 0 {
+            return true;
+        }
+        self.count(|stats| stats.redriven += moved as u64);
+        self.stopping.store(false, Ordering::SeqCst);
+        for &mode in &self.scenario.consumers {
+            self.start(mode);
+        }
+        let drained = self.wait_for_queue(self.drain_limit()).await;
+        self.stop_consumers(schedule).await;
+        drained
     }
 
     async fn wait_for_queue(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;
-        while !lock(&self.queue).settled() {
+        while !lock(&self.queue).settled(self.clock.now_ms()) {
             if Instant::now() >= until {
                 return false;
             }
@@ -209,14 +295,22 @@ impl World {
         }
     }
 
-    /// Whether a message was moved to the dead-letter queue.
-    pub(super) fn dead_lettered(&self, message_id: &str) -> bool {
-        lock(&self.queue).dead_lettered(message_id)
+    /// Whether a message left the queue unprocessed (dead-lettered, or
+    /// past the retention period), or came back from the dead-letter queue:
+    /// SQS's order ends there.
+    pub(super) fn out_of_order(&self, message_id: &str) -> bool {
+        let queue = lock(&self.queue);
+        queue.left_unprocessed(message_id) || queue.redriven(message_id)
     }
 
     /// Whether the consumers should stop.
     pub(super) fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Whether the schedule has nothing to do for a long while.
+    pub(super) fn schedule_idle(&self) -> bool {
+        self.schedule_idle.load(Ordering::SeqCst)
     }
 
     /// Whether the world is over, the schedule included.
@@ -295,11 +389,10 @@ impl World {
             tokio::pin!(sent);
             sent.as_mut().enable();
             let copied = self.strikes(|faults| faults.copy) && self.scenario.groups == 0;
-            let visibility = self.scenario.timeout + Duration::from_secs(5);
             let now_ms = self.clock.now_ms();
             let (deliveries, next_ms) = {
                 let mut queue = lock(&self.queue);
-                let deliveries = queue.receive(self.scenario.batch_size, now_ms, visibility, copied);
+                let deliveries = queue.receive(self.scenario.batch_size, now_ms, copied);
                 (deliveries, queue.next_visible_at(now_ms))
             };
             if !deliveries.is_empty() {
@@ -350,9 +443,19 @@ impl World {
                 message_id: delivery.message_id.clone(),
                 key: record.key.clone(),
                 outcome: record.outcome.clone(),
+                back_after: delivery.back_after,
             });
             let copy_at_ms = self.strikes(|faults| faults.copy).then(|| now_ms + self.draw(|rng| rng.u64(0..30_000)));
-            lock(&self.queue).settle(&delivery.message_id, &record.outcome, now_ms, copy_at_ms);
+            let (jitter, change_failed) = self.draw(|rng| (rng.f64(), rng.f64() < self.scenario.queue.change_fails));
+            ledger.stats.visibility_failed += u64::from(change_failed && record.outcome.is_failure());
+            lock(&self.queue).settle(Settled {
+                message_id: &delivery.message_id,
+                outcome: &record.outcome,
+                now_ms,
+                copy_at_ms,
+                jitter,
+                change_failed,
+            });
         }
     }
 }

@@ -288,3 +288,65 @@ async fn a_kept_commit_sent_again_within_its_time_finds_its_own_completion() {
     let (applied, given_up) = kept_commit_sent_again(Duration::from_secs(10), false).await;
     assert_eq!((applied, given_up), (1, 0), "sent again, it lands as the write that had applied");
 }
+
+/// A commit whose answer is lost (reported `uncommitted`), with keys
+/// remembered 30 s and a queue that delivers failed records again within
+/// `redelivered_within`; its record delivered again `after` the answer:
+/// the redelivery's outcome, and how often the key's writes applied.
+async fn redelivered(claim: ClaimFirst, redelivered_within: Option<Duration>, after: Duration) -> (Outcome, u64) {
+    let store = Arc::new(Calls { losing_commit_answers: AtomicBool::new(true), ..Calls::default() });
+    let clock = Arc::new(crate::clock::ManualClock::new(SystemClock.now_ms()));
+    let policy = ClaimPolicy {
+        expires_after: Duration::from_secs(30),
+        redelivered_within,
+        local_cache_entries: 0,
+        ..ClaimPolicy::default()
+    };
+    let options = EngineOptions { claim, ..EngineOptions::default() };
+    let setup = Setup {
+        store: Arc::clone(&store) as Arc<dyn ClaimStore>,
+        policy,
+        options,
+        clock: clock.clone(),
+        ..Setup::default()
+    };
+    let engine = setup.engine(Credits::default());
+    let invoke = |attempt: u32| {
+        let deadline = std::time::UNIX_EPOCH + Duration::from_millis(clock.now_ms()) + SECS_30;
+        let invocation = Invocation { deadline, request_id: format!("r-{attempt}") };
+        let event = parse_event(&json!({ "Records": [delivery("m-1", json!({}), attempt)] }).to_string()).unwrap();
+        let engine = engine.clone();
+        async move { engine.process(&event, &invocation, None).await }
+    };
+    let first = invoke(1).await;
+    assert!(matches!(outcome(&first, "m-1"), Outcome::Failed(Failure::Uncommitted { .. })), "{first:?}");
+    assert_eq!(store.applied("test#m-1"), 1, "the commit applied; its answer was lost");
+    store.losing_commit_answers.store(false, Ordering::SeqCst);
+    clock.advance(after);
+    let again = invoke(2).await;
+    (outcome(&again, "m-1").clone(), store.applied("test#m-1"))
+}
+
+/// The template's queue: failed records back within its visibility timeout, 180 s.
+const TEMPLATE_VISIBILITY: Duration = Duration::from_secs(180);
+
+#[tokio::test]
+async fn an_uncommitted_record_back_after_the_visibility_timeout_finds_its_commit_whatever_the_key_memory() {
+    for claim in [ClaimFirst::Auto, ClaimFirst::Always] {
+        // Keys remembered 30 s; the record back 181 s after its answer, as SQS returns it.
+        let (outcome, applied) = redelivered(claim, Some(TEMPLATE_VISIBILITY), Duration::from_secs(181)).await;
+        assert_eq!((outcome, applied), (Outcome::Duplicate, 1), "{claim:?}: the credit applied twice");
+    }
+}
+
+#[tokio::test]
+async fn a_redelivery_after_the_window_and_the_key_memory_runs_again() {
+    // The documented end of the promise: a record back after both (a dead-letter queue's redrive a day
+    // later) finds the key forgotten, and its run applies again.
+    let day = Duration::from_secs(24 * 3_600);
+    let (outcome, applied) = redelivered(ClaimFirst::Auto, Some(TEMPLATE_VISIBILITY), day).await;
+    assert_eq!((outcome, applied), (Outcome::Processed { confirmed: true }, 2));
+    // Records no queue delivers again (`invoke` of an event file) keep the key memory alone.
+    let (outcome, applied) = redelivered(ClaimFirst::Auto, None, Duration::from_secs(31)).await;
+    assert_eq!((outcome, applied), (Outcome::Processed { confirmed: true }, 2));
+}
