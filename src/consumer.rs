@@ -221,6 +221,7 @@ impl Consumer {
     /// timeout is `visibility_timeout`, for batches of `timeout` at most
     /// (see [`ClaimPolicy::redelivered_within`](crate::claim::ClaimPolicy)),
     /// in place of what the settings said: `poll` reads its queue's.
+    #[cfg(feature = "cli")]
     pub(crate) fn redelivered_by_queue(&self, visibility_timeout: Duration, timeout: Duration) {
         let within = match &self.redelivery {
             Some(redelivery) => redelivery.policy().redelivered_within(visibility_timeout),

@@ -216,6 +216,7 @@ impl Redelivery {
     }
 
     /// The policy carried out.
+    #[cfg(feature = "cli")]
     pub(crate) fn policy(&self) -> &RedeliveryPolicy {
         &self.policy
     }

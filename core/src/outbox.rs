@@ -334,6 +334,7 @@ mod tests {
         clock::duration_ms,
         store::{
             ClaimStatus, Commit, CommitStore, Finish, MemoryStore, OutboxEntry, OutboxQuery, StoredClaim, Unclaimed,
+            UnreadableEntry,
         },
     };
 
@@ -483,6 +484,66 @@ mod tests {
         let before = Instant::now();
         outbox.finish_deliveries(before + Duration::from_secs(10)).await;
         assert_eq!(before.elapsed(), Duration::ZERO);
+    }
+
+    /// The memory store's outbox with one entry it cannot read: listed apart, as unreadable.
+    struct OneUnreadable {
+        inner: MemoryStore,
+        id: String,
+    }
+
+    #[async_trait]
+    impl OutboxStore for OneUnreadable {
+        async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+            let mut entries = self.inner.entries(&OutboxQuery { limit: usize::MAX, ..*query }).await?;
+            entries.retain(|entry| entry.id != self.id);
+            entries.truncate(query.limit);
+            Ok(entries)
+        }
+        async fn unreadable(&self, _limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
+            let every = OutboxQuery { due_at_ms: None, limit: usize::MAX };
+            let held = self.inner.entries(&every).await?.into_iter().find(|entry| entry.id == self.id);
+            Ok(held
+                .map(|entry| UnreadableEntry::new(entry.id, entry.token, "a newer version's destination"))
+                .into_iter()
+                .collect())
+        }
+        async fn take_entry(
+            &self,
+            entry: &OutboxEntry,
+            token: &str,
+            lease_until_ms: u64,
+        ) -> Result<Fenced, StoreError> {
+            self.inner.take_entry(entry, token, lease_until_ms).await
+        }
+        async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+            self.inner.entry_sent(id, token).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_waits_behind_its_unreadable_message_until_it_is_given_up() {
+        let clock: Arc<dyn Clock> = Arc::new(PausedClock(Instant::now()));
+        let inner = MemoryStore::default();
+        let entries = committed(&inner, &["first", "second", "third"], clock.now_ms()).await;
+        let store = Arc::new(OneUnreadable { inner, id: entries[1].id.clone() });
+        let destinations = Arc::new(SlowSends { sending: Duration::ZERO, sent: Mutex::default() });
+        let outbox = Outbox::new(
+            Arc::clone(&store) as Arc<dyn OutboxStore>,
+            Arc::clone(&destinations) as Arc<dyn Destinations>,
+            clock,
+            OutboxTimes::both(Duration::from_secs(5)),
+            None,
+        );
+        // The committing run stopped before sending; its lease ends.
+        tokio::time::sleep(SENDING_LEASE + Duration::from_secs(1)).await;
+        assert_eq!(outbox.sweep(None).await.unwrap().sent, 1);
+        assert_eq!(outbox.sweep(None).await.unwrap().sent, 0, "the third waits for the second");
+        assert_eq!(*destinations.sent.lock().unwrap(), ["first"]);
+        // The operator gives the second up (`claims outbox --drop`): the third goes.
+        assert_eq!(store.inner.entry_sent(&entries[1].id, &entries[1].token).await.unwrap(), Fenced::Applied);
+        assert_eq!(outbox.sweep(None).await.unwrap().sent, 1);
+        assert_eq!(*destinations.sent.lock().unwrap(), ["first", "third"]);
     }
 
     #[test]

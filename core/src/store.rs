@@ -429,6 +429,17 @@ pub trait OutboxStore: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// Whether the store holds the entry stored as `id`, readable or not, as
+    /// of a read after every write it acknowledged: a sweep asks before it
+    /// sends a run's message whose earlier one it did not list (one it cannot
+    /// read, or one a listing's bounded part did not reach). By default, from
+    /// [`entries`](Self::entries) and [`unreadable`](Self::unreadable).
+    async fn holds_entry(&self, id: &str) -> Result<bool, StoreError> {
+        let every = OutboxQuery { due_at_ms: None, limit: usize::MAX };
+        Ok(self.entries(&every).await?.iter().any(|entry| entry.id == id)
+            || self.unreadable(usize::MAX).await?.iter().any(|entry| entry.id == id))
+    }
+
     /// Gives `entry`'s sending lease to `token` until `lease_until_ms`, if
     /// the entry is still there under the token it was listed with.
     async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError>;

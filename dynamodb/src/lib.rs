@@ -322,6 +322,10 @@ impl OutboxStore for DynamoDbStore {
         self.unreadable_outbox(limit).await
     }
 
+    async fn holds_entry(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.get_item(id).await?.is_some_and(|item| outbox::is_outbox(&item)))
+    }
+
     async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
         self.take_outbox_entry(entry, token, lease_until_ms).await
     }

@@ -63,7 +63,7 @@ pub(super) struct SweepPosition {
 
 /// The run an outbox entry id belongs to: its id up to its place in the run
 /// (`<claim>#outbox#<token>#`).
-fn run_of(id: &str) -> &str {
+pub(super) fn run_of(id: &str) -> &str {
     id.rfind('#').map_or(id, |end| &id[..=end])
 }
 

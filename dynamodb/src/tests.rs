@@ -756,3 +756,77 @@ async fn a_sweep_reads_a_bounded_page_of_a_backlog_and_the_next_goes_on_from_the
     assert_eq!(store.entry_sent(&entry.id, "t").await.unwrap(), Fenced::Applied);
     assert_eq!(store.unreadable(10).await.unwrap(), []);
 }
+
+/// Destinations that record each body sent, in order.
+#[derive(Default)]
+struct Recorded(std::sync::Mutex<Vec<String>>);
+
+#[async_trait::async_trait]
+impl sqs_once_core::outbox::Destinations for Recorded {
+    async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), sqs_once_core::outbox::SendError> {
+        self.0.lock().unwrap().push(message.body.clone());
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_run_never_sends_past_an_earlier_entry_it_cannot_read_or_did_not_list() {
+    use super::{
+        OPEN_STATUS,
+        layout::{s, sharded},
+    };
+    use sqs_once_core::outbox::{Outbox, OutboxTimes};
+    let (store, _) = fresh_table().await;
+    let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/q";
+    let run = |claim: &str, lease_until_ms: u64| {
+        let messages = [Message::sqs(queue, format!("{claim}-0")), Message::sqs(queue, format!("{claim}-1"))];
+        OutboxEntry::of_run(claim, "t", "m", &messages, 0, lease_until_ms)
+    };
+    // (a) A run whose first message a newer version staged for a destination this one does not know, rolled back
+    // before the run was sent.
+    let rolled_back = run("k-a", 0);
+    let mut unknown = store.layout.outbox_item(&rolled_back[0]).unwrap();
+    unknown.insert("outbox".into(), AttributeValue::S(r#"{"service":"kinesis","stream":"s"}"#.into()));
+    put_outbox_item(&store, unknown).await;
+    put_outbox_item(&store, store.layout.outbox_item(&rolled_back[1]).unwrap()).await;
+    // (b) A run written before a run's entries shared a shard: each entry in the shard of its own id, the first
+    // behind a full page of entries another sender holds, so that a sweep's page of its shard does not reach it.
+    let upgraded = run("k-b", 0);
+    let old_shard = |entry: &OutboxEntry| sharded("OUTBOX", &entry.id);
+    assert_ne!(old_shard(&upgraded[0]), old_shard(&upgraded[1]), "the two entries in two shards");
+    for entry in &upgraded {
+        let mut item = store.layout.outbox_item(entry).unwrap();
+        item.insert(OPEN_STATUS.into(), s(old_shard(entry)));
+        put_outbox_item(&store, item).await;
+    }
+    let held = (0..)
+        .map(|n| run(&format!("a-{n:05}"), u64::MAX / 2))
+        .filter(|held| sharded("OUTBOX", super::outbox::run_of(&held[0].id)) == old_shard(&upgraded[0]))
+        .take(super::outbox::SWEEP_PAGE as usize / 2);
+    for held in held.collect::<Vec<_>>() {
+        for entry in held {
+            put_outbox_item(&store, store.layout.outbox_item(&entry).unwrap()).await;
+        }
+    }
+
+    let store = Arc::new(store);
+    let sent = Arc::new(Recorded::default());
+    let outbox = Outbox::new(
+        store.clone(),
+        sent.clone(),
+        Arc::new(SystemClock),
+        OutboxTimes::both(Duration::from_secs(2)),
+        None,
+    );
+    outbox.sweep(None).await.unwrap();
+    assert_eq!(*sent.0.lock().unwrap(), Vec::<String>::new(), "no later message before its earlier one");
+
+    // The operator gives the unreadable entry up; the next sweeps reach the upgraded run's first entry too.
+    assert_eq!(store.entry_sent(&rolled_back[0].id, "t").await.unwrap(), Fenced::Applied);
+    for _ in 0..3 {
+        outbox.sweep(None).await.unwrap();
+    }
+    let sent = sent.0.lock().unwrap().clone();
+    assert_eq!(sent.iter().filter(|body| body.starts_with("k-a")).collect::<Vec<_>>(), ["k-a-1"]);
+    assert_eq!(sent.iter().filter(|body| body.starts_with("k-b")).collect::<Vec<_>>(), ["k-b-0", "k-b-1"]);
+}

@@ -198,9 +198,17 @@ impl Outbox {
             let (claim, token) = entry.run();
             runs.entry((claim.to_owned(), token.to_owned())).or_default().push(entry);
         }
-        // A run's entries leave in order: those due before the first held by a sender (its lease not ended).
+        // A run's entries leave in order: those due before the first held by a sender (its lease not ended), and
+        // before the first whose earlier one was not listed (unreadable, or deleted since the listing).
         for entries in runs.values_mut() {
-            let due = entries.iter().take_while(|entry| entry.is_due(now_ms)).count();
+            entries.sort_by_key(OutboxEntry::place);
+            let due = entries
+                .iter()
+                .enumerate()
+                .take_while(|(n, entry)| {
+                    entry.is_due(now_ms) && (*n == 0 || entry.place() == entries[n - 1].place().map(|place| place + 1))
+                })
+                .count();
             entries.truncate(due);
         }
         runs.retain(|_, entries| !entries.is_empty());
@@ -231,6 +239,9 @@ impl Outbox {
     /// since the listing, which the next sweep's listing shows. Either way
     /// no later entry of the run leaves before an earlier one.
     async fn take_and_deliver(&self, entries: Vec<OutboxEntry>) -> usize {
+        if !self.earlier_gone(&entries).await {
+            return 0;
+        }
         let mut taken = Vec::new();
         for entry in entries {
             let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
@@ -245,5 +256,23 @@ impl Outbox {
             }
         }
         self.deliver(&taken).await
+    }
+
+    /// Whether the message before a run's first listed one is gone (sent),
+    /// or there is none: one the listing did not show may be one this version
+    /// cannot read (written by a newer one, before a rollback) or one beyond
+    /// the part of the outbox the listing read (a run written before its
+    /// entries shared a shard), and must leave first.
+    async fn earlier_gone(&self, entries: &[OutboxEntry]) -> bool {
+        let Some(earlier) = entries.first().and_then(OutboxEntry::earlier_id) else {
+            return true;
+        };
+        match self.store.holds_entry(&earlier).await {
+            Ok(held) => !held,
+            Err(error) => {
+                tracing::warn!(id = %earlier, %error, "outbox: cannot tell whether a run's earlier message was sent; the next sweep tries again");
+                false
+            }
+        }
     }
 }

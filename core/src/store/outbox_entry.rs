@@ -144,6 +144,19 @@ impl OutboxEntry {
         parts.next();
         (&self.claim_id, parts.next().unwrap_or_default())
     }
+
+    /// Its place among its run's messages, from the stored id; `None` for
+    /// an id not of that form (one changed by hand).
+    pub(crate) fn place(&self) -> Option<usize> {
+        self.id.rsplit('#').next()?.parse().ok()
+    }
+
+    /// The stored id of the message before it in its run, if any.
+    pub(crate) fn earlier_id(&self) -> Option<String> {
+        let place = self.place()?.checked_sub(1)?;
+        let (claim, token) = self.run();
+        Some(Self::stored_id(claim, token, place))
+    }
 }
 
 /// Which outbox entries [`OutboxStore::entries`](crate::store::OutboxStore::entries) lists.
