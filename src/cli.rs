@@ -444,15 +444,7 @@ async fn outbox(
     let Some(store) = store.outbox() else { bail!("this claim store keeps no outbox (ClaimStore::outbox)") };
     if send {
         let outbox = Outbox::new(Arc::clone(&store), destinations, Arc::new(SystemClock), times, None);
-        // A sweep sends a few hundred entries at most: sweep until none is left due.
-        let mut sent = 0;
-        loop {
-            let swept = outbox.sweep(None).await?;
-            sent += swept.sent;
-            if swept.complete || swept.sent == 0 {
-                break;
-            }
-        }
+        let sent = outbox.send_due().await?;
         let failed = outbox.counters().failed.load(std::sync::atomic::Ordering::Relaxed);
         eprintln!("sent {sent} message(s); {failed} could not be sent and stay in the outbox");
     }

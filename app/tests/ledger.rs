@@ -521,13 +521,14 @@ async fn commits_answered_after_the_next_invocation_started_apply_once_and_notif
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncommitted_record_back_after_its_key_memory_finds_its_commit() {
     let world = World::new().await;
-    // Keys remembered 1 s; the queue's visibility timeout 20 s, so the record may be back 20 s after its answer,
-    // or after a back-off of 2 s at most (and its jitter).
+    // Keys remembered 1 s; the queue's visibility timeout 120 s (long enough a memory for runs to take no
+    // claim), so the record may be back 120 s after its answer, or after a back-off of 2 s at most (and its
+    // jitter).
     let proxy = FaultProxy::holding_finishing_writes(Duration::from_millis(1800)).await;
     let mut envs = world.envs(&proxy.url, &common::sqs::endpoint());
     envs.extend([
         ("SQS_ONCE_EXPIRES_AFTER_SECS", "1".to_owned()),
-        ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "20".to_owned()),
+        ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "120".to_owned()),
         ("SQS_ONCE_RETRY_BASE_SECS", "1".to_owned()),
         ("SQS_ONCE_RETRY_MAX_SECS", "2".to_owned()),
     ]);

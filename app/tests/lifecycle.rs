@@ -410,12 +410,12 @@ mod ledger {
         Reclaimed,
     }
 
-    /// Keys remembered 20 s, on a queue whose records are back within 2 s
+    /// Keys remembered 2 min (the least under which runs take no claim), on a queue whose records are back within 2 s
     /// (its visibility timeout, and a back-off of 1 s with its jitter), so
     /// that the key memory, not the redelivery window, says when they expire.
-    fn remembered_20_s() -> [(&'static str, String); 4] {
+    fn remembered_2_min() -> [(&'static str, String); 4] {
         [
-            ("SQS_ONCE_EXPIRES_AFTER_SECS", "20".to_owned()),
+            ("SQS_ONCE_EXPIRES_AFTER_SECS", "120".to_owned()),
             ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "2".to_owned()),
             ("SQS_ONCE_RETRY_BASE_SECS", "1".to_owned()),
             ("SQS_ONCE_RETRY_MAX_SECS", "1".to_owned()),
@@ -424,12 +424,12 @@ mod ledger {
 
     /// An environment frozen at its answer with its commits held (and then
     /// lost: they never reached DynamoDB), whose copies another environment
-    /// commits; back after the keys' completions (20 s) expired and TTL
+    /// commits; back after the keys' completions (2 min) expired and TTL
     /// deleted them.
     async fn frozen(table: &str, balances: &str, prefix: &str, log: &Path) -> (Environment, FaultProxy) {
         let proxy = FaultProxy::holding_finishing_writes(Duration::from_secs(6)).await;
         let mut settings = ledger(balances, "auto");
-        settings.extend(remembered_20_s());
+        settings.extend(remembered_2_min());
         let first = Environment::with(table, &proxy.url, true, 2000, log, &settings).await;
         first.freeze_at_answer(&proxy);
         let failed = first.invoke(&credits_of(prefix, 1)).await;
@@ -454,7 +454,7 @@ mod ledger {
         // After the leases, the copies go to another environment, which commits every credit.
         tokio::time::sleep(Duration::from_secs(7)).await;
         let mut settings = ledger(&balances, "auto");
-        settings.extend(remembered_20_s());
+        settings.extend(remembered_2_min());
         let direct = common::dynamodb::endpoint();
         let second = Environment::with(&table, &direct, true, 2000, &log, &settings).await;
         for (prefix, _) in ways {

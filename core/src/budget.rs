@@ -71,10 +71,18 @@ impl Default for Margins {
 
 impl Margins {
     /// The budget of an invocation due at `deadline`, planned at `now_ms`
-    /// (epoch milliseconds, from the consumer's clock).
+    /// (epoch milliseconds, from the consumer's clock). The deadline is a
+    /// wall-clock time and the plan's instants are the runtime's, so the time
+    /// left is read from the same clock as the leases.
     pub(crate) fn budget(&self, deadline: SystemTime, now_ms: u64) -> DeadlineBudget {
+        let remaining = Duration::from_millis(epoch_ms(deadline).saturating_sub(now_ms));
+        self.budget_until(Instant::now() + remaining)
+    }
+
+    /// The budget of an invocation due at `deadline`, on the runtime's clock.
+    pub(crate) fn budget_until(&self, deadline: Instant) -> DeadlineBudget {
         let reserve = if self.sqs_step { ANSWER_TIME + SQS_STEP_TIME } else { ANSWER_TIME };
-        DeadlineBudget::new(deadline, now_ms, self.deadline_margin, reserve)
+        DeadlineBudget::new(deadline, self.deadline_margin, reserve)
     }
 }
 
@@ -87,14 +95,11 @@ pub struct DeadlineBudget {
 }
 
 impl DeadlineBudget {
-    /// The budget of an invocation due at `deadline`, planned at `now_ms`:
-    /// handlers stop `margin` before it, finishing writes are waited for
-    /// until `reserve` before it. A reserve larger than the margin is cut to
-    /// it. The deadline is a wall-clock time and the plan's instants are the
-    /// runtime's, so the time left is read from the same clock as the leases.
-    pub(crate) fn new(deadline: SystemTime, now_ms: u64, margin: Duration, reserve: Duration) -> Self {
-        let remaining = Duration::from_millis(epoch_ms(deadline).saturating_sub(now_ms));
-        Self { deadline: Instant::now() + remaining, margin, reserve: reserve.min(margin) }
+    /// The budget of an invocation due at `deadline`: handlers stop
+    /// `margin` before it, finishing writes are waited for until `reserve`
+    /// before it. A reserve larger than the margin is cut to it.
+    pub(crate) fn new(deadline: Instant, margin: Duration, reserve: Duration) -> Self {
+        Self { deadline, margin, reserve: reserve.min(margin) }
     }
 
     /// When the answer is due.
@@ -133,9 +138,8 @@ mod tests {
 
     #[test]
     fn a_budget_cuts_off_before_it_writes_and_writes_before_the_deadline() {
-        let now = SystemTime::now();
         let budget =
-            DeadlineBudget::new(now + Duration::from_secs(3), epoch_ms(now), Duration::from_millis(500), ANSWER_TIME);
+            DeadlineBudget::new(Instant::now() + Duration::from_secs(3), Duration::from_millis(500), ANSWER_TIME);
         assert!(budget.cutoff() < budget.writes_by() && budget.writes_by() < budget.deadline());
         assert_eq!(budget.deadline() - budget.cutoff(), Duration::from_millis(500));
         assert_eq!(budget.deadline() - budget.writes_by(), ANSWER_TIME);

@@ -3,12 +3,15 @@
 //! Claims are judged by timestamps written into the store, so every "now" the
 //! state machine uses comes through a [`Clock`]. Production code uses
 //! [`SystemClock`]; tests use `ManualClock` to step over leases and expiries
-//! without sleeping.
+//! without sleeping, and `PausedClock` to have them pass with tokio's paused
+//! time.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use manual::ManualClock;
+#[cfg(test)]
+pub(crate) use manual::PausedClock;
 
 /// A source of the current time in milliseconds since the Unix epoch.
 pub trait Clock: Send + Sync {
@@ -69,6 +72,32 @@ mod manual {
     impl Clock for ManualClock {
         fn now_ms(&self) -> u64 {
             self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Epoch milliseconds that move with tokio's clock, for tests in paused
+    /// time: leases and deadlines pass as the runtime's sleeps do.
+    #[cfg(test)]
+    #[derive(Debug)]
+    pub(crate) struct PausedClock(tokio::time::Instant);
+
+    #[cfg(test)]
+    impl PausedClock {
+        /// Stands at a fixed epoch time now, and moves with tokio's clock.
+        pub(crate) fn starting_now() -> Self {
+            Self(tokio::time::Instant::now())
+        }
+
+        /// The wall-clock time `from_now` after now, as this clock reads it.
+        pub(crate) fn after(&self, from_now: Duration) -> std::time::SystemTime {
+            std::time::UNIX_EPOCH + Duration::from_millis(self.now_ms()) + from_now
+        }
+    }
+
+    #[cfg(test)]
+    impl Clock for PausedClock {
+        fn now_ms(&self) -> u64 {
+            1_800_000_000_000 + duration_ms(self.0.elapsed())
         }
     }
 }

@@ -32,7 +32,10 @@ pub use parts::{EngineParts, OutboxParts};
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, SystemTime},
 };
 
@@ -52,7 +55,7 @@ use crate::{
     handler::{BoxHandler, Handler},
     key::Keys,
     lock::lock,
-    outbox::Outbox,
+    outbox::{Outbox, SendWindow},
     payload::{Offload, PayloadOptions, PayloadStore},
     report::{BatchReport, Failure, Outcome, RecordReport},
     store::StoreError,
@@ -124,10 +127,11 @@ impl std::str::FromStr for ClaimFirst {
     }
 }
 
-/// The shortest `SQS_ONCE_EXPIRES_AFTER_SECS` under which runs take no
-/// claim: a commit without a claim must be sent before the completion it
-/// writes could expire, less a margin, which a shorter memory leaves too
-/// little room for; runs then claim first.
+/// The shortest key memory under which runs take no claim: a commit
+/// without a claim is sent before the completion it writes could expire,
+/// less the time a request may take to land (`SEND_MARGIN`), and must land
+/// while the completion of a run that decided after it was sent is still
+/// remembered; a shorter memory leaves too little room, and runs claim first.
 const UNCLAIMED_MEMORY: Duration = Duration::from_secs(2 * crate::store::SEND_MARGIN.as_secs());
 
 /// One invocation of the engine.
@@ -167,6 +171,9 @@ struct Inner {
     /// The payloads read from S3 that the process holds at once.
     payload_memory: PayloadMemory,
     bounds: Bounds,
+    /// Whether [`Engine::tend`] keeps the process moving between batches (it
+    /// is never frozen): its outbox is swept on a timer, never beside a batch.
+    tended: AtomicBool,
 }
 
 /// The bounds every batch of the process shares, however many run at once
@@ -236,7 +243,18 @@ impl Engine {
         let bounds = Bounds::new(concurrency, overlap);
         let offload = options.payloads.offload().filter(|_| payloads.is_some()).map(Arc::new);
         let payload_memory = PayloadMemory::new(options.payloads.memory);
-        let inner = Inner { handler, claims, keys, options, outbox, payloads, offload, payload_memory, bounds };
+        let inner = Inner {
+            handler,
+            claims,
+            keys,
+            options,
+            outbox,
+            payloads,
+            offload,
+            payload_memory,
+            bounds,
+            tended: AtomicBool::new(false),
+        };
         Self { inner: Arc::new(inner) }
     }
 
@@ -308,15 +326,16 @@ impl Engine {
         let fetched = self.fetch_payloads(&mut opened, budget.cutoff()).await;
         // Declared after `state` and `opened`, which the runs borrow.
         let runs: Runs<'_> = Mutex::new(HashMap::new());
-        // Entries left unsent by any process are swept while the batch runs.
-        let sweep = self.inner.outbox.as_ref().and_then(|outbox| outbox.sweep_if_due(Some(budget.cutoff())));
+        // Entries left unsent by any process are swept while the batch runs, by a process Lambda freezes.
+        let sweep = self.sweeps_beside_batches().and_then(|outbox| outbox.sweep_if_due(Some(budget.writes_by())));
         let done = Done::default();
         let groups_run = async {
             join_all(groups.iter().map(|group| self.run_group(records, &opened, group, &state, &runs))).await;
             done.set();
         }
         .instrument(batch_span);
-        let work = join(groups_run, self.resend_while(&done));
+        let window = SendWindow::ending_by(Some(budget.writes_by()));
+        let work = join(groups_run, self.resend_while(&done, &window));
         tokio::pin!(work);
         if timeout_at(budget.cutoff(), &mut work).await.is_err() {
             let cancelled = cancel_running(&state);
@@ -332,8 +351,9 @@ impl Engine {
             }
         }
         if let Some(sweep) = sweep {
-            // The sweep goes through what it listed (starting nothing after the cut-off) before the answer,
-            // however fast the batch was, so that nothing is left in flight when Lambda freezes the process.
+            // The batch's work is done: the sweep takes no more entries, and the sends of those it took (each cut to
+            // end by `writes_by`) end before the answer, so that none is in flight when Lambda freezes the process.
+            sweep.stop_taking();
             let _ = timeout_at(budget.writes_by(), sweep.finished()).await;
         }
         let returned = returned_outcomes(&state);
@@ -360,6 +380,12 @@ impl Engine {
             log_record(report, self.inner.options.log_bodies.then_some(body));
         }
         report
+    }
+
+    /// The outbox, when it is swept beside batches: in a process that
+    /// Lambda freezes between invocations, so no timer of its own runs.
+    fn sweeps_beside_batches(&self) -> Option<&Arc<Outbox>> {
+        self.inner.outbox.as_ref().filter(|_| !self.inner.tended.load(Ordering::Relaxed))
     }
 
     /// Whether runs take no claim: the handler stages every effect,

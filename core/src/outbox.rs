@@ -32,7 +32,7 @@ mod sweep;
 use std::{
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -45,7 +45,7 @@ pub use crate::store::outbox_entry::SENDING_LEASE;
 /// Kept free in a sending lease besides a send's and a deletion's times:
 /// the steps between them, and clocks that differ.
 const LEASE_SPARE: Duration = Duration::from_secs(1);
-pub use crate::store::outbox_entry::{OutboxEntry, OutboxQuery, UnreadableEntry};
+pub use crate::store::outbox_entry::{OutboxEntry, OutboxQuery, SweepPart, UnreadableEntry};
 
 use crate::{
     clock::Clock,
@@ -193,6 +193,57 @@ impl Drop for UnderWay<'_> {
     }
 }
 
+/// The least time before its window ends that a send starts in: room for
+/// one request and the deletion after it, each usually a few milliseconds.
+const LEAST_SEND_WINDOW: Duration = Duration::from_secs(1);
+
+/// When a send may start, and by when it and its deletion end. A process
+/// may be frozen once it answers (Lambda freezes it as soon as its answer
+/// is out), and a send or a deletion frozen in flight is one whose entry
+/// another sender may send again after the lease. So a send starts only
+/// while at least [`LEAST_SEND_WINDOW`] is left before the answer, and the
+/// send and its deletion are cut to end by then, each within its own time
+/// too. A sweep beside a batch also takes no entry once the window is
+/// closed (the batch's own work is done), so that the answer waits only for
+/// the sends of entries taken before. What does not start stays due, for
+/// the next sweep or the schedule's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SendWindow {
+    /// Sends and deletions end by this; `None` for a process that is never frozen.
+    ends_by: Option<tokio::time::Instant>,
+    closed: Arc<AtomicBool>,
+}
+
+impl SendWindow {
+    /// A window whose sends end by `ends_by` (`None`: any time).
+    pub(crate) fn ending_by(ends_by: Option<tokio::time::Instant>) -> Self {
+        Self { ends_by, closed: Arc::default() }
+    }
+
+    /// No entry is taken from now on; the sends of those taken end.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether an entry may be taken now, to be sent.
+    fn takes(&self, times: OutboxTimes) -> bool {
+        !self.closed.load(Ordering::Relaxed) && self.times_now(times).is_some()
+    }
+
+    /// The times a send starting now has, within `times`: the deletion
+    /// keeps up to half of what is left, the send the rest. `None` when no
+    /// send may start.
+    fn times_now(&self, times: OutboxTimes) -> Option<OutboxTimes> {
+        let Some(ends_by) = self.ends_by else { return Some(times) };
+        let left = ends_by.saturating_duration_since(tokio::time::Instant::now());
+        if left < LEAST_SEND_WINDOW {
+            return None;
+        }
+        let delete = times.delete.min(left / 2);
+        Some(OutboxTimes { send: times.send.min(left - delete), delete })
+    }
+}
+
 impl std::fmt::Debug for Outbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Outbox").field("sweep_every", &self.sweep_every).finish_non_exhaustive()
@@ -233,15 +284,20 @@ impl Outbox {
         &self.counters
     }
 
-    /// Sends the entries of one run, in order, each while its lease leaves
-    /// room for the send, and deletes each once sent. The first that cannot
-    /// be sent stops the rest, which keep their order for a later sweep.
-    /// Returns how many were sent.
-    pub(crate) async fn deliver(&self, entries: &[OutboxEntry]) -> usize {
+    /// Sends the entries of one run, in order, each while its lease and
+    /// `window` leave room for the send and the deletion after it, and
+    /// deletes each once sent. The first that cannot be sent stops the rest,
+    /// which keep their order for a later sweep. Returns how many were sent.
+    pub(crate) async fn deliver(&self, entries: &[OutboxEntry], window: &SendWindow) -> usize {
         let _under_way = UnderWay::new(&self.delivering);
         let mut sent = 0;
         for entry in entries {
-            if !self.send(entry).await {
+            let Some(times) = window.times_now(self.times) else {
+                tracing::debug!(id = %entry.id, "outbox: no time left to send before the answer; a sweep sends it");
+                self.note_left_unsent();
+                break;
+            };
+            if !self.send(entry, times).await {
                 self.note_left_unsent();
                 break;
             }
@@ -271,19 +327,20 @@ impl Outbox {
         self.counters.left_unsent.store(true, Ordering::Relaxed);
     }
 
-    /// Sends one entry and deletes it, each within its time; whether it was sent.
-    async fn send(&self, entry: &OutboxEntry) -> bool {
-        if !entry.has_room_to_send(self.clock.now_ms(), self.times.room()) {
+    /// Sends one entry and deletes it, each within its time of `times`;
+    /// whether it was sent.
+    async fn send(&self, entry: &OutboxEntry, times: OutboxTimes) -> bool {
+        if !entry.has_room_to_send(self.clock.now_ms(), times.room()) {
             tracing::info!(id = %entry.id, "outbox: too little of the sending lease is left; the next sweep sends it");
             return false;
         }
         let destination = entry.message.destination.name();
-        let sent = tokio::time::timeout(self.times.send, self.destinations.send(&entry.outbox_id(), &entry.message))
+        let sent = tokio::time::timeout(times.send, self.destinations.send(&entry.outbox_id(), &entry.message))
             .await
             .unwrap_or_else(|_| {
                 Err(SendError::failed(format!(
                     "no answer within {:?} (it may have arrived: a later send carries the same outbox id)",
-                    self.times.send
+                    times.send
                 )))
             });
         if let Err(error) = sent {
@@ -305,9 +362,9 @@ impl Outbox {
             return false;
         }
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
-        let deleted = tokio::time::timeout(self.times.delete, self.store.entry_sent(&entry.id, &entry.token)).await;
-        let deleted = deleted
-            .unwrap_or_else(|_| Err(StoreError::unavailable(format!("no answer within {:?}", self.times.delete))));
+        let deleted = tokio::time::timeout(times.delete, self.store.entry_sent(&entry.id, &entry.token)).await;
+        let deleted =
+            deleted.unwrap_or_else(|_| Err(StoreError::unavailable(format!("no answer within {:?}", times.delete))));
         match deleted {
             Ok(Fenced::Applied) => {}
             Ok(Fenced::Refused) => {
@@ -331,21 +388,12 @@ mod tests {
 
     use super::*;
     use crate::{
-        clock::duration_ms,
+        clock::{PausedClock, duration_ms},
         store::{
             ClaimStatus, Commit, CommitStore, Finish, MemoryStore, OutboxEntry, OutboxQuery, StoredClaim, Unclaimed,
             UnreadableEntry,
         },
     };
-
-    /// Epoch milliseconds moved by tokio's (paused) clock.
-    struct PausedClock(Instant);
-
-    impl Clock for PausedClock {
-        fn now_ms(&self) -> u64 {
-            1_800_000_000_000 + duration_ms(self.0.elapsed())
-        }
-    }
 
     /// The memory store's outbox, its deletions answered (and applied) `deleting` after they are sent.
     struct SlowDeletions {
@@ -427,7 +475,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_send_starts_only_while_its_lease_holds_the_deletion_after_it_too() {
-        let clock: Arc<dyn Clock> = Arc::new(PausedClock(Instant::now()));
+        let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_now());
         let store = Arc::new(SlowDeletions { inner: MemoryStore::default(), deleting: Duration::from_secs(3) });
         let destinations = Arc::new(SlowSends { sending: Duration::from_millis(4_800), sent: Mutex::default() });
         let entries = committed(&store.inner, &["first", "second"], clock.now_ms()).await;
@@ -446,7 +494,7 @@ mod tests {
         // would land after it. A healthy sweeper looks once the lease has ended.
         let delivered = async {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            committer.deliver(&entries).await
+            committer.deliver(&entries, &SendWindow::default()).await
         };
         let swept = async {
             tokio::time::sleep(SENDING_LEASE + Duration::from_millis(200)).await;
@@ -459,7 +507,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_process_leaving_lets_its_deliveries_finish_their_deletions() {
-        let clock: Arc<dyn Clock> = Arc::new(PausedClock(Instant::now()));
+        let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_now());
         let store = Arc::new(SlowDeletions { inner: MemoryStore::default(), deleting: Duration::from_secs(3) });
         let destinations = Arc::new(SlowSends { sending: Duration::from_secs(1), sent: Mutex::default() });
         let entries = committed(&store.inner, &["notice"], clock.now_ms()).await;
@@ -472,7 +520,7 @@ mod tests {
         ));
         let delivering = tokio::spawn({
             let outbox = Arc::clone(&outbox);
-            async move { outbox.deliver(&entries).await }
+            async move { outbox.deliver(&entries, &SendWindow::default()).await }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Leaving while the send is under way: the send (1 s) and the deletion (3 s) are waited for.
@@ -523,7 +571,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_run_waits_behind_its_unreadable_message_until_it_is_given_up() {
-        let clock: Arc<dyn Clock> = Arc::new(PausedClock(Instant::now()));
+        let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_now());
         let inner = MemoryStore::default();
         let entries = committed(&inner, &["first", "second", "third"], clock.now_ms()).await;
         let store = Arc::new(OneUnreadable { inner, id: entries[1].id.clone() });

@@ -22,7 +22,7 @@ pub(crate) use stored::new_token;
 pub use stored::{ClaimStatus, Finish, StoredClaim};
 
 #[doc(hidden)]
-pub use outbox_entry::{OutboxEntry, OutboxQuery, UnreadableEntry};
+pub use outbox_entry::{OutboxEntry, OutboxQuery, SweepPart, UnreadableEntry};
 
 pub use memory::MemoryStore;
 
@@ -135,10 +135,14 @@ impl Commit {
 #[doc(hidden)]
 pub const TOKEN_WINDOW: Duration = Duration::from_secs(600);
 
-/// Kept back from each bound of [`Commit::send_by_ms`]: an attempt checked
-/// against it reaches DynamoDB within its attempt timeout (2 s by default),
-/// and clocks differ by less than a second.
-pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(10);
+/// Kept back from each bound of [`Commit::send_by_ms`]: how long after it
+/// was sent a request may still reach DynamoDB and apply, its caller long
+/// gone (its attempt timeout is 2 s by default, but a request held in the
+/// network and delivered late applies when it arrives), and clocks that
+/// differ by a second. A commit without a claim is safe only if it lands
+/// while what refuses it exists: its own completion, and that of any run
+/// of the key that decided after it was sent (see `UNCLAIMED_MEMORY`).
+pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(60);
 
 /// The outcome of [`CommitStore::commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -418,6 +422,15 @@ pub trait OutboxStore: Send + Sync {
     /// store does). By default, [`entries`](Self::entries).
     async fn sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
         self.entries(&OutboxQuery { due_at_ms: None, limit }).await
+    }
+
+    /// [`sweep_listing`](Self::sweep_listing), and whether the listings
+    /// since the last that said so went through the whole outbox: `sqs-once
+    /// claims outbox --send` sweeps until a whole pass sends nothing. By
+    /// default, whether the listing held fewer than `limit` entries.
+    async fn sweep_part(&self, limit: usize) -> Result<SweepPart, StoreError> {
+        let entries = self.sweep_listing(limit).await?;
+        Ok(SweepPart { passed: entries.len() < limit, entries })
     }
 
     /// Entries the store holds and cannot read, at most `limit`, which

@@ -41,7 +41,8 @@ use self::statements::{Batches, Written};
 // before the crates were cut.
 use crate::store::{
     ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry, replaced_id,
+    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, SweepPart, UnreadableEntry,
+    replaced_id,
 };
 use sqs_once_core::{aws, clock, lock, reason, store, transaction};
 
@@ -95,9 +96,9 @@ pub struct DynamoDbStore {
     layout: Arc<TableLayout>,
     return_old_item: bool,
     batches: Option<Arc<Batches>>,
-    /// Where each outbox shard's next sweep page starts (see
-    /// [`outbox::SweepPosition`]).
-    outbox_position: Arc<outbox::SweepPosition>,
+    /// The outbox shards this process's sweeps read to their end since
+    /// their last pass (see [`outbox::SweepPasses`]).
+    outbox_passes: Arc<outbox::SweepPasses>,
 }
 
 impl DynamoDbStore {
@@ -105,7 +106,7 @@ impl DynamoDbStore {
     pub fn new(client: Client, layout: TableLayout) -> Self {
         let layout = Arc::new(layout);
         let batches = Some(Arc::new(Batches::new(&client, &layout)));
-        Self { client, layout, return_old_item: true, batches, outbox_position: Arc::default() }
+        Self { client, layout, return_old_item: true, batches, outbox_passes: Arc::default() }
     }
 
     /// Whether the writes of concurrent records go out together in
@@ -315,7 +316,11 @@ impl OutboxStore for DynamoDbStore {
     }
 
     async fn sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
-        self.outbox_sweep_listing(limit).await
+        Ok(self.outbox_sweep_part(limit).await?.entries)
+    }
+
+    async fn sweep_part(&self, limit: usize) -> Result<SweepPart, StoreError> {
+        self.outbox_sweep_part(limit).await
     }
 
     async fn unreadable(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {

@@ -9,14 +9,18 @@
 //! entry's), so that a page of a shard, in id order, holds a run whole.
 //!
 //! A sweep reads a bounded page of each shard ([`SWEEP_PAGE`] items, and at
-//! most DynamoDB's megabyte), starting where the last sweep's page ended and
+//! most DynamoDB's megabyte), starting where the last sweep's page ended,
+//! whichever process swept last (the position is an item of the table), and
 //! wrapping around at the end: a backlog that cannot be sent (a deleted
 //! queue, a removed permission) neither runs the function out of memory nor
-//! hides the entries behind it. An item that cannot be read (a destination
-//! this version does not know, after a rollback) is skipped and logged, and
-//! the rest are sent.
+//! hides the entries behind it, from a warm process or a cold one. An item
+//! that cannot be read (a destination this version does not know, after a
+//! rollback) is skipped and logged, and the rest are sent.
 
-use std::{collections::HashMap, sync::Mutex};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Mutex,
+};
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use futures::StreamExt;
@@ -30,7 +34,7 @@ use super::{
 };
 use crate::{
     lock::lock,
-    store::{Fenced, OutboxEntry, OutboxQuery, StoreError, UnreadableEntry},
+    store::{Fenced, OutboxEntry, OutboxQuery, StoreError, SweepPart, UnreadableEntry},
 };
 
 /// The [`OPEN_STATUS`] prefix of outbox entries: unsent messages are open
@@ -54,11 +58,30 @@ fn outbox_partitions() -> impl Iterator<Item = String> {
 /// entries than this (a transaction holds 100 actions, one the claim's).
 pub(super) const SWEEP_PAGE: i32 = 100;
 
-/// Where each shard's next sweep page starts: after the last run the page
-/// before it held whole, or at the shard's start.
+/// The item that keeps where each shard's next sweep page starts, for
+/// every sweeper: a cold process goes on where the last sweep, anyone's,
+/// left off. Its id has no `#`, so no claim's (`<prefix>#<key>`) or entry's
+/// id is ever it; it has no status, no outbox entry and no expiry, so no
+/// listing reads it and the TTL keeps it.
+const POSITION_ID: &str = "sqs-once.outbox-sweep-position";
+
+/// The attribute of the position item: shard → the id its next page starts
+/// after. A shard it does not name starts at its start.
+const POSITION_AFTER: &str = "after";
+
+/// The shards this process's sweeps read to their end since their last
+/// pass over the whole outbox ended (see [`SweepPart::passed`]).
 #[derive(Debug, Default)]
-pub(super) struct SweepPosition {
-    after: Mutex<HashMap<String, String>>,
+pub(super) struct SweepPasses {
+    ended: Mutex<HashSet<String>>,
+}
+
+/// One shard's sweep page: its items, and the id the next page starts
+/// after (`None`: the page reached the shard's end).
+struct SweepPage {
+    shard: String,
+    items: Vec<Item>,
+    next: Option<String>,
 }
 
 /// The run an outbox entry id belongs to: its id up to its place in the run
@@ -123,12 +146,16 @@ impl DynamoDbStore {
         self.outbox_listing(listed, query).await
     }
 
-    /// [`OutboxStore::sweep_listing`](crate::store::OutboxStore::sweep_listing):
+    /// [`OutboxStore::sweep_part`](crate::store::OutboxStore::sweep_part):
     /// a page of each shard of the index's `OUTBOX` partitions, from where
-    /// the last one ended.
-    pub(super) async fn outbox_sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
-        let listed = self.sweep_pages().await?;
-        self.outbox_listing(listed, &OutboxQuery { due_at_ms: None, limit }).await
+    /// the last sweep's ended; the whole table's when it has no index.
+    pub(super) async fn outbox_sweep_part(&self, limit: usize) -> Result<SweepPart, StoreError> {
+        let (listed, passed) = match self.sweep_pages().await? {
+            Some((items, passed)) => (Some(items), passed),
+            None => (None, true),
+        };
+        let entries = self.outbox_listing(listed, &OutboxQuery { due_at_ms: None, limit }).await?;
+        Ok(SweepPart::new(entries, passed))
     }
 
     /// [`OutboxStore::unreadable`](crate::store::OutboxStore::unreadable):
@@ -184,26 +211,77 @@ impl DynamoDbStore {
         })
     }
 
-    /// A page of every outbox shard, from where the last sweep's ended;
-    /// `None` when the table has no index.
-    async fn sweep_pages(&self) -> Result<Option<Vec<Item>>, StoreError> {
-        let pages = futures::stream::iter(outbox_partitions().map(|shard| self.sweep_page(shard))).buffer_unordered(8);
-        let pages: Vec<_> = pages.collect().await;
-        let mut items = Vec::new();
+    /// A page of every outbox shard, from where the last sweep's ended,
+    /// and whether this process's sweeps have now read every shard to its
+    /// end since their last pass; `None` when the table has no index. The
+    /// position goes on only once every page was read: a shard that failed
+    /// is read again from where it was.
+    async fn sweep_pages(&self) -> Result<Option<(Vec<Item>, bool)>, StoreError> {
+        let positions = self.sweep_positions().await;
+        let pages = outbox_partitions().map(|shard| {
+            let after = positions.get(&shard).cloned();
+            self.sweep_page(shard, after)
+        });
+        let pages: Vec<_> = futures::stream::iter(pages).buffer_unordered(8).collect().await;
+        let (mut items, mut next, mut ended) = (Vec::new(), HashMap::new(), Vec::new());
         for page in pages {
-            match page? {
-                Some(page) => items.extend(page),
-                None => return Ok(None),
+            let Some(page) = page? else { return Ok(None) };
+            items.extend(page.items);
+            match page.next {
+                Some(after) => drop(next.insert(page.shard, after)),
+                None => ended.push(page.shard),
             }
         }
-        Ok(Some(items))
+        if next != positions {
+            self.keep_sweep_positions(next).await;
+        }
+        let mut passes = lock(&self.outbox_passes.ended);
+        passes.extend(ended);
+        let passed = passes.len() >= outbox_partitions().count();
+        if passed {
+            passes.clear();
+        }
+        Ok(Some((items, passed)))
     }
 
-    /// One page of `shard`, after the run the last page ended with, its
-    /// last run left for the next page when the page is full (a run may
-    /// go on beyond it); `None` when the table has no index.
-    async fn sweep_page(&self, shard: String) -> Result<Option<Vec<Item>>, StoreError> {
-        let after = lock(&self.outbox_position.after).get(&shard).cloned();
+    /// Where each shard's next sweep page starts, as the last sweep left
+    /// it; every shard at its start when the position cannot be read.
+    async fn sweep_positions(&self) -> HashMap<String, String> {
+        let read = self
+            .client
+            .get_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.layout.key(POSITION_ID)))
+            .send()
+            .await;
+        let item = match read {
+            Ok(output) => output.item.unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!(error = %unavailable(error), "outbox: cannot read where the last sweep ended; sweeping from each shard's start");
+                return HashMap::new();
+            }
+        };
+        let Some(AttributeValue::M(after)) = item.get(POSITION_AFTER) else { return HashMap::new() };
+        after.iter().filter_map(|(shard, id)| Some((shard.clone(), id.as_s().ok()?.clone()))).collect()
+    }
+
+    /// Keeps where each shard's next sweep page starts, for the next
+    /// sweeper. One that cannot be kept is logged: the next sweep reads the
+    /// same pages again.
+    async fn keep_sweep_positions(&self, next: HashMap<String, String>) {
+        let mut item = self.layout.key(POSITION_ID);
+        let after = next.into_iter().map(|(shard, id)| (shard, s(id))).collect();
+        item.insert(POSITION_AFTER.to_owned(), AttributeValue::M(after));
+        let kept = self.client.put_item().table_name(&self.layout.table).set_item(Some(item)).send().await;
+        if let Err(error) = kept {
+            tracing::warn!(error = %unavailable(error), "outbox: cannot keep where this sweep ended; the next one reads the same pages");
+        }
+    }
+
+    /// One page of `shard`, after `after` (or from its start), its last run
+    /// left for the next page when the page is full (a run may go on beyond
+    /// it); `None` when the table has no index.
+    async fn sweep_page(&self, shard: String, after: Option<String>) -> Result<Option<SweepPage>, StoreError> {
         let mut request = self
             .client
             .query()
@@ -239,12 +317,7 @@ impl DynamoDbStore {
                 items.last().map(|item| format!("{}~", run_of(&id(item))))
             }
         };
-        let mut position = lock(&self.outbox_position.after);
-        match next {
-            Some(next) => position.insert(shard, next),
-            None => position.remove(&shard),
-        };
-        Ok(Some(items))
+        Ok(Some(SweepPage { shard, items, next }))
     }
 
     /// Gives the entry's sending lease to `token`, if it still has the token

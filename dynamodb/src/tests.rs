@@ -830,3 +830,97 @@ async fn a_run_never_sends_past_an_earlier_entry_it_cannot_read_or_did_not_list(
     assert_eq!(sent.iter().filter(|body| body.starts_with("k-a")).collect::<Vec<_>>(), ["k-a-1"]);
     assert_eq!(sent.iter().filter(|body| body.starts_with("k-b")).collect::<Vec<_>>(), ["k-b-0", "k-b-1"]);
 }
+
+/// Puts one-message runs of `bytes`-long bodies to `queue`, their leases
+/// ended, `per_shard` in each outbox shard, their claims `<prefix>-<n>` (in
+/// id order within a shard); returns their bodies.
+async fn due_runs_in_every_shard(
+    store: &DynamoDbStore,
+    prefix: &str,
+    per_shard: usize,
+    queue: &str,
+    bytes: usize,
+) -> Vec<String> {
+    use futures::StreamExt;
+    let mut counts = HashMap::new();
+    let mut entries = Vec::new();
+    for n in 0.. {
+        if counts.len() == OPEN_SHARDS as usize && counts.values().all(|count| *count == per_shard) {
+            break;
+        }
+        let claim = format!("{prefix}-{n:06}");
+        let body = format!("{claim} {}", "x".repeat(bytes.saturating_sub(claim.len() + 1)));
+        let entry = OutboxEntry::of_run(&claim, "t", "m", &[Message::sqs(queue, body)], 0, 0).remove(0);
+        let count = counts.entry(super::layout::sharded("OUTBOX", super::outbox::run_of(&entry.id))).or_insert(0);
+        if *count < per_shard {
+            *count += 1;
+            entries.push(entry);
+        }
+    }
+    let bodies = entries.iter().map(|entry| entry.message.body.clone()).collect();
+    let puts = futures::stream::iter(
+        entries.iter().map(|entry| put_outbox_item(store, store.layout.outbox_item(entry).unwrap())),
+    );
+    puts.buffer_unordered(8).collect::<Vec<()>>().await;
+    bodies
+}
+
+/// Destinations that refuse every message to a queue named `refusing` (as
+/// SQS refuses a queue that does not exist) and record the others' bodies.
+#[derive(Default)]
+struct RefusingOne(std::sync::Mutex<Vec<String>>);
+
+#[async_trait::async_trait]
+impl sqs_once_core::outbox::Destinations for RefusingOne {
+    async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), sqs_once_core::outbox::SendError> {
+        if message.destination.name().ends_with("/refusing") {
+            return Err(sqs_once_core::outbox::SendError::refused("AWS.SimpleQueueService.NonExistentQueue"));
+        }
+        self.0.lock().unwrap().push(message.body.clone());
+        Ok(())
+    }
+}
+
+fn sweeper(store: DynamoDbStore, destinations: Arc<RefusingOne>) -> sqs_once_core::outbox::Outbox {
+    let times = sqs_once_core::outbox::OutboxTimes::both(Duration::from_secs(5));
+    sqs_once_core::outbox::Outbox::new(Arc::new(store), destinations, Arc::new(SystemClock), times, None)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_sweeper_goes_on_where_the_last_left_off_and_reaches_what_lies_behind_a_refused_backlog() {
+    let (store, _) = fresh_table_with(patient_client().await).await;
+    let refusing = "https://sqs.us-east-1.amazonaws.com/123456789012/refusing";
+    // 150 refused notices at the head of every shard (a queue deleted), then one to a queue that takes it.
+    due_runs_in_every_shard(&store, "a", 150, refusing, 100).await;
+    let healthy = "https://sqs.us-east-1.amazonaws.com/123456789012/notices";
+    let behind = due_runs_in_every_shard(&store, "z", 1, healthy, 100).await;
+    let destinations = Arc::new(RefusingOne::default());
+    // Each sweep in a process of its own, as the schedule invokes a cold environment after an idle hour.
+    let mut sweeps = 0;
+    while destinations.0.lock().unwrap().len() < behind.len() {
+        sweeps += 1;
+        assert!(sweeps <= 3, "after {} sweeps: sent {:?}", sweeps - 1, destinations.0.lock().unwrap());
+        let cold = DynamoDbStore::new(store.client.clone(), (*store.layout).clone());
+        sweeper(cold, Arc::clone(&destinations)).sweep(None).await.unwrap();
+    }
+    let mut sent = destinations.0.lock().unwrap().clone();
+    sent.sort();
+    assert_eq!(sent, behind, "each sent once, by the second sweep: a page of 100 a shard, then the rest");
+    assert_eq!(sweeps, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sending_what_is_due_goes_through_every_page_of_every_shard() {
+    let (store, _) = fresh_table_with(patient_client().await).await;
+    // 30 notices of 50 KB in each shard: 20 to a megabyte page, so each shard takes two pages.
+    let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/notices";
+    let mut bodies = due_runs_in_every_shard(&store, "n", 30, queue, 50 * 1024).await;
+    let destinations = Arc::new(RefusingOne::default());
+    let sent = sweeper(store.clone(), Arc::clone(&destinations)).send_due().await.unwrap();
+    assert_eq!(sent, 480);
+    let mut received = destinations.0.lock().unwrap().clone();
+    received.sort();
+    bodies.sort();
+    assert!(received == bodies, "each notice sent once");
+    assert_eq!(store.entries(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap(), []);
+}

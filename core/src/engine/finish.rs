@@ -15,6 +15,7 @@ use crate::{
     ErrorKind, HandlerResult, Record,
     claim::Lease,
     lock::lock,
+    outbox::SendWindow,
     reason,
     report::{Failure, Outcome},
     store::{Committed, Fenced, OutboxEntry, StoreError},
@@ -153,7 +154,7 @@ impl Engine {
         };
         *lock(progress) = Progress::Returned(outcome.clone());
         if outcome == (Outcome::Processed { confirmed: true }) {
-            self.deliver(&entries).await;
+            self.deliver(&entries, record).await;
         }
         outcome
     }
@@ -185,12 +186,16 @@ impl Engine {
         futures::future::join_all(writes).await.into_iter().collect()
     }
 
-    /// Sends a committed run's messages, if the engine has an outbox.
-    async fn deliver(&self, entries: &[OutboxEntry]) {
+    /// Sends a committed run's messages, if the engine has an outbox, each
+    /// only if it can end before `record`'s batch answers (see
+    /// [`SendWindow`]): the others wait for a sweep.
+    async fn deliver(&self, entries: &[OutboxEntry], record: &Record) {
         if let Some(outbox) = &self.inner.outbox
             && !entries.is_empty()
         {
-            outbox.deliver(entries).instrument(trace::send_span(entries.len())).await;
+            let window =
+                SendWindow::ending_by(Some(self.inner.options.margins.budget_until(record.deadline()).writes_by()));
+            outbox.deliver(entries, &window).instrument(trace::send_span(entries.len())).await;
         }
     }
 }

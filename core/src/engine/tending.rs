@@ -14,19 +14,19 @@ use tokio::{
 };
 
 use super::Engine;
-use crate::store::OutboxEntry;
+use crate::{outbox::SendWindow, store::OutboxEntry};
 
 impl Engine {
     /// Sends again the finishing writes whose last send failed (see
     /// [`Claims::resend_unconfirmed`]), and the messages of each commit that
-    /// landed.
-    async fn resend_unconfirmed(&self) {
-        let outbox = self.inner.outbox.clone();
+    /// landed, within `window`.
+    async fn resend_unconfirmed(&self, window: &SendWindow) {
+        let (outbox, window) = (self.inner.outbox.clone(), window.clone());
         let deliver = move |entries: Vec<OutboxEntry>| {
-            let outbox = outbox.clone();
+            let (outbox, window) = (outbox.clone(), window.clone());
             async move {
                 if let Some(outbox) = outbox {
-                    outbox.deliver(&entries).await;
+                    outbox.deliver(&entries, &window).await;
                 }
             }
         };
@@ -39,10 +39,11 @@ impl Engine {
     /// whose send was still waiting for its answer when the batch started
     /// (frozen with the process at the last answer, and timed out at the
     /// thaw) is sent again by the batch it failed in, not a batch later.
-    pub(super) async fn resend_while(&self, done: &Done) {
+    /// Their messages are sent within `window`.
+    pub(super) async fn resend_while(&self, done: &Done, window: &SendWindow) {
         loop {
             let failure = self.inner.claims.next_failure();
-            self.resend_unconfirmed().await;
+            self.resend_unconfirmed(window).await;
             if done.is_set() {
                 return;
             }
@@ -63,12 +64,14 @@ impl Engine {
     /// (`poll`, Lambda Managed Instances), whether batches come or not:
     /// sends again, a moment after, each finishing write whose send failed,
     /// and sweeps the outbox on its schedule, so that neither waits for the
-    /// next batch of a queue gone quiet. Returns once `stopped` completes.
+    /// next batch of a queue gone quiet. From its first call, batches
+    /// sweep nothing beside them. Returns once `stopped` completes.
     pub async fn tend(&self, stopped: impl Future<Output = ()>) {
+        self.inner.tended.store(true, Ordering::Relaxed);
         let resends = async {
             loop {
                 let failure = self.inner.claims.next_failure();
-                self.resend_unconfirmed().await;
+                self.resend_unconfirmed(&SendWindow::default()).await;
                 failure.await;
                 tokio::time::sleep(RESEND_PAUSE).await;
             }
@@ -97,10 +100,11 @@ impl Engine {
     pub async fn leave(&self, until: Instant) -> Vec<String> {
         // Writes whose send is under way are waited for, and sent again if that send fails (a process thawed
         // to be shut down finds its sends cut off by the freeze), until every one is answered or `until`.
+        let window = SendWindow::ending_by(Some(until));
         let landing = async {
             loop {
                 let answer = self.inner.claims.next_answer();
-                self.resend_unconfirmed().await;
+                self.resend_unconfirmed(&window).await;
                 if self.inner.claims.all_confirmed() {
                     return;
                 }
@@ -131,14 +135,17 @@ impl Engine {
         left
     }
 
-    /// Sweeps the outbox now, as a scheduled invocation asks
-    /// (`events/outbox-sweep.json`): sends what is due, starting nothing
-    /// after the cut-off of an invocation due at `deadline` and waiting for
-    /// nothing after its reserve; how many messages it sent.
+    /// Settles what batches left, as a scheduled invocation asks
+    /// (`events/outbox-sweep.json`), in an invocation due at `deadline`,
+    /// every send ending by its reserve: sends again the finishing writes
+    /// left unconfirmed (an answer due, then a freeze), rather than leave
+    /// them to the next batch, and sweeps the outbox now. Returns how many
+    /// messages it sent.
     pub async fn sweep_outbox(&self, deadline: SystemTime) -> u64 {
+        let by = self.budget(deadline).writes_by();
+        let _ = timeout_at(by, self.resend_unconfirmed(&SendWindow::ending_by(Some(by)))).await;
         let Some(outbox) = self.outbox() else { return 0 };
-        let budget = self.budget(deadline);
-        outbox.sweep_asked(budget.cutoff(), budget.writes_by()).await
+        outbox.sweep_asked(by).await
     }
 }
 

@@ -876,6 +876,7 @@ async fn a_store_sending_each_call_alone_gets_no_more_than_the_concurrency_bound
 }
 
 mod payloads;
+mod sweep;
 mod unclaimed;
 
 /// Every span the engine opens, as a subscriber sees it: name, fields and

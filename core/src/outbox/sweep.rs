@@ -2,15 +2,18 @@
 //! past its lease) or whose destination failed are taken over and sent, on
 //! the outbox's own schedule, whether or not anyone stages messages.
 //!
-//! Every process that can send sweeps: as each batch starts (Lambda,
-//! `invoke`, `poll`), on `poll`'s timer, and before `invoke` and `poll`
+//! Every process that can send sweeps: a process Lambda freezes as each
+//! batch starts, one that is never frozen (`poll`, Lambda Managed
+//! Instances) on a timer of its own, and `invoke` and `poll` before they
 //! leave when they may have left a message of their own unsent; at most
 //! once per sweep interval (`SQS_ONCE_OUTBOX_SWEEP_SECS`), the process's
-//! start counting as one. A Lambda function whose queue is quiet is invoked
-//! for one by the template's schedule (the outbox sweep event). A sweep
-//! started beside a batch starts no run after the batch's cut-off, and the
-//! batch's answer waits for it, so that no send is left in flight when
-//! Lambda freezes the process.
+//! start counting as one, however much the last one left. A Lambda function
+//! whose queue is quiet is invoked for one by the template's schedule (the
+//! outbox sweep event). A sweep beside a batch holds its answer for no more
+//! than the sends of the entries it took while the batch's own work went
+//! on: it takes none after that, and each send and its deletion are cut to
+//! end before the answer is due ([`SendWindow`]), so that none is in flight
+//! when Lambda freezes the process.
 
 use std::{
     collections::BTreeMap,
@@ -27,11 +30,11 @@ use futures::{
 };
 use tokio::time::Instant;
 
-use super::{Outbox, OutboxEntry, SENDING_LEASE};
+use super::{Outbox, OutboxEntry, SENDING_LEASE, SendWindow};
 use crate::{
     clock::duration_ms,
     lock::lock,
-    store::{Fenced, StoreError, new_token},
+    store::{Fenced, StoreError, SweepPart, new_token},
 };
 
 /// Entries read per sweep at most; the rest wait for the next: as many as
@@ -46,9 +49,11 @@ const SWEEP_CONCURRENCY: usize = 16;
 pub struct Swept {
     /// Messages sent.
     pub sent: usize,
-    /// Whether it went through every entry due: not cut short by its
-    /// budget, nor by the listing's limit.
-    pub complete: bool,
+    /// Whether its listing ended a pass over the whole outbox
+    /// ([`SweepPart::passed`](crate::store::SweepPart)), and it sent every
+    /// entry due it read but those refused or failed: not cut short by its
+    /// window.
+    pub passed: bool,
 }
 
 /// A sweep under way in a task of its own: [`finished`](Self::finished)
@@ -56,6 +61,7 @@ pub struct Swept {
 #[derive(Clone)]
 pub struct Sweep {
     done: Shared<BoxFuture<'static, ()>>,
+    window: SendWindow,
 }
 
 impl std::fmt::Debug for Sweep {
@@ -69,13 +75,18 @@ impl Sweep {
     pub async fn finished(&self) {
         self.done.clone().await;
     }
+
+    /// Takes no more entries: the sends of those taken end, the rest wait
+    /// for the next sweep.
+    pub(crate) fn stop_taking(&self) {
+        self.window.close();
+    }
 }
 
 /// When sweeps start, and what the last one found.
 #[derive(Debug, Default)]
 pub(super) struct Schedule {
-    /// When the last sweep started; `None` before the first, and after one
-    /// that was cut short, so that the next batch goes on with it.
+    /// When the last sweep started.
     last: Option<Instant>,
     /// The sweep under way, if any; its task clears it as it ends.
     running: Option<Sweep>,
@@ -94,39 +105,40 @@ impl Schedule {
 
 impl Outbox {
     /// Starts a sweep in a task of its own, if one is due (none has started
-    /// for the sweep interval, the process's start counting as one, or the
-    /// last was cut short) and none is under way. It takes no new run of
-    /// entries after `until`. Every process that can send calls it: as each
-    /// batch starts (the batch's answer waits for it, within its budget),
-    /// and `poll` on a timer of its own too; a schedule invokes a Lambda
-    /// function for one when its queue is quiet ([`sweep_asked`](Self::sweep_asked)).
-    pub(crate) fn sweep_if_due(self: &Arc<Self>, until: Option<Instant>) -> Option<Sweep> {
+    /// for the sweep interval, the process's start counting as one) and none
+    /// is under way, its sends ending by `sends_end_by`. Every process that
+    /// can send calls it: a Lambda function as each batch starts (the
+    /// batch's answer waits for the sends under way when its work is done:
+    /// [`Sweep::stop_taking`]), and a process that is never frozen on a
+    /// timer of its own; a schedule invokes a Lambda function for one when
+    /// its queue is quiet ([`sweep_asked`](Self::sweep_asked)).
+    pub(crate) fn sweep_if_due(self: &Arc<Self>, sends_end_by: Option<Instant>) -> Option<Sweep> {
         let every = self.sweep_every?;
         let due = lock(&self.schedule).last.is_none_or(|last| last.elapsed() >= every);
         if !due {
             return None;
         }
-        self.sweep_now(until)
+        self.sweep_now(sends_end_by)
     }
 
     /// Starts a sweep now, as [`sweep_if_due`](Self::sweep_if_due) does
     /// when one is due, unless one is under way or sweeps are off: before
     /// `invoke` and `poll` leave.
-    pub fn sweep_now(self: &Arc<Self>, until: Option<Instant>) -> Option<Sweep> {
+    pub fn sweep_now(self: &Arc<Self>, sends_end_by: Option<Instant>) -> Option<Sweep> {
         self.sweep_every?;
         let mut schedule = lock(&self.schedule);
         if schedule.running.is_some() {
             return None;
         }
-        Some(self.start(&mut schedule, until))
+        Some(self.start(&mut schedule, SendWindow::ending_by(sends_end_by)))
     }
 
     /// A sweep asked for (a scheduled invocation): one now, whatever the
-    /// sweep interval says, its runs started until `until` and waited for
-    /// until `by`; how many messages this process sent meanwhile. A sweep
-    /// under way is let finish first: it may be one an earlier invocation
-    /// left when the environment froze, its listing as old as the freeze.
-    pub async fn sweep_asked(self: &Arc<Self>, until: Instant, by: Instant) -> u64 {
+    /// sweep interval says, every send of it ending by `by`; how many
+    /// messages this process sent meanwhile. A sweep under way is let finish
+    /// first: it may be one an earlier invocation left when the environment
+    /// froze, its listing as old as the freeze.
+    pub async fn sweep_asked(self: &Arc<Self>, by: Instant) -> u64 {
         let sent = || self.counters.sent.load(Ordering::Relaxed);
         let before = sent();
         let running = lock(&self.schedule).running.clone();
@@ -137,7 +149,7 @@ impl Outbox {
             let mut schedule = lock(&self.schedule);
             match schedule.running {
                 Some(_) => None,
-                None => Some(self.start(&mut schedule, Some(until))),
+                None => Some(self.start(&mut schedule, SendWindow::ending_by(Some(by)))),
             }
         };
         if let Some(sweep) = sweep {
@@ -146,26 +158,21 @@ impl Outbox {
         sent() - before
     }
 
-    /// Starts a sweep in a task of its own, noted in `schedule`.
-    fn start(self: &Arc<Self>, schedule: &mut Schedule, until: Option<Instant>) -> Sweep {
+    /// Starts a sweep in a task of its own, noted in `schedule`. The next
+    /// is due a sweep interval later, whatever this one leaves: a sweep cut
+    /// short by a slow destination or a backlog is not started again by
+    /// every batch.
+    fn start(self: &Arc<Self>, schedule: &mut Schedule, window: SendWindow) -> Sweep {
         schedule.last = Some(Instant::now());
         let outbox = Arc::clone(self);
+        let sweeping = window.clone();
         let task = tokio::spawn(async move {
-            let swept = outbox.sweep(until).await;
-            let complete = match swept {
-                Ok(swept) => swept.complete,
-                Err(error) => {
-                    tracing::warn!(%error, "outbox: the sweep could not read the outbox; the next one tries again");
-                    true
-                }
-            };
-            let mut schedule = lock(&outbox.schedule);
-            schedule.running = None;
-            if !complete {
-                schedule.last = None;
+            if let Err(error) = outbox.sweep_within(&sweeping).await {
+                tracing::warn!(%error, "outbox: the sweep could not read the outbox; the next one tries again");
             }
+            lock(&outbox.schedule).running = None;
         });
-        let sweep = Sweep { done: task.map(drop).boxed().shared() };
+        let sweep = Sweep { done: task.map(drop).boxed().shared(), window };
         schedule.running = Some(sweep.clone());
         sweep
     }
@@ -185,14 +192,36 @@ impl Outbox {
 
     /// Takes over the entries whose sending lease has ended, among those the
     /// store's [`sweep_listing`](crate::store::OutboxStore::sweep_listing)
-    /// reads, and sends them, the entries of one run in order, starting no
-    /// run after `until`. Notes the oldest unsent entry's age it read.
-    pub async fn sweep(&self, until: Option<Instant>) -> Result<Swept, StoreError> {
+    /// reads, and sends them, the entries of one run in order, each send
+    /// ending by `sends_end_by`. Notes the oldest unsent entry's age it read.
+    pub async fn sweep(&self, sends_end_by: Option<Instant>) -> Result<Swept, StoreError> {
+        self.sweep_within(&SendWindow::ending_by(sends_end_by)).await
+    }
+
+    /// Sweeps until a whole pass over the outbox sends nothing, as `sqs-once
+    /// claims outbox --send` does: a sweep reads a bounded part of it.
+    /// Returns how many messages it sent.
+    pub async fn send_due(&self) -> Result<usize, StoreError> {
+        let (mut sent, mut sent_in_pass) = (0, 0);
+        loop {
+            let swept = self.sweep(None).await?;
+            sent += swept.sent;
+            sent_in_pass += swept.sent;
+            if swept.passed {
+                if sent_in_pass == 0 {
+                    return Ok(sent);
+                }
+                sent_in_pass = 0;
+            }
+        }
+    }
+
+    /// [`sweep`](Self::sweep), its sends started within `window`.
+    async fn sweep_within(&self, window: &SendWindow) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
-        let listed = self.store.sweep_listing(SWEEP_LIMIT).await?;
+        let SweepPart { entries: listed, passed, .. } = self.store.sweep_part(SWEEP_LIMIT).await?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
         lock(&self.schedule).oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
-        let listed_all = listed.len() < SWEEP_LIMIT;
         let mut runs: BTreeMap<(String, String), Vec<OutboxEntry>> = BTreeMap::new();
         for entry in listed {
             let (claim, token) = entry.run();
@@ -213,49 +242,58 @@ impl Outbox {
         }
         runs.retain(|_, entries| !entries.is_empty());
         if runs.is_empty() {
-            return Ok(Swept { sent: 0, complete: listed_all });
+            return Ok(Swept { sent: 0, passed });
         }
         tracing::info!(entries = runs.values().map(Vec::len).sum::<usize>(), "outbox: sending entries left unsent");
         let cut_short = AtomicBool::new(false);
         let sent = futures::stream::iter(runs.into_values().map(|entries| {
             let cut_short = &cut_short;
             async move {
-                if until.is_some_and(|until| Instant::now() >= until) {
+                if !window.takes(self.times) {
                     cut_short.store(true, Ordering::Relaxed);
                     return 0;
                 }
-                self.take_and_deliver(entries).await
+                self.take_and_deliver(entries, window).await
             }
         }))
         .buffer_unordered(SWEEP_CONCURRENCY)
         .fold(0, |total, sent| async move { total + sent })
         .await;
-        Ok(Swept { sent, complete: listed_all && !cut_short.load(Ordering::Relaxed) })
+        Ok(Swept { sent, passed: passed && !cut_short.load(Ordering::Relaxed) })
     }
 
-    /// Takes over one run's due entries, in order, and sends those taken.
-    /// The first it cannot take stops the rest: another sender holds it (and
-    /// sends the run's later entries after it), or it was sent and deleted
-    /// since the listing, which the next sweep's listing shows. Either way
-    /// no later entry of the run leaves before an earlier one.
-    async fn take_and_deliver(&self, entries: Vec<OutboxEntry>) -> usize {
+    /// Takes over one run's due entries, in order, each just before it is
+    /// sent, while `window` takes them. The first it cannot take or send
+    /// stops the rest: another sender holds it (and sends the run's later
+    /// entries after it), it was sent and deleted since the listing (which
+    /// the next sweep's listing shows), or its send failed. Either way no
+    /// later entry of the run leaves before an earlier one, and none is held
+    /// by a take that sends nothing.
+    async fn take_and_deliver(&self, entries: Vec<OutboxEntry>, window: &SendWindow) -> usize {
         if !self.earlier_gone(&entries).await {
             return 0;
         }
-        let mut taken = Vec::new();
+        let mut sent = 0;
         for entry in entries {
+            if !window.takes(self.times) {
+                break;
+            }
             let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
             let token = new_token();
-            match self.store.take_entry(&entry, &token, lease_until_ms).await {
-                Ok(Fenced::Applied) => taken.push(OutboxEntry { token, lease_until_ms, ..entry }),
+            let taken = match self.store.take_entry(&entry, &token, lease_until_ms).await {
+                Ok(Fenced::Applied) => OutboxEntry { token, lease_until_ms, ..entry },
                 Ok(Fenced::Refused) => break,
                 Err(error) => {
                     tracing::warn!(id = %entry.id, %error, "outbox: cannot take the entry over; the next sweep tries again");
                     break;
                 }
+            };
+            if self.deliver(std::slice::from_ref(&taken), window).await == 0 {
+                break;
             }
+            sent += 1;
         }
-        self.deliver(&taken).await
+        sent
     }
 
     /// Whether the message before a run's first listed one is gone (sent),

@@ -13,7 +13,7 @@ use super::{
     world::{Life, World},
 };
 use crate::{
-    clock::Clock,
+    clock::{Clock, duration_ms},
     lock::lock,
     outbox::{Destinations, OutboxEntry, OutboxQuery, SendError},
     store::{
@@ -98,8 +98,12 @@ impl Link {
         let slow = world.strikes(|faults| faults.slow);
         world.draw(|rng| match fate {
             Fate::Lingers => {
+                // Applied as late as the margin a commit without a claim keeps for it (`SEND_MARGIN`), less a
+                // second for the completion's expiry counted in whole seconds.
                 let gives_up = Duration::from_millis(rng.u64(500..=3_000));
-                (fate, gives_up, gives_up + Duration::from_millis(rng.u64(1..=30_000)))
+                let latest = crate::store::SEND_MARGIN - Duration::from_secs(1);
+                let applies = rng.u64(duration_ms(gives_up) + 1..=duration_ms(latest));
+                (fate, gives_up, Duration::from_millis(applies))
             }
             _ if slow && rng.bool() => (fate, long(rng), short(rng)),
             _ if slow => (fate, short(rng), long(rng)),

@@ -159,6 +159,24 @@ impl OutboxEntry {
     }
 }
 
+/// What one sweep reads ([`OutboxStore::sweep_part`](crate::store::OutboxStore::sweep_part)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SweepPart {
+    /// The entries read, as [`sweep_listing`](crate::store::OutboxStore::sweep_listing) lists them.
+    pub entries: Vec<OutboxEntry>,
+    /// Whether this part ends a pass: the parts read since the last pass
+    /// ended went through the whole outbox.
+    pub passed: bool,
+}
+
+impl SweepPart {
+    /// The part holding `entries`, ending a pass if `passed`.
+    pub fn new(entries: Vec<OutboxEntry>, passed: bool) -> Self {
+        Self { entries, passed }
+    }
+}
+
 /// Which outbox entries [`OutboxStore::entries`](crate::store::OutboxStore::entries) lists.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OutboxQuery {

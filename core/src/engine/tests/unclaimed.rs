@@ -255,7 +255,7 @@ async fn kept_commit_sent_again(later: Duration, deleted: bool) -> (u64, u64) {
     let store = Arc::new(Calls { losing_commit_answers: AtomicBool::new(true), ..Calls::default() });
     let clock = Arc::new(crate::clock::ManualClock::new(SystemClock.now_ms()));
     let policy =
-        ClaimPolicy { expires_after: Duration::from_secs(60), local_cache_entries: 0, ..ClaimPolicy::default() };
+        ClaimPolicy { expires_after: Duration::from_secs(180), local_cache_entries: 0, ..ClaimPolicy::default() };
     let setup =
         Setup { store: Arc::clone(&store) as Arc<dyn ClaimStore>, policy, clock: clock.clone(), ..Setup::default() };
     let engine = setup.engine(Credits::default());
@@ -267,7 +267,7 @@ async fn kept_commit_sent_again(later: Duration, deleted: bool) -> (u64, u64) {
     assert_eq!(store.applied("test#m-1"), 1, "the commit applied; its answer was lost");
     clock.advance(later);
     if deleted {
-        // The key's completion expired (60 s), and TTL deleted it, as it may at any moment after.
+        // The key's completion expired (3 min), and TTL deleted it, as it may at any moment after.
         store.inner.delete_expired(clock.now_ms(), |_| true);
         assert_eq!(store.inner.get("test#m-1").await.unwrap(), None);
     }
