@@ -76,13 +76,8 @@ impl Margins {
     /// left is read from the same clock as the leases.
     pub(crate) fn budget(&self, deadline: SystemTime, now_ms: u64) -> DeadlineBudget {
         let remaining = Duration::from_millis(epoch_ms(deadline).saturating_sub(now_ms));
-        self.budget_until(Instant::now() + remaining)
-    }
-
-    /// The budget of an invocation due at `deadline`, on the runtime's clock.
-    pub(crate) fn budget_until(&self, deadline: Instant) -> DeadlineBudget {
         let reserve = if self.sqs_step { ANSWER_TIME + SQS_STEP_TIME } else { ANSWER_TIME };
-        DeadlineBudget::new(deadline, self.deadline_margin, reserve)
+        DeadlineBudget::new(Instant::now() + remaining, self.deadline_margin, reserve)
     }
 }
 

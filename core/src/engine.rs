@@ -334,7 +334,12 @@ impl Engine {
             done.set();
         }
         .instrument(batch_span);
-        let window = SendWindow::ending_by(Some(budget.writes_by()));
+        // Messages are sent within this batch's time, in a process Lambda freezes once it answers.
+        let frozen_after = !self.inner.tended.load(Ordering::Relaxed);
+        let window = SendWindow::ending_by(frozen_after.then(|| budget.writes_by()));
+        if let Some(outbox) = &self.inner.outbox {
+            outbox.enter_batch(window.clone());
+        }
         let work = join(groups_run, self.resend_while(&done, &window));
         tokio::pin!(work);
         if timeout_at(budget.cutoff(), &mut work).await.is_err() {

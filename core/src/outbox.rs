@@ -49,6 +49,7 @@ pub use crate::store::outbox_entry::{OutboxEntry, OutboxQuery, SweepPart, Unread
 
 use crate::{
     clock::Clock,
+    lock::lock,
     store::{Fenced, OutboxStore, StoreError},
     transaction::Message,
 };
@@ -167,6 +168,10 @@ pub struct Outbox {
     schedule: Mutex<sweep::Schedule>,
     /// Deliveries under way, for a process that leaves to let finish.
     delivering: Delivering,
+    /// The send window of the batch under way: a run's messages are sent
+    /// within it, whichever batch the run belongs to (a commit answered
+    /// late, once the next invocation has thawed the process).
+    current: Mutex<SendWindow>,
 }
 
 /// How many deliveries are under way, and a wake-up as each ends.
@@ -270,7 +275,18 @@ impl Outbox {
             sweep_every,
             schedule: Mutex::new(sweep::Schedule::starting_now()),
             delivering: Delivering::default(),
+            current: Mutex::default(),
         }
+    }
+
+    /// A batch starts: runs' messages are sent within `window` from now on.
+    pub(crate) fn enter_batch(&self, window: SendWindow) {
+        *lock(&self.current) = window;
+    }
+
+    /// The window runs' messages are sent within now.
+    pub(crate) fn current_window(&self) -> SendWindow {
+        lock(&self.current).clone()
     }
 
     /// How often the outbox is swept, unless sweeps are off (the timer of

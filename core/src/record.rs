@@ -104,11 +104,6 @@ impl Record {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
-    /// When the invocation answers.
-    pub(crate) fn deadline(&self) -> Instant {
-        self.deadline
-    }
-
     /// Where the handler stages DynamoDB writes and outbox messages, to
     /// commit in one transaction with the claim's completion when it returns
     /// success (see [`crate::transaction`]). Copies of the record share it.

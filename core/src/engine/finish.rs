@@ -15,7 +15,6 @@ use crate::{
     ErrorKind, HandlerResult, Record,
     claim::Lease,
     lock::lock,
-    outbox::SendWindow,
     reason,
     report::{Failure, Outcome},
     store::{Committed, Fenced, OutboxEntry, StoreError},
@@ -154,7 +153,7 @@ impl Engine {
         };
         *lock(progress) = Progress::Returned(outcome.clone());
         if outcome == (Outcome::Processed { confirmed: true }) {
-            self.deliver(&entries, record).await;
+            self.deliver(&entries).await;
         }
         outcome
     }
@@ -187,14 +186,14 @@ impl Engine {
     }
 
     /// Sends a committed run's messages, if the engine has an outbox, each
-    /// only if it can end before `record`'s batch answers (see
-    /// [`SendWindow`]): the others wait for a sweep.
-    async fn deliver(&self, entries: &[OutboxEntry], record: &Record) {
+    /// only if it can end before the batch under way answers (see
+    /// `SendWindow`; a commit answered late is sent within the next
+    /// batch's): the others wait for a sweep.
+    async fn deliver(&self, entries: &[OutboxEntry]) {
         if let Some(outbox) = &self.inner.outbox
             && !entries.is_empty()
         {
-            let window =
-                SendWindow::ending_by(Some(self.inner.options.margins.budget_until(record.deadline()).writes_by()));
+            let window = outbox.current_window();
             outbox.deliver(entries, &window).instrument(trace::send_span(entries.len())).await;
         }
     }
