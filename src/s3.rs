@@ -48,10 +48,10 @@ impl PayloadStore for S3Payloads {
         let object = self.client().await.get_object().bucket(&pointer.bucket).key(&pointer.key).send().await;
         let object = match object {
             Ok(object) => object,
-            Err(error) if error.as_service_error().is_some_and(|error| error.is_no_such_key()) => {
-                return Err(PayloadError::Missing(pointer.clone()));
+            Err(error) => {
+                let code = error.as_service_error().and_then(|error| error.meta().code()).map(str::to_owned);
+                return Err(refused(pointer, code.as_deref(), crate::aws::describe(&error)));
             }
-            Err(error) => return Err(unavailable(crate::aws::describe(&error))),
         };
         let announced = object.content_length().map_or(0, |length| u64::try_from(length).unwrap_or(0));
         if announced > limit {
@@ -86,5 +86,60 @@ impl PayloadStore for S3Payloads {
             pointer: pointer.clone(),
             reason: crate::aws::describe(&error),
         })
+    }
+}
+
+/// What S3's refusal of a read of `pointer` (its error `code`, described as
+/// `described`) says: an object that is not there (`NoSuchKey`; or
+/// `AccessDenied`, as S3 answers a missing object to a reader that may not
+/// list the bucket), a bucket this client cannot reach however often it
+/// asks (in another Region, or gone), or a refusal another delivery may not
+/// meet.
+fn refused(pointer: &PayloadPointer, code: Option<&str>, described: String) -> PayloadError {
+    let pointer = pointer.clone();
+    match code {
+        Some("NoSuchKey") => PayloadError::Missing(pointer),
+        Some("AccessDenied") => PayloadError::Unavailable {
+            pointer,
+            reason: format!(
+                "{described}: the object is missing (S3 answers AccessDenied for a missing object to a reader without \
+                 s3:ListBucket on the bucket) or the function may not read it (s3:GetObject)"
+            ),
+        },
+        Some("PermanentRedirect" | "AuthorizationHeaderMalformed" | "IllegalLocationConstraintException") => {
+            PayloadError::Unreachable {
+                pointer,
+                reason: format!("{described}: the bucket is in another Region than this consumer's S3 client"),
+            }
+        }
+        Some("NoSuchBucket") => {
+            PayloadError::Unreachable { pointer, reason: format!("{described}: the bucket does not exist") }
+        }
+        _ => PayloadError::Unavailable { pointer, reason: described },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pointer() -> PayloadPointer {
+        PayloadPointer { bucket: "payloads".into(), key: "k-1".into() }
+    }
+
+    #[test]
+    fn a_missing_object_reads_as_missing_or_denied_and_another_regions_bucket_fails_for_good() {
+        assert_eq!(refused(&pointer(), Some("NoSuchKey"), "NoSuchKey".into()), PayloadError::Missing(pointer()));
+        let denied = refused(&pointer(), Some("AccessDenied"), "AccessDenied: Access Denied".into());
+        let text = denied.to_string();
+        assert!(matches!(denied, PayloadError::Unavailable { .. }), "{denied:?}");
+        assert!(text.contains("the object is missing") && text.contains("s3:ListBucket"), "{text}");
+        for code in ["PermanentRedirect", "AuthorizationHeaderMalformed"] {
+            let elsewhere = refused(&pointer(), Some(code), code.into());
+            assert!(matches!(elsewhere, PayloadError::Unreachable { .. }), "{code}: {elsewhere:?}");
+            assert!(elsewhere.to_string().contains("another Region"), "{elsewhere}");
+        }
+        let slow = refused(&pointer(), Some("SlowDown"), "SlowDown".into());
+        assert!(matches!(slow, PayloadError::Unavailable { .. }), "tried again: {slow:?}");
     }
 }

@@ -224,6 +224,8 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
             ("HasHandlerEventBuses".to_owned(), vec!["events:PutEvents"], parameter("HandlerEventBusArns")),
             // The objects of the large-payload bucket, read and written; deleted only when asked.
             ("HasLargePayloadBucket".to_owned(), vec!["s3:GetObject", "s3:PutObject"], sub(LARGE_PAYLOAD_OBJECTS)),
+            // The bucket listed, so that S3 answers a missing object NoSuchKey, not AccessDenied.
+            ("HasLargePayloadBucket".to_owned(), vec!["s3:ListBucket"], sub(LARGE_PAYLOAD_BUCKET)),
             ("DeletesLargePayloads".to_owned(), vec!["s3:DeleteObject"], sub(LARGE_PAYLOAD_OBJECTS)),
             // X-Ray's actions name no resource: the one wildcard, with a collector layer only.
             ("Traced".to_owned(), vec!["xray:PutTelemetryRecords", "xray:PutTraceSegments"], "'*'\n".to_owned()),
@@ -259,6 +261,9 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
 
 /// The objects of the bucket the `LargePayloadBucket` parameter names.
 const LARGE_PAYLOAD_OBJECTS: &str = "arn:${AWS::Partition}:s3:::${LargePayloadBucket}/*";
+
+/// The bucket the `LargePayloadBucket` parameter names.
+const LARGE_PAYLOAD_BUCKET: &str = "arn:${AWS::Partition}:s3:::${LargePayloadBucket}";
 
 /// Whether `statement` is granted on `condition`.
 fn mentions(statement: &Value, condition: &str) -> bool {

@@ -154,6 +154,15 @@ pub enum PayloadError {
     /// The object is not UTF-8 text, as a message body must be.
     #[error("the object at {0} is not UTF-8 text")]
     NotText(PayloadPointer),
+    /// The object cannot be reached from here, however often asked: its
+    /// bucket is in another Region, or gone.
+    #[error("the object at {pointer} cannot be reached: {reason}")]
+    Unreachable {
+        /// Where it is.
+        pointer: PayloadPointer,
+        /// Why.
+        reason: String,
+    },
     /// S3 refused or failed the request.
     #[error("S3 refused or failed the request for {pointer}: {reason}")]
     Unavailable {

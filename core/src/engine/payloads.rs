@@ -14,7 +14,7 @@ use super::Engine;
 use crate::{
     clock::duration_ms,
     envelope::Opened,
-    payload::{PayloadPointer, declared_size},
+    payload::{PayloadError, PayloadPointer, declared_size},
     report::{BatchReport, Failure, Outcome},
 };
 
@@ -129,6 +129,8 @@ impl Engine {
                 tracing::debug!(%pointer, bytes, ms = duration_ms(started.elapsed()), "payload read from S3");
                 Ok((Fetched { pointer, bytes, _held: held }, payload))
             }
+            // No later delivery reaches it either: failed for good, to the dead-letter queue at once.
+            Ok(Err(error @ PayloadError::Unreachable { .. })) => Err(Failure::Permanent(error.to_string())),
             Ok(Err(error)) => Err(Failure::PayloadUnavailable(error.to_string())),
             Err(_) => Err(Failure::Deadline),
         }

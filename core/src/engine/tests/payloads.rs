@@ -46,6 +46,10 @@ impl Bucket {
 #[async_trait::async_trait]
 impl PayloadStore for Bucket {
     async fn get(&self, pointer: &PayloadPointer, limit: u64) -> Result<String, PayloadError> {
+        if pointer.bucket != "large" {
+            let reason = "PermanentRedirect: the bucket is in another Region".into();
+            return Err(PayloadError::Unreachable { pointer: pointer.clone(), reason });
+        }
         let object = self.objects.lock().unwrap().get(&pointer.key).cloned();
         let object = object.ok_or_else(|| PayloadError::Missing(pointer.clone()))?;
         match object.len() as u64 {
@@ -134,6 +138,22 @@ async fn a_pointer_is_read_before_the_key_and_the_handler_sees_the_payload() {
     assert!(unavailable("m-big").contains("over SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES=1000000"), "{}", unavailable("m-big"));
     assert!(matches!(outcome(&report, "m-malformed"), Outcome::Failed(Failure::InvalidRecord(_))));
     assert!(bucket.deleted().is_empty(), "objects are kept unless SQS_ONCE_LARGE_PAYLOAD_DELETE is on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_in_a_bucket_out_of_reach_fails_its_record_for_good() {
+    let bucket = Bucket::with(&[("k-1", &order("o-1", 100))]);
+    let handler = Arc::new(Remembers::default());
+    let engine = setup(&bucket, PayloadOptions::default()).engine(Arc::clone(&handler));
+    let mut far = pointer("m-far", "k-1");
+    far["body"] = json!(far["body"].as_str().unwrap().replace("\"large\"", "\"elsewhere\""));
+    let report = run(&engine, vec![far, pointer("m-1", "k-1")], Duration::from_secs(30)).await;
+    assert_eq!(failures(&report), ["m-far"]);
+    match outcome(&report, "m-far") {
+        Outcome::Failed(Failure::Permanent(reason)) => assert!(reason.contains("another Region"), "{reason}"),
+        other => panic!("not tried again until the dead-letter queue: {other:?}"),
+    }
+    assert_eq!(bodies(&handler).len(), 1, "the handler never saw the pointer");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

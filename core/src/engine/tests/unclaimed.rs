@@ -252,6 +252,21 @@ async fn claiming_always_claims_first_and_nothing_staged_completes_with_one_cond
 /// `deleted`: how often the key's writes applied, and how many writes the
 /// engine gave up.
 async fn kept_commit_sent_again(later: Duration, deleted: bool) -> (u64, u64) {
+    let (store, clock, engine) = commit_kept().await;
+    clock.advance(later);
+    if deleted {
+        // The key's completion expired (3 min), and TTL deleted it, as it may at any moment after.
+        store.inner.delete_expired(clock.now_ms(), |_| true);
+        assert_eq!(store.inner.get("test#m-1").await.unwrap(), None);
+    }
+    store.losing_commit_answers.store(false, Ordering::SeqCst);
+    engine.leave(tokio::time::Instant::now() + Duration::from_secs(1)).await;
+    (store.applied("test#m-1"), engine.claims().writes_given_up())
+}
+
+/// An engine whose one run's commit applied and lost its answer: kept, to be
+/// sent again; with the store and the clock it runs on.
+async fn commit_kept() -> (Arc<Calls>, Arc<crate::clock::ManualClock>, Engine) {
     let store = Arc::new(Calls { losing_commit_answers: AtomicBool::new(true), ..Calls::default() });
     let clock = Arc::new(crate::clock::ManualClock::new(SystemClock.now_ms()));
     let policy =
@@ -265,15 +280,20 @@ async fn kept_commit_sent_again(later: Duration, deleted: bool) -> (u64, u64) {
     let report = engine.process(&event, &invocation, None).await;
     assert!(matches!(outcome(&report, "m-1"), Outcome::Failed(Failure::Uncommitted { .. })), "{report:?}");
     assert_eq!(store.applied("test#m-1"), 1, "the commit applied; its answer was lost");
-    clock.advance(later);
-    if deleted {
-        // The key's completion expired (3 min), and TTL deleted it, as it may at any moment after.
-        store.inner.delete_expired(clock.now_ms(), |_| true);
-        assert_eq!(store.inner.get("test#m-1").await.unwrap(), None);
-    }
+    (store, clock, engine)
+}
+
+#[tokio::test]
+async fn the_scheduled_sweep_sends_again_the_writes_a_batch_left_unconfirmed() {
+    let (store, clock, engine) = commit_kept().await;
+    // The queue goes quiet: no batch comes, the schedule invokes the function with the outbox sweep event.
+    clock.advance(Duration::from_secs(10));
     store.losing_commit_answers.store(false, Ordering::SeqCst);
-    engine.leave(tokio::time::Instant::now() + Duration::from_secs(1)).await;
-    (store.applied("test#m-1"), engine.claims().writes_given_up())
+    assert!(!engine.claims().all_confirmed());
+    let deadline = std::time::UNIX_EPOCH + Duration::from_millis(clock.now_ms()) + SECS_30;
+    engine.sweep_outbox(deadline).await;
+    assert!(engine.claims().all_confirmed(), "{:?}", engine.claims().still_unconfirmed());
+    assert_eq!(store.applied("test#m-1"), 1, "sent again, it lands as the write that had applied");
 }
 
 #[tokio::test]
