@@ -610,6 +610,47 @@ mod tests {
         assert_eq!(*destinations.sent.lock().unwrap(), ["first", "third"]);
     }
 
+    /// An outbox read in parts, as the DynamoDB store reads it: each sweep the next part.
+    struct InParts(Mutex<std::collections::VecDeque<SweepPart>>);
+
+    #[async_trait]
+    impl OutboxStore for InParts {
+        async fn entries(&self, _query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+            Ok(Vec::new())
+        }
+        async fn sweep_part(&self, _limit: usize) -> Result<SweepPart, StoreError> {
+            Ok(self.0.lock().unwrap().pop_front().unwrap_or_default())
+        }
+        async fn take_entry(&self, _entry: &OutboxEntry, _token: &str, _until_ms: u64) -> Result<Fenced, StoreError> {
+            Ok(Fenced::Refused)
+        }
+        async fn entry_sent(&self, _id: &str, _token: &str) -> Result<Fenced, StoreError> {
+            Ok(Fenced::Applied)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_age_published_is_the_passs_not_the_parts() {
+        let clock = Arc::new(PausedClock::starting_now());
+        let now_ms = clock.now_ms();
+        let held = |claim: &str, age_s: u64| {
+            let message = Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", claim);
+            OutboxEntry::of_run(claim, "t", "m", &[message], now_ms - age_s * 1000, u64::MAX / 2).remove(0)
+        };
+        let parts = [(held("k-old", 600), false), (held("k-new", 1), true), (held("k-new", 1), true)];
+        let parts = parts.into_iter().map(|(entry, passed)| SweepPart::new(vec![entry], passed)).collect();
+        let store = Arc::new(InParts(Mutex::new(parts)));
+        let destinations = Arc::new(SlowSends { sending: Duration::ZERO, sent: Mutex::default() });
+        let outbox = Outbox::new(store, destinations, clock, OutboxTimes::both(Duration::from_secs(5)), None);
+        let age_after_a_sweep = || async {
+            outbox.sweep(None).await.unwrap();
+            outbox.take_oldest_age().unwrap().as_secs()
+        };
+        assert_eq!(age_after_a_sweep().await, 600);
+        assert_eq!(age_after_a_sweep().await, 600, "the pass's oldest, though this part's is a second old");
+        assert_eq!(age_after_a_sweep().await, 1, "a new pass");
+    }
+
     #[test]
     fn timeouts_too_long_for_the_sending_lease_refuse_to_start() {
         assert!(OutboxTimes::both(Duration::from_secs(5)).checked().is_ok());

@@ -90,8 +90,13 @@ pub(super) struct Schedule {
     last: Option<Instant>,
     /// The sweep under way, if any; its task clears it as it ends.
     running: Option<Sweep>,
-    /// The oldest unsent entry's age as a sweep found it, until published.
+    /// The oldest unsent entry's age as the sweeps of the pass under way
+    /// found it, until published.
     oldest_age: Option<Duration>,
+    /// When the oldest entry the sweeps of the pass under way read was
+    /// committed: a sweep reads a part of the outbox, and the age published
+    /// is the outbox's, not the part's.
+    pass_oldest_ms: Option<u64>,
 }
 
 impl Schedule {
@@ -185,7 +190,9 @@ impl Outbox {
         }
     }
 
-    /// The oldest unsent entry's age as a sweep found it since the last call.
+    /// The oldest unsent entry's age as the sweeps of the last pass over
+    /// the outbox found it (every part read since a pass last ended), since
+    /// the last call.
     pub fn take_oldest_age(&self) -> Option<Duration> {
         lock(&self.schedule).oldest_age.take()
     }
@@ -221,7 +228,12 @@ impl Outbox {
         let now_ms = self.clock.now_ms();
         let SweepPart { entries: listed, passed, .. } = self.store.sweep_part(SWEEP_LIMIT).await?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
-        lock(&self.schedule).oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
+        {
+            let mut schedule = lock(&self.schedule);
+            let oldest = oldest.into_iter().chain(schedule.pass_oldest_ms).min();
+            schedule.oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
+            schedule.pass_oldest_ms = if passed { None } else { oldest };
+        }
         let mut runs: BTreeMap<(String, String), Vec<OutboxEntry>> = BTreeMap::new();
         for entry in listed {
             let (claim, token) = entry.run();
