@@ -351,12 +351,13 @@ impl Env<'_> {
             bucket: self.text("SQS_ONCE_LARGE_PAYLOAD_BUCKET").map(|bucket| bucket.trim().to_owned()),
             threshold: self.parse("SQS_ONCE_LARGE_PAYLOAD_THRESHOLD", defaults.threshold, "a number of bytes")?,
         };
-        if options.memory < options.max_bytes {
+        let room = options.max_bytes.saturating_mul(crate::payload::COPIES_HELD);
+        if options.memory < room {
             return Err(self.invalid(
                 "SQS_ONCE_LARGE_PAYLOAD_MEMORY",
                 format!(
-                    "at least SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES ({}): room for the largest payload",
-                    options.max_bytes
+                    "at least twice SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES ({room}): room for the largest payload, which a \
+                     record holds twice while it runs"
                 ),
             ));
         }

@@ -33,10 +33,13 @@ impl PayloadMemory {
         Self { kib: Arc::new(Semaphore::new(kib)), budget: bytes }
     }
 
-    /// Room for `bytes` more, held until the permit is dropped; `None`
-    /// when the payloads held already leave too little.
+    /// Room for a payload of `bytes` more, held until the permit is
+    /// dropped; `None` when the payloads held already leave too little. A
+    /// payload is held twice while its record runs, and counted so: as read,
+    /// for the key, the checks and the logs, and as the body of the record
+    /// the handler is given.
     fn hold(&self, bytes: u64) -> Option<OwnedSemaphorePermit> {
-        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        let kib = u32::try_from(bytes.saturating_mul(crate::payload::COPIES_HELD).div_ceil(1024)).unwrap_or(u32::MAX);
         Arc::clone(&self.kib).try_acquire_many_owned(kib).ok()
     }
 }
