@@ -66,8 +66,13 @@ pub(super) const SWEEP_PAGE: i32 = 100;
 const POSITION_ID: &str = "sqs-once.outbox-sweep-position";
 
 /// The attribute of the position item: shard → the id its next page starts
-/// after. A shard it does not name starts at its start.
+/// after. A shard it does not name starts at its start. In the scan's
+/// position item: the key the next scan starts after.
 const POSITION_AFTER: &str = "after";
+
+/// The item that keeps where the next sweep's scan of a table without the
+/// index starts, as [`POSITION_ID`] does for the index's pages.
+const SCAN_POSITION_ID: &str = "sqs-once.outbox-sweep-scan-position";
 
 /// The shards this process's sweeps read to their end since their last
 /// pass over the whole outbox ended (see [`SweepPart::passed`]).
@@ -148,14 +153,82 @@ impl DynamoDbStore {
 
     /// [`OutboxStore::sweep_part`](crate::store::OutboxStore::sweep_part):
     /// a page of each shard of the index's `OUTBOX` partitions, from where
-    /// the last sweep's ended; the whole table's when it has no index.
+    /// the last sweep's ended; as much of the table when it has no index.
     pub(super) async fn outbox_sweep_part(&self, limit: usize) -> Result<SweepPart, StoreError> {
-        let (listed, passed) = match self.sweep_pages().await? {
-            Some((items, passed)) => (Some(items), passed),
-            None => (None, true),
+        let (items, passed) = match self.sweep_pages().await? {
+            Some(pages) => pages,
+            None => self.sweep_scan(limit).await?,
         };
-        let entries = self.outbox_listing(listed, &OutboxQuery { due_at_ms: None, limit }).await?;
+        let entries = self.outbox_listing(Some(items), &OutboxQuery { due_at_ms: None, limit }).await?;
         Ok(SweepPart::new(entries, passed))
+    }
+
+    /// The outbox items of a part of a table without the index: up to as
+    /// many pages of a `Scan` as the index's shards (16 MB at most) and
+    /// `limit` items, from where the last sweep's scan ended (kept in an
+    /// item of its own), and whether it reached the table's end.
+    async fn sweep_scan(&self, limit: usize) -> Result<(Vec<Item>, bool), StoreError> {
+        tracing::warn!(
+            table = %self.layout.table,
+            "the table has no {OPEN_INDEX} index: a sweep reads up to 16 MB of the whole table for outbox entries \
+             (create-table makes it)"
+        );
+        let mut start = self.scan_position().await;
+        let mut items = Vec::new();
+        for _ in 0..OPEN_SHARDS {
+            // Limit counts the items read, before the filter: never more than `limit` come back.
+            let left = i32::try_from(limit.saturating_sub(items.len())).unwrap_or(i32::MAX);
+            if left == 0 {
+                break;
+            }
+            let page = self
+                .client
+                .scan()
+                .table_name(&self.layout.table)
+                .filter_expression("attribute_exists(#outbox)")
+                .expression_attribute_names("#outbox", OUTBOX)
+                .set_exclusive_start_key(start.take())
+                .limit(left)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            items.extend(page.items.unwrap_or_default());
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+        let ended = start.is_none();
+        self.keep_scan_position(start).await;
+        Ok((items, ended))
+    }
+
+    /// Where the next sweep's scan of a table without the index starts: the
+    /// key the last one stopped after; the table's start when there is none
+    /// or it cannot be read.
+    async fn scan_position(&self) -> Option<Item> {
+        let key = self.layout.key(SCAN_POSITION_ID);
+        let read = self.client.get_item().table_name(&self.layout.table).set_key(Some(key)).send().await;
+        match read.map(|output| output.item.unwrap_or_default().remove(POSITION_AFTER)) {
+            Ok(Some(AttributeValue::M(after))) => Some(after),
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(error = %unavailable(error), "outbox: cannot read where the last sweep's scan ended");
+                None
+            }
+        }
+    }
+
+    /// Keeps where the next sweep's scan starts (`None`: at the table's start).
+    async fn keep_scan_position(&self, after: Option<Item>) {
+        let mut item = self.layout.key(SCAN_POSITION_ID);
+        if let Some(after) = after {
+            item.insert(POSITION_AFTER.to_owned(), AttributeValue::M(after));
+        }
+        let kept = self.client.put_item().table_name(&self.layout.table).set_item(Some(item)).send().await;
+        if let Err(error) = kept {
+            tracing::warn!(error = %unavailable(error), "outbox: cannot keep where this sweep's scan ended");
+        }
     }
 
     /// [`OutboxStore::unreadable`](crate::store::OutboxStore::unreadable):

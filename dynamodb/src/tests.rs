@@ -924,3 +924,34 @@ async fn sending_what_is_due_goes_through_every_page_of_every_shard() {
     assert!(received == bodies, "each notice sent once");
     assert_eq!(store.entries(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap(), []);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_the_index_is_swept_a_bounded_part_at_a_time_every_part_in_turn() {
+    use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
+    // A claim table made by hand, without the open-claims index.
+    let (client, requests) = patient_client().await;
+    let table = testkit::dynamodb::unique_name("bare");
+    let id = AttributeDefinition::builder().attribute_name("id").attribute_type(ScalarAttributeType::S).build();
+    let key = KeySchemaElement::builder().attribute_name("id").key_type(KeyType::Hash).build();
+    let create = client.create_table().table_name(&table).billing_mode(BillingMode::PayPerRequest);
+    create.attribute_definitions(id.unwrap()).key_schema(key.unwrap()).send().await.unwrap();
+    let store = DynamoDbStore::new(client, TableLayout::new(&table));
+    // 600 runs of two 20 KB entries: 24 MB, which every sweep read whole before.
+    unsent_runs(&store, 600, 2, 20 * 1024).await;
+    let mut seen = BTreeSet::new();
+    let mut sweeps = 0;
+    while seen.len() < 600 {
+        sweeps += 1;
+        assert!(sweeps <= 4, "{} runs listed after {} sweeps", seen.len(), sweeps - 1);
+        // Each sweep a cold process's, going on where the last left off.
+        let cold = DynamoDbStore::new(store.client.clone(), (*store.layout).clone());
+        let before = requests.snapshot();
+        let part = cold.sweep_part(1_600).await.unwrap();
+        let scans = requests.snapshot().scan - before.scan;
+        assert!(scans <= 16, "{scans} scan pages");
+        let bytes: usize = part.entries.iter().map(|entry| entry.message.body.len()).sum();
+        assert!(bytes <= 16 << 20, "16 MB at most: {bytes} bytes");
+        seen.extend(part.entries.iter().map(|entry| entry.claim_id.clone()));
+    }
+    assert!(sweeps >= 2, "a part at a time: {sweeps} sweeps");
+}
