@@ -411,16 +411,33 @@ mod tests {
         },
     };
 
-    /// The memory store's outbox, its deletions answered (and applied) `deleting` after they are sent.
-    struct SlowDeletions {
+    /// The memory store's outbox, its deletions answered (and applied) `deleting` after they are sent, and the
+    /// entry `unreadable` names, if any, one it cannot read: listed apart.
+    #[derive(Default)]
+    struct Altered {
         inner: MemoryStore,
         deleting: Duration,
+        unreadable: Option<String>,
+    }
+
+    impl Altered {
+        fn is_unreadable(&self, entry: &OutboxEntry) -> bool {
+            self.unreadable.as_deref() == Some(entry.id.as_str())
+        }
     }
 
     #[async_trait]
-    impl OutboxStore for SlowDeletions {
+    impl OutboxStore for Altered {
         async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
-            self.inner.entries(query).await
+            let mut entries = self.inner.entries(&OutboxQuery { limit: usize::MAX, ..*query }).await?;
+            entries.retain(|entry| !self.is_unreadable(entry));
+            entries.truncate(query.limit);
+            Ok(entries)
+        }
+        async fn unreadable(&self, _limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
+            let every = OutboxQuery { due_at_ms: None, limit: usize::MAX };
+            let held = self.inner.entries(&every).await?.into_iter().filter(|entry| self.is_unreadable(entry));
+            Ok(held.map(|entry| UnreadableEntry::new(entry.id, entry.token, "a newer version's destination")).collect())
         }
         async fn take_entry(
             &self,
@@ -492,7 +509,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_send_starts_only_while_its_lease_holds_the_deletion_after_it_too() {
         let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_now());
-        let store = Arc::new(SlowDeletions { inner: MemoryStore::default(), deleting: Duration::from_secs(3) });
+        let store = Arc::new(Altered { deleting: Duration::from_secs(3), ..Altered::default() });
         let destinations = Arc::new(SlowSends { sending: Duration::from_millis(4_800), sent: Mutex::default() });
         let entries = committed(&store.inner, &["first", "second"], clock.now_ms()).await;
         let outbox = |sweep_every| {
@@ -524,7 +541,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_process_leaving_lets_its_deliveries_finish_their_deletions() {
         let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_now());
-        let store = Arc::new(SlowDeletions { inner: MemoryStore::default(), deleting: Duration::from_secs(3) });
+        let store = Arc::new(Altered { deleting: Duration::from_secs(3), ..Altered::default() });
         let destinations = Arc::new(SlowSends { sending: Duration::from_secs(1), sent: Mutex::default() });
         let entries = committed(&store.inner, &["notice"], clock.now_ms()).await;
         let outbox = Arc::new(Outbox::new(
@@ -550,47 +567,12 @@ mod tests {
         assert_eq!(before.elapsed(), Duration::ZERO);
     }
 
-    /// The memory store's outbox with one entry it cannot read: listed apart, as unreadable.
-    struct OneUnreadable {
-        inner: MemoryStore,
-        id: String,
-    }
-
-    #[async_trait]
-    impl OutboxStore for OneUnreadable {
-        async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
-            let mut entries = self.inner.entries(&OutboxQuery { limit: usize::MAX, ..*query }).await?;
-            entries.retain(|entry| entry.id != self.id);
-            entries.truncate(query.limit);
-            Ok(entries)
-        }
-        async fn unreadable(&self, _limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
-            let every = OutboxQuery { due_at_ms: None, limit: usize::MAX };
-            let held = self.inner.entries(&every).await?.into_iter().find(|entry| entry.id == self.id);
-            Ok(held
-                .map(|entry| UnreadableEntry::new(entry.id, entry.token, "a newer version's destination"))
-                .into_iter()
-                .collect())
-        }
-        async fn take_entry(
-            &self,
-            entry: &OutboxEntry,
-            token: &str,
-            lease_until_ms: u64,
-        ) -> Result<Fenced, StoreError> {
-            self.inner.take_entry(entry, token, lease_until_ms).await
-        }
-        async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
-            self.inner.entry_sent(id, token).await
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_run_waits_behind_its_unreadable_message_until_it_is_given_up() {
         let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_now());
         let inner = MemoryStore::default();
         let entries = committed(&inner, &["first", "second", "third"], clock.now_ms()).await;
-        let store = Arc::new(OneUnreadable { inner, id: entries[1].id.clone() });
+        let store = Arc::new(Altered { inner, unreadable: Some(entries[1].id.clone()), ..Altered::default() });
         let destinations = Arc::new(SlowSends { sending: Duration::ZERO, sent: Mutex::default() });
         let outbox = Outbox::new(
             Arc::clone(&store) as Arc<dyn OutboxStore>,
