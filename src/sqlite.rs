@@ -272,11 +272,14 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        let committing = OutboxEntry::committing_token(id) == token;
         let (id, token) = (id.to_owned(), token.to_owned());
         let changed = self
             .with_connection(move |connection| {
-                let deleted =
-                    connection.execute("DELETE FROM outbox WHERE id = ?1 AND token = ?2", params![id, token])?;
+                let deleted = connection.execute(
+                    "DELETE FROM outbox WHERE id = ?1 AND (token = ?2 OR ?3)",
+                    params![id, token, committing],
+                )?;
                 let gone: bool =
                     connection.query_row("SELECT COUNT(*) = 0 FROM outbox WHERE id = ?1", [&id], |row| row.get(0))?;
                 // No entry to delete counts as deleted, as a release does.

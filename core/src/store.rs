@@ -455,9 +455,18 @@ pub trait OutboxStore: Send + Sync {
 
     /// Gives `entry`'s sending lease to `token` until `lease_until_ms`, if
     /// the entry is still there under the token it was listed with.
+    ///
+    /// Taken over again and again while its destination refuses it, an
+    /// entry should cost what its lease costs, not its message: the DynamoDB
+    /// store writes the lease to an item of its own rather than rewrite the
+    /// entry, which DynamoDB would charge by the whole item's size.
     async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError>;
 
-    /// Deletes the sent entry `id`, if it is still leased to `token`.
+    /// Deletes the sent entry `id`, if it is still leased to `token` or
+    /// `token` is the committing run's ([`OutboxEntry::committing_token`]),
+    /// which deletes each message it sent, taken over since or not; another
+    /// sender's token is [`Fenced::Refused`]. An entry that is gone counts
+    /// as deleted.
     async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError>;
 }
 

@@ -8,6 +8,14 @@
 //! (the shard of the run, not of the entry: items written before kept the
 //! entry's), so that a page of a shard, in id order, holds a run whole.
 //!
+//! The entry item is written once, by the commit, under the committing
+//! run's lease. A sweeper that takes an entry over writes its sending lease
+//! to an item of its own (the entry's id and [`LEASE_SUFFIX`], beside the
+//! entry in the index) rather than rewrite the entry: DynamoDB charges a
+//! write by the whole item's size, in the table and in the index, so a
+//! refused backlog of 100 KB messages taken over by every sweep cost some
+//! 200 write units an entry a sweep; a lease costs one, and one in the index.
+//!
 //! A sweep reads a bounded page of each shard ([`SWEEP_PAGE`] items, and at
 //! most DynamoDB's megabyte), starting where the last sweep's page ended,
 //! whichever process swept last (the position is an item of the table), and
@@ -47,6 +55,20 @@ const OUTBOX: &str = "outbox";
 
 /// The attribute of an outbox item that holds its message's body.
 const OUTBOX_BODY: &str = "body";
+
+/// The suffix of a sending lease's item id: its entry's id and this.
+/// Without a `#`, it sorts right after its entry, in its entry's run, so a
+/// sweep page holds an entry and its lease together.
+const LEASE_SUFFIX: &str = "~lease";
+
+/// The attribute that marks a sending lease's item: the id of the entry it
+/// leases.
+const LEASE_OF: &str = "outbox_lease_of";
+
+/// How long a lease's item is kept once its lease ended, for the table's
+/// TTL: the item of a lease whose entry its committing run sent and deleted
+/// meanwhile goes by itself. Listings ignore a lease without its entry.
+const LEASE_ITEM_KEPT_S: u64 = 24 * 3600;
 
 /// Every [`OPEN_STATUS`] value of outbox entries.
 fn outbox_partitions() -> impl Iterator<Item = String> {
@@ -142,6 +164,31 @@ pub(super) fn is_outbox(item: &Item) -> bool {
     item.contains_key(OUTBOX)
 }
 
+/// Whether `item` holds an outbox entry's sending lease.
+fn is_lease(item: &Item) -> bool {
+    item.contains_key(LEASE_OF)
+}
+
+/// The id of the item that holds the sending lease of the entry `id`.
+pub(super) fn lease_id(id: &str) -> String {
+    format!("{id}{LEASE_SUFFIX}")
+}
+
+/// A sending lease as its item holds it.
+struct SendingLease {
+    token: String,
+    until_ms: u64,
+}
+
+impl SendingLease {
+    /// The lease `item` holds; `None` for an item changed by hand, whose
+    /// entry is then listed under the lease it holds itself.
+    fn read(item: &Item, lease_attribute: &str) -> Option<Self> {
+        let until_ms = item.get(lease_attribute)?.as_n().ok()?.parse().ok()?;
+        Some(Self { token: text(item, TOKEN)?, until_ms })
+    }
+}
+
 impl DynamoDbStore {
     /// [`OutboxStore::entries`](crate::store::OutboxStore::entries): every
     /// entry of the index's `OUTBOX` partitions, or of the whole table when
@@ -185,8 +232,9 @@ impl DynamoDbStore {
                 .client
                 .scan()
                 .table_name(&self.layout.table)
-                .filter_expression("attribute_exists(#outbox)")
+                .filter_expression("attribute_exists(#outbox) OR attribute_exists(#lease_of)")
                 .expression_attribute_names("#outbox", OUTBOX)
+                .expression_attribute_names("#lease_of", LEASE_OF)
                 .set_exclusive_start_key(start.take())
                 .limit(left)
                 .send()
@@ -237,7 +285,26 @@ impl DynamoDbStore {
     pub(super) async fn unreadable_outbox(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
         let listed = self.query_partitions(outbox_partitions()).await?;
         let items = self.outbox_items(listed).await?;
-        Ok(items.iter().filter_map(|item| self.read_outbox_item(item).err()).take(limit).collect())
+        Ok(self.read_entries(&items).filter_map(Result::err).take(limit).collect())
+    }
+
+    /// The entries `items` hold, each under the sending lease of its lease's
+    /// item when `items` hold one, or why an entry cannot be read.
+    fn read_entries<'a>(
+        &'a self,
+        items: &'a [Item],
+    ) -> impl Iterator<Item = Result<OutboxEntry, UnreadableEntry>> + 'a {
+        let leases: HashMap<String, SendingLease> = items
+            .iter()
+            .filter_map(|item| Some((text(item, LEASE_OF)?, SendingLease::read(item, &self.layout.attributes.lease)?)))
+            .collect();
+        items.iter().filter(|item| !is_lease(item)).map(move |item| {
+            let entry = self.read_outbox_item(item)?;
+            Ok(match leases.get(&entry.id) {
+                Some(lease) => OutboxEntry { token: lease.token.clone(), lease_until_ms: lease.until_ms, ..entry },
+                None => entry,
+            })
+        })
     }
 
     /// The entries of `listed` items (the whole table's when there is no
@@ -249,10 +316,8 @@ impl DynamoDbStore {
         query: &OutboxQuery,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
         let items = self.outbox_items(listed).await?;
-        let mut entries: Vec<OutboxEntry> = items
-            .iter()
-            .filter_map(|item| self.read_outbox_item(item).inspect_err(UnreadableEntry::skipped).ok())
-            .collect();
+        let mut entries: Vec<OutboxEntry> =
+            self.read_entries(&items).filter_map(|entry| entry.inspect_err(UnreadableEntry::skipped).ok()).collect();
         entries.retain(|entry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms)));
         entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
         entries.truncate(query.limit);
@@ -269,7 +334,7 @@ impl DynamoDbStore {
             table = %self.layout.table,
             "the table has no {OPEN_INDEX} index: reading the whole table for outbox entries"
         );
-        Ok(self.scan_items().await?.into_iter().filter(is_outbox).collect())
+        Ok(self.scan_items().await?.into_iter().filter(|item| is_outbox(item) || is_lease(item)).collect())
     }
 
     /// The entry `item` holds, or why it cannot be read.
@@ -394,7 +459,9 @@ impl DynamoDbStore {
     }
 
     /// Gives the entry's sending lease to `token`, if it still has the token
-    /// it was listed with.
+    /// it was listed with: writes the lease's item, never the entry. The
+    /// entry is then read, consistently: one sent and deleted since it was
+    /// listed (which the index shows late) is not sent again.
     pub(super) async fn take_outbox_entry(
         &self,
         entry: &OutboxEntry,
@@ -405,27 +472,49 @@ impl DynamoDbStore {
             .client
             .update_item()
             .table_name(&self.layout.table)
-            .set_key(Some(self.layout.key(&entry.id)))
-            .update_expression("SET #token = :new, #lease = :until")
-            .condition_expression("#token = :seen AND attribute_exists(#outbox)")
+            .set_key(Some(self.layout.key(&lease_id(&entry.id))))
+            .update_expression("SET #open = :shard, #of = :entry, #token = :new, #lease = :until, #expiry = :expiry")
+            .condition_expression("attribute_not_exists(#token) OR #token = :seen")
+            .expression_attribute_names("#open", OPEN_STATUS)
+            .expression_attribute_names("#of", LEASE_OF)
             .expression_attribute_names("#token", TOKEN)
             .expression_attribute_names("#lease", &self.layout.attributes.lease)
-            .expression_attribute_names("#outbox", OUTBOX)
+            .expression_attribute_names("#expiry", &self.layout.attributes.expiry)
+            .expression_attribute_values(":shard", s(sharded(OUTBOX_STATUS, run_of(&entry.id))))
+            .expression_attribute_values(":entry", s(&entry.id))
             .expression_attribute_values(":new", s(token))
             .expression_attribute_values(":until", n(lease_until_ms))
+            .expression_attribute_values(":expiry", n(lease_until_ms / 1000 + LEASE_ITEM_KEPT_S))
             .expression_attribute_values(":seen", s(&entry.token))
             .send()
             .await;
-        Ok(match conditional(result)? {
-            Conditional::Applied => Fenced::Applied,
-            Conditional::Refused(_) => Fenced::Refused,
-        })
+        if let Conditional::Refused(_) = conditional(result)? {
+            return Ok(Fenced::Refused);
+        }
+        if self.get_item(&entry.id).await?.is_some_and(|item| is_outbox(&item)) {
+            return Ok(Fenced::Applied);
+        }
+        self.release_lease(&entry.id, token).await?;
+        Ok(Fenced::Refused)
     }
 
-    /// Deletes the sent entry `id` if it is still leased to `token`, in a
-    /// batched statement when the store batches its writes; one that is
-    /// gone counts as deleted.
+    /// Deletes the sent entry `id` if `token` holds its sending lease or
+    /// committed it. A sweeper's lease is its lease's item, deleted first; the
+    /// committing run's is the entry's own token (or a sender's, written by a
+    /// version that kept leases in the entry), checked by the entry's
+    /// deletion. One that is gone counts as deleted.
     pub(super) async fn delete_outbox_entry(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+        if token != OutboxEntry::committing_token(id) {
+            match self.release_lease(id, token).await? {
+                Conditional::Applied => {
+                    self.delete_sent(id, None).await?;
+                    return Ok(Fenced::Applied);
+                }
+                Conditional::Refused(Some(_)) => return Ok(Fenced::Refused),
+                // No lease's item: the entry was sent and deleted, or its lease is in the entry.
+                Conditional::Refused(None) => {}
+            }
+        }
         if let Some(batches) = self.batched() {
             let deleted = batches.write(|| self.layout.delete_outbox(id, token)).await;
             let deleted = match deleted {
@@ -439,22 +528,42 @@ impl DynamoDbStore {
                 return deleted;
             }
         }
+        self.delete_sent(id, Some(token)).await
+    }
+
+    /// Deletes the entry `id`, if it is still leased to `token` when one is
+    /// given. Refused without an item: the entry is gone, deleted by an
+    /// earlier attempt, which counts as deleted.
+    async fn delete_sent(&self, id: &str, token: Option<&str>) -> Result<Fenced, StoreError> {
+        let mut request = self.client.delete_item().table_name(&self.layout.table).set_key(Some(self.layout.key(id)));
+        if let Some(token) = token {
+            request = request
+                .condition_expression("#token = :token")
+                .expression_attribute_names("#token", TOKEN)
+                .expression_attribute_values(":token", s(token))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        }
+        Ok(match conditional(request.send().await)? {
+            Conditional::Refused(Some(_)) => Fenced::Refused,
+            Conditional::Applied | Conditional::Refused(None) => Fenced::Applied,
+        })
+    }
+
+    /// Deletes the item of `id`'s sending lease if `token` holds it: refused
+    /// with the item when another sender holds it, without when there is none.
+    async fn release_lease(&self, id: &str, token: &str) -> Result<Conditional, StoreError> {
         let result = self
             .client
             .delete_item()
             .table_name(&self.layout.table)
-            .set_key(Some(self.layout.key(id)))
+            .set_key(Some(self.layout.key(&lease_id(id))))
             .condition_expression("#token = :token")
             .expression_attribute_names("#token", TOKEN)
             .expression_attribute_values(":token", s(token))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        // Refused without an item: the entry is gone, deleted by an earlier attempt.
-        Ok(match conditional(result)? {
-            Conditional::Refused(Some(_)) => Fenced::Refused,
-            Conditional::Applied | Conditional::Refused(None) => Fenced::Applied,
-        })
+        conditional(result)
     }
 }
 

@@ -617,7 +617,8 @@ async fn a_staged_write_to_a_missing_table_fails_for_good_naming_it() {
         let records = testkit::records([json!({"key": "k", "items": items, "table": missing})]);
         let report = run(&engine, &records).await;
         let Outcome::Failed(Failure::Permanent(reason)) = &report.records[0].outcome else { panic!("{report:?}") };
-        assert!(reason.contains(&format!("the table `{missing}` does not exist")), "{reason}");
+        assert!(reason.contains(&format!("the handler's table `{missing}` does not exist")), "{reason}");
+        assert!(!reason.contains("claim store"), "the handler's table, not the claim store: {reason}");
         assert!(!reason.contains(&format!("`{items}`")), "the existing table is not named: {reason}");
         let item = store.client.get_item().table_name(&items).key("pk", AttributeValue::S("a".into())).send().await;
         assert_eq!(item.unwrap().item, None, "nothing of the transaction applied");
@@ -954,4 +955,46 @@ async fn a_table_without_the_index_is_swept_a_bounded_part_at_a_time_every_part_
         seen.extend(part.entries.iter().map(|entry| entry.claim_id.clone()));
     }
     assert!(sweeps >= 2, "a part at a time: {sweeps} sweeps");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_an_entry_over_writes_its_lease_not_its_message() {
+    // What DynamoDB charges (testkit's meter), single requests.
+    let (created, _) = fresh_table().await;
+    let meter = testkit::capacity::Meter::start().await;
+    let store = store_through(&meter.url, created.layout().clone()).await.batching(false);
+    // Ten runs of one 100 KB message each, their commits' leases ended, to a queue that refuses them.
+    unsent_runs(&created, 10, 1, 100 * 1024).await;
+    let everything = OutboxQuery { due_at_ms: None, limit: 100 };
+    let committed = created.entries(&everything).await.unwrap();
+    let destinations = Arc::new(RefusingOne::default());
+    sweeper(store.clone(), Arc::clone(&destinations)).sweep(None).await.unwrap();
+    let swept = meter.take();
+    assert_eq!(swept.requests.get("UpdateItem"), Some(&10), "each entry taken over once: {swept:?}");
+    // A take rewrote the whole entry before: 100 units in the table and 100 in the index, each.
+    let table_writes = swept.writes() - swept.index_writes();
+    assert_eq!(
+        (table_writes, swept.index_writes()),
+        (10.0, 10.0),
+        "a unit for each lease, and its index entry: {swept:?}"
+    );
+    assert!(destinations.0.lock().unwrap().is_empty(), "every send refused");
+    // The entries as the commit wrote them; listed under the sweeper's leases.
+    for entry in &committed {
+        let item = created.get_item(&entry.id).await.unwrap().unwrap();
+        assert_eq!(created.layout.read_outbox(&item).unwrap(), *entry, "the entry item is not written");
+    }
+    let leased = created.entries(&everything).await.unwrap();
+    assert_eq!(leased.len(), 10, "a lease lists no entry of its own");
+    let now_ms = SystemClock.now_ms();
+    for (entry, listed) in committed.iter().zip(&leased) {
+        assert_eq!((&listed.id, &listed.message), (&entry.id, &entry.message));
+        assert!(listed.token != "t" && listed.lease_until_ms > now_ms, "{listed:?}");
+        assert_eq!(created.take_entry(entry, "late", now_ms + 15_000).await.unwrap(), Fenced::Refused, "held");
+    }
+    // Its holder deletes it, and the lease with it.
+    assert_eq!(created.entry_sent(&leased[0].id, &leased[0].token).await.unwrap(), Fenced::Applied);
+    assert_eq!(created.get_item(&leased[0].id).await.unwrap(), None);
+    assert_eq!(created.get_item(&super::outbox::lease_id(&leased[0].id)).await.unwrap(), None);
+    assert_eq!(created.entries(&everything).await.unwrap().len(), 9);
 }

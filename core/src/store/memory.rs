@@ -214,7 +214,7 @@ impl OutboxStore for MemoryStore {
         let mut state = self.state();
         Ok(match state.outbox.get(id) {
             None => Fenced::Applied,
-            Some(stored) if stored.token == token => {
+            Some(stored) if stored.token == token || OutboxEntry::committing_token(id) == token => {
                 state.outbox.remove(id);
                 Fenced::Applied
             }

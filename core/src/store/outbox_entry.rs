@@ -140,9 +140,17 @@ impl OutboxEntry {
     /// stored id (`<claim>#outbox#<token>#<n>`). A run's entries are sent in
     /// order.
     pub(crate) fn run(&self) -> (&str, &str) {
-        let mut parts = self.id.rsplit('#');
+        (&self.claim_id, Self::committing_token(&self.id))
+    }
+
+    /// The token of the run that committed the entry stored as `stored_id`
+    /// (`<claim>#outbox#<token>#<n>`). That run sends its entries first, and
+    /// deletes each it sent, whoever took it over since
+    /// ([`OutboxStore::entry_sent`](crate::store::OutboxStore::entry_sent)).
+    pub fn committing_token(stored_id: &str) -> &str {
+        let mut parts = stored_id.rsplit('#');
         parts.next();
-        (&self.claim_id, parts.next().unwrap_or_default())
+        parts.next().unwrap_or_default()
     }
 
     /// Its place among its run's messages, from the stored id; `None` for

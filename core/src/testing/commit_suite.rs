@@ -307,7 +307,7 @@ pub async fn adding_to_what_is_not_a_number_is_rejected(store: Arc<dyn ClaimStor
 
 /// Checks that outbox entries are taken over only once their sending lease
 /// has ended and only under the token they were listed with, and deleted
-/// only by their holder.
+/// only by their holder or by the run that committed them.
 pub async fn outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder(
     store: Arc<dyn ClaimStore>,
     table: String,
@@ -329,11 +329,16 @@ pub async fn outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder(
     let until = m.clock.now_ms() + 30_000;
     assert_eq!(m.outbox().take_entry(first, "sweeper-1", until).await.unwrap(), Fenced::Applied);
     assert_eq!(m.outbox().take_entry(first, "sweeper-2", until).await.unwrap(), Fenced::Refused, "taken already");
-    assert_eq!(m.outbox().entry_sent(&first.id, &lease.token).await.unwrap(), Fenced::Refused, "no longer its holder");
+    let listed = ours(m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap());
+    assert_eq!((listed[0].token.as_str(), listed[0].lease_until_ms), ("sweeper-1", until), "listed under its lease");
+    assert_eq!(m.outbox().entry_sent(&first.id, "sweeper-2").await.unwrap(), Fenced::Refused, "not its holder");
     assert_eq!(m.outbox().entry_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied);
     assert_eq!(m.outbox().entry_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied, "gone counts as deleted");
+    // The committing run deletes what it sent, taken over since or not; the sweeper's lease goes with it.
+    assert_eq!(m.outbox().take_entry(second, "sweeper-3", until).await.unwrap(), Fenced::Applied);
     assert_eq!(m.outbox().entry_sent(&second.id, &lease.token).await.unwrap(), Fenced::Applied);
     assert!(ours(m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap()).is_empty());
+    assert_eq!(m.outbox().entry_sent(&second.id, "sweeper-3").await.unwrap(), Fenced::Applied, "gone");
 }
 
 /// Checks that a message as large as staging lets through, a JSON body
