@@ -32,8 +32,8 @@ use crate::{
     handler::BuildHandler,
     logging,
     metrics::{Counters, emf_line},
-    operator::{Operator, Verdict, timestamp},
-    outbox::{Destinations, Outbox, OutboxQuery, OutboxTimes},
+    operator::{Operator, Selection, Verdict, time_given, timestamp},
+    outbox::{Destinations, Outbox, OutboxEntry, OutboxQuery, OutboxTimes},
     poll::{PollOptions, PollSummary, Poller},
     redelivery::RedeliveryPolicy,
     report::BatchReport,
@@ -131,6 +131,29 @@ enum ClaimsCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Release in bulk the claims a cause left failed (or in progress, their lease ended), picked by reason
+    /// and time, so that their next deliveries run again. Without --yes it lists them and changes nothing.
+    ReleaseAll {
+        /// Failed claims, or in-progress ones whose lease has ended (work that crashed or timed out).
+        #[arg(long, value_enum, default_value = "failed")]
+        status: BulkStatus,
+        /// Only claims whose failure reason contains this text (a table's name, an error code).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Only claims that failed (or were claimed) at or after this time: a UTC time as listings print it
+        /// (2026-11-28T10:00:00Z) or an age (90s, 30m, 2h, 1d).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only claims that failed (or were claimed) at or before this time, in the same forms.
+        #[arg(long)]
+        until: Option<String>,
+        /// Release them; without it, only list and count them.
+        #[arg(long)]
+        yes: bool,
+        /// JSON for scripts instead of a table (the listing without --yes).
+        #[arg(long)]
+        json: bool,
+    },
     /// Mark a key done by hand, so that its deliveries are duplicates.
     Complete {
         #[command(flatten)]
@@ -174,6 +197,13 @@ struct WhichClaim {
     /// The SQS message id of the delivery that made the claim, as `claims list` and the logs print it.
     #[arg(long)]
     message_id: Option<String>,
+}
+
+/// The claims a bulk release picks from.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BulkStatus {
+    Failed,
+    Stale,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -412,6 +442,9 @@ async fn claims_in(command: ClaimsCommand, config: Config, parts: CommandParts) 
             Some(id) => operator.release(&id, force).await?,
             None => Verdict::NotFound,
         },
+        ClaimsCommand::ReleaseAll { status, reason, since, until, yes, json } => {
+            return release_all(&operator, status, reason, (since, until), yes, json).await;
+        }
         ClaimsCommand::Complete { target, force } => match id(target).await? {
             Some(id) => operator.complete(&id, force).await?,
             None => Verdict::NotFound,
@@ -433,6 +466,49 @@ async fn claims_in(command: ClaimsCommand, config: Config, parts: CommandParts) 
     })
 }
 
+/// `claims release-all`: lists the claims picked, and releases them if
+/// `yes`, each as it was listed.
+async fn release_all(
+    operator: &Operator,
+    status: BulkStatus,
+    reason: Option<String>,
+    (since, until): (Option<String>, Option<String>),
+    yes: bool,
+    json: bool,
+) -> anyhow::Result<Option<ExitCode>> {
+    let now_ms = operator.now_ms();
+    let time = |option: &str, given: Option<String>| -> anyhow::Result<Option<u64>> {
+        given
+            .map(|text| {
+                time_given(&text, now_ms).with_context(|| {
+                    format!("--{option} {text:?}: expected a UTC time as listings print it (2026-11-28T10:00:00Z) or an age (90s, 30m, 2h, 1d)")
+                })
+            })
+            .transpose()
+    };
+    let status = match status {
+        BulkStatus::Failed => ClaimStatus::Failed,
+        BulkStatus::Stale => ClaimStatus::InProgress,
+    };
+    let selection = Selection { status, reason, since_ms: time("since", since)?, until_ms: time("until", until)? };
+    let picked = operator.select(&selection).await?;
+    if !yes {
+        print_claims(&picked, now_ms, json);
+        eprintln!(
+            "{} claim(s) picked; nothing changed. Run again with --yes to release them: each delivery of theirs \
+             from then on runs the handler",
+            picked.len()
+        );
+        return Ok(None);
+    }
+    let (released, left) = operator.release_each(&picked).await;
+    for (id, why) in &left {
+        eprintln!("left {id} alone: {why}");
+    }
+    println!("released {released} of {} claim(s); their next deliveries run the handler", picked.len());
+    Ok((!left.is_empty()).then(|| ExitCode::from(2)))
+}
+
 /// `claims outbox`: sends what is due if asked, then lists what is left.
 async fn outbox(
     store: Arc<dyn ClaimStore>,
@@ -451,6 +527,17 @@ async fn outbox(
     let entries = store.entries(&OutboxQuery { due_at_ms: None, limit }).await?;
     let unreadable = store.unreadable(limit).await?;
     let now_ms = SystemClock.now_ms();
+    let leased: Vec<&OutboxEntry> = entries.iter().filter(|entry| !entry.is_due(now_ms)).collect();
+    if let Some(last) = leased.iter().map(|entry| entry.lease_until_ms).max() {
+        // A sweep sends no entry another sender holds: say until when, or "sent 0" reads as a failure.
+        eprintln!(
+            "{} entr{} leased to a sender (the run that committed it, or a sweep) until {} at the latest; sent once \
+             the lease ends, by the next sweep",
+            leased.len(),
+            if leased.len() == 1 { "y is" } else { "ies are" },
+            timestamp(last)
+        );
+    }
     if json {
         let rows: Vec<serde_json::Value> = entries
             .iter()
@@ -471,19 +558,24 @@ async fn outbox(
         println!("{}", serde_json::Value::from(rows));
         return Ok(None);
     }
-    let mut rows = vec![["ID", "MESSAGE ID", "DESTINATION", "STATE", "CREATED", "BYTES"].map(String::from)];
+    let mut rows =
+        vec![["ID", "MESSAGE ID", "DESTINATION", "STATE", "LEASED UNTIL", "CREATED", "BYTES"].map(String::from)];
     rows.extend(entries.iter().map(|entry| {
-        let state = if entry.is_due(now_ms) { "due" } else { "leased" };
+        let (state, until) =
+            if entry.is_due(now_ms) { ("due", "-".to_owned()) } else { ("leased", timestamp(entry.lease_until_ms)) };
         [
             entry.id.clone(),
             entry.message_id.clone(),
             entry.message.destination.name().to_owned(),
             state.to_owned(),
+            until,
             timestamp(entry.created_at_ms),
             entry.message.body.len().to_string(),
         ]
     }));
-    rows.extend(unreadable.iter().map(|entry| [entry.id.as_str(), "-", "-", "unreadable", "-", "-"].map(String::from)));
+    rows.extend(
+        unreadable.iter().map(|entry| [entry.id.as_str(), "-", "-", "unreadable", "-", "-", "-"].map(String::from)),
+    );
     print_table(rows);
     // Never sent while they stay: each named with why, and what gives it up.
     for entry in &unreadable {

@@ -27,6 +27,21 @@ use crate::{
 /// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.
 pub(crate) const DEFAULT_OUTBOX_SWEEP: Duration = Duration::from_secs(60);
 
+/// Where `invoke` and the operator's commands keep claims when no store is
+/// named, and `SQS_ONCE_STORE=file` when no path is.
+pub(crate) const LOCAL_STORE_PATH: &str = ".sqs-once/claims.db";
+
+/// The endpoint variables of the services the consumer calls, which the
+/// SDK reads.
+const ENDPOINTS: &[&str] = &[
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_DYNAMODB",
+    "AWS_ENDPOINT_URL_SQS",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL_SNS",
+    "AWS_ENDPOINT_URL_EVENTBRIDGE",
+];
+
 /// What `SQS_ONCE_STORE` takes.
 const STORES: &str = match (cfg!(feature = "dynamodb"), cfg!(feature = "sqlite")) {
     (true, true) => "dynamodb, file or memory",
@@ -58,6 +73,12 @@ pub(crate) enum StoreChoice {
     /// None named, inside Lambda: only a store given to
     /// [`Builder::store`](crate::consumer::Builder::store) will do.
     Unnamed,
+    /// None named, outside Lambda: `invoke` and the operator's commands,
+    /// there for trying things out, keep claims in [`LOCAL_STORE_PATH`]
+    /// (in memory without the `sqlite` feature); a long-running consumer
+    /// (`poll`) refuses to start, as no other consumer of its queue would
+    /// see its claims, and a restart would lose them.
+    Unchosen,
     /// DynamoDB, which `.0` asks for with the value `.1`, in a program
     /// built without the `dynamodb` feature: only a store given to the
     /// builder will do.
@@ -86,13 +107,26 @@ impl StoreChoice {
     }
 
     /// Why there is no store when none was given to the builder: none
-    /// named inside Lambda, or one this program was built without.
+    /// named inside Lambda or for a long-running consumer, or one this
+    /// program was built without.
     pub(crate) fn refusal(&self) -> ConfigError {
         #[cfg(not(feature = "dynamodb"))]
         if let Self::NotBuilt(name, value) = self {
             let expected = "nothing: this program was built without sqs-once's `dynamodb` feature, which keeps \
                             claims in DynamoDB; give Consumer::builder().store(..) a store";
             return ConfigError { name, value: value.clone(), expected: expected.into() };
+        }
+        if let Self::Unchosen = self {
+            return ConfigError {
+                name: "SQS_ONCE_TABLE",
+                value: String::new(),
+                expected: format!(
+                    "the name of the DynamoDB claim table: a long-running consumer keeps its claims where every \
+                     consumer of its queue sees them, and a restart keeps them; SQS_ONCE_STORE=file keeps them in a \
+                     file of this host instead (SQS_ONCE_STORE_PATH, {LOCAL_STORE_PATH} by default), for processes \
+                     of one host alone, chosen on purpose"
+                ),
+            };
         }
         ConfigError {
             name: "SQS_ONCE_TABLE",
@@ -149,19 +183,33 @@ pub struct Config {
 impl Config {
     /// Reads the settings from the process environment.
     ///
-    /// A variable one or two letters off a setting's name (`SQS_ONCE_KEYS`)
-    /// is logged as a warning: it is most likely that setting, mistyped.
+    /// A variable that starts `SQS_ONCE_` and is no setting is logged as a
+    /// warning naming the setting it most likely stands for
+    /// (`SQS_ONCE_TABEL`: `SQS_ONCE_TABLE`); one that looks like a setting
+    /// of where claims are kept, what makes a key or where failures go
+    /// (`SQS_ONCE_TABLE_NAME`, `SQS_ONCE_IDEMPOTENCY_KEY`, `SQS_ONCE_DLQ`)
+    /// is an error: ignored, it would change what runs once.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_fixing(&[])
+        Self::from_env_fixing(&[], &[])
     }
 
     /// [`from_env`](Self::from_env) with the settings `fixed` set in code
     /// (the builder's key and key prefix): a variable that gives one of them
-    /// another value is refused, as the two could not both hold.
-    pub(crate) fn from_env_fixing(fixed: &[(&'static str, String)]) -> Result<Self, ConfigError> {
-        let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
-        for (name, meant) in mistyped(names) {
-            tracing::warn!("{name} is not a setting of sqs-once and is ignored: did you mean {meant}?");
+    /// another value is refused, as the two could not both hold. The names
+    /// `own` are a handler's own settings, not reported as unknown.
+    pub(crate) fn from_env_fixing(fixed: &[(&'static str, String)], own: &[&str]) -> Result<Self, ConfigError> {
+        // An empty value counts as unset, as everywhere.
+        let set = std::env::vars_os().filter(|(_, value)| !value.to_string_lossy().trim().is_empty());
+        let names = set.filter_map(|(name, _)| name.into_string().ok());
+        for unknown in Unknown::among(names, own) {
+            if unknown.decides() {
+                return Err(unknown.refusal());
+            }
+            let Unknown { name, meant } = unknown;
+            tracing::warn!(
+                "{name} is not a setting of sqs-once and is ignored: did you mean {meant}? (a handler's own \
+                 setting: declare it with Builder::handler_settings)"
+            );
         }
         Self::from_lookup_fixing(|name| std::env::var(name).ok(), fixed)
     }
@@ -210,6 +258,7 @@ impl Config {
         // `poll` consumer, `claims` on a laptop and the function share keys.
         let key_prefix = env.text("SQS_ONCE_KEY_PREFIX").unwrap_or_else(|| crate::key::DEFAULT_KEY_PREFIX.to_owned());
         env.log_filter()?;
+        env.endpoints()?;
         let mut claims = env.claim_policy()?;
         let engine = env.engine_options()?;
         let store = env.store(&key_prefix)?;
@@ -244,17 +293,67 @@ fn settings() -> impl Iterator<Item = &'static str> {
         .filter(|name| name.starts_with("SQS_ONCE_"))
 }
 
-/// The names among `names` that are not settings but one or two letters off
-/// one, each with the setting it is most likely meant to be. A name further
-/// from every setting may be a handler's own, and is left alone.
-fn mistyped(names: impl Iterator<Item = String>) -> Vec<(String, &'static str)> {
-    names
-        .filter(|name| name.starts_with("SQS_ONCE_") && !settings().any(|setting| setting == name))
-        .filter_map(|name| {
-            let (distance, meant) = settings().map(|setting| (edit_distance(&name, setting), setting)).min()?;
-            (distance <= 2).then_some((name, meant))
-        })
-        .collect()
+/// Words of unknown names that make them look like a setting of where
+/// claims are kept, what makes a key, or where failures go: ignored, such a
+/// name would change what runs once without a word, so the start stops.
+const DECISIVE_WORDS: &[&str] = &["TABLE", "STORE", "KEY", "IDEMPOTENCY", "DLQ", "DEAD", "LETTER"];
+
+/// An `SQS_ONCE_*` variable that is no setting, and the setting it most
+/// likely stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Unknown {
+    name: String,
+    meant: &'static str,
+}
+
+impl Unknown {
+    /// The names among `names` that start `SQS_ONCE_` and are neither a
+    /// setting nor among `own` (a handler's own settings), each with the
+    /// setting it most likely stands for: one a letter or two off (a typo),
+    /// else the one that shares the most words with it and has the fewest
+    /// words of its own besides, the nearest in letters among those.
+    fn among(names: impl Iterator<Item = String>, own: &[&str]) -> Vec<Self> {
+        names
+            .filter(|name| name.starts_with("SQS_ONCE_") && !own.contains(&name.as_str()))
+            .filter(|name| !settings().any(|setting| setting == name))
+            .filter_map(|name| {
+                let likeness = |setting: &&'static str| {
+                    let distance = edit_distance(&name, setting);
+                    let shared = words(setting).filter(|word| words(&name).any(|ours| ours == *word)).count();
+                    let besides = words(setting).count() - shared;
+                    (distance <= 2, shared, std::cmp::Reverse(besides), std::cmp::Reverse(distance))
+                };
+                let meant = settings().max_by_key(likeness)?;
+                Some(Self { name, meant })
+            })
+            .collect()
+    }
+
+    /// Whether it looks like a store, key or dead-letter setting: a word of
+    /// [`DECISIVE_WORDS`], or a letter or two off a setting that has one.
+    fn decides(&self) -> bool {
+        let decisive = |name: &str| words(name).any(|word| DECISIVE_WORDS.contains(&word));
+        decisive(&self.name) || (edit_distance(&self.name, self.meant) <= 2 && decisive(self.meant))
+    }
+
+    /// Why the start stops.
+    fn refusal(self) -> ConfigError {
+        // Leaked once, by a start that fails: the error names the variable as it was set.
+        let name: &'static str = Box::leak(self.name.into_boxed_str());
+        let value = std::env::var(name).unwrap_or_default();
+        let expected = format!(
+            "no such variable: it is not a setting of sqs-once, and looks like one that decides where claims are \
+             kept, what makes a key or where failures go, which ignored would change what runs once. Did you mean \
+             {}? Rename or unset it (a handler's own setting: declare it with Builder::handler_settings)",
+            self.meant
+        );
+        ConfigError { name, value, expected }
+    }
+}
+
+/// The words of a variable's name after `SQS_ONCE_`.
+fn words(name: &str) -> impl Iterator<Item = &str> {
+    name.strip_prefix("SQS_ONCE_").unwrap_or(name).split('_').filter(|word| !word.is_empty())
 }
 
 /// Levenshtein distance: letters inserted, deleted or replaced.
@@ -383,17 +482,21 @@ impl Env<'_> {
     /// Lambda only DynamoDB, or a store given to the builder, will do.
     fn store(&self, key_prefix: &str) -> Result<StoreChoice, ConfigError> {
         let in_lambda = self.text(LAMBDA_RUNTIME_API).is_some();
+        let file = || {
+            #[cfg(feature = "sqlite")]
+            return Some(StoreChoice::File(self.text("SQS_ONCE_STORE_PATH").unwrap_or(LOCAL_STORE_PATH.into()).into()));
+            #[cfg(not(feature = "sqlite"))]
+            None
+        };
         let store = match self.text("SQS_ONCE_STORE").as_deref() {
             None if self.text("SQS_ONCE_TABLE").is_some() => self.dynamodb("SQS_ONCE_TABLE", key_prefix)?,
             // A store given to the builder will do; without one, the consumer refuses to start.
             None if in_lambda => StoreChoice::Unnamed,
+            // A file's path is a store named too.
+            None if self.text("SQS_ONCE_STORE_PATH").is_some() => file().unwrap_or(StoreChoice::Unchosen),
+            None => StoreChoice::Unchosen,
             Some("dynamodb") => self.dynamodb("SQS_ONCE_STORE", key_prefix)?,
-            #[cfg(feature = "sqlite")]
-            None | Some("file") => StoreChoice::File(std::path::PathBuf::from(
-                self.text("SQS_ONCE_STORE_PATH").unwrap_or_else(|| ".sqs-once/claims.db".into()),
-            )),
-            #[cfg(not(feature = "sqlite"))]
-            None => StoreChoice::Memory,
+            Some("file") => file().ok_or_else(|| self.invalid("SQS_ONCE_STORE", STORES))?,
             Some("memory") => StoreChoice::Memory,
             Some(_) => return Err(self.invalid("SQS_ONCE_STORE", STORES)),
         };
@@ -483,7 +586,9 @@ impl Env<'_> {
     /// `SQS_ONCE_TABLE_SORT_KEY`, `SQS_ONCE_TABLE_PARTITION_VALUE`).
     #[cfg(feature = "dynamodb")]
     fn table_layout(&self, key_prefix: &str) -> Result<TableLayout, ConfigError> {
-        let table = self.text("SQS_ONCE_TABLE").ok_or_else(|| self.invalid("SQS_ONCE_TABLE", "a table name"))?;
+        let table = self.text("SQS_ONCE_TABLE").ok_or_else(|| {
+            self.invalid("SQS_ONCE_TABLE", "the name of the DynamoDB claim table, which SQS_ONCE_STORE=dynamodb needs")
+        })?;
         let defaults = Attributes::default();
         let name = |variable: &str, default: String| self.text(variable).unwrap_or(default);
         let partition = name("SQS_ONCE_ATTR_ID", defaults.id);
@@ -592,6 +697,21 @@ impl Env<'_> {
         }
     }
 
+    /// Refuses an endpoint that is no URL (`localhost:9324`, without its
+    /// scheme): the SDK fails each request to it as a connection it could
+    /// not make, which a poller waits out, forever.
+    fn endpoints(&self) -> Result<(), ConfigError> {
+        for name in ENDPOINTS {
+            let Some(value) = self.text(name) else { continue };
+            let value = value.trim();
+            let host = value.strip_prefix("http://").or_else(|| value.strip_prefix("https://"));
+            if host.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
+                return Err(self.invalid(name, "a URL with its scheme, such as http://localhost:9324"));
+            }
+        }
+        Ok(())
+    }
+
     fn invalid(&self, name: &'static str, expected: impl Display) -> ConfigError {
         ConfigError { name, value: self.text(name).unwrap_or_default(), expected: expected.to_string() }
     }
@@ -642,15 +762,38 @@ mod tests {
     }
 
     #[test]
-    fn a_name_a_letter_or_two_off_a_setting_is_taken_for_it_mistyped() {
-        let names =
-            ["SQS_ONCE_KEYS", "SQS_ONCE_TABEL", "SQS_ONCE_KEY", "SQS_ONCE_PAYMENT_URL", "AWS_REGION", "SQS_ONCE_DLQ"];
-        let mistyped = mistyped(names.into_iter().map(String::from));
+    fn an_unknown_name_is_taken_for_the_setting_it_most_likely_meant_and_a_decisive_one_stops_the_start() {
+        let names = [
+            "SQS_ONCE_KEYS",
+            "SQS_ONCE_TABEL",
+            "SQS_ONCE_TABLE_NAME",
+            "SQS_ONCE_IDEMPOTENCY_KEY",
+            "SQS_ONCE_DLQ",
+            "SQS_ONCE_CONCURENCY",
+            "SQS_ONCE_PAYMENT_URL",
+            "SQS_ONCE_KEY",
+            "SQS_ONCE_ORDERS_TABLE",
+            "AWS_REGION",
+        ];
+        let unknown = Unknown::among(names.into_iter().map(String::from), &["SQS_ONCE_ORDERS_TABLE"]);
+        let taken: Vec<(&str, &str, bool)> =
+            unknown.iter().map(|unknown| (unknown.name.as_str(), unknown.meant, unknown.decides())).collect();
         assert_eq!(
-            mistyped,
-            [("SQS_ONCE_KEYS".to_owned(), "SQS_ONCE_KEY"), ("SQS_ONCE_TABEL".to_owned(), "SQS_ONCE_TABLE")],
-            "a setting, a handler's own name, another prefix and a name far from any are left alone"
+            taken,
+            [
+                ("SQS_ONCE_KEYS", "SQS_ONCE_KEY", true),
+                ("SQS_ONCE_TABEL", "SQS_ONCE_TABLE", true),
+                ("SQS_ONCE_TABLE_NAME", "SQS_ONCE_TABLE", true),
+                ("SQS_ONCE_IDEMPOTENCY_KEY", "SQS_ONCE_KEY", true),
+                ("SQS_ONCE_DLQ", "SQS_ONCE_DLQ_URL", true),
+                ("SQS_ONCE_CONCURENCY", "SQS_ONCE_CONCURRENCY", false),
+                ("SQS_ONCE_PAYMENT_URL", "SQS_ONCE_QUEUE_URL", false),
+            ],
+            "a setting, a handler's own declared name and another prefix are left alone"
         );
+        let refusal = unknown[2].clone().refusal();
+        assert_eq!(refusal.name, "SQS_ONCE_TABLE_NAME");
+        assert!(refusal.expected.contains("Did you mean SQS_ONCE_TABLE?"), "{refusal}");
         assert_eq!(settings().count(), 47, "docs/configuration.md's table lists every setting");
         assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
@@ -806,6 +949,33 @@ mod tests {
         assert!(config(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"), ("SQS_ONCE_TABLE", "t")]).is_ok());
         let memory = config(&[("AWS_LAMBDA_RUNTIME_API", "x"), ("SQS_ONCE_TABLE", "t"), ("SQS_ONCE_STORE", "memory")]);
         assert!(memory.is_err(), "an explicit non-DynamoDB store is refused in Lambda too");
+    }
+
+    #[test]
+    fn an_endpoint_that_is_no_url_stops_the_start() {
+        let error = config(&[("AWS_ENDPOINT_URL_SQS", "localhost:9324")]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"invalid AWS_ENDPOINT_URL_SQS="localhost:9324": expected a URL with its scheme, such as http://localhost:9324"#
+        );
+        assert_eq!(config(&[("AWS_ENDPOINT_URL", "http://")]).unwrap_err().name, "AWS_ENDPOINT_URL");
+        assert!(config(&[("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:8000")]).is_ok());
+        assert!(config(&[("AWS_ENDPOINT_URL_S3", "https://s3.example.com/")]).is_ok());
+    }
+
+    #[test]
+    fn outside_lambda_a_store_is_named_or_left_unchosen_never_picked() {
+        assert_eq!(config(&[]).unwrap().store, StoreChoice::Unchosen, "invoke's local file, poll's refusal");
+        let refusal = StoreChoice::Unchosen.refusal().to_string();
+        assert!(refusal.contains("SQS_ONCE_TABLE") && refusal.contains("SQS_ONCE_STORE=file"), "{refusal}");
+        assert_eq!(config(&[("SQS_ONCE_STORE", "memory")]).unwrap().store, StoreChoice::Memory);
+        #[cfg(feature = "sqlite")]
+        {
+            let file = config(&[("SQS_ONCE_STORE", "file")]).unwrap().store;
+            assert_eq!(file, StoreChoice::File(LOCAL_STORE_PATH.into()));
+            let path = config(&[("SQS_ONCE_STORE_PATH", "/var/lib/claims.db")]).unwrap().store;
+            assert_eq!(path, StoreChoice::File("/var/lib/claims.db".into()), "a path names a file store");
+        }
     }
 
     #[test]

@@ -116,9 +116,15 @@ pub(crate) fn outbox_times(send: Duration, delete: Duration) -> Result<crate::ou
 }
 
 /// The command that creates `table`, as the user runs it: the running
-/// binary's `create-table`, or, under Lambda's name for every function's
-/// binary (`bootstrap`, as `sam local invoke` runs it), the consumer's.
+/// binary's `create-table`, through `cargo run` when cargo ran it (a binary
+/// of one's own is not on the PATH then), or, under Lambda's name for every
+/// function's binary (`bootstrap`, as `sam local invoke` runs it), the
+/// consumer's.
 fn create_table_command(table: &str) -> String {
+    // `cargo run` tells the program it runs its manifest's directory.
+    if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR").filter(|_| std::env::var_os("CARGO").is_some()) {
+        return format!("`cargo run -- create-table --table {table}` (in {})", std::path::Path::new(&dir).display());
+    }
     match crate::logging::program().as_str() {
         "bootstrap" => format!(
             "the consumer's `create-table` (`cargo run -- create-table --table {table}` in its crate, `sqs-once \

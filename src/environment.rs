@@ -2,7 +2,8 @@
 //! own (`AWS_LAMBDA_*`, and SAM CLI's `AWS_SAM_LOCAL` when it runs a function
 //! locally): read from the environment once, into typed values, for the
 //! Lambda loop, the logs and the choice between the function and the command
-//! line. The `SQS_ONCE_` settings are [`crate::config`]'s.
+//! line; and where the AWS clients send their requests (`AWS_ENDPOINT_URL_*`),
+//! for logs and errors. The `SQS_ONCE_` settings are [`crate::config`]'s.
 
 use std::sync::OnceLock;
 
@@ -83,6 +84,21 @@ impl Environment {
     #[cfg_attr(not(feature = "dynamodb"), expect(dead_code, reason = "the DynamoDB table's start-up check alone asks"))]
     pub(crate) fn deployed(&self) -> bool {
         self.in_lambda() && !self.sam_local
+    }
+}
+
+/// Where a client sends its requests, for logs and errors: the endpoint the
+/// service's variable `variable` (or `AWS_ENDPOINT_URL`) sets, or AWS in
+/// `region`.
+#[cfg(any(feature = "cli", feature = "dynamodb"))]
+pub(crate) fn endpoint(variable: &str, region: Option<&aws_config::Region>) -> String {
+    let named = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
+    match named(variable).or_else(|| named("AWS_ENDPOINT_URL")) {
+        Some(url) => url,
+        None => format!(
+            "AWS, region {} (no {variable}: the account the credentials name)",
+            region.map_or("unset", |region| region.as_ref())
+        ),
     }
 }
 

@@ -27,8 +27,17 @@ pub(crate) fn init(lambda: bool, spans: Option<SpanLayer>) {
         None => tracing_subscriber::registry().with(lines(lambda)).try_init(),
     };
     // A handler's panic fails only its record, and the engine logs it there;
-    // one line here says where it happened, without a backtrace per record.
-    std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
+    // one line here says where it happened, without a backtrace per record:
+    // one line, though the panic's text puts its message on a line of its own.
+    std::panic::set_hook(Box::new(|panic| {
+        let panic = one_line(&panic.to_string());
+        tracing::error!(%panic, "panic");
+    }));
+}
+
+/// `text` on one line: a log line per event, as log readers split them.
+fn one_line(text: &str) -> String {
+    text.split('\n').map(str::trim).filter(|line| !line.is_empty()).collect::<Vec<_>>().join(" ")
 }
 
 /// The log lines' layer, its filter the settings'.
@@ -77,4 +86,13 @@ pub(crate) fn program() -> String {
         .and_then(|path| std::path::Path::new(path).file_stem())
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_else(|| "sqs-once".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_panics_text_is_logged_on_one_line() {
+        let text = "panicked at handlers/src/demo.rs:97:20:\ndemo: asked to panic";
+        assert_eq!(super::one_line(text), "panicked at handlers/src/demo.rs:97:20: demo: asked to panic");
+    }
 }

@@ -95,6 +95,39 @@ impl Operator {
         Ok(self.applied(self.admin.replace_seen(Some(&seen), None).await?, done))
     }
 
+    /// The claims `selection` picks, oldest first: those a cause left
+    /// failed, or in progress with their lease ended, by reason and time.
+    pub(crate) async fn select(&self, selection: &Selection) -> Result<Vec<StoredClaim>, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let stale = selection.status == ClaimStatus::InProgress;
+        let query = ClaimQuery {
+            status: Some(selection.status),
+            stale_at_ms: stale.then_some(now_ms),
+            limit: usize::MAX,
+            ..ClaimQuery::default()
+        };
+        let mut claims = self.admin.list(&query).await?.claims;
+        claims.retain(|claim| selection.picks(claim));
+        Ok(claims)
+    }
+
+    /// Releases each of `claims` as it was listed, so that its next delivery
+    /// runs again: one that changed since (completed, or claimed again) is
+    /// left alone. Returns how many were released and why the others were
+    /// not.
+    pub(crate) async fn release_each(&self, claims: &[StoredClaim]) -> (usize, Vec<(String, String)>) {
+        let mut released = 0;
+        let mut left = Vec::new();
+        for claim in claims {
+            match self.admin.replace_seen(Some(claim), None).await {
+                Ok(Fenced::Applied) => released += 1,
+                Ok(Fenced::Refused) => left.push((claim.id.clone(), "it changed since it was listed".to_owned())),
+                Err(error) => left.push((claim.id.clone(), error.to_string())),
+            }
+        }
+        (released, left)
+    }
+
     /// Marks a key completed by hand (the work was done elsewhere), so that
     /// deliveries until it expires are duplicates. A live lease is refused
     /// unless `force`; a key with no claim gets a completed one.
@@ -186,6 +219,63 @@ impl Operator {
     }
 }
 
+/// Which claims a bulk release picks: those of `status` (failed, or in
+/// progress with their lease ended), whose failure reason holds `reason`,
+/// last changed within `since_ms..=until_ms` (epoch milliseconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Selection {
+    pub(crate) status: ClaimStatus,
+    pub(crate) reason: Option<String>,
+    pub(crate) since_ms: Option<u64>,
+    pub(crate) until_ms: Option<u64>,
+}
+
+impl Selection {
+    fn picks(&self, claim: &StoredClaim) -> bool {
+        let changed_ms = claim.updated_at_ms.or(claim.claimed_at_ms).unwrap_or(0);
+        let reason = claim.error.as_deref().unwrap_or_default();
+        self.reason.as_ref().is_none_or(|text| reason.contains(text.as_str()))
+            && self.since_ms.is_none_or(|since| changed_ms >= since)
+            && self.until_ms.is_none_or(|until| changed_ms <= until)
+    }
+}
+
+/// A time as `--since` and `--until` take it, in epoch milliseconds: an
+/// ISO 8601 UTC time to the second (`2026-11-28T10:00:00Z`, as listings
+/// print them) or an age before `now_ms` (`90s`, `30m`, `2h`, `1d`).
+pub(crate) fn time_given(text: &str, now_ms: u64) -> Option<u64> {
+    let text = text.trim();
+    let unit_ms = match text.chars().last()? {
+        's' => Some(1_000),
+        'm' => Some(60_000),
+        'h' => Some(3_600_000),
+        'd' => Some(86_400_000),
+        _ => None,
+    };
+    if let Some(unit_ms) = unit_ms {
+        let count: u64 = text[..text.len() - 1].parse().ok()?;
+        return Some(now_ms.saturating_sub(count.saturating_mul(unit_ms)));
+    }
+    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
+    let number = |part: Option<&str>| part?.parse::<i64>().ok();
+    let mut date = date.split('-');
+    let (year, month, day) = (number(date.next())?, number(date.next())?, number(date.next())?);
+    let mut time = time.split(':');
+    let (hour, minute, second) = (number(time.next())?, number(time.next())?, number(time.next())?);
+    let valid = (1..=12).contains(&month) && (1..=31).contains(&day) && hour < 24 && minute < 60 && second < 60;
+    if !valid || date.next().is_some() || time.next().is_some() {
+        return None;
+    }
+    // Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm), as `timestamp` reverses.
+    let year = year - i64::from(month <= 2);
+    let era = year.div_euclid(400);
+    let year_of_era = year.rem_euclid(400);
+    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    u64::try_from(((days * 86_400 + hour * 3_600 + minute * 60 + second) * 1_000).max(0)).ok()
+}
+
 fn describe(claim: &StoredClaim) -> String {
     match (claim.status, &claim.error) {
         (ClaimStatus::Failed, Some(error)) => format!("FAILED: {error}"),
@@ -222,6 +312,67 @@ mod tests {
     #[test]
     fn timestamps_are_utc_seconds() {
         assert_eq!(timestamp(1_700_000_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn times_are_given_as_listings_print_them_or_as_ages() {
+        let now_ms = 1_700_000_000_000;
+        for at_ms in [0, 951_782_400_000, now_ms, 4_102_444_800_000] {
+            assert_eq!(time_given(&timestamp(at_ms), now_ms), Some(at_ms), "{}", timestamp(at_ms));
+        }
+        assert_eq!(time_given("2h", now_ms), Some(now_ms - 7_200_000));
+        assert_eq!(time_given("90s", now_ms), Some(now_ms - 90_000));
+        assert_eq!(time_given("1d", now_ms), Some(now_ms - 86_400_000));
+        for wrong in ["", "2w", "h", "2023-11-14", "2023-13-14T22:13:20Z", "2023-11-14T22:13Z", "yesterday"] {
+            assert_eq!(time_given(wrong, now_ms), None, "{wrong}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bulk_release_picks_by_status_reason_and_time_and_leaves_what_changed_since() {
+        use std::sync::Arc;
+
+        let store = Arc::new(MemoryStore::default());
+        let admin = Arc::clone(&store).admin().unwrap();
+        let failed = |id: &str, error: &str, at_ms: u64| StoredClaim {
+            id: id.into(),
+            status: ClaimStatus::Failed,
+            expires_at_s: u64::MAX / 2000,
+            lease_until_ms: None,
+            token: Some(format!("t-{id}")),
+            holder: None,
+            attempt: Some(1),
+            message_id: Some(format!("m-{id}")),
+            claimed_at_ms: Some(at_ms),
+            updated_at_ms: Some(at_ms),
+            payload_hash: None,
+            result: None,
+            error: Some(error.into()),
+        };
+        let missing = "the handler's table `charges` does not exist";
+        for claim in [failed("a", missing, 1_000), failed("b", missing, 5_000), failed("c", "card declined", 5_000)] {
+            assert_eq!(admin.replace_seen(None, Some(&claim)).await.unwrap(), Fenced::Applied);
+        }
+        let operator = Operator::new(store, Arc::new(SystemClock), std::time::Duration::from_secs(3600)).unwrap();
+        let selection = |since_ms| Selection {
+            status: ClaimStatus::Failed,
+            reason: Some("`charges`".into()),
+            since_ms,
+            until_ms: None,
+        };
+        let ids = |claims: &[StoredClaim]| claims.iter().map(|claim| claim.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&operator.select(&selection(None)).await.unwrap()), ["a", "b"], "by reason");
+        let picked = operator.select(&selection(Some(2_000))).await.unwrap();
+        assert_eq!(ids(&picked), ["b"], "and by time");
+        // `b` fails again with another token after it was listed: left alone.
+        let again = StoredClaim { token: Some("t-again".into()), ..picked[0].clone() };
+        assert_eq!(admin.replace_seen(Some(&picked[0]), Some(&again)).await.unwrap(), Fenced::Applied);
+        let (released, left) = operator.release_each(&picked).await;
+        assert_eq!((released, left.len()), (0, 1), "{left:?}");
+        let (released, left) = operator.release_each(&operator.select(&selection(None)).await.unwrap()).await;
+        assert_eq!((released, left), (2, vec![]));
+        assert_eq!(ids(&operator.select(&selection(None)).await.unwrap()), Vec::<String>::new());
+        assert_eq!(operator.show("c").await.unwrap().unwrap().status, ClaimStatus::Failed, "another cause's stays");
     }
 
     #[tokio::test]

@@ -41,7 +41,7 @@ use crate::{
     engine::Invocation,
     event::EventRecord,
     lock::lock,
-    report::Outcome,
+    report::{BatchReport, Failure, Outcome},
     sqs::{QueueInfo, Sqs, SqsError, event_message},
 };
 
@@ -140,7 +140,16 @@ impl Poller {
         queue_url: &str,
         options: PollOptions,
     ) -> Result<Self, PollError> {
-        let queue = crate::waiting::until_answered("the queue", async || match sqs.queue_info(queue_url).await {
+        let endpoint = sqs.endpoint();
+        if let Some(host) = foreign_host(queue_url, &endpoint) {
+            tracing::warn!(
+                queue = queue_url, %endpoint,
+                "the queue URL names {host}, but SQS requests go to {endpoint}: set AWS_ENDPOINT_URL_SQS to the queue's \
+                 server (the SDK sends to its endpoint, whatever host the queue URL names)"
+            );
+        }
+        let what = format!("the queue (SQS at {endpoint})");
+        let queue = crate::waiting::until_answered(&what, async || match sqs.queue_info(queue_url).await {
             Err(error) if error.transient => match sqs.can_sign().await {
                 Ok(()) => ControlFlow::Continue(error.to_string()),
                 Err(unsigned) => ControlFlow::Break(Err(unsigned)),
@@ -257,6 +266,7 @@ impl Poller {
             report = self.consumer.engine.process(&records, &invocation, None) => report,
             never = self.keep_invisible(&records) => match never {},
         };
+        self.hint_at_deadlines(&report);
         let answer = self.consumer.redeliver(&records, report, deadline).await;
         let (deleted, delete_failed) = self.delete_settled(&records, &answer).await;
         self.consumer.export_spans(self.consumer.engine.budget(deadline).sqs_by()).await;
@@ -274,6 +284,31 @@ impl Poller {
         summary.dead_lettered += answer.redelivery.map_or(0, |counts| counts.dead_lettered);
         summary.deleted += deleted;
         summary.delete_failed += delete_failed;
+    }
+
+    /// Says why records ended `deadline`, and what to change: in `poll` a
+    /// record's time is `--timeout`, the queue's visibility timeout unless
+    /// given, which a handler longer than it never finishes within.
+    fn hint_at_deadlines(&self, report: &BatchReport) {
+        let cut = report.records.iter().filter(|record| matches!(record.outcome, Outcome::Failed(Failure::Deadline)));
+        let (count, longest) =
+            cut.fold((0, Duration::ZERO), |(count, longest), record| (count + 1, longest.max(record.duration)));
+        if count > 0 {
+            tracing::warn!(
+                records = count,
+                timeout_s = self.timeout.as_secs_f64(),
+                ran_ms = longest.as_millis(),
+                visibility_timeout_s = self.queue.visibility_timeout.as_secs(),
+                "records not finished within poll's timeout of {:?} ({}): raise --timeout to give handlers longer \
+                 (poll keeps their messages invisible meanwhile), or shorten the handlers",
+                self.timeout,
+                if self.timeout == self.queue.visibility_timeout {
+                    "the queue's visibility timeout"
+                } else {
+                    "--timeout"
+                }
+            );
+        }
     }
 
     /// Extends the visibility of `records` by the queue's visibility timeout
@@ -347,5 +382,30 @@ pub(crate) fn interrupted() -> impl Future<Output = ()> + Send + 'static {
             tracing::warn!("second signal: leaving now; unfinished messages come back after their visibility timeout");
             std::process::exit(130);
         });
+    }
+}
+
+/// The host `queue_url` names when it is not AWS's and requests go to AWS
+/// (`endpoint` names no URL of its own): a local queue polled without
+/// `AWS_ENDPOINT_URL_SQS`, whose requests would never reach it.
+fn foreign_host<'u>(queue_url: &'u str, endpoint: &str) -> Option<&'u str> {
+    if endpoint.starts_with("http://") || endpoint.starts_with("https://") {
+        return None;
+    }
+    let host = queue_url.split_once("://")?.1.split('/').next()?;
+    let name = host.split(':').next().unwrap_or(host);
+    (!name.ends_with(".amazonaws.com") && !name.ends_with(".amazonaws.com.cn")).then_some(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_url_of_another_host_than_aws_is_named_when_requests_go_to_aws() {
+        let aws = "AWS, region us-east-1 (no AWS_ENDPOINT_URL_SQS: the account the credentials name)";
+        assert_eq!(foreign_host("http://127.0.0.1:9324/123456789012/work", aws), Some("127.0.0.1:9324"));
+        assert_eq!(foreign_host("https://sqs.us-east-1.amazonaws.com/123456789012/work", aws), None);
+        assert_eq!(foreign_host("http://127.0.0.1:9324/123456789012/work", "http://127.0.0.1:9324"), None);
     }
 }

@@ -107,6 +107,12 @@ pub(crate) struct Sqs {
 }
 
 impl Sqs {
+    /// Where the client sends its requests, for logs and errors.
+    #[cfg(feature = "cli")]
+    pub(crate) fn endpoint(&self) -> String {
+        crate::environment::endpoint("AWS_ENDPOINT_URL_SQS", self.client.config().region())
+    }
+
     /// A client from the shared SDK configuration ([`crate::aws::sdk_config`]),
     /// so `AWS_ENDPOINT_URL_SQS` points it at another server.
     pub(crate) fn new(config: &SdkConfig) -> Self {

@@ -7,7 +7,8 @@
 //! `src/main.rs` (a handler, its tests through `sqs_once::testing`, and
 //! `sqs_once::run`), the repository's `template.yaml` without the bundled
 //! handlers' parts and building the new crate's binary, its `samconfig.toml`
-//! and `env.json`, and the example's event as `events/batch.json`: the files
+//! and `env.json`, the example's event as `events/batch.json`, and the
+//! workspace's `Cargo.lock` and `rustfmt.toml`: the files
 //! the repository tests are the files a new crate starts from. They reach
 //! this package through the links in `scaffold/` (Cargo packs a link's
 //! target), so a binary built from crates.io writes them as a checkout's
@@ -30,6 +31,12 @@ const TEMPLATE: &str = include_str!("../scaffold/template.yaml");
 const SAMCONFIG: &str = include_str!("../scaffold/samconfig.toml");
 /// The settings `sam local invoke` gives the function (samconfig.toml names it).
 const SAM_LOCAL_ENV: &str = include_str!("../scaffold/env.json");
+/// The workspace's `Cargo.lock`, the versions its tests ran with: the new
+/// crate's Cargo keeps each of them that its own dependencies still take,
+/// rather than resolve the newest.
+const TESTED_LOCK: &str = include_str!("../scaffold/tested.lock");
+/// The workspace's formatting, which the example is formatted to.
+const RUSTFMT: &str = include_str!("../scaffold/rustfmt.toml");
 
 /// The version of the library this binary was built with (the workspace
 /// releases its crates at one version), which a new crate depends on
@@ -244,7 +251,10 @@ fn files(name: &str, library: &Library) -> Vec<(&'static str, String)> {
             SAMCONFIG.replace("stack_name = \"sqs-once\"", &format!("stack_name = {}", toml_string(name))),
         ),
         ("env.json", sam_local_env()),
-        (".gitignore", "/target\n/.aws-sam\n/.sqs-once\n".to_owned()),
+        ("Cargo.lock", TESTED_LOCK.to_owned()),
+        ("rustfmt.toml", RUSTFMT.to_owned()),
+        // What the builds, `sam build`, `invoke` and scripts/local-services write.
+        (".gitignore", "/target\n/.aws-sam\n/.sqs-once\n/.tools\n".to_owned()),
         ("README.md", readme(name)),
     ]
 }

@@ -162,6 +162,45 @@ async fn a_key_completed_by_hand_is_a_duplicate(setup: Setup) {
     assert!(setup.list(&["--status", "failed"]).is_empty());
 }
 
+async fn the_failures_of_one_cause_are_released_together(setup: Setup) {
+    let failing = json!({"fail": "permanent"});
+    let event = setup.event("failing.json", &[("m-a", failing.clone()), ("m-b", failing), ("m-ok", json!({}))]);
+    setup.run(&["invoke", event.to_str().unwrap()]);
+    assert_eq!(setup.list(&["--status", "failed"]).len(), 2);
+    // First the listing, and nothing changes.
+    let listed = setup.run(&["claims", "release-all", "--reason", "asked to fail", "--since", "1h", "--json"]);
+    assert_eq!(listed.status.code(), Some(0), "{}", text(&listed));
+    let picked: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    let mut ids: Vec<&str> = picked.iter().filter_map(|claim| claim["message_id"].as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["m-a", "m-b"]);
+    assert!(text(&listed).contains("2 claim(s) picked; nothing changed"), "{}", text(&listed));
+    assert_eq!(setup.list(&["--status", "failed"]).len(), 2, "nothing released without --yes");
+    // Another cause's text picks none of them.
+    let other = setup.run(&["claims", "release-all", "--reason", "ResourceNotFound", "--yes"]);
+    assert!(text(&other).contains("released 0 of 0"), "{}", text(&other));
+    let wrong = setup.run(&["claims", "release-all", "--since", "yesterday"]);
+    assert_eq!(wrong.status.code(), Some(3), "{}", text(&wrong));
+    assert!(text(&wrong).contains("--since \"yesterday\""), "{}", text(&wrong));
+    // Then released, and each runs once more.
+    let released = setup.run(&["claims", "release-all", "--reason", "asked to fail", "--since", "1h", "--yes"]);
+    assert_eq!(released.status.code(), Some(0), "{}", text(&released));
+    assert!(text(&released).contains("released 2 of 2"), "{}", text(&released));
+    assert!(setup.list(&["--status", "failed"]).is_empty());
+    setup.run(&["invoke", event.to_str().unwrap()]);
+    assert_eq!((setup.runs_of("m-a"), setup.runs_of("m-b"), setup.runs_of("m-ok")), (2, 2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_store_the_failures_of_one_cause_are_released_together() {
+    the_failures_of_one_cause_are_released_together(Setup::file()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_the_failures_of_one_cause_are_released_together() {
+    the_failures_of_one_cause_are_released_together(Setup::dynamodb().await).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_store_a_crashed_claim_is_found_released_and_run_again() {
     a_crashed_claim_is_found_released_and_run_again(Setup::file()).await;

@@ -77,7 +77,11 @@ impl Emulator {
         let function = common::sqs_once_command();
         let address = format!("127.0.0.1:{}", free_port());
         let log = std::fs::File::create(dir.path().join("emulator.log")).unwrap();
-        let process = Command::new(emulator_binary())
+        let mut emulator = Command::new(emulator_binary());
+        for name in common::HARNESS {
+            emulator.env_remove(name);
+        }
+        let process = emulator
             .arg("--runtime-interface-emulator-address")
             .arg(&address)
             .arg("--runtime-api-address")

@@ -305,3 +305,41 @@ fn a_key_is_remembered_for_exactly_the_configured_expiry() {
     assert_eq!(ws.log().len(), 2, "run again once the key was forgotten");
     assert!((86_400..=86_401).contains(&later), "{later}");
 }
+
+#[test]
+fn a_long_running_consumer_without_a_store_named_refuses_to_start_and_invoke_keeps_the_local_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let unnamed = || {
+        let mut command = common::command_in(dir.path());
+        command.env_remove("SQS_ONCE_STORE_PATH");
+        command
+    };
+    let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/work";
+    let polled = unnamed().args(["poll", "--queue-url", queue]).output().unwrap();
+    let refused = stderr(&polled);
+    assert_eq!(polled.status.code(), Some(1), "{refused}");
+    assert!(refused.contains("SQS_ONCE_TABLE") && refused.contains("SQS_ONCE_STORE=file"), "{refused}");
+    assert!(!dir.path().join(".sqs-once").exists(), "no claims kept where no other consumer would see them");
+    // `invoke`, there for trying things out, keeps them in the local file.
+    let invoked = unnamed().args(["invoke", &sample("batch.json")]).output().unwrap();
+    assert!(invoked.status.success(), "{}", stderr(&invoked));
+    assert!(dir.path().join(".sqs-once/claims.db").exists());
+}
+
+#[test]
+fn a_misspelt_store_setting_stops_the_start_naming_the_one_it_most_likely_means() {
+    let ws = Workspace::new();
+    let event = ws.event("event.json", &[json!({"n": 1})]);
+    let output = ws.invoke_with(&["invoke", event.to_str().unwrap()], &[("SQS_ONCE_TABLE_NAME", "claims")]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("SQS_ONCE_TABLE_NAME") && stderr(&output).contains("Did you mean SQS_ONCE_TABLE?")
+    );
+    assert!(ws.log().is_empty(), "no record ran");
+    // One that decides nothing is reported, and the start goes on.
+    let output = ws.invoke_with(&["invoke", event.to_str().unwrap()], &[("SQS_ONCE_CONCURENCY", "8")]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains(
+        "SQS_ONCE_CONCURENCY is not a setting of sqs-once and is ignored: did you mean SQS_ONCE_CONCURRENCY?"
+    ));
+}

@@ -25,6 +25,10 @@ fn a_new_crate_is_the_example_with_a_manifest_template_and_event_around_it() {
         |file: &str| std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file)).unwrap();
     assert_eq!(read("src/main.rs"), repository("examples/own_consumer.rs"));
     assert_eq!(read("events/batch.json"), repository("events/payments.json"));
+    // The versions CI tested, the workspace's formatting, and nothing the local tools write under version control.
+    assert_eq!(read("Cargo.lock"), repository("Cargo.lock"));
+    assert_eq!(read("rustfmt.toml"), repository("rustfmt.toml"));
+    assert!(read(".gitignore").lines().any(|line| line == "/.tools"), "{}", read(".gitignore"));
     let manifest = read("Cargo.toml");
     assert!(manifest.contains("name = \"payments\""), "{manifest}");
     assert!(manifest.contains("panic = \"unwind\""), "{manifest}");

@@ -327,7 +327,8 @@ async fn poll_waits_at_its_start_for_a_table_and_a_queue_that_do_not_answer_yet(
     let mut poller = consumers.poll(&queue, &[], &endpoints);
     poller.logged("the claim table does not answer; waiting for it").await;
     dynamodb.end();
-    poller.logged("the queue does not answer; waiting for it").await;
+    // Naming where the requests go.
+    poller.logged(&format!("the queue (SQS at {}) does not answer; waiting for it", sqs.url)).await;
     assert!(!poller.log().contains("polling"), "{}", poller.log());
     sqs.end();
     until("the queue is drained", Duration::from_secs(60), async || queue.depth().await == (0, 0)).await;
@@ -344,7 +345,7 @@ async fn poll_stopped_while_it_waits_for_the_queue_exits_cleanly_having_received
     queue.send(&[json!({"id": "never-received"})]).await;
     let sqs = Outage::start(&common::sqs::endpoint()).await.unwrap();
     let mut poller = consumers.poll(&queue, &[], &[("AWS_ENDPOINT_URL_SQS", sqs.url.as_str())]);
-    poller.logged("the queue does not answer; waiting for it").await;
+    poller.logged("does not answer; waiting for it").await;
     let summary = terminate(poller).await;
     assert_eq!((summary["received"].as_u64(), summary["processed"].as_u64()), (Some(0), Some(0)));
     assert!(consumers.runs().is_empty());

@@ -361,3 +361,27 @@ async fn an_sqs_that_never_answers_is_cut_off_at_the_deadline_and_the_answer_sta
     assert_eq!((metrics["DeadLettered"].as_u64(), metrics["DeadLetterFailed"].as_u64()), (Some(0), Some(1)));
     assert!(String::from_utf8_lossy(&output.stderr).contains("SQS did not answer before the deadline"));
 }
+
+/// The SQS server the tests and the docs' local runs use keeps a FIFO group's
+/// order after a visibility timeout, as SQS does: the group's first message
+/// comes back first, and each later one only once the one before is deleted.
+/// (moto 5.2.5 as published handed out the group's last message first;
+/// scripts/sqs-server.py mends it.)
+#[tokio::test]
+async fn the_local_sqs_server_keeps_a_fifo_groups_order_after_a_visibility_timeout() {
+    let queue = common::sqs::Queue::create(true, 1).await;
+    queue.send(&[json!({"n": 1}), json!({"n": 2}), json!({"n": 3})]).await;
+    let first = queue.receive(3).await;
+    assert_eq!(bodies(&first), ["{\"n\":1}", "{\"n\":2}", "{\"n\":3}"], "received in order, none deleted");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for n in 1..=3 {
+        let again = queue.receive(1).await;
+        assert_eq!(bodies(&again), [format!("{{\"n\":{n}}}")], "redelivered in the group's order");
+        let handle = again[0].receipt_handle().unwrap();
+        queue.client.delete_message().queue_url(queue.url()).receipt_handle(handle).send().await.unwrap();
+    }
+}
+
+fn bodies(messages: &[Message]) -> Vec<String> {
+    messages.iter().map(|message| message.body().unwrap_or_default().to_owned()).collect()
+}

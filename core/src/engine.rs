@@ -298,8 +298,9 @@ impl Engine {
         invocation: &Invocation,
         parent: Option<&TraceContext>,
     ) -> BatchReport {
+        let received = Instant::now();
         let budget = self.budget(invocation.deadline);
-        if budget.cutoff() <= Instant::now() && !records.is_empty() {
+        if budget.cutoff() <= received && !records.is_empty() {
             tracing::warn!(
                 margin_ms = duration_ms(self.inner.options.margins.deadline_margin),
                 "the invocation had no more time than SQS_ONCE_DEADLINE_MARGIN_MS: no record can start, each fails \
@@ -368,7 +369,9 @@ impl Engine {
                 .iter()
                 .zip(&opened)
                 .zip(reports)
-                .map(|((record, opened), report)| report.unwrap_or_else(|| self.unanswered(record, opened, &returned)))
+                .map(|((record, opened), report)| {
+                    report.unwrap_or_else(|| self.unanswered(record, opened, &returned, received.elapsed()))
+                })
                 .collect(),
         };
         keep_group_order(&groups, &mut report.records);
@@ -414,13 +417,15 @@ impl Engine {
     }
 
     /// The report of a record whose run had not reported when the answer
-    /// was due: its handler's outcome if the handler had returned (its
-    /// finishing write not confirmed), otherwise a `deadline` failure.
+    /// was due, `waited` after the batch was received: its handler's outcome
+    /// if the handler had returned (its finishing write not confirmed),
+    /// otherwise a `deadline` failure.
     fn unanswered(
         &self,
         record: &EventRecord,
         opened: &Result<Opened<'_>, Failure>,
         returned: &HashMap<String, Outcome>,
+        waited: Duration,
     ) -> RecordReport {
         let key = opened.as_ref().ok().and_then(|opened| self.inner.keys.derive(opened).ok());
         let outcome = key.as_ref().and_then(|key| returned.get(key)).cloned();
@@ -438,7 +443,7 @@ impl Engine {
             message_id: record.message_id().to_owned(),
             key,
             outcome: outcome.unwrap_or(Outcome::Failed(Failure::Deadline)),
-            duration: Duration::ZERO,
+            duration: waited,
             claim_latency: None,
             payload_bytes: None,
         }

@@ -372,7 +372,8 @@ impl DynamoDbStore {
         }
         let (noun, verb) = if missing.len() == 1 { ("table", "does") } else { ("tables", "do") };
         StoreError::Rejected(format!(
-            "the {noun} {} {verb} not exist ({}): create it, or correct the table the handler stages its writes to",
+            "the handler's {noun} {} {verb} not exist ({}): create it, or correct the table the handler stages its \
+             writes to",
             missing.join(", "),
             described(answer)
         ))

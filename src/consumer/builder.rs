@@ -59,6 +59,8 @@ pub struct Builder {
     config: Option<Config>,
     /// Settings set in code ([`key`](Builder::key), [`key_prefix`](Builder::key_prefix)).
     fixed: Vec<(&'static str, String)>,
+    /// The handler's own `SQS_ONCE_*` settings ([`handler_settings`](Builder::handler_settings)).
+    own_settings: Vec<&'static str>,
     sdk_config: Option<SdkConfig>,
     #[cfg(feature = "dynamodb")]
     dynamodb: Option<aws_sdk_dynamodb::Client>,
@@ -115,6 +117,22 @@ impl Builder {
     /// ```
     pub fn key(self, spec: &str) -> Self {
         self.fixing("SQS_ONCE_KEY", spec)
+    }
+
+    /// Declares the handler's own settings whose names start `SQS_ONCE_`, so
+    /// that the start takes them for neither a misspelt setting nor an
+    /// unknown one (see [`Config::from_env`]). Added to by each call.
+    ///
+    /// ```no_run
+    /// # async fn example() -> std::process::ExitCode {
+    /// use sqs_once::{Consumer, handler_fn};
+    ///
+    /// Consumer::builder().handler_settings(["SQS_ONCE_ORDERS_TABLE"]).run(handler_fn(|_| async { Ok(None) })).await
+    /// # }
+    /// ```
+    pub fn handler_settings(mut self, names: impl IntoIterator<Item = &'static str>) -> Self {
+        self.own_settings.extend(names);
+        self
     }
 
     /// Stores keys under `prefix`, as `SQS_ONCE_KEY_PREFIX` would (`sqs-once`
@@ -273,7 +291,7 @@ impl Builder {
                            both: a Config holds its keys already"
                     .into(),
             })),
-            None => Ok(Config::from_env_fixing(&fixed)?),
+            None => Ok(Config::from_env_fixing(&fixed, &self.own_settings)?),
         }
     }
 
@@ -379,7 +397,6 @@ impl Builder {
             expect(unused_variables, reason = "only DynamoDB's client is made from it")
         )]
         aws: Option<&SdkConfig>,
-        #[cfg_attr(not(feature = "dynamodb"), expect(unused_variables, reason = "only a table is waited for"))]
         needs: Needs,
     ) -> Result<OpenStore, StartupError> {
         if let Some(store) = self.store.take() {
@@ -404,12 +421,26 @@ impl Builder {
                 OpenStore::of(Arc::new(crate::store::SqliteStore::open(path)?), format!("file {}", path.display()))
             }
             StoreChoice::Memory => OpenStore::of(Arc::new(MemoryStore::default()), "memory".into()),
-            StoreChoice::Unnamed => return Err(config.store.refusal().into()),
+            StoreChoice::Unchosen if !needs.long_running => local_store()?,
+            StoreChoice::Unnamed | StoreChoice::Unchosen => return Err(config.store.refusal().into()),
             #[cfg(not(feature = "dynamodb"))]
             StoreChoice::NotBuilt(..) => return Err(config.store.refusal().into()),
         };
         Ok(open)
     }
+}
+
+/// The store of `invoke` and the operator's commands when none is named:
+/// the local file, in memory without the `sqlite` feature.
+fn local_store() -> Result<OpenStore, StartupError> {
+    #[cfg(feature = "sqlite")]
+    {
+        let path = std::path::Path::new(crate::config::LOCAL_STORE_PATH);
+        tracing::info!("no claim store named (SQS_ONCE_TABLE, SQS_ONCE_STORE): claims are kept in {}", path.display());
+        Ok(OpenStore::of(Arc::new(crate::store::SqliteStore::open(path)?), format!("file {}", path.display())))
+    }
+    #[cfg(not(feature = "sqlite"))]
+    Ok(OpenStore::of(Arc::new(MemoryStore::default()), "memory".into()))
 }
 
 /// Refuses to start on a claim table that cannot be used, naming what is
@@ -500,8 +531,8 @@ pub(crate) struct Needs {
     /// A queue to receive from (`poll`).
     pub(crate) queue: bool,
     /// A long-running command (`poll`): a claim table that does not answer
-    /// at the start is waited for ([`crate::waiting`]) rather than refused.
-    #[cfg_attr(not(feature = "dynamodb"), expect(dead_code, reason = "only a claim table is waited for"))]
+    /// at the start is waited for ([`crate::waiting`]) rather than refused,
+    /// and claims are kept nowhere by default (see [`StoreChoice::Unchosen`]).
     pub(crate) long_running: bool,
 }
 
@@ -560,14 +591,7 @@ impl OpenStore {
 /// configuration's Region.
 #[cfg(feature = "dynamodb")]
 pub(crate) fn dynamodb_endpoint(aws: &SdkConfig) -> String {
-    let named = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
-    match named("AWS_ENDPOINT_URL_DYNAMODB").or_else(|| named("AWS_ENDPOINT_URL")) {
-        Some(url) => url,
-        None => format!(
-            "AWS, region {} (no AWS_ENDPOINT_URL_DYNAMODB: the account the credentials name)",
-            aws.region().map_or("unset", |region| region.as_ref())
-        ),
-    }
+    crate::environment::endpoint("AWS_ENDPOINT_URL_DYNAMODB", aws.region())
 }
 
 #[cfg(test)]

@@ -19,15 +19,41 @@ use sqs_once::store::{DynamoDbStore, TableLayout};
 /// is set (`qemu-aarch64` for the arm64 build on another machine).
 pub fn sqs_once_command() -> std::process::Command {
     let binary = std::env::var("SQS_ONCE_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sqs-once").to_owned());
-    match std::env::var("SQS_ONCE_TEST_RUNNER") {
+    let mut command = match std::env::var("SQS_ONCE_TEST_RUNNER") {
         Ok(runner) if !runner.is_empty() => {
             let mut command = std::process::Command::new(runner);
             command.arg(binary);
             command
         }
         _ => std::process::Command::new(binary),
+    };
+    for name in HARNESS {
+        command.env_remove(name);
     }
+    command
 }
+
+/// The test harness's own variables (the artifact and its runner, the
+/// emulator, the drains' sizes, the simulation's seeds): not the binary's
+/// settings, which would report each as one it does not know.
+pub const HARNESS: &[&str] = &[
+    "SQS_ONCE_TEST_BINARY",
+    "SQS_ONCE_TEST_RUNNER",
+    "SQS_ONCE_TEST_PYTHON",
+    "SQS_ONCE_RIE",
+    "SQS_ONCE_BIN",
+    "SQS_ONCE_FAULTS_KEYS",
+    "SQS_ONCE_FAULTS_RATE",
+    "SQS_ONCE_FAULTS_SEEDS",
+    "SQS_ONCE_FAULTS_KEEP",
+    "SQS_ONCE_FAULTS_TRACE",
+    "SQS_ONCE_SIM_SEED",
+    "SQS_ONCE_SIM_SEEDS",
+    "SQS_ONCE_SIM_TRACE",
+    "SQS_ONCE_SAM_CRATE",
+    "SQS_ONCE_SAM_IMAGE",
+    "SQS_ONCE_SAM_BUILT_CRATE",
+];
 
 /// The binary as a user runs it in `dir`, outside Lambda: claims in the
 /// file `dir/claims.db` unless the test chooses another store, the demo

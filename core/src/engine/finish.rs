@@ -124,8 +124,9 @@ impl Engine {
                 };
                 self.write_failure(record, lease, failure, progress).await
             }
-            Err(error @ (StoreError::Rejected(_) | StoreError::Unsupported(_))) => {
-                let reason = reason::capped(&format!("the staged writes cannot be committed: {error}")).into_owned();
+            // Not "claim store rejected the request": what refused is most often the handler's own table.
+            Err(StoreError::Rejected(why) | StoreError::Unsupported(why)) => {
+                let reason = reason::capped(&format!("the staged writes cannot be committed: {why}")).into_owned();
                 self.write_failure(record, lease, Failure::Permanent(reason), progress).await
             }
             // A run without a claim that staged nothing has no effect to lose: its completion is a completion.

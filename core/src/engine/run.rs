@@ -142,7 +142,10 @@ impl Engine {
             lock(&state.started)[slot].handler = None;
             let (record, step, claim_latency, permit) = match ran {
                 Ok(ran) => ran,
-                Err(error) if error.is_cancelled() => return RunResult::failed(Failure::Deadline),
+                // Cut off: it reports the time it had.
+                Err(error) if error.is_cancelled() => {
+                    return RunResult { duration: started.elapsed(), ..RunResult::failed(Failure::Deadline) };
+                }
                 Err(error) => return RunResult::failed(Failure::Panicked(error.to_string())),
             };
             let outcome = match step {

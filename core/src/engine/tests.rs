@@ -424,6 +424,9 @@ async fn a_handler_that_returned_is_reported_as_it_returned_when_its_write_is_la
     assert!(matches!(outcome(&report, "permanent"), Outcome::Failed(Failure::Permanent(_))));
     assert_eq!(outcome(&report, "slow"), &Outcome::Failed(Failure::Deadline));
     assert_eq!(failures(&report), ["permanent", "slow"]);
+    // Cut off, it reports the time it had: the batch's, up to its cut-off (900 ms), not 0.
+    let slow = report.records.iter().find(|record| record.message_id == "slow").unwrap();
+    assert!(slow.duration >= Duration::from_millis(800), "{:?}", slow.duration);
     let runs = log.runs();
     assert_eq!(runs.len(), 3, "every handler started once: {runs:?}");
 

@@ -234,6 +234,17 @@ impl Outbox {
             schedule.oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
             schedule.pass_oldest_ms = if passed { None } else { oldest };
         }
+        let leased = listed.iter().filter(|entry| !entry.is_due(now_ms)).map(|entry| entry.lease_until_ms);
+        let (held, held_until_ms) = leased.fold((0, 0), |(count, last), until| (count + 1, last.max(until)));
+        if held > 0 {
+            // Otherwise a sweep that sends nothing reads as one that failed.
+            tracing::info!(
+                entries = held,
+                leased_for_ms = held_until_ms.saturating_sub(now_ms),
+                "outbox: entries leased to another sender (the run that committed them, or a sweep) are left to it; \
+                 a sweep sends them once their leases end"
+            );
+        }
         let mut runs: BTreeMap<(String, String), Vec<OutboxEntry>> = BTreeMap::new();
         for entry in listed {
             let (claim, token) = entry.run();
