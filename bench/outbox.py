@@ -47,6 +47,35 @@ def sweep(env):
     return {"wall": run["wall"], "rss_mib": run["rss_mib"], "sent": json.loads(run["stdout"])["outboxSent"]}
 
 
+def committed_model(env, table):
+    """The outbox item of one ledger credit's notice, committed by the release binary with `env`."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as credit:
+        json.dump({"Records": [record("model-1", {"account": "a", "amount": 1})]}, credit)
+        credit.flush()
+        subprocess.run([BINARY, "invoke", credit.name], env=env, check=True, capture_output=True)
+    (model,) = DYNAMODB.scan(TableName=table, FilterExpression="attribute_exists(outbox)")["Items"]
+    return model
+
+
+def write_backlog(table, model, count, size, prefix="bench", to=None):
+    """`count` copies of the outbox item `model`, one run each, their leases ended, each body `size` bytes; ids
+    as the store writes them (a hashed key, a random token), after `prefix`; `to` = (old, new) moves their
+    destination."""
+    for start in range(0, count, 25):
+        requests = []
+        for n in range(start, min(start + 25, count)):
+            item = copy.deepcopy(model)
+            claim, token = f"{prefix}#{hashlib.sha256(str(n).encode()).hexdigest()}", os.urandom(16).hex()
+            run = f"{claim}#outbox#{token}#"
+            entry = json.loads(item["outbox"]["S"].replace(*to) if to else item["outbox"]["S"])
+            entry.update(id=run + "000", claim_id=claim, token=token, lease_until_ms=0)
+            item.update(id={"S": run + "000"}, open_status={"S": shard(run)}, token={"S": token},
+                        in_progress_expiration={"N": "0"}, outbox={"S": json.dumps(entry)},
+                        body={"S": json.dumps({"n": n, "padding": "x" * size})})
+            requests.append({"PutRequest": {"Item": item}})
+        DYNAMODB.batch_write_item(RequestItems={table: requests})
+
+
 def drain(queue_url):
     """The messages waiting in the queue, received and deleted."""
     received = []
@@ -75,31 +104,12 @@ def main():
     queue_url = f"{os.environ['AWS_ENDPOINT_URL_SQS']}/123456789012/{name}"
     env = settings(table, queue_url, ledger)
     # The model: one credit's notice, committed while its queue does not exist.
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as credit:
-        json.dump({"Records": [record("model-1", {"account": "a", "amount": 1})]}, credit)
-        credit.flush()
-        subprocess.run([BINARY, "invoke", credit.name], env=env, check=True, capture_output=True)
-    items = DYNAMODB.scan(TableName=table, FilterExpression="attribute_exists(outbox)")["Items"]
-    (model,) = items
+    model = committed_model(env, table)
     written = time.perf_counter()
     other = f"behind-{time.time_ns()}"
     other_url = SQS.create_queue(QueueName=other)["QueueUrl"]
-    for start in range(0, args.entries + args.behind, 25):
-        requests = []
-        for n in range(start, min(start + 25, args.entries + args.behind)):
-            item = copy.deepcopy(model)
-            # Ids as the store writes them: a hashed key, a random token; those behind the backlog sort after it.
-            prefix = "bench" if n < args.entries else "zz-behind"
-            claim, token = f"{prefix}#{hashlib.sha256(str(n).encode()).hexdigest()}", os.urandom(16).hex()
-            run = f"{claim}#outbox#{token}#"
-            entry = json.loads(item["outbox"]["S"].replace(queue_url, other_url) if n >= args.entries
-                               else item["outbox"]["S"])
-            entry.update(id=run + "000", claim_id=claim, token=token, lease_until_ms=0)
-            item.update(id={"S": run + "000"}, open_status={"S": shard(run)}, token={"S": token},
-                        in_progress_expiration={"N": "0"}, outbox={"S": json.dumps(entry)},
-                        body={"S": json.dumps({"n": n, "padding": "x" * args.bytes})})
-            requests.append({"PutRequest": {"Item": item}})
-        DYNAMODB.batch_write_item(RequestItems={table: requests})
+    write_backlog(table, model, args.entries, args.bytes)
+    write_backlog(table, model, args.behind, args.bytes, prefix="zz-behind", to=(queue_url, other_url))
     print(f"== {args.entries + args.behind} entries written in {time.perf_counter() - written:.0f} s",
           file=sys.stderr)
     # Every send of the backlog refused: its queue does not exist; those behind it go to a queue that does, each
