@@ -103,11 +103,11 @@ pub(super) struct SweepPasses {
     ended: Mutex<HashSet<String>>,
 }
 
-/// One shard's sweep page: its items, and the id the next page starts
-/// after (`None`: the page reached the shard's end).
+/// One shard's sweep page: the entries its items hold, and the id the next
+/// page starts after (`None`: the page reached the shard's end).
 struct SweepPage {
     shard: String,
-    items: Vec<Item>,
+    entries: Vec<OutboxEntry>,
     next: Option<String>,
 }
 
@@ -174,6 +174,14 @@ pub(super) fn lease_id(id: &str) -> String {
     format!("{id}{LEASE_SUFFIX}")
 }
 
+/// Those of `entries` that `query` asks for, oldest run first.
+fn oldest_first(mut entries: Vec<OutboxEntry>, query: &OutboxQuery) -> Vec<OutboxEntry> {
+    entries.retain(|entry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms)));
+    entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
+    entries.truncate(query.limit);
+    entries
+}
+
 /// A sending lease as its item holds it.
 struct SendingLease {
     token: String,
@@ -202,12 +210,14 @@ impl DynamoDbStore {
     /// a page of each shard of the index's `OUTBOX` partitions, from where
     /// the last sweep's ended; as much of the table when it has no index.
     pub(super) async fn outbox_sweep_part(&self, limit: usize) -> Result<SweepPart, StoreError> {
-        let (items, passed) = match self.sweep_pages().await? {
+        let (entries, passed) = match self.sweep_pages().await? {
             Some(pages) => pages,
-            None => self.sweep_scan(limit).await?,
+            None => {
+                let (items, passed) = self.sweep_scan(limit).await?;
+                (self.readable_entries(&items), passed)
+            }
         };
-        let entries = self.outbox_listing(Some(items), &OutboxQuery { due_at_ms: None, limit }).await?;
-        Ok(SweepPart::new(entries, passed))
+        Ok(SweepPart::new(oldest_first(entries, &OutboxQuery { due_at_ms: None, limit }), passed))
     }
 
     /// The outbox items of a part of a table without the index: up to as
@@ -316,12 +326,13 @@ impl DynamoDbStore {
         query: &OutboxQuery,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
         let items = self.outbox_items(listed).await?;
-        let mut entries: Vec<OutboxEntry> =
-            self.read_entries(&items).filter_map(|entry| entry.inspect_err(UnreadableEntry::skipped).ok()).collect();
-        entries.retain(|entry| query.due_at_ms.is_none_or(|now_ms| entry.is_due(now_ms)));
-        entries.sort_by(|left, right| (left.created_at_ms, &left.id).cmp(&(right.created_at_ms, &right.id)));
-        entries.truncate(query.limit);
-        Ok(entries)
+        Ok(oldest_first(self.readable_entries(&items), query))
+    }
+
+    /// The entries `items` hold that can be read; the others are skipped,
+    /// and logged.
+    fn readable_entries(&self, items: &[Item]) -> Vec<OutboxEntry> {
+        self.read_entries(items).filter_map(|entry| entry.inspect_err(UnreadableEntry::skipped).ok()).collect()
     }
 
     /// The outbox items `listed` from the index, or, when the table has no
@@ -354,17 +365,17 @@ impl DynamoDbStore {
     /// end since their last pass; `None` when the table has no index. The
     /// position goes on only once every page was read: a shard that failed
     /// is read again from where it was.
-    async fn sweep_pages(&self) -> Result<Option<(Vec<Item>, bool)>, StoreError> {
+    async fn sweep_pages(&self) -> Result<Option<(Vec<OutboxEntry>, bool)>, StoreError> {
         let positions = self.sweep_positions().await;
         let pages = outbox_partitions().map(|shard| {
             let after = positions.get(&shard).cloned();
             self.sweep_page(shard, after)
         });
         let pages: Vec<_> = futures::stream::iter(pages).buffer_unordered(8).collect().await;
-        let (mut items, mut next, mut ended) = (Vec::new(), HashMap::new(), Vec::new());
+        let (mut entries, mut next, mut ended) = (Vec::new(), HashMap::new(), Vec::new());
         for page in pages {
             let Some(page) = page? else { return Ok(None) };
-            items.extend(page.items);
+            entries.extend(page.entries);
             match page.next {
                 Some(after) => drop(next.insert(page.shard, after)),
                 None => ended.push(page.shard),
@@ -379,7 +390,7 @@ impl DynamoDbStore {
         if passed {
             passes.clear();
         }
-        Ok(Some((items, passed)))
+        Ok(Some((entries, passed)))
     }
 
     /// Where each shard's next sweep page starts, as the last sweep left
@@ -455,7 +466,9 @@ impl DynamoDbStore {
                 items.last().map(|item| format!("{}~", run_of(&id(item))))
             }
         };
-        Ok(Some(SweepPage { shard, items, next }))
+        // Read as each page arrives, its items dropped then: a sweep holds its part's entries, not every page's
+        // items beside them. A run's entries and their leases share its page.
+        Ok(Some(SweepPage { shard, entries: self.readable_entries(&items), next }))
     }
 
     /// Gives the entry's sending lease to `token`, if it still has the token
