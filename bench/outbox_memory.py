@@ -12,9 +12,11 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
-from driver import BINARY, ROOT, create_table, fmt, revision, summary, write_section
+from driver import (BINARY, ROOT, create_table, fmt, peak_rss_measured, read_peak_rss_mib, revision, summary,
+                    write_section)
 from outbox import DYNAMODB, SQS, committed_model, settings, sweep, write_backlog
 
 SECTION = "## The outbox's memory"
@@ -33,16 +35,19 @@ def warm(env, seconds):
     """`sqs-once poll` of an empty queue, sweeping every second, for `seconds`: its peak RSS and sweeps."""
     source = SQS.create_queue(QueueName=f"work-{time.time_ns()}")["QueueUrl"]
     env = dict(env, SQS_ONCE_OUTBOX_SWEEP_SECS="1")
-    process = subprocess.Popen([BINARY, "poll", "--queue-url", source, "--wait-secs", "1"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(seconds)
-    process.send_signal(signal.SIGTERM)
-    stderr = process.stderr.read().decode()
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"poll failed: {stderr[-2000:]}")
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
+        command = peak_rss_measured([BINARY, "poll", "--queue-url", source, "--wait-secs", "1"], rss.name)
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(seconds)
+        # The signal goes to poll itself, GNU time's child.
+        with open(f"/proc/{process.pid}/task/{process.pid}/children") as children:
+            os.kill(int(children.read().split()[0]), signal.SIGTERM)
+        stderr = process.stderr.read().decode()
+        if process.wait() != 0:
+            sys.exit(f"poll failed: {stderr[-2000:]}")
+        peak = read_peak_rss_mib(rss.name)
     sweeps = len(re.findall(r"outbox: sending entries left unsent", stderr))
-    return usage.ru_maxrss / 1024, sweeps
+    return peak, sweeps
 
 
 def main():
