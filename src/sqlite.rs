@@ -258,17 +258,27 @@ impl OutboxStore for SqliteStore {
         Ok(rows.into_iter().filter_map(|row| row.read().err()).take(limit).collect())
     }
 
-    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
-        let (id, seen, token) = (entry.id.clone(), entry.token.clone(), token.to_owned());
+    async fn take_entry(
+        &self,
+        entry: &OutboxEntry,
+        token: &str,
+        lease_until_ms: u64,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
+        let (id, seen, new) = (entry.id.clone(), entry.token.clone(), token.to_owned());
         let changed = self
             .with_connection(move |connection| {
                 connection.execute(
                     "UPDATE outbox SET token = ?1, lease_until = ?2 WHERE id = ?3 AND token = ?4",
-                    params![token, lease_until_ms, id, seen],
+                    params![new, lease_until_ms, id, seen],
                 )
             })
             .await?;
-        Ok(fenced(changed))
+        // Its listing read the entry whole.
+        Ok((fenced(changed) == Fenced::Applied).then(|| OutboxEntry {
+            token: token.to_owned(),
+            lease_until_ms,
+            ..entry.clone()
+        }))
     }
 
     async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {

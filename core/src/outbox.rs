@@ -444,7 +444,7 @@ mod tests {
             entry: &OutboxEntry,
             token: &str,
             lease_until_ms: u64,
-        ) -> Result<Fenced, StoreError> {
+        ) -> Result<Option<OutboxEntry>, StoreError> {
             self.inner.take_entry(entry, token, lease_until_ms).await
         }
         async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
@@ -603,8 +603,13 @@ mod tests {
         async fn sweep_part(&self, _limit: usize) -> Result<SweepPart, StoreError> {
             Ok(self.0.lock().unwrap().pop_front().unwrap_or_default())
         }
-        async fn take_entry(&self, _entry: &OutboxEntry, _token: &str, _until_ms: u64) -> Result<Fenced, StoreError> {
-            Ok(Fenced::Refused)
+        async fn take_entry(
+            &self,
+            _entry: &OutboxEntry,
+            _token: &str,
+            _until_ms: u64,
+        ) -> Result<Option<OutboxEntry>, StoreError> {
+            Ok(None)
         }
         async fn entry_sent(&self, _id: &str, _token: &str) -> Result<Fenced, StoreError> {
             Ok(Fenced::Applied)

@@ -419,7 +419,10 @@ pub trait OutboxStore: Send + Sync {
     /// whose outbox may grow beyond what a process holds reads a bounded
     /// part of it, going on where the last sweep's part ended, so that
     /// entries that cannot be sent do not hide the others (the DynamoDB
-    /// store does). By default, [`entries`](Self::entries).
+    /// store does). Its entries may leave their messages' bodies out (the
+    /// DynamoDB store's do): a sweep sends the entry
+    /// [`take_entry`](Self::take_entry) gives it, whole. By default,
+    /// [`entries`](Self::entries).
     async fn sweep_listing(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
         self.entries(&OutboxQuery { due_at_ms: None, limit }).await
     }
@@ -454,13 +457,23 @@ pub trait OutboxStore: Send + Sync {
     }
 
     /// Gives `entry`'s sending lease to `token` until `lease_until_ms`, if
-    /// the entry is still there under the token it was listed with.
+    /// the entry is still there under the token it was listed with, and
+    /// returns the entry as taken: its message whole (a listing may have left
+    /// its body out) under the new lease. `None` when it is not: another
+    /// sender took it, or it was sent and deleted.
     ///
     /// Taken over again and again while its destination refuses it, an
     /// entry should cost what its lease costs, not its message: the DynamoDB
     /// store writes the lease to an item of its own rather than rewrite the
-    /// entry, which DynamoDB would charge by the whole item's size.
-    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError>;
+    /// entry, which DynamoDB would charge by the whole item's size, and reads
+    /// the message then, so that a sweep holds the bodies of the entries it
+    /// sends, not of every entry it lists.
+    async fn take_entry(
+        &self,
+        entry: &OutboxEntry,
+        token: &str,
+        lease_until_ms: u64,
+    ) -> Result<Option<OutboxEntry>, StoreError>;
 
     /// Deletes the sent entry `id`, if it is still leased to `token` or
     /// `token` is the committing run's ([`OutboxEntry::committing_token`]),

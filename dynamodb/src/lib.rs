@@ -331,7 +331,12 @@ impl OutboxStore for DynamoDbStore {
         Ok(self.get_item(id).await?.is_some_and(|item| outbox::is_outbox(&item)))
     }
 
-    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+    async fn take_entry(
+        &self,
+        entry: &OutboxEntry,
+        token: &str,
+        lease_until_ms: u64,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
         self.take_outbox_entry(entry, token, lease_until_ms).await
     }
 

@@ -70,6 +70,13 @@ const LEASE_OF: &str = "outbox_lease_of";
 /// meanwhile goes by itself. Listings ignore a lease without its entry.
 const LEASE_ITEM_KEPT_S: u64 = 24 * 3600;
 
+/// What a sweep's listing reads of an entry's item, and of a lease's:
+/// every attribute that choosing what to send needs, not the message's body
+/// ([`OUTBOX_BODY`]), which the take reads ([`DynamoDbStore::take_outbox_entry`]).
+/// A sweep then holds the bodies of the entries it is sending, not those of
+/// every entry of its part (16 MB of them, of a backlog of 100 KB messages).
+const SWEEP_LISTED: &str = "#listed_id, #listed_token, #listed_lease, #listed_outbox, #listed_of";
+
 /// Every [`OPEN_STATUS`] value of outbox entries.
 fn outbox_partitions() -> impl Iterator<Item = String> {
     (0..OPEN_SHARDS).map(|shard| shard_of(OUTBOX_STATUS, shard))
@@ -118,6 +125,17 @@ pub(super) fn run_of(id: &str) -> &str {
 }
 
 impl TableLayout {
+    /// The attribute names [`SWEEP_LISTED`] stands for.
+    fn sweep_listed_names(&self) -> [(&'static str, &str); 5] {
+        [
+            ("#listed_id", &self.attributes.id),
+            ("#listed_token", TOKEN),
+            ("#listed_lease", &self.attributes.lease),
+            ("#listed_outbox", OUTBOX),
+            ("#listed_of", LEASE_OF),
+        ]
+    }
+
     /// The item that stores an outbox entry: no status and no expiry (the
     /// table's TTL never deletes an unsent message), in the open-claims
     /// index under `OUTBOX#<shard>`. The message's body is an attribute of
@@ -238,18 +256,20 @@ impl DynamoDbStore {
             if left == 0 {
                 break;
             }
-            let page = self
+            let mut scan = self
                 .client
                 .scan()
                 .table_name(&self.layout.table)
                 .filter_expression("attribute_exists(#outbox) OR attribute_exists(#lease_of)")
                 .expression_attribute_names("#outbox", OUTBOX)
                 .expression_attribute_names("#lease_of", LEASE_OF)
+                .projection_expression(SWEEP_LISTED)
                 .set_exclusive_start_key(start.take())
-                .limit(left)
-                .send()
-                .await
-                .map_err(unavailable)?;
+                .limit(left);
+            for (name, attribute) in self.layout.sweep_listed_names() {
+                scan = scan.expression_attribute_names(name, attribute);
+            }
+            let page = scan.send().await.map_err(unavailable)?;
             items.extend(page.items.unwrap_or_default());
             start = page.last_evaluated_key;
             if start.is_none() {
@@ -438,7 +458,11 @@ impl DynamoDbStore {
             .index_name(OPEN_INDEX)
             .expression_attribute_names("#open", OPEN_STATUS)
             .expression_attribute_values(":shard", s(&shard))
+            .projection_expression(SWEEP_LISTED)
             .limit(SWEEP_PAGE);
+        for (name, attribute) in self.layout.sweep_listed_names() {
+            request = request.expression_attribute_names(name, attribute);
+        }
         request = match &after {
             Some(after) => request
                 .key_condition_expression("#open = :shard AND #id > :after")
@@ -473,14 +497,15 @@ impl DynamoDbStore {
 
     /// Gives the entry's sending lease to `token`, if it still has the token
     /// it was listed with: writes the lease's item, never the entry. The
-    /// entry is then read, consistently: one sent and deleted since it was
-    /// listed (which the index shows late) is not sent again.
+    /// entry is then read, consistently, and returned whole under the new
+    /// lease (a sweep's listing leaves the body out): one sent and deleted
+    /// since it was listed (which the index shows late) is not sent again.
     pub(super) async fn take_outbox_entry(
         &self,
         entry: &OutboxEntry,
         token: &str,
         lease_until_ms: u64,
-    ) -> Result<Fenced, StoreError> {
+    ) -> Result<Option<OutboxEntry>, StoreError> {
         let result = self
             .client
             .update_item()
@@ -502,13 +527,14 @@ impl DynamoDbStore {
             .send()
             .await;
         if let Conditional::Refused(_) = conditional(result)? {
-            return Ok(Fenced::Refused);
+            return Ok(None);
         }
-        if self.get_item(&entry.id).await?.is_some_and(|item| is_outbox(&item)) {
-            return Ok(Fenced::Applied);
+        if let Some(item) = self.get_item(&entry.id).await?.filter(is_outbox) {
+            let taken = self.layout.read_outbox(&item)?;
+            return Ok(Some(OutboxEntry { token: token.to_owned(), lease_until_ms, ..taken }));
         }
         self.release_lease(&entry.id, token).await?;
-        Ok(Fenced::Refused)
+        Ok(None)
     }
 
     /// Deletes the sent entry `id` if `token` holds its sending lease or

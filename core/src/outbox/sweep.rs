@@ -34,7 +34,7 @@ use super::{Outbox, OutboxEntry, SENDING_LEASE, SendWindow};
 use crate::{
     clock::duration_ms,
     lock::lock,
-    store::{Fenced, StoreError, SweepPart, new_token},
+    store::{StoreError, SweepPart, new_token},
 };
 
 /// Entries read per sweep at most; the rest wait for the next: as many as
@@ -304,8 +304,8 @@ impl Outbox {
             let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
             let token = new_token();
             let taken = match self.store.take_entry(&entry, &token, lease_until_ms).await {
-                Ok(Fenced::Applied) => OutboxEntry { token, lease_until_ms, ..entry },
-                Ok(Fenced::Refused) => break,
+                Ok(Some(taken)) => taken,
+                Ok(None) => break,
                 Err(error) => {
                     tracing::warn!(id = %entry.id, %error, "outbox: cannot take the entry over; the next sweep tries again");
                     break;

@@ -311,7 +311,12 @@ impl OutboxStore for Link {
         self.call(call, move |table| Ok(table.entries(&query, lag_ms))).await
     }
 
-    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+    async fn take_entry(
+        &self,
+        entry: &OutboxEntry,
+        token: &str,
+        lease_until_ms: u64,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
         let call = Call { name: "take", about: &entry.message.body, fence: None, deletes: None };
         let (entry, token) = (entry.clone(), token.to_owned());
         self.call(call, move |table| table.take_entry(&entry, &token, lease_until_ms).now()).await

@@ -261,11 +261,15 @@ impl OutboxStore for Table {
         Ok(Table::entries(self, query, 0))
     }
 
-    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+    async fn take_entry(
+        &self,
+        entry: &OutboxEntry,
+        token: &str,
+        lease_until_ms: u64,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
         let taken = self.items.take_entry(entry, token, lease_until_ms).await?;
-        if taken == Fenced::Applied {
-            let leased = OutboxEntry { token: token.to_owned(), lease_until_ms, ..entry.clone() };
-            self.version(&entry.id, Some(leased));
+        if let Some(leased) = &taken {
+            self.version(&entry.id, Some(leased.clone()));
         }
         Ok(taken)
     }

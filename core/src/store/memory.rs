@@ -198,15 +198,20 @@ impl OutboxStore for MemoryStore {
         Ok(entries)
     }
 
-    async fn take_entry(&self, entry: &OutboxEntry, token: &str, lease_until_ms: u64) -> Result<Fenced, StoreError> {
+    async fn take_entry(
+        &self,
+        entry: &OutboxEntry,
+        token: &str,
+        lease_until_ms: u64,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
         let mut state = self.state();
         Ok(match state.outbox.get_mut(&entry.id) {
             Some(stored) if stored.token == entry.token => {
                 stored.token = token.to_owned();
                 stored.lease_until_ms = lease_until_ms;
-                Fenced::Applied
+                Some(stored.clone())
             }
-            _ => Fenced::Refused,
+            _ => None,
         })
     }
 

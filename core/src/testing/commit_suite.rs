@@ -327,15 +327,17 @@ pub async fn outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder(
     assert_eq!(entries.len(), 2, "due once the lease has ended");
     let (first, second) = (&entries[0], &entries[1]);
     let until = m.clock.now_ms() + 30_000;
-    assert_eq!(m.outbox().take_entry(first, "sweeper-1", until).await.unwrap(), Fenced::Applied);
-    assert_eq!(m.outbox().take_entry(first, "sweeper-2", until).await.unwrap(), Fenced::Refused, "taken already");
+    let taken = m.outbox().take_entry(first, "sweeper-1", until).await.unwrap();
+    let expected = OutboxEntry { token: "sweeper-1".into(), lease_until_ms: until, ..first.clone() };
+    assert_eq!(taken, Some(expected), "the entry as taken: its message whole, under the new lease");
+    assert_eq!(m.outbox().take_entry(first, "sweeper-2", until).await.unwrap(), None, "taken already");
     let listed = ours(m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap());
     assert_eq!((listed[0].token.as_str(), listed[0].lease_until_ms), ("sweeper-1", until), "listed under its lease");
     assert_eq!(m.outbox().entry_sent(&first.id, "sweeper-2").await.unwrap(), Fenced::Refused, "not its holder");
     assert_eq!(m.outbox().entry_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied);
     assert_eq!(m.outbox().entry_sent(&first.id, "sweeper-1").await.unwrap(), Fenced::Applied, "gone counts as deleted");
     // The committing run deletes what it sent, taken over since or not; the sweeper's lease goes with it.
-    assert_eq!(m.outbox().take_entry(second, "sweeper-3", until).await.unwrap(), Fenced::Applied);
+    assert!(m.outbox().take_entry(second, "sweeper-3", until).await.unwrap().is_some());
     assert_eq!(m.outbox().entry_sent(&second.id, &lease.token).await.unwrap(), Fenced::Applied);
     assert!(ours(m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap()).is_empty());
     assert_eq!(m.outbox().entry_sent(&second.id, "sweeper-3").await.unwrap(), Fenced::Applied, "gone");
