@@ -450,13 +450,12 @@ impl Env<'_> {
             bucket: self.text("SQS_ONCE_LARGE_PAYLOAD_BUCKET").map(|bucket| bucket.trim().to_owned()),
             threshold: self.parse("SQS_ONCE_LARGE_PAYLOAD_THRESHOLD", defaults.threshold, "a number of bytes")?,
         };
-        let room = options.max_bytes.saturating_mul(crate::payload::COPIES_HELD);
-        if options.memory < room {
+        if options.memory < options.max_bytes {
             return Err(self.invalid(
                 "SQS_ONCE_LARGE_PAYLOAD_MEMORY",
                 format!(
-                    "at least twice SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES ({room}): room for the largest payload, which a \
-                     record holds twice while it runs"
+                    "at least SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES ({}): room for the largest payload",
+                    options.max_bytes
                 ),
             ));
         }
@@ -739,6 +738,8 @@ mod tests {
         assert_eq!(payloads, defaults);
         let error = config(&[("SQS_ONCE_LARGE_PAYLOAD_MEMORY", "1048576")]).unwrap_err();
         assert_eq!(error.name, "SQS_ONCE_LARGE_PAYLOAD_MEMORY", "no room for a payload of the largest size");
+        let room = config(&[("SQS_ONCE_LARGE_PAYLOAD_MEMORY", "16777216")]).unwrap().engine.payloads;
+        assert_eq!(room.memory, room.max_bytes, "a payload is held once: room for one of the largest will do");
         let error = config(&[("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "0")]).unwrap_err();
         assert_eq!(
             error.to_string(),

@@ -130,7 +130,7 @@ mod waiting;
 
 pub use consumer::Consumer;
 pub use sqs_once_core::{
-    BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, Record, envelope, event, handler_fn,
+    Body, BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, Record, envelope, event, handler_fn,
     outbox, report, transaction,
 };
 #[cfg(feature = "testing")]

@@ -8,10 +8,12 @@
 //! (redelivery, the dead-letter queue) keeps the message as it arrived, so a
 //! message moved to the dead-letter queue can be driven back unchanged.
 
-use std::{borrow::Cow, collections::HashMap, fmt, str::FromStr, sync::Arc};
+use std::{collections::HashMap, fmt, ops::Deref, str::FromStr, sync::Arc};
 
 use aws_lambda_events::sqs::SqsMessage;
 use serde::Deserialize;
+
+use crate::body::Body;
 use serde_json::value::RawValue;
 
 /// Which envelope message bodies arrive in (`SQS_ONCE_ENVELOPE`).
@@ -125,6 +127,40 @@ pub(crate) struct InvalidEnvelope {
     reason: String,
 }
 
+/// The publisher's message as the engine holds it: borrowed from the event,
+/// or a text of its own (an SNS notification's `Message`, a payload read
+/// from S3) that the handler's [`Record::body`](crate::Record) shares rather
+/// than copies.
+#[derive(Debug, Clone)]
+pub(crate) enum Text<'m> {
+    /// A part of the event as SQS delivered it.
+    Delivered(&'m str),
+    /// A text read from elsewhere.
+    Read(Body),
+}
+
+impl Text<'_> {
+    /// The text as a record's body: shared when it was read, a copy of the
+    /// event's part otherwise.
+    pub(crate) fn body(&self) -> Body {
+        match self {
+            Self::Delivered(text) => Body::from(*text),
+            Self::Read(text) => text.clone(),
+        }
+    }
+}
+
+impl Deref for Text<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            Self::Delivered(text) => text,
+            Self::Read(text) => text,
+        }
+    }
+}
+
 /// An SQS message with its envelope opened: the view that keys, payload
 /// validation, logs and the handler read.
 #[derive(Debug, Clone)]
@@ -132,7 +168,7 @@ pub(crate) struct Opened<'m> {
     /// The message as SQS delivered it, shared with the handler's [`Record`](crate::Record).
     pub(crate) message: &'m Arc<SqsMessage>,
     /// The publisher's message: the body, or what the envelope wraps.
-    pub(crate) body: Cow<'m, str>,
+    pub(crate) body: Text<'m>,
     /// The envelope's fields, when there is an envelope.
     pub(crate) envelope: Option<Envelope>,
 }
@@ -151,11 +187,11 @@ impl<'m> Opened<'m> {
                         reason: format!("its Type is `{}`", wire.kind),
                     });
                 }
-                (Cow::Owned(wire.message), Envelope::Sns(wire.notification))
+                (Text::Read(Body::from(wire.message)), Envelope::Sns(wire.notification))
             }
             EnvelopeKind::EventBridge => {
                 let wire: EventBridgeWire<'m> = parse(text, EVENTBRIDGE_EVENT)?;
-                (Cow::Borrowed(wire.detail.get()), Envelope::EventBridge(wire.event))
+                (Text::Delivered(wire.detail.get()), Envelope::EventBridge(wire.event))
             }
         };
         Ok(Self { message, body, envelope: Some(envelope) })
@@ -163,7 +199,7 @@ impl<'m> Opened<'m> {
 
     /// `message` as it is, with no envelope.
     pub(crate) fn plain(message: &'m Arc<SqsMessage>) -> Self {
-        Self { message, body: Cow::Borrowed(message.body.as_deref().unwrap_or_default()), envelope: None }
+        Self { message, body: Text::Delivered(message.body.as_deref().unwrap_or_default()), envelope: None }
     }
 }
 
@@ -230,7 +266,7 @@ mod tests {
     fn an_sns_notification_opens_to_its_message_and_fields() {
         let message = message(sns(r#"{"order_id":"o-77"}"#));
         let opened = Opened::new(&message, EnvelopeKind::Sns).unwrap();
-        assert_eq!(opened.body, r#"{"order_id":"o-77"}"#);
+        assert_eq!(&*opened.body, r#"{"order_id":"o-77"}"#);
         let Some(Envelope::Sns(notification)) = opened.envelope else { panic!("no SNS envelope") };
         assert_eq!(notification.topic_arn, "arn:aws:sns:us-east-1:123456789012:orders");
         assert_eq!(notification.subject.as_deref(), Some("order"));
@@ -246,7 +282,7 @@ mod tests {
         message.body = Some(body.into());
         let message = Arc::new(message);
         let opened = Opened::new(&message, EnvelopeKind::EventBridge).unwrap();
-        assert_eq!(opened.body, r#"{"z":1, "order_id":"o-77"}"#, "detail kept byte for byte");
+        assert_eq!(&*opened.body, r#"{"z":1, "order_id":"o-77"}"#, "detail kept byte for byte");
         let Some(Envelope::EventBridge(event)) = opened.envelope else { panic!("no EventBridge envelope") };
         assert_eq!(
             (event.id.as_str(), event.source.as_str(), event.detail_type.as_str()),
@@ -276,7 +312,7 @@ mod tests {
     fn without_an_envelope_the_body_is_borrowed_as_it_is() {
         let message = message(sns("x"));
         let opened = Opened::new(&message, EnvelopeKind::None).unwrap();
-        assert!(matches!(opened.body, Cow::Borrowed(_)));
+        assert!(matches!(opened.body, Text::Delivered(_)));
         assert!(opened.envelope.is_none());
     }
 
@@ -295,11 +331,11 @@ mod tests {
 
         let message = Arc::new(message);
         let opened = Opened::new(&message, EnvelopeKind::Sns).unwrap();
-        assert_eq!(opened.body, r#"{"order_id":"o-77"}"#);
+        assert_eq!(&*opened.body, r#"{"order_id":"o-77"}"#);
         assert!(matches!(&opened.envelope, Some(Envelope::Sns(sns)) if sns.message_id == "sns-1"));
 
         // Without an envelope the body is the message itself.
-        assert_eq!(Opened::plain(&message).body, message.body.as_deref().unwrap());
+        assert_eq!(&*Opened::plain(&message).body, message.body.as_deref().unwrap());
     }
 
     #[test]

@@ -28,6 +28,7 @@ compile_error!(
 #[cfg(feature = "aws")]
 #[doc(hidden)]
 pub mod aws;
+mod body;
 #[doc(hidden)]
 pub mod budget;
 #[doc(hidden)]
@@ -61,5 +62,6 @@ pub mod testing;
 pub mod trace;
 pub mod transaction;
 
+pub use body::Body;
 pub use handler::{BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
 pub use record::Record;

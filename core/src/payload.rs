@@ -242,13 +242,6 @@ impl Offload {
     }
 }
 
-/// How many copies of a payload the engine holds while its record runs (as
-/// read, for the key, the checks and the logs, and as the body of the
-/// record the handler is given), each counted against
-/// `SQS_ONCE_LARGE_PAYLOAD_MEMORY`.
-#[doc(hidden)]
-pub const COPIES_HELD: u64 = 2;
-
 /// The largest payload read unless `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES` says
 /// otherwise.
 pub(crate) const DEFAULT_MAX_BYTES: u64 = 16 * 1024 * 1024;

@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::{
+    body::Body,
     envelope::{Envelope, Opened},
     handler::HandlerError,
     transaction::Transaction,
@@ -24,8 +25,9 @@ pub struct Record {
     pub message_id: String,
     /// The message body as text (empty when the event carried none); with an
     /// envelope, the message inside it (SNS's `Message`, EventBridge's
-    /// `detail`).
-    pub body: String,
+    /// `detail`); for a message that points to S3, the payload read there.
+    /// Shared, not copied (see [`Body`]).
+    pub body: Body,
     /// The envelope the message arrived in, when one is configured.
     pub envelope: Option<Envelope>,
     /// The key this record was claimed under, as stored (prefixed, and hashed
@@ -57,7 +59,7 @@ impl Record {
         let message = opened.message;
         Self {
             message_id: message.message_id.clone().unwrap_or_default(),
-            body: opened.body.clone().into_owned(),
+            body: opened.body.body(),
             envelope: opened.envelope.clone(),
             key,
             receive_count: receive_count(message),

@@ -12,8 +12,9 @@ use tokio::{
 
 use super::Engine;
 use crate::{
+    body::Body,
     clock::duration_ms,
-    envelope::Opened,
+    envelope::{Opened, Text},
     payload::{PayloadError, PayloadPointer, declared_size},
     report::{BatchReport, Failure, Outcome},
 };
@@ -35,11 +36,10 @@ impl PayloadMemory {
 
     /// Room for a payload of `bytes` more, held until the permit is
     /// dropped; `None` when the payloads held already leave too little. A
-    /// payload is held twice while its record runs, and counted so: as read,
-    /// for the key, the checks and the logs, and as the body of the record
-    /// the handler is given.
+    /// payload is held once: the key, the checks, the logs and the handler's
+    /// record all read the buffer it was read into.
     fn hold(&self, bytes: u64) -> Option<OwnedSemaphorePermit> {
-        let kib = u32::try_from(bytes.saturating_mul(crate::payload::COPIES_HELD).div_ceil(1024)).unwrap_or(u32::MAX);
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
         Arc::clone(&self.kib).try_acquire_many_owned(kib).ok()
     }
 }
@@ -91,7 +91,7 @@ impl Engine {
             .zip(read)
             .map(|(opened, read)| match (opened, read?) {
                 (Ok(message), Ok((fetched, payload))) => {
-                    message.body = payload.into();
+                    message.body = Text::Read(Body::from(payload));
                     Some(fetched)
                 }
                 (opened, Err(failure)) => {

@@ -77,7 +77,7 @@ impl Engine {
         let (run, leader) = {
             let mut runs = lock(runs);
             match runs.get(&key) {
-                Some((_, first_body)) if validate && *first_body != message.body => {
+                Some((_, first_body)) if validate && *first_body != &*message.body => {
                     return (Some(key), RunResult::failed(Failure::PayloadMismatch));
                 }
                 Some((run, _)) => (run.clone(), false),

@@ -362,7 +362,7 @@ async fn with_payload_validation_an_in_batch_duplicate_with_another_body_fails()
 
 /// Remembers the body and envelope of every record it runs.
 #[derive(Default)]
-struct Remembers(Mutex<Vec<(String, Option<Envelope>)>>);
+struct Remembers(Mutex<Vec<(crate::Body, Option<Envelope>)>>);
 
 impl Handler for Remembers {
     async fn handle(&self, record: &Record) -> HandlerResult {
