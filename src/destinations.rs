@@ -66,13 +66,17 @@ struct Clients {
 }
 
 impl Clients {
+    /// Clients that send with `config`, each send one attempt for as long as
+    /// the operation may take ([`crate::aws::sending`]): a send cut off by an
+    /// attempt's timeout may have landed, and is not sent again at once.
     fn new(config: &SdkConfig) -> Self {
+        let config = crate::aws::sending(config);
         Self {
-            sqs: Sqs::new(config),
+            sqs: Sqs::new(&config),
             #[cfg(feature = "sns")]
-            sns: aws_sdk_sns::Client::new(config),
+            sns: aws_sdk_sns::Client::new(&config),
             #[cfg(feature = "eventbridge")]
-            eventbridge: aws_sdk_eventbridge::Client::new(config),
+            eventbridge: aws_sdk_eventbridge::Client::new(&config),
         }
     }
 }

@@ -4,7 +4,10 @@
 //! delivering to queues), each carrying its outbox id where a receiver can
 //! key on it.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use aws_sdk_sqs::types::Message as SqsMessage;
 use serde_json::{Value, json};
@@ -13,7 +16,10 @@ use sqs_once::{
     config::Config,
     consumer::{Consumer, Invocation},
     event::parse_event,
-    handler_fn, testing,
+    handler_fn,
+    outbox::OutboxQuery,
+    store::{ClaimStore, MemoryStore},
+    testing,
     transaction::{Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD},
 };
 use testkit::sqs::Queue;
@@ -132,4 +138,53 @@ async fn messages_reach_queues_topics_and_buses_with_their_outbox_id() {
     ]
     .into();
     assert_eq!(ids.len(), 4);
+}
+
+/// Service settings that read no environment variable.
+#[derive(Debug)]
+struct NoEnvironment;
+
+impl aws_types::service_config::LoadServiceConfig for NoEnvironment {
+    fn load_config(&self, _key: aws_types::service_config::ServiceConfigKey<'_>) -> Option<String> {
+        None
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_slower_than_an_attempt_gets_each_message_once() {
+    // A queue whose requests take 3 s, past the SDK's 2 s attempt: a send the attempt's timeout cut off had landed,
+    // and each retry landed again (three copies a send, never confirmed, sent again by every sweep).
+    let queue = Queue::create(false, 30).await;
+    let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the SQS server");
+    let slow = testkit::delay::DelayProxy::slow_service(&endpoint, Duration::from_secs(3)).await.unwrap();
+    // The environment's AWS_ENDPOINT_URL_SQS would win over the configuration's endpoint.
+    let sdk = testkit::aws_config().await.to_builder().service_config(NoEnvironment).endpoint_url(&slow.url).build();
+    let handler = handler_fn({
+        let url = queue.url().to_owned();
+        move |record: Record| {
+            let url = url.clone();
+            async move {
+                record.transaction().send(Message::sqs(url, "slow"))?;
+                Ok(None)
+            }
+        }
+    });
+    let config = Config::from_lookup(|name| match name {
+        "SQS_ONCE_STORE" => Some("memory".to_owned()),
+        _ => std::env::var(name).ok(),
+    })
+    .unwrap();
+    let store = Arc::new(MemoryStore::default());
+    let claims: Arc<dyn ClaimStore> = store.clone();
+    let consumer = Consumer::builder().config(config).sdk_config(sdk).store(claims).build(handler).await.unwrap();
+    let started = std::time::Instant::now();
+    process(&consumer, "paid").await;
+    assert!(started.elapsed() >= Duration::from_secs(3), "the run's own send answered: {:?}", started.elapsed());
+    // Every copy a retry could have sent has landed by now.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let sent = queue.drain().await;
+    assert_eq!(sent.iter().map(|message| message.body()).collect::<Vec<_>>(), [Some("slow")], "sent once");
+    let outbox = store.outbox().expect("the memory store keeps an outbox");
+    let left = outbox.entries(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap();
+    assert!(left.is_empty(), "sent, so deleted: {left:?}");
 }

@@ -91,6 +91,29 @@ pub fn filled(given: Option<&TimeoutConfig>) -> TimeoutConfig {
     timeouts.build()
 }
 
+/// `config` for the clients that send messages (the outbox's
+/// destinations), with its timeouts filled in as [`with_limits`] fills
+/// them, and one attempt allowed the whole operation: an attempt cut off by
+/// its timeout may have delivered its message, and the SDK's retry would
+/// deliver it again. A destination slower than an attempt (3 s a request
+/// against the 2 s attempt) so received each message three times a send,
+/// and, the send never confirmed, three times again at every sweep. Retries
+/// stay for the answers that say the message was not taken (throttling, a
+/// server error) and for connections that could not be made.
+pub fn sending(config: &SdkConfig) -> SdkConfig {
+    let timeouts = filled(config.timeout_config());
+    let mut one_attempt = TimeoutConfig::builder().operation_attempt_timeout(operation_timeout(Some(&timeouts)));
+    if let Some(connect) = timeouts.connect_timeout() {
+        one_attempt = one_attempt.connect_timeout(connect);
+    }
+    if let Some(read) = timeouts.read_timeout() {
+        one_attempt = one_attempt.read_timeout(read);
+    }
+    let mut sending = config.to_builder();
+    sending.set_timeout_config(Some(one_attempt.operation_timeout(operation_timeout(Some(&timeouts))).build()));
+    sending.build()
+}
+
 /// The operation timeout of clients made with `timeouts` (after
 /// [`filled`], always one): how long one of their requests may take,
 /// retries included.
@@ -176,6 +199,19 @@ mod tests {
         assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
         let disabled = with_limits(&loaded(Some(TimeoutConfig::disabled())).await);
         assert_eq!(disabled.timeout_config().unwrap().operation_timeout(), Some(OPERATION_TIMEOUT));
+    }
+
+    #[tokio::test]
+    async fn a_sending_client_takes_one_attempt_for_its_whole_operation() {
+        for given in [loaded(None).await, with_limits(&loaded(None).await)] {
+            let timeouts = sending(&given).timeout_config().cloned().unwrap();
+            assert_eq!(timeouts.operation_timeout(), Some(OPERATION_TIMEOUT));
+            assert_eq!(timeouts.operation_attempt_timeout(), Some(OPERATION_TIMEOUT));
+            assert_eq!(timeouts.connect_timeout(), Some(Duration::from_millis(3100)));
+        }
+        let own = loaded(Some(TimeoutConfig::builder().operation_timeout(Duration::from_secs(4)).build())).await;
+        let timeouts = sending(&own).timeout_config().cloned().unwrap();
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(Duration::from_secs(4)), "the program's operation");
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! trip after they were sent, in each direction, and whose connections cost
 //! a round trip before their first byte gets through, as a TCP handshake
 //! does. Bandwidth is not limited and nothing is lost: what a client meets
-//! is the latency of an AWS endpoint that is not on its own machine.
+//! is the latency of an AWS endpoint that is not on its own machine. Or a
+//! slow service: what it is sent lands a while after it was sent (its
+//! answers come at once), as with a destination that takes seconds a
+//! request.
 
 use std::{
     sync::{
@@ -35,6 +38,18 @@ impl DelayProxy {
     /// A proxy in front of `upstream` (`http://host:port` or `host:port`)
     /// with `round_trip` between a client and it.
     pub async fn start(upstream: &str, round_trip: Duration) -> std::io::Result<Self> {
+        let half = round_trip / 2;
+        Self::with(upstream, Delays { request: half, answer: half, handshake: round_trip }).await
+    }
+
+    /// A proxy in front of `upstream` through which each request takes
+    /// `per_request`: its bytes land that long after they were sent; answers
+    /// and connections take no time.
+    pub async fn slow_service(upstream: &str, per_request: Duration) -> std::io::Result<Self> {
+        Self::with(upstream, Delays { request: per_request, answer: Duration::ZERO, handshake: Duration::ZERO }).await
+    }
+
+    async fn with(upstream: &str, delays: Delays) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let upstream = upstream.trim_start_matches("http://").trim_end_matches('/').to_owned();
@@ -43,26 +58,36 @@ impl DelayProxy {
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve(client, upstream.clone(), round_trip));
+                tokio::spawn(serve(client, upstream.clone(), delays));
             }
         });
         Ok(Self { url, connections })
     }
 }
 
+/// How long bytes take through the proxy.
+#[derive(Debug, Clone, Copy)]
+struct Delays {
+    /// From the client to the upstream.
+    request: Duration,
+    /// From the upstream to the client.
+    answer: Duration,
+    /// Before a connection's first byte from the client gets through.
+    handshake: Duration,
+}
+
 /// Carries one connection both ways; the client's first bytes wait for the
-/// handshake's round trip.
-async fn serve(client: TcpStream, upstream: String, round_trip: Duration) {
-    let handshake_done = Instant::now() + round_trip;
+/// handshake.
+async fn serve(client: TcpStream, upstream: String, delays: Delays) {
+    let handshake_done = Instant::now() + delays.handshake;
     let Ok(server) = TcpStream::connect(&upstream).await else { return };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (client_reads, client_writes) = client.into_split();
     let (server_reads, server_writes) = server.into_split();
-    let half = round_trip / 2;
     tokio::join!(
-        carry(client_reads, server_writes, half, handshake_done),
-        carry(server_reads, client_writes, half, Instant::now()),
+        carry(client_reads, server_writes, delays.request, handshake_done),
+        carry(server_reads, client_writes, delays.answer, Instant::now()),
     );
 }
 
