@@ -480,6 +480,42 @@ async fn notices_to_a_queue_that_does_not_exist_wait_in_the_outbox() {
     assert_eq!(notice, json!({ "account": "q", "amount": 5, "message_id": "m-q-1" }));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_queue_that_takes_three_seconds_a_request_gets_each_notice_once() {
+    // Past the SDK's 2 s attempt: a send cut off by an attempt's timeout had landed, and each retry landed again.
+    let world = World::new().await;
+    let slow = common::delay::DelayProxy::slow_service(&common::sqs::endpoint(), Duration::from_secs(3)).await.unwrap();
+    let mut envs = world.direct();
+    envs.retain(|(name, _)| *name != "AWS_ENDPOINT_URL_SQS");
+    envs.push(("AWS_ENDPOINT_URL_SQS", slow.url.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("event.json");
+    let records: Vec<Value> =
+        (1..=3).map(|n| record(&format!("m-s-{n}"), &format!(r#"{{"account": "s-{n}", "amount": {n}}}"#), 1)).collect();
+    std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
+    // A deadline with room for the sends: a send starts only when it can end before the answer.
+    let started = Instant::now();
+    let output = tokio::process::Command::from(common::sqs_once_command())
+        .args(["invoke", "--timeout", "30", "--metrics"])
+        .arg(&path)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .env_remove("SQS_ONCE_STORE")
+        .envs(envs.iter().map(|(name, value)| (*name, value.as_str())))
+        .output()
+        .await
+        .unwrap();
+    let (failed, metrics) = common::invoke_answer(&output);
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(started.elapsed() >= Duration::from_secs(3), "the runs' sends answered first");
+    assert_eq!((metrics["OutboxSent"].as_u64(), metrics["OutboxFailed"].as_u64()), (Some(3), Some(0)));
+    // Every copy a retry could have sent has landed by now.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut noticed: Vec<String> = world.notices().await.into_iter().map(|(message_id, _)| message_id).collect();
+    noticed.sort();
+    assert_eq!(noticed, ["m-s-1", "m-s-2", "m-s-3"], "each notice once");
+    assert!(claims_outbox(&world.direct(), &["--json"]).as_array().unwrap().is_empty(), "sent and deleted");
+}
+
 /// Invokes the ledger function with `records`, due `timeout` from now; the
 /// message ids it reported failed.
 async fn invoke(function: &Function, records: &[Value], timeout: Duration) -> BTreeSet<String> {
