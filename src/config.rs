@@ -390,6 +390,7 @@ impl Env<'_> {
             )?),
             validate_payload: self.flag("SQS_ONCE_VALIDATE_PAYLOAD", defaults.validate_payload)?,
             store_result: self.flag("SQS_ONCE_STORE_RESULT", defaults.store_result)?,
+            keys_in_items: self.flag("SQS_ONCE_KEYS_IN_ITEMS", defaults.keys_in_items)?,
             local_cache_entries: self.parse(
                 "SQS_ONCE_LOCAL_CACHE",
                 defaults.local_cache_entries,
@@ -819,6 +820,8 @@ mod tests {
         use crate::engine::ClaimFirst;
         assert_eq!(config(&[]).unwrap().engine.claim, ClaimFirst::Auto);
         assert_eq!(config(&[("SQS_ONCE_CLAIM", "always")]).unwrap().engine.claim, ClaimFirst::Always);
+        assert!(!config(&[]).unwrap().claims.keys_in_items, "keys in items only where a handler's update asks");
+        assert!(config(&[("SQS_ONCE_KEYS_IN_ITEMS", "true")]).unwrap().claims.keys_in_items);
         let error = config(&[("SQS_ONCE_CLAIM", "never")]).unwrap_err();
         assert_eq!(error.to_string(), r#"invalid SQS_ONCE_CLAIM="never": expected auto or always"#);
     }

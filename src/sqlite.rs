@@ -232,6 +232,10 @@ impl ClaimAdmin for SqliteStore {
 
 #[async_trait]
 impl CommitStore for SqliteStore {
+    fn keeps_keys_in_items(&self) -> bool {
+        true
+    }
+
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         let (id, token, commit) = (id.to_owned(), token.to_owned(), commit.clone());
         self.with_connection(move |connection| {
@@ -359,20 +363,25 @@ fn finish_row(connection: &Connection, id: &str, token: &str, finish: &Finish) -
 /// [`CommitStore::commit`] inside an immediate transaction, which the caller
 /// commits when it applied. The outer error is SQLite's, the inner the
 /// store's answer.
+/// Writes one item's change.
+fn apply(connection: &Connection, change: Change) -> rusqlite::Result<usize> {
+    match change {
+        Change::Put((table, key), item) => connection.execute(
+            "INSERT OR REPLACE INTO items (tbl, key, item) VALUES (?1, ?2, ?3)",
+            params![table, key, serde_json::Value::Object(item).to_string()],
+        ),
+        Change::Delete((table, key)) => {
+            connection.execute("DELETE FROM items WHERE tbl = ?1 AND key = ?2", params![table, key])
+        }
+    }
+}
+
 fn commit_in(
     connection: &Connection,
     id: &str,
     token: &str,
     commit: &Commit,
 ) -> rusqlite::Result<Result<Committed, StoreError>> {
-    let stored = match select(connection, id)? {
-        Some(Ok(claim)) => Some(claim),
-        Some(Err(malformed)) => return Ok(Err(malformed)),
-        None => None,
-    };
-    if let Some(answer) = commit.judged_by(token, stored.as_ref()) {
-        return Ok(Ok(answer));
-    }
     let read = |place: &Place| -> Result<Option<JsonItem>, StoreError> {
         let item: Option<String> = connection
             .query_row("SELECT item FROM items WHERE tbl = ?1 AND key = ?2", params![place.0, place.1], |row| {
@@ -382,21 +391,32 @@ fn commit_in(
             .map_err(StoreError::unavailable)?;
         item.map(|item| serde_json::from_str(&item).map_err(StoreError::unavailable)).transpose()
     };
+    if let (Some(key), [write]) = (&commit.key_in_item, commit.writes.as_slice()) {
+        // The one update alone, with the key in its item: no claim is read or written.
+        return Ok(match items::evaluate_keeping_key(write, key, read) {
+            Ok(Ok(change)) => {
+                apply(connection, change)?;
+                Ok(Committed::Applied)
+            }
+            Ok(Err(answer)) => Ok(answer),
+            Err(error) => Err(error),
+        });
+    }
+    let stored = match select(connection, id)? {
+        Some(Ok(claim)) => Some(claim),
+        Some(Err(malformed)) => return Ok(Err(malformed)),
+        None => None,
+    };
+    if let Some(answer) = commit.judged_by(token, stored.as_ref()) {
+        return Ok(Ok(answer));
+    }
     let changes = match items::evaluate(&commit.writes, read) {
         Ok(Evaluated::Apply(changes)) => changes,
         Ok(Evaluated::Cancelled(cancellation)) => return Ok(Ok(Committed::Cancelled(cancellation))),
         Err(error) => return Ok(Err(error)),
     };
     for change in changes {
-        match change {
-            Change::Put((table, key), item) => connection.execute(
-                "INSERT OR REPLACE INTO items (tbl, key, item) VALUES (?1, ?2, ?3)",
-                params![table, key, serde_json::Value::Object(item).to_string()],
-            )?,
-            Change::Delete((table, key)) => {
-                connection.execute("DELETE FROM items WHERE tbl = ?1 AND key = ?2", params![table, key])?
-            }
-        };
+        apply(connection, change)?;
     }
     if let Some(claim) = commit.finished_claim(stored.as_ref()) {
         upsert(connection, &claim)?;

@@ -42,9 +42,9 @@ use crate::{
     reason,
     store::{
         ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, OutboxEntry, PutOutcome, StoreError,
-        StoredClaim, Unclaimed, new_token,
+        StoredClaim, Unclaimed, item_keys::KeyInItem, new_token,
     },
-    transaction::Staged,
+    transaction::{Staged, Write},
 };
 
 mod unconfirmed;
@@ -167,6 +167,10 @@ pub struct ClaimPolicy {
     pub max_result_bytes: usize,
     /// Completed keys remembered in this process (0 turns the cache off).
     pub local_cache_entries: usize,
+    /// Keep the key in the item of every run whose one effect is one
+    /// update, as if it said [`keep_key`](crate::transaction::Update::keep_key)
+    /// (`SQS_ONCE_KEYS_IN_ITEMS`).
+    pub keys_in_items: bool,
 }
 
 impl Default for ClaimPolicy {
@@ -180,6 +184,7 @@ impl Default for ClaimPolicy {
             // DynamoDB items are capped at 400 KB; leave room for the rest of the item.
             max_result_bytes: 350 * 1024,
             local_cache_entries: 1024,
+            keys_in_items: false,
         }
     }
 }
@@ -239,7 +244,9 @@ fn committed(fenced: Fenced) -> Committed {
 fn fenced(committed: Committed) -> Fenced {
     match committed {
         Committed::Applied => Fenced::Applied,
-        Committed::Refused | Committed::Cancelled(_) | Committed::Taken(_) => Fenced::Refused,
+        Committed::Refused | Committed::Cancelled(_) | Committed::Taken(_) | Committed::InItemAlready => {
+            Fenced::Refused
+        }
     }
 }
 
@@ -439,14 +446,48 @@ impl Claims {
     /// outbox entry per message, leased to this run for
     /// [`SENDING_LEASE`]) with the claim's completion, storing `output` if
     /// the policy says so. `message_id` is the delivery's.
+    ///
+    /// A run whose one effect is one update that keeps its key
+    /// ([`Update::keep_key`](crate::transaction::Update::keep_key), or every
+    /// such update with [`ClaimPolicy::keys_in_items`]) commits that update
+    /// alone, its key kept in the item, where the store can
+    /// ([`CommitStore::keeps_keys_in_items`]); a run that claimed first
+    /// completes its claim after.
     pub fn prepare_commit(&self, lease: &Lease, output: Option<&Value>, staged: Staged, message_id: &str) -> Commit {
-        let finish = self.finish(lease, ClaimStatus::Completed, self.result_of(lease, output), None);
+        let mut finish = self.finish(lease, ClaimStatus::Completed, self.result_of(lease, output), None);
         let now_ms = finish.finished_at_ms;
         let (writes, messages) = staged.into_parts();
         let lease_until_ms = now_ms + duration_ms(SENDING_LEASE);
         let outbox = OutboxEntry::of_run(&lease.id, &lease.token, message_id, &messages, now_ms, lease_until_ms);
         let unclaimed = lease.unclaimed.as_ref().map(|claim| Unclaimed { claim: (**claim).clone(), now_ms });
-        Commit { finish, unclaimed, writes, outbox }
+        let key_in_item = self.keeps_key_in_item(&writes, &outbox).then(|| {
+            let memory = self.key_memory();
+            // The key is kept a key memory at least: what a late send of the commit must land within.
+            finish.expires_at_s = (now_ms + duration_ms(memory)) / 1000;
+            KeyInItem::new(&lease.id, now_ms, memory)
+        });
+        Commit { finish, unclaimed, writes, outbox, key_in_item }
+    }
+
+    /// Whether the run, whose commit holds `writes` and `outbox`, commits
+    /// its one update with its key kept in the item: whether or not it
+    /// claimed first, so that consumers that claim first and consumers that
+    /// do not keep such a key in one place.
+    fn keeps_key_in_item(&self, writes: &[Write], outbox: &[OutboxEntry]) -> bool {
+        let one_update = match writes {
+            [Write::Update(update)] => update.keeps_key() || self.policy.keys_in_items,
+            _ => false,
+        };
+        one_update && outbox.is_empty() && self.commits.as_ref().is_some_and(|commits| commits.keeps_keys_in_items())
+    }
+
+    /// How long an item keeps a key at least ([`KeyInItem::memory_ms`]):
+    /// the key memory, and three redelivery windows when that is longer,
+    /// which covers what a completion is kept for (its run's lease and two
+    /// windows past it). The same for every run of the consumer, so that
+    /// its runs judge an item's windows alike.
+    fn key_memory(&self) -> Duration {
+        self.policy.expires_after.max(3 * self.redelivered_within().unwrap_or_default())
     }
 
     /// Commits under the lease (see [`CommitStore::commit`]). Like a
@@ -565,6 +606,29 @@ impl Claims {
         self.store.gathers_calls()
     }
 
+    /// Commits a run's one update with its key kept in the item; a run that
+    /// claimed first then completes its claim (a second write), whether the
+    /// update applied now or before: the item is what says the key's effect
+    /// applied, so a claim left in progress (its completion lost) ends with
+    /// its lease, and the next run finds the key in the item.
+    async fn commit_in_item(&self, lease: &Lease, commit: &Commit) -> Result<Committed, StoreError> {
+        let committed = self.committing()?.commit(&lease.id, &lease.token, commit).await?;
+        if lease.is_unclaimed() || !matches!(committed, Committed::Applied | Committed::InItemAlready) {
+            return Ok(committed);
+        }
+        let finished = self.store.finish(&lease.id, &lease.token, &commit.finish).await;
+        match finished {
+            Ok(Fenced::Applied) => {}
+            Ok(Fenced::Refused) => self.count_refusal(lease, "completion"),
+            Err(error) => tracing::warn!(
+                id = %lease.id, %error,
+                "the claim's completion after its update could not be recorded: the claim ends with its lease, and \
+                 the next run of the key finds it kept in the item"
+            ),
+        }
+        Ok(committed)
+    }
+
     /// Sends a finishing write, keeping it until the store answers; the
     /// caller owns the send, and only an error leaves the write to be sent
     /// again.
@@ -594,6 +658,7 @@ impl Claims {
                     None => self.committing()?.commit(id, token, commit).await?,
                 }
             }
+            Ending::Commit(commit) if commit.key_in_item.is_some() => self.commit_in_item(lease, commit).await?,
             Ending::Commit(commit) => self.committing()?.commit(id, token, commit).await?,
             Ending::Release => committed(self.store.release(id, token).await?),
         };

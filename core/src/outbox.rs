@@ -501,6 +501,7 @@ mod tests {
             unclaimed: Some(Unclaimed { claim, now_ms }),
             writes: Vec::new(),
             outbox: entries.clone(),
+            key_in_item: None,
         };
         store.commit("k", "t", &commit).await.unwrap();
         entries

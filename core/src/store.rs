@@ -11,6 +11,7 @@ use crate::{
     transaction::{Refusal, Write},
 };
 
+pub mod item_keys;
 #[doc(hidden)]
 pub mod items;
 mod memory;
@@ -60,6 +61,11 @@ pub struct Commit {
     pub writes: Vec<Write>,
     /// The outbox entries of the messages it staged.
     pub outbox: Vec<OutboxEntry>,
+    /// Set when the commit is its one write alone, which records the key in
+    /// its item (see [`item_keys`]): then `writes` holds one update and
+    /// `outbox` nothing, and the store writes no claim (a run that claimed
+    /// first completes its claim after, with [`ClaimStore::finish`]).
+    pub key_in_item: Option<item_keys::KeyInItem>,
 }
 
 /// The claim a run that took none commits: written, finished, where the
@@ -97,8 +103,9 @@ impl Commit {
     }
 
     /// The last moment (epoch milliseconds) this commit may still be sent,
-    /// for a commit that takes no claim; `None` for one that finishes a
-    /// claim, whose token refuses it whenever it comes.
+    /// for a commit that takes no claim or keeps its key in its item; `None`
+    /// for one that finishes a claim, whose token refuses it whenever it
+    /// comes.
     ///
     /// A commit without a claim is conditioned on its key being free, and
     /// what refuses a second application is the key's completion: its own
@@ -109,10 +116,16 @@ impl Commit {
     /// out before the completion it writes could expire and within the
     /// token's window, each less a margin (a send's own time, clocks that
     /// differ); after that it is given up, and the record's redelivery
-    /// (reported `uncommitted`) decides.
+    /// (reported `uncommitted`) decides. A commit that keeps its key in its
+    /// item is refused by that key while the item keeps it, a key memory at
+    /// least, claim or not: it keeps the same time.
     pub fn send_by_ms(&self) -> Option<u64> {
-        let unclaimed = self.unclaimed.as_ref()?;
-        let token_window = unclaimed.now_ms + duration_ms(TOKEN_WINDOW - SEND_MARGIN);
+        let decided_ms = match (&self.unclaimed, &self.key_in_item) {
+            (Some(unclaimed), _) => unclaimed.now_ms,
+            (None, Some(key)) => key.now_ms,
+            (None, None) => return None,
+        };
+        let token_window = decided_ms + duration_ms(TOKEN_WINDOW - SEND_MARGIN);
         let expiry = (self.finish.expires_at_s * 1000).saturating_sub(duration_ms(SEND_MARGIN));
         Some(token_window.min(expiry))
     }
@@ -160,6 +173,11 @@ pub enum Committed {
     /// record that holds it is returned when the store can say what it is
     /// in the same request; `None` makes the state machine read it.
     Taken(Option<Box<StoredClaim>>),
+    /// A commit that keeps its key in its item ([`Commit::key_in_item`])
+    /// found the key there: the run's effect had applied, by an earlier
+    /// attempt of this commit or by another run of the key. Nothing applied
+    /// now.
+    InItemAlready,
 }
 
 /// Which staged write cancelled a commit, and why.
@@ -402,7 +420,23 @@ pub trait CommitStore: Send + Sync {
     /// whose records expire by a TTL (a key free again once deleted) sends no
     /// attempt of a commit without a claim after [`Commit::send_by_ms`], and
     /// answers it with an error.
+    ///
+    /// A commit that keeps its key in its item ([`Commit::key_in_item`],
+    /// only for a store that [`keeps_keys_in_items`](Self::keeps_keys_in_items))
+    /// applies its one update with the key added to the item's keys, as
+    /// [`KeyInItem::judge`](item_keys::KeyInItem::judge) and
+    /// [`added_to`](item_keys::KeyInItem::added_to) say, in one conditional
+    /// write, and writes no claim: [`Committed::InItemAlready`] when the item
+    /// holds the key, a cancellation when the update's own condition does not
+    /// hold or the item's window is full ([`KeyInItem::full`](item_keys::KeyInItem::full)).
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError>;
+
+    /// Whether the store commits a run's one update with its key kept in
+    /// the updated item ([`Commit::key_in_item`]). By default it does not,
+    /// and such runs commit their claim with their update.
+    fn keeps_keys_in_items(&self) -> bool {
+        false
+    }
 }
 
 /// The outbox: messages committed with staged writes, until they are sent

@@ -105,6 +105,11 @@ pub enum StageError {
     /// An update without actions.
     #[error("the update of {0} changes nothing")]
     NothingToUpdate(String),
+    /// A write that names an attribute an item keeps its kept keys in.
+    #[error(
+        "`{0}` is where sqs-once keeps the keys of the messages applied to {1} (see `Update::keep_key`): a staged write may not name it"
+    )]
+    KeptKeys(String, String),
     /// Attributes that are not a JSON object.
     #[error("the attributes of a put must serialize to a JSON object: {0}")]
     NotAnObject(String),

@@ -51,6 +51,7 @@ mod batched;
 #[doc(hidden)]
 pub use admin::{Unusable, check_table};
 mod client;
+mod in_item;
 mod layout;
 mod outbox;
 mod statements;
@@ -99,6 +100,9 @@ pub struct DynamoDbStore {
     /// The outbox shards this process's sweeps read to their end since
     /// their last pass (see [`outbox::SweepPasses`]).
     outbox_passes: Arc<outbox::SweepPasses>,
+    /// The windows of the items whose keys this process's commits kept (see
+    /// [`in_item`]).
+    windows: Arc<in_item::Windows>,
 }
 
 impl DynamoDbStore {
@@ -106,7 +110,7 @@ impl DynamoDbStore {
     pub fn new(client: Client, layout: TableLayout) -> Self {
         let layout = Arc::new(layout);
         let batches = Some(Arc::new(Batches::new(&client, &layout)));
-        Self { client, layout, return_old_item: true, batches, outbox_passes: Arc::default() }
+        Self { client, layout, return_old_item: true, batches, outbox_passes: Arc::default(), windows: Arc::default() }
     }
 
     /// Whether the writes of concurrent records go out together in
@@ -305,7 +309,14 @@ impl ClaimAdmin for DynamoDbStore {
 #[async_trait]
 impl CommitStore for DynamoDbStore {
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
-        self.commit_transaction(id, token, commit).await
+        match &commit.key_in_item {
+            Some(key) => self.commit_in_item(commit, key).await,
+            None => self.commit_transaction(id, token, commit).await,
+        }
+    }
+
+    fn keeps_keys_in_items(&self) -> bool {
+        true
     }
 }
 

@@ -335,6 +335,61 @@ async fn a_credit_without_a_claim_costs_one_transaction_of_two_actions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_that_keeps_its_key_in_the_account_costs_one_write_unit() {
+    /// Stages one credit to the account its body names, its key kept in the account's item.
+    struct Credit(String);
+    impl Handler for Credit {
+        async fn handle(&self, record: &Record) -> HandlerResult {
+            let account = record.body_json::<Value>()?["account"].to_string();
+            record.transaction().stage(Update::new(&self.0, Key::new("pk", account)).add("balance", 5).keep_key())?;
+            Ok(None)
+        }
+        fn stages_every_effect(&self) -> bool {
+            true
+        }
+    }
+    let (created, _) = fresh_table().await;
+    let balances = testkit::dynamodb::items_table().await;
+    let meter = testkit::capacity::Meter::start().await;
+    let store = store_through(&meter.url, created.layout().clone()).await.batching(false);
+    let cold = ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() };
+    let engine = || engine(store.clone(), Credit(balances.clone()), cold.clone());
+    // Twenty accounts credited, then five credits more to each: every item under 1 KB.
+    // Each credit keyed by its body's `key`, to the account it names.
+    let credits =
+        |round: u32| testkit::records((0..20).map(|n| json!({"key": format!("c-{round}-{n}"), "account": n})));
+    let first = credits(0);
+    assert_eq!(failed(&run(&engine(), &first).await), 0);
+    let new = meter.take();
+    assert_eq!(new.requests, [("UpdateItem".to_owned(), 20)].into(), "one request per credit: {new:?}");
+    assert_eq!((new.writes() / 20.0, new.index_writes()), (1.0, 0.0), "one write unit per credit: {new:?}");
+    // Later credits of the same accounts, from one process: it knows each item's window, one request each.
+    let warm = engine();
+    let mut more = Vec::new();
+    for round in 1..=5 {
+        let records = credits(round);
+        assert_eq!(failed(&run(&warm, &records).await), 0);
+        more.extend(records);
+    }
+    let later = meter.take();
+    assert_eq!(later.writes(), 100.0, "one unit per credit with six keys kept: {later:?}");
+    assert!(
+        later.requests["UpdateItem"] <= 120,
+        "the first credit of each account to this process may take two: {later:?}"
+    );
+    for n in 0..20 {
+        assert_eq!(testkit::dynamodb::item(&balances, &n.to_string()).await.unwrap()["balance"], 30, "account {n}");
+    }
+    // Copies: each finds its key in its account, a refused write (1 unit as AWS charges it), nothing applied.
+    assert!(run(&warm, &more).await.records.iter().all(|record| record.outcome == Outcome::Duplicate));
+    let copies = meter.take();
+    assert_eq!((copies.writes(), copies.refused_writes), (100.0, 100), "{copies:?}");
+    for n in 0..20 {
+        assert_eq!(testkit::dynamodb::item(&balances, &n.to_string()).await.unwrap()["balance"], 30, "account {n}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_without_the_old_item_reads_it_once_consistently() {
     let (store, requests) = fresh_table().await;
     let store = store.batching(false).returning_old_item(false);

@@ -62,13 +62,13 @@ pub(super) fn attribute_value(value: &Value) -> AttributeValue {
 
 /// The names and values of one action's expressions, aliased.
 #[derive(Debug, Default)]
-struct Expression {
+pub(super) struct Expression {
     names: HashMap<String, String>,
     values: HashMap<String, AttributeValue>,
 }
 
 impl Expression {
-    fn name(&mut self, name: &str) -> String {
+    pub(super) fn name(&mut self, name: &str) -> String {
         if let Some((alias, _)) = self.names.iter().find(|(_, existing)| *existing == name) {
             return alias.clone();
         }
@@ -77,13 +77,13 @@ impl Expression {
         alias
     }
 
-    fn value(&mut self, value: AttributeValue) -> String {
+    pub(super) fn value(&mut self, value: AttributeValue) -> String {
         let alias = format!(":v{}", self.values.len());
         self.values.insert(alias.clone(), value);
         alias
     }
 
-    fn condition(&mut self, condition: &Condition) -> Result<String, StoreError> {
+    pub(super) fn condition(&mut self, condition: &Condition) -> Result<String, StoreError> {
         Ok(match condition {
             Condition::Exists(name) => format!("attribute_exists({})", self.name(name)),
             Condition::NotExists(name) => format!("attribute_not_exists({})", self.name(name)),
@@ -104,6 +104,17 @@ impl Expression {
 
     /// `SET … REMOVE … ADD …`, each clause once, actions in order within it.
     fn update(&mut self, actions: &[Action]) -> Result<String, StoreError> {
+        self.update_with(actions, Vec::new(), Vec::new())
+    }
+
+    /// [`update`](Self::update), with `set` and `add` (clauses' parts, their
+    /// names and values aliased already) after the actions' own.
+    pub(super) fn update_with(
+        &mut self,
+        actions: &[Action],
+        extra_set: Vec<String>,
+        extra_add: Vec<String>,
+    ) -> Result<String, StoreError> {
         let (mut set, mut remove, mut add) = (Vec::new(), Vec::new(), Vec::new());
         for action in actions {
             let name = self.name(action.attribute());
@@ -119,6 +130,8 @@ impl Expression {
                 unknown => return Err(unknown_to_this_store(unknown)),
             }
         }
+        set.extend(extra_set);
+        add.extend(extra_add);
         Ok([("SET", set), ("REMOVE", remove), ("ADD", add)]
             .into_iter()
             .filter(|(_, parts)| !parts.is_empty())
@@ -127,11 +140,11 @@ impl Expression {
             .join(" "))
     }
 
-    fn names(&self) -> Option<HashMap<String, String>> {
+    pub(super) fn names(&self) -> Option<HashMap<String, String>> {
         Some(self.names.clone()).filter(|names| !names.is_empty())
     }
 
-    fn values(&self) -> Option<HashMap<String, AttributeValue>> {
+    pub(super) fn values(&self) -> Option<HashMap<String, AttributeValue>> {
         Some(self.values.clone()).filter(|values| !values.is_empty())
     }
 }
@@ -256,7 +269,7 @@ const IN_PROGRESS_RETRY: std::time::Duration = std::time::Duration::from_millis(
 /// attempt, since an attempt held by a freeze goes out at the thaw. The
 /// answer is an error, and the commit is given up (its record was reported
 /// failed, and its redelivery decides).
-fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
+pub(super) fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
     let send_by_ms = send_by_ms?;
     let now_ms = crate::clock::epoch_ms(std::time::SystemTime::now());
     (now_ms > send_by_ms).then(|| {

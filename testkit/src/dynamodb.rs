@@ -191,7 +191,8 @@ pub async fn item(table: &str, pk: &str) -> Option<serde_json::Value> {
     })
 }
 
-/// A DynamoDB value as JSON: strings, numbers, booleans, lists and maps.
+/// A DynamoDB value as JSON: strings, numbers, booleans, lists and maps;
+/// a string set as a list of its strings.
 fn json_value(value: &aws_sdk_dynamodb::types::AttributeValue) -> serde_json::Value {
     use aws_sdk_dynamodb::types::AttributeValue;
     match value {
@@ -199,6 +200,7 @@ fn json_value(value: &aws_sdk_dynamodb::types::AttributeValue) -> serde_json::Va
         AttributeValue::N(number) => serde_json::from_str(number).expect("a number"),
         AttributeValue::Bool(flag) => (*flag).into(),
         AttributeValue::L(values) => values.iter().map(json_value).collect(),
+        AttributeValue::Ss(values) => values.iter().cloned().collect(),
         AttributeValue::M(map) => {
             map.iter().map(|(name, value)| (name.clone(), json_value(value))).collect::<serde_json::Map<_, _>>().into()
         }

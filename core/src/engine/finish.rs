@@ -107,6 +107,8 @@ impl Engine {
         let outcome = match claims.commit(lease, commit).instrument(trace::write_span("commit")).await {
             Ok(Committed::Applied) => Outcome::Processed { confirmed: true },
             Ok(Committed::Refused) => Outcome::Failed(Failure::LeaseLost),
+            // The item kept the key: a copy's commit, or an earlier attempt of this one, applied the effect.
+            Ok(Committed::InItemAlready) => Outcome::Duplicate,
             // A run without a claim found the key taken: by a copy that committed first (a duplicate), a claim
             // live elsewhere, a failure recorded. Nothing of this run applied.
             Ok(Committed::Taken(existing)) => match claims.taken(lease, existing).await {

@@ -59,20 +59,37 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
         ));
     }
     let applications = world.table.applications();
-    let run_items: BTreeMap<u64, u64> = world
+    let mut run_items: BTreeMap<u64, u64> = world
         .table
         .items("runs")
         .into_iter()
         .filter_map(|item| Some((item["run"].as_u64()?, item["n"].as_u64().unwrap_or(0))))
         .collect();
+    // A run that kept its key in the item wrote no run item: each of its applications counts.
+    let mut kept_runs: BTreeMap<u64, u64> = BTreeMap::new();
+    for application in applications.iter().filter(|application| !run_items.contains_key(&application.run)) {
+        *kept_runs.entry(application.run).or_default() += 1;
+    }
+    run_items.extend(kept_runs);
     let unsent = world.table.unsent();
     let mut statuses = HashMap::new();
     let keys: BTreeSet<String> = lock(&world.ledger).reports.iter().filter_map(|report| report.key.clone()).collect();
+    // A key kept in its item has no claim: the item says it completed while it keeps it.
+    let memory = world.scenario.expires_after.max(3 * world.scenario.queue.redelivered_within());
     for key in keys {
-        let status = world.table.get(&key).await.ok().flatten().map(|claim| claim.status);
+        // The item, where it keeps the key, says what the key came to: a claim beside it may be a run's in
+        // progress, or a completion lost after the item applied (its lease ends it).
+        let status = match world.table.keeps_in_item(&key, memory) {
+            true => Some(ClaimStatus::Completed),
+            false => world.table.get(&key).await.ok().flatten().map(|claim| claim.status),
+        };
         statuses.insert(key, status);
     }
 
+    let kept_in_items: BTreeSet<String> = (world.scenario.specs.iter())
+        .filter(|spec| spec.staged.as_ref().is_some_and(|staged| staged.keeps_key))
+        .map(|spec| format!("sim#{}", spec.id))
+        .collect();
     let mut ledger = lock(&world.ledger);
     ledger.stats.applied_runs = run_items.len() as u64;
     for (run, times) in &run_items {
@@ -94,8 +111,13 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
         let run_applied = run.is_some_and(|run| run_items.contains_key(&run.id));
         // Once the key's finished claim was forgotten (deleted by TTL, replaced once expired), the table no
         // longer says what it said when the batch answered.
-        let judged = !world.table.forgotten_since(key, report.batch_started_ms);
         let status = statuses.get(key).copied().flatten();
+        // A key kept in its item is forgotten once the item's windows have passed it; a claim in progress beside
+        // it says nothing of it (a run's under way, or a completion lost after the item applied: the item is what
+        // says the key's effect applied, and the claim's lease ends it).
+        let forgotten_in_item =
+            kept_in_items.contains(key.as_str()) && matches!(status, None | Some(ClaimStatus::InProgress));
+        let judged = !world.table.forgotten_since(key, report.batch_started_ms) && !forgotten_in_item;
         let what = format!("{} ({key}) in {}", report.message_id, report.holder);
         match &report.outcome {
             // An uncommitted run's commit may still land; a skipped record did not run (a record of its key that

@@ -67,6 +67,10 @@ pub(super) struct Stats {
     pub cancelled: u64,
     pub unclaimed_commits: u64,
     pub taken: u64,
+    /// Commits of one update with the key kept in its item, applied.
+    pub kept_in_items: u64,
+    /// Commits that found their key kept in the item already.
+    pub in_item_already: u64,
     pub ttl_deleted: u64,
     pub given_up: u64,
     pub quiet_worlds: u64,
@@ -109,6 +113,8 @@ impl Stats {
             (&mut self.cancelled, other.cancelled),
             (&mut self.unclaimed_commits, other.unclaimed_commits),
             (&mut self.taken, other.taken),
+            (&mut self.kept_in_items, other.kept_in_items),
+            (&mut self.in_item_already, other.in_item_already),
             (&mut self.ttl_deleted, other.ttl_deleted),
             (&mut self.given_up, other.given_up),
             (&mut self.quiet_worlds, other.quiet_worlds),
@@ -143,7 +149,7 @@ impl Stats {
     }
 
     /// The faults and schedules the simulation is made to meet, counted.
-    pub(super) fn faults(&self) -> [(&'static str, u64); 27] {
+    pub(super) fn faults(&self) -> [(&'static str, u64); 29] {
         [
             ("a request failed before applying", self.failed_before),
             ("an answer lost after applying", self.lost_after),
@@ -163,6 +169,8 @@ impl Stats {
             ("a cancelled commit", self.cancelled),
             ("a commit without a claim", self.unclaimed_commits),
             ("a commit without a claim that found the key taken", self.taken),
+            ("a commit of one update, its key kept in the item", self.kept_in_items),
+            ("a commit that found its key kept in the item", self.in_item_already),
             ("a claim deleted by TTL", self.ttl_deleted),
             ("a commit given up unconfirmed", self.given_up),
             ("a world whose traffic stops", self.quiet_worlds),

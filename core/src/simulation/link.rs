@@ -264,6 +264,10 @@ impl ClaimAdmin for Link {
 
 #[async_trait]
 impl CommitStore for Link {
+    fn keeps_keys_in_items(&self) -> bool {
+        true
+    }
+
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         {
             let mut ledger = lock(&self.world.ledger);
@@ -280,7 +284,7 @@ impl CommitStore for Link {
             }
         }
         let call = Call { name: "commit", about: id, fence: Some((id, token)), deletes: None };
-        let unclaimed = commit.unclaimed.is_some();
+        let (unclaimed, kept) = (commit.unclaimed.is_some(), commit.key_in_item.is_some());
         let holds_ms = self.world.draw(|rng| rng.u64(0..=self.world.scenario.transaction_ms));
         let (id, token, commit) = (id.to_owned(), token.to_owned(), commit.clone());
         let world = Arc::clone(&self.world);
@@ -297,6 +301,8 @@ impl CommitStore for Link {
         self.world.count(|stats| {
             stats.unclaimed_commits += u64::from(unclaimed);
             stats.taken += u64::from(matches!(committed, Ok(Committed::Taken(_))));
+            stats.kept_in_items += u64::from(matches!(committed, Ok(Committed::Applied)) && kept);
+            stats.in_item_already += u64::from(matches!(committed, Ok(Committed::InItemAlready)));
         });
         committed
     }

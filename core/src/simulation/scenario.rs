@@ -156,7 +156,7 @@ impl Scenario {
             }
         }
         let redrive_after = (rng.u8(0..3) == 0).then(|| seconds(&[600, 2 * 3_600, 26 * 3_600, 3 * 24 * 3_600], rng));
-        Self {
+        let mut scenario = Self {
             consumers,
             specs,
             messages,
@@ -180,6 +180,26 @@ impl Scenario {
             quiet,
             schedule_every: seconds(&[60, 300], rng),
             faults: Faults::draw(rng),
+        };
+        // Drawn last, so that what every seed drew before keeps its draws.
+        scenario.keep_keys_in_items(rng);
+        scenario
+    }
+
+    /// In a third of the worlds, half the keys whose handler stages without
+    /// a gate keep their key in the item: their runs stage the increment
+    /// alone, and (without a claim, where the key memory allows) commit it
+    /// alone.
+    fn keep_keys_in_items(&mut self, rng: &mut fastrand::Rng) {
+        if rng.u8(0..3) != 0 {
+            return;
+        }
+        for spec in &mut self.specs {
+            if let Some(staged) = spec.staged.as_mut().filter(|staged| staged.gate.is_none() && staged.opens.is_none())
+                && rng.bool()
+            {
+                *staged = super::workload::Staging { messages: 0, opens: None, gate: None, keeps_key: true };
+            }
         }
     }
 }

@@ -30,7 +30,11 @@ use crate::{
         ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
         MemoryStore, OutboxStore, PutOutcome, StoreError, StoredClaim,
     },
-    transaction::Write,
+    store::{
+        item_keys::{InItem, KeyInItem},
+        items::item_keys,
+    },
+    transaction::{Action, Write},
 };
 
 /// One application of a run's staged writes.
@@ -135,6 +139,35 @@ impl Table {
     ) -> Result<Committed, StoreError> {
         let now_ms = self.clock.now_ms();
         let mut state = lock(&self.state);
+        if commit.key_in_item.is_some() {
+            // One conditional update of the business item: no token, no claim held, none written (a run that
+            // claimed first completes its claim after).
+            let committed = self.items.commit(id, token, commit).now_or_never().expect("in memory")?;
+            if committed == Committed::Applied
+                && let Some(run) = run_of(&commit.writes)
+            {
+                let (decided_ms, lease_until_ms) = match &commit.unclaimed {
+                    Some(unclaimed) => (unclaimed.now_ms, unclaimed.claim.lease_until_ms),
+                    None => {
+                        let claim = self.items.get(id).now_or_never().expect("in memory")?;
+                        let claim = claim.as_ref();
+                        (
+                            claim.and_then(|claim| claim.claimed_at_ms).unwrap_or(now_ms),
+                            claim.and_then(|claim| claim.lease_until_ms),
+                        )
+                    }
+                };
+                state.applications.push(Application {
+                    key: id.to_owned(),
+                    run,
+                    decided_ms,
+                    applied_ms: now_ms,
+                    lease_until_ms: lease_until_ms.unwrap_or(now_ms),
+                    expires_at_s: commit.finish.expires_at_s,
+                });
+            }
+            return Ok(committed);
+        }
         if state.tokens.get(token).is_some_and(|&at| now_ms <= at + duration_ms(TOKEN_WINDOW)) {
             return Ok(Committed::Applied);
         }
@@ -199,11 +232,34 @@ impl Table {
     }
 }
 
-/// The run a commit's writes belong to: the key of its item in `runs`.
+/// The run a commit's writes belong to: the key of its item in `runs`, or
+/// the run an increment that keeps its key names.
 fn run_of(writes: &[Write]) -> Option<u64> {
-    writes.iter().filter_map(Write::target).find(|target| target.table == "runs").and_then(|target| {
+    let run_item = writes.iter().filter_map(Write::target).find(|target| target.table == "runs").and_then(|target| {
         target.key.attributes().iter().find(|(name, _)| name == "run").and_then(|(_, value)| value.as_u64())
-    })
+    });
+    let named = || {
+        writes.iter().find_map(|write| match write {
+            Write::Update(update) if update.keeps_key() => update.actions().iter().find_map(|action| match action {
+                Action::Set(name, value) if name == "run" => value.as_u64(),
+                _ => None,
+            }),
+            _ => None,
+        })
+    };
+    run_item.or_else(named)
+}
+
+impl Table {
+    /// Whether the `applied` item of the key stored as `id` (`sim#<spec>`)
+    /// keeps the key still at `now_ms`, for consumers whose key memory is
+    /// `memory` ([`KeyInItem::judge`]).
+    pub(super) fn keeps_in_item(&self, id: &str, memory: std::time::Duration) -> bool {
+        let spec = id.strip_prefix("sim#").unwrap_or(id);
+        let item = self.items("applied").into_iter().find(|item| item["pk"] == spec);
+        let keys = item_keys(item.as_ref().and_then(Value::as_object));
+        KeyInItem::new(id, self.clock.now_ms(), memory).judge(&keys) == InItem::Duplicate
+    }
 }
 
 #[async_trait::async_trait]
@@ -250,6 +306,10 @@ impl ClaimAdmin for Table {
 
 #[async_trait::async_trait]
 impl CommitStore for Table {
+    fn keeps_keys_in_items(&self) -> bool {
+        true
+    }
+
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         Table::commit(self, id, token, commit, 0)
     }

@@ -7,7 +7,10 @@
 //! writes applied: once at most, ever), may
 //! open a gate or be conditioned on one (a `Check` whose refusal is
 //! retryable or permanent), and sends messages through the outbox whose
-//! bodies name the run. A plain handler stages nothing.
+//! bodies name the run. One that keeps its key in the item stages the
+//! increment alone, naming its run in it (`Update::keep_key`: the update
+//! commits alone, the key kept in the `applied` item). A plain handler
+//! stages nothing.
 
 use std::{sync::Arc, time::Duration};
 
@@ -54,6 +57,10 @@ pub(super) struct Staging {
     pub opens: Option<String>,
     /// A gate that must be open, and whether its refusal is permanent.
     pub gate: Option<(String, bool)>,
+    /// The increment alone, its key kept in the item: no run item, no gate,
+    /// no message.
+    #[serde(default)]
+    pub keeps_key: bool,
 }
 
 impl Spec {
@@ -66,7 +73,7 @@ impl Spec {
                 let staged = rng.f64() < 0.7;
                 let staging = staged.then(|| {
                     let gate = (rng.f64() < 0.3).then(|| (gates[rng.usize(..2)].to_owned(), rng.f64() < 0.3));
-                    Staging { messages: rng.u8(0..=2), opens: None, gate }
+                    Staging { messages: rng.u8(0..=2), opens: None, gate, keeps_key: false }
                 });
                 Spec {
                     id: format!("k-{n}"),
@@ -125,6 +132,11 @@ impl Handler for SimHandler {
         }
         let Some(staging) = &spec.staged else { return Ok(None) };
         let transaction = record.transaction();
+        if staging.keeps_key {
+            let credit = Update::new("applied", Key::new("pk", spec.id.as_str())).add("n", 1).set("run", run.id);
+            transaction.stage(credit.keep_key())?;
+            return Ok(None);
+        }
         transaction.stage(Update::new("applied", Key::new("pk", spec.id.as_str())).add("n", 1))?;
         transaction.stage(Update::new("runs", Key::new("run", run.id)).set("key", spec.id.as_str()).add("n", 1))?;
         if let Some(gate) = &staging.opens {

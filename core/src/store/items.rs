@@ -9,7 +9,10 @@ use std::cmp::Ordering;
 
 use serde_json::{Map, Number, Value};
 
-use super::{Cancellation, StoreError};
+use super::{
+    Cancellation, Committed, StoreError,
+    item_keys::{InItem, ItemKeys, KEYS, KEYS_BEFORE, KEYS_SINCE, KeyInItem},
+};
 use crate::transaction::{Action, Comparison, Condition, MAX_ITEM_BYTES, Target, Write, item_size};
 
 /// An item: attribute names and values.
@@ -88,6 +91,71 @@ pub fn evaluate(
     match failed.first() {
         None => Ok(Evaluated::Apply(changes)),
         Some(&first) => Ok(Evaluated::Cancelled(Cancellation::by(writes, first, reasons(writes, &failed)))),
+    }
+}
+
+/// Evaluates a commit that keeps its key in the item of its one `write`
+/// ([`KeyInItem`]), as DynamoDB evaluates the one conditional update the
+/// DynamoDB store sends for it: the change it makes (the update, and the
+/// key added to the item's keys), or the answer it gets without one (the
+/// item keeps the key already; the update's condition does not hold; the
+/// item's window is full).
+pub fn evaluate_keeping_key(
+    write: &Write,
+    key: &KeyInItem,
+    read: impl FnMut(&Place) -> Result<Option<JsonItem>, StoreError>,
+) -> Result<Result<Change, Committed>, StoreError> {
+    let mut read = read;
+    let current = match write.target() {
+        Some(target) => read(&place(target))?,
+        None => None,
+    };
+    let keys = item_keys(current.as_ref());
+    let judged = key.judge(&keys);
+    match judged {
+        InItem::Duplicate => return Ok(Err(Committed::InItemAlready)),
+        InItem::Full => return Ok(Err(Committed::Cancelled(key.full(write)))),
+        InItem::SameWindow | InItem::NextWindow | InItem::Fresh => {}
+    }
+    let writes = std::slice::from_ref(write);
+    match evaluate(writes, |_| Ok(current.clone()))? {
+        Evaluated::Cancelled(cancellation) => Ok(Err(Committed::Cancelled(cancellation))),
+        Evaluated::Apply(mut changes) => match changes.pop() {
+            Some(Change::Put(place, mut item)) => {
+                keep(&mut item, &key.added_to(&keys, judged));
+                Ok(Ok(Change::Put(place, item)))
+            }
+            _ => Err(StoreError::Unsupported(format!(
+                "a commit keeps its key in the item of one update, and {} is not one",
+                write.describe()
+            ))),
+        },
+    }
+}
+
+/// The keys `item` keeps: its sets as JSON arrays of strings, its window's
+/// start as a number.
+pub fn item_keys(item: Option<&JsonItem>) -> ItemKeys {
+    let set = |name: &str| {
+        let values = item.and_then(|item| item.get(name)).and_then(Value::as_array);
+        values.into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect()
+    };
+    ItemKeys {
+        current: set(KEYS),
+        before: set(KEYS_BEFORE),
+        since_ms: item.and_then(|item| item.get(KEYS_SINCE)).and_then(Value::as_u64),
+    }
+}
+
+/// Writes `keys` into `item`, as [`item_keys`] reads them.
+fn keep(item: &mut JsonItem, keys: &ItemKeys) {
+    let set = |keys: &std::collections::BTreeSet<String>| Value::from(keys.iter().cloned().collect::<Vec<_>>());
+    item.insert(KEYS.to_owned(), set(&keys.current));
+    if !keys.before.is_empty() {
+        item.insert(KEYS_BEFORE.to_owned(), set(&keys.before));
+    }
+    if let Some(since_ms) = keys.since_ms {
+        item.insert(KEYS_SINCE.to_owned(), since_ms.into());
     }
 }
 

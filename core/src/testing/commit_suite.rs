@@ -358,6 +358,90 @@ pub async fn a_message_as_large_as_staging_allows_commits_whole(store: Arc<dyn C
     assert_eq!(m.outbox().entry_sent(&ours[0].id, &lease.token).await.unwrap(), Fenced::Applied);
 }
 
+/// A run of `id` without a claim committing `update` (which keeps its key
+/// in its item) alone, on the machine's clock: the answer; `None` when the
+/// store keeps no keys in items (the case does not apply to it).
+async fn kept(m: &Machine, id: &str, update: Update) -> Option<Committed> {
+    let lease = unclaimed(m, id).await;
+    let commit = m.claims.prepare_commit(&lease, None, staged(vec![update.into()], Vec::new()), "m-kept");
+    if commit.key_in_item.is_none() {
+        assert!(!m.store.clone().commits().is_some_and(|commits| commits.keeps_keys_in_items()));
+        return None;
+    }
+    Some(m.claims.commit(&lease, commit).await.expect("store error"))
+}
+
+/// Checks that a run's one update that keeps its key commits alone, writing
+/// no claim, and that another run of the key finds it in the item and
+/// applies nothing; another key's update of the same item applies.
+pub async fn a_kept_key_commit_applies_its_update_alone_and_a_copy_finds_the_key(
+    store: Arc<dyn ClaimStore>,
+    table: String,
+) {
+    let m = Machine::plain(store);
+    let mia = fresh("mia");
+    let credit = || Update::new(&table, account(&mia)).add("balance", 5).keep_key();
+    let Some(first) = kept(&m, "k-kept", credit()).await else { return };
+    assert_eq!(first, Committed::Applied);
+    assert_eq!(m.stored("k-kept").await, None, "no claim, no completion");
+    assert_eq!(kept(&m, "k-kept", credit()).await, Some(Committed::InItemAlready), "the key is in the item");
+    assert!(holds(&m, &table, &mia, Condition::eq("balance", 5)).await, "applied once");
+    assert_eq!(kept(&m, "k-kept-2", credit()).await, Some(Committed::Applied), "another key");
+    assert!(holds(&m, &table, &mia, Condition::eq("balance", 10)).await);
+}
+
+/// Checks that an item keeps a key at least a key memory and forgets it
+/// after two, whatever the item's traffic, and that a kept key's update
+/// refused by its own condition is cancelled as it declared, keeping no key.
+pub async fn kept_keys_last_a_key_memory_and_a_refused_update_keeps_none(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let nia = fresh("nia");
+    let memory = m.claims.policy().expires_after;
+    let credit = || Update::new(&table, account(&nia)).add("balance", 1).keep_key();
+    let Some(first) = kept(&m, "k-old", credit()).await else { return };
+    assert_eq!(first, Committed::Applied);
+    // Just under a key memory later: the same window; then the next one begins, the first's keys kept before.
+    m.clock.advance(memory - Duration::from_secs(1));
+    assert_eq!(kept(&m, "k-old", credit()).await, Some(Committed::InItemAlready));
+    m.clock.advance(Duration::from_secs(2));
+    assert_eq!(kept(&m, "k-next", credit()).await, Some(Committed::Applied), "the next window");
+    assert_eq!(kept(&m, "k-old", credit()).await, Some(Committed::InItemAlready), "kept a window more");
+    // Two key memories after its window began, a quiet item forgets it.
+    m.clock.advance(memory);
+    assert_eq!(kept(&m, "k-old", credit()).await, Some(Committed::Applied), "forgotten: applied again");
+    assert!(holds(&m, &table, &nia, Condition::eq("balance", 3)).await);
+    // Refused by its own condition: cancelled as declared, its key not kept.
+    let refused = credit().condition(Condition::lt("balance", 3)).or_fail(crate::ErrorKind::Retryable, "full");
+    let Some(Committed::Cancelled(cancellation)) = kept(&m, "k-refused", refused).await else {
+        panic!("a kept key's update refused by its condition is cancelled")
+    };
+    assert_eq!(cancellation.refusal.kind, crate::ErrorKind::Retryable);
+    assert_eq!(kept(&m, "k-refused", credit()).await, Some(Committed::Applied), "its key was not kept");
+    assert!(holds(&m, &table, &nia, Condition::eq("balance", 4)).await);
+}
+
+/// Checks that an item's window holds at most `MAX_KEYS_PER_WINDOW` keys:
+/// one more is cancelled, retryable, until the window turns.
+pub async fn a_full_window_of_kept_keys_refuses_one_more(store: Arc<dyn ClaimStore>, table: String) {
+    let m = Machine::plain(store);
+    let ona = fresh("ona");
+    let credit = || Update::new(&table, account(&ona)).add("balance", 1).keep_key();
+    let most = crate::store::item_keys::MAX_KEYS_PER_WINDOW;
+    for n in 0..most {
+        match kept(&m, &format!("k-full-{n}"), credit()).await {
+            None => return,
+            Some(committed) => assert_eq!(committed, Committed::Applied, "key {n}"),
+        }
+    }
+    let Some(Committed::Cancelled(cancellation)) = kept(&m, "k-full-over", credit()).await else {
+        panic!("one more key than a window holds is cancelled")
+    };
+    assert_eq!(cancellation.refusal.kind, crate::ErrorKind::Retryable);
+    m.clock.advance(m.claims.policy().expires_after);
+    assert_eq!(kept(&m, "k-full-over", credit()).await, Some(Committed::Applied), "the next window");
+    assert!(holds(&m, &table, &ona, Condition::eq("balance", most as i64 + 1)).await);
+}
+
 /// Expands to one `#[tokio::test]` per case of the commit suite, for the
 /// store and items table that `$make` (an async expression, evaluated once
 /// per test) yields as a pair.
@@ -388,6 +472,9 @@ macro_rules! commit_suite {
             an_unclaimed_commit_completes_a_free_key_with_its_writes,
             of_two_unclaimed_commits_of_a_key_one_applies,
             an_unclaimed_commit_respects_live_claims_and_its_conditions,
+            a_kept_key_commit_applies_its_update_alone_and_a_copy_finds_the_key,
+            kept_keys_last_a_key_memory_and_a_refused_update_keeps_none,
+            a_full_window_of_kept_keys_refuses_one_more,
         );
     };
     ($make:expr, $($name:ident),* $(,)?) => {

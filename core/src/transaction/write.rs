@@ -137,6 +137,17 @@ pub enum Condition {
 }
 
 impl Condition {
+    /// Whether the condition names `attribute` anywhere.
+    fn names(&self, attribute: &str) -> bool {
+        match self {
+            Self::Exists(name) | Self::NotExists(name) | Self::Compare(name, ..) | Self::BeginsWith(name, _) => {
+                name == attribute
+            }
+            Self::And(left, right) | Self::Or(left, right) => left.names(attribute) || right.names(attribute),
+            Self::Not(inner) => inner.names(attribute),
+        }
+    }
+
     /// The attribute exists.
     pub fn exists(name: impl Into<String>) -> Self {
         Self::Exists(name.into())
@@ -381,12 +392,38 @@ conditioned!(Put);
 pub struct Update {
     target: Target,
     actions: Vec<Action>,
+    keeps_key: bool,
 }
 
 impl Update {
     /// An update of the item with `key`.
     pub fn new(table: impl Into<String>, key: Key) -> Self {
-        Self { target: Target::new(table, key), actions: Vec::new() }
+        Self { target: Target::new(table, key), actions: Vec::new(), keeps_key: false }
+    }
+
+    /// Keeps the run's key in this item: when the update is its run's only
+    /// effect (no other write, no message), it commits alone, as one
+    /// conditional write that records the key in the item and is refused
+    /// when the item holds it already. No claim and no completion are
+    /// written: a write unit for an item under 1 KB, where a transaction
+    /// costs four. The item keeps two windows of the key memory's keys
+    /// (see [`store::item_keys`](crate::store::item_keys)). Beside other
+    /// effects, the run commits its transaction, its key kept with its claim.
+    ///
+    /// ```
+    /// use sqs_once::transaction::{Key, Update};
+    ///
+    /// let credit = Update::new("ledger", Key::new("pk", "acct-1")).add("balance", 30).keep_key();
+    /// assert!(credit.keeps_key());
+    /// ```
+    pub fn keep_key(mut self) -> Self {
+        self.keeps_key = true;
+        self
+    }
+
+    /// Whether the update keeps its run's key in its item ([`keep_key`](Self::keep_key)).
+    pub fn keeps_key(&self) -> bool {
+        self.keeps_key
     }
 
     /// Sets an attribute.
@@ -538,6 +575,18 @@ impl Write {
         self.target().map(|target| target.refusal.clone()).unwrap_or_default()
     }
 
+    /// The attribute of an item's kept keys ([`crate::store::item_keys`])
+    /// that the write names, if any: only sqs-once writes them.
+    fn kept_keys_named(&self) -> Option<&'static str> {
+        let target = self.target()?;
+        let names = |attribute: &str| match self {
+            Self::Put(put) => put.attributes.contains_key(attribute),
+            Self::Update(update) => update.actions.iter().any(|action| action.attribute() == attribute),
+            _ => false,
+        } || target.condition.as_ref().is_some_and(|condition| condition.names(attribute));
+        crate::store::item_keys::KEY_ATTRIBUTES.into_iter().find(|attribute| names(attribute))
+    }
+
     /// Checks what DynamoDB would refuse for the write alone, and returns
     /// its size as DynamoDB counts it.
     pub(super) fn validate(&self) -> Result<usize, StageError> {
@@ -546,6 +595,9 @@ impl Write {
             return Err(StageError::InvalidKey(format!("no table for {}", self.describe())));
         }
         target.key.validate()?;
+        if let Some(kept) = self.kept_keys_named() {
+            return Err(StageError::KeptKeys(kept.to_owned(), target.describe()));
+        }
         let key_size = attributes_size(target.key.attributes().iter().map(|(name, value)| (name.as_str(), value)));
         let condition_size = target.condition.as_ref().map_or(0, condition_size);
         let size = match self {
@@ -557,7 +609,9 @@ impl Write {
                 if let Some(action) = update.actions.iter().find(|action| target.key.holds(action.attribute())) {
                     return Err(StageError::KeyAttribute(action.attribute().to_owned(), target.describe()));
                 }
-                key_size + update.actions.iter().map(action_size).sum::<usize>()
+                // Room for the keys the item may come to keep, at their bound.
+                let kept = if update.keeps_key { crate::store::item_keys::KEYS_ROOM } else { 0 };
+                key_size + update.actions.iter().map(action_size).sum::<usize>() + kept
             }
             Self::Delete(_) | Self::Check(_) => key_size,
             #[cfg(feature = "dynamodb")]
@@ -776,5 +830,27 @@ mod tests {
         let huge = Put::new("t", Key::new("pk", "a")).set("blob", "x".repeat(410 * 1024));
         assert!(matches!(refused(huge.into()), StageError::ItemTooLarge { .. }));
         assert!(Put::new("t", Key::new("pk", "a")).item(&json!([1])).is_err());
+    }
+
+    #[test]
+    fn no_staged_write_names_the_attributes_an_item_keeps_its_keys_in_and_a_kept_key_leaves_them_room() {
+        use crate::store::item_keys::{KEY_ATTRIBUTES, KEYS_ROOM};
+        let refused = |write: Write| write.validate().unwrap_err();
+        for attribute in KEY_ATTRIBUTES {
+            let writes: [Write; 4] = [
+                Update::new("t", Key::new("pk", "a")).set(attribute, "x").into(),
+                Update::new("t", Key::new("pk", "a")).add("n", 1).condition(Condition::not_exists(attribute)).into(),
+                Put::new("t", Key::new("pk", "a")).set(attribute, "x").into(),
+                Check::new("t", Key::new("pk", "a"), !Condition::exists(attribute)).into(),
+            ];
+            for write in writes {
+                let what = write.describe();
+                assert!(matches!(refused(write), StageError::KeptKeys(name, _) if name == attribute), "{what}");
+            }
+        }
+        // An update that fits an item alone, but not beside two full windows of keys, is refused once it keeps them.
+        let near_full = || Update::new("t", Key::new("pk", "a")).set("blob", "x".repeat(400 * 1024 - KEYS_ROOM));
+        assert!(Write::from(near_full()).validate().is_ok());
+        assert!(matches!(refused(near_full().keep_key().into()), StageError::ItemTooLarge { .. }));
     }
 }

@@ -10,13 +10,15 @@ use super::*;
 use crate::{
     ErrorKind,
     engine::ClaimFirst,
-    store::{Commit, CommitStore, Committed},
+    store::{Commit, CommitStore, Committed, item_keys},
     transaction::{Check, Condition, Key, Update},
 };
 
 /// Stages one increment of `applied` for its key; `{"fail": ...}` fails,
 /// `{"gate": "permanent" | "retryable"}` stages a check on an item nobody
-/// writes, `{"sleep_ms": n}` sleeps first, `{"stage": false}` stages nothing.
+/// writes, `{"sleep_ms": n}` sleeps first, `{"stage": false}` stages nothing,
+/// `{"keep": true}` keeps the key in the item (`Update::keep_key`),
+/// `{"below": n}` conditions the increment on `n` being below that.
 #[derive(Clone, Default)]
 struct Credits {
     runs: Arc<AtomicU32>,
@@ -44,7 +46,14 @@ impl Handler for Credits {
             return Ok(None);
         }
         let transaction = record.transaction();
-        transaction.stage(Update::new("applied", Key::new("pk", record.key.as_str())).add("n", 1))?;
+        let mut credit = Update::new("applied", Key::new("pk", record.key.as_str())).add("n", 1);
+        if body["keep"] == json!(true) {
+            credit = credit.keep_key();
+        }
+        if let Some(most) = body["below"].as_u64() {
+            credit = credit.condition(Condition::lt("n", most)).or_fail(ErrorKind::Permanent, "at its most");
+        }
+        transaction.stage(credit)?;
         if let Some(kind) = body["gate"].as_str() {
             let kind = if kind == "permanent" { ErrorKind::Permanent } else { ErrorKind::Retryable };
             let check = Check::new("gates", Key::new("pk", "closed"), Condition::exists("open"));
@@ -79,8 +88,21 @@ impl Calls {
 
     /// How often the key's writes applied.
     fn applied(&self, key: &str) -> u64 {
-        let items = self.inner.items("applied");
-        items.iter().find(|item| item["pk"] == key).map_or(0, |item| item["n"].as_u64().unwrap_or(0))
+        self.applied_item(key).map_or(0, |item| item["n"].as_u64().unwrap_or(0))
+    }
+
+    /// The item the key's writes go to.
+    fn applied_item(&self, key: &str) -> Option<Value> {
+        self.inner.items("applied").into_iter().find(|item| item["pk"] == key)
+    }
+
+    /// The digests of the keys the key's item keeps, the window under way's first.
+    fn kept_keys(&self, key: &str) -> (Vec<String>, Vec<String>) {
+        let item = self.applied_item(key).unwrap_or_default();
+        let set = |name: &str| -> Vec<String> {
+            item[name].as_array().into_iter().flatten().filter_map(|key| key.as_str().map(str::to_owned)).collect()
+        };
+        (set(item_keys::KEYS), set(item_keys::KEYS_BEFORE))
     }
 
     async fn status(&self, key: &str) -> Option<ClaimStatus> {
@@ -113,8 +135,16 @@ impl ClaimStore for Calls {
 
 #[async_trait::async_trait]
 impl CommitStore for Calls {
+    fn keeps_keys_in_items(&self) -> bool {
+        self.inner.keeps_keys_in_items()
+    }
+
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
-        self.note(if commit.unclaimed.is_some() { "commit unclaimed" } else { "commit" });
+        self.note(match (&commit.key_in_item, &commit.unclaimed) {
+            (Some(_), _) => "commit in item",
+            (None, Some(_)) => "commit unclaimed",
+            (None, None) => "commit",
+        });
         let committed = self.inner.commit(id, token, commit).await;
         match self.losing_commit_answers.load(Ordering::SeqCst) {
             true => Err(StoreError::unavailable("the answer was lost")),
@@ -314,6 +344,16 @@ async fn a_kept_commit_sent_again_within_its_time_finds_its_own_completion() {
 /// `redelivered_within`; its record delivered again `after` the answer:
 /// the redelivery's outcome, and how often the key's writes applied.
 async fn redelivered(claim: ClaimFirst, redelivered_within: Option<Duration>, after: Duration) -> (Outcome, u64) {
+    redelivered_with(claim, redelivered_within, after, json!({})).await
+}
+
+/// [`redelivered`], the record's body `body`.
+async fn redelivered_with(
+    claim: ClaimFirst,
+    redelivered_within: Option<Duration>,
+    after: Duration,
+    body: Value,
+) -> (Outcome, u64) {
     let store = Arc::new(Calls { losing_commit_answers: AtomicBool::new(true), ..Calls::default() });
     let clock = Arc::new(crate::clock::ManualClock::new(SystemClock.now_ms()));
     let policy = ClaimPolicy {
@@ -334,7 +374,7 @@ async fn redelivered(claim: ClaimFirst, redelivered_within: Option<Duration>, af
     let invoke = |attempt: u32| {
         let deadline = std::time::UNIX_EPOCH + Duration::from_millis(clock.now_ms()) + SECS_30;
         let invocation = Invocation { deadline, request_id: format!("r-{attempt}") };
-        let event = parse_event(&json!({ "Records": [delivery("m-1", json!({}), attempt)] }).to_string()).unwrap();
+        let event = parse_event(&json!({ "Records": [delivery("m-1", body.clone(), attempt)] }).to_string()).unwrap();
         let engine = engine.clone();
         async move { engine.process(&event, &invocation, None).await }
     };
@@ -368,5 +408,133 @@ async fn a_redelivery_after_the_window_and_the_key_memory_runs_again() {
     assert_eq!((outcome, applied), (Outcome::Processed { confirmed: true }, 2));
     // Records no queue delivers again (`invoke` of an event file) keep the key memory alone.
     let (outcome, applied) = redelivered(ClaimFirst::Auto, None, Duration::from_secs(31)).await;
+    assert_eq!((outcome, applied), (Outcome::Processed { confirmed: true }, 2));
+}
+
+#[tokio::test]
+async fn a_run_whose_one_update_keeps_its_key_commits_it_alone_and_a_copy_finds_the_key_in_the_item() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    let engine = engine(&store, &handler, ClaimFirst::Auto);
+    let report = run(&engine, vec![message("m-1", json!({"keep": true}))], SECS_30).await;
+    assert_eq!(outcome(&report, "m-1"), &Outcome::Processed { confirmed: true });
+    assert_eq!(store.take(), ["commit in item"], "one write: the update, its key in the item");
+    assert_eq!((store.applied("test#m-1"), store.status("test#m-1").await), (1, None), "no claim, no completion");
+    let digest = item_keys::KeyInItem::digest_of("test#m-1");
+    assert_eq!(store.kept_keys("test#m-1"), (vec![digest], vec![item_keys::NO_KEY.to_owned()]));
+
+    // A copy runs the handler and its commit finds the key in the item: a duplicate, nothing applied.
+    let again = run(&engine, vec![message("m-1", json!({"keep": true}))], SECS_30).await;
+    assert_eq!(outcome(&again, "m-1"), &Outcome::Duplicate);
+    assert_eq!((handler.runs(), store.applied("test#m-1")), (2, 1));
+}
+
+#[tokio::test]
+async fn runs_of_one_key_that_race_to_keep_it_in_the_item_apply_once() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    let (first, second) = (engine(&store, &handler, ClaimFirst::Auto), engine(&store, &handler, ClaimFirst::Auto));
+    let copy = || vec![message("m-1", json!({"sleep_ms": 100, "keep": true}))];
+    let (one, two) = tokio::join!(run(&first, copy(), SECS_30), run(&second, copy(), SECS_30));
+    let mut outcomes = [outcome(&one, "m-1").clone(), outcome(&two, "m-1").clone()];
+    outcomes.sort_by_key(|outcome| outcome.label());
+    assert_eq!(outcomes, [Outcome::Duplicate, Outcome::Processed { confirmed: true }]);
+    assert_eq!(store.applied("test#m-1"), 1);
+}
+
+#[tokio::test]
+async fn a_run_keeps_its_key_in_the_item_only_when_the_update_is_its_one_effect() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    // Beside a check, the run commits its transaction: the key kept with its claim.
+    let unclaimed = engine(&store, &handler, ClaimFirst::Auto);
+    let report = run(&unclaimed, vec![message("m-1", json!({"keep": true, "gate": "permanent"}))], SECS_30).await;
+    assert!(matches!(outcome(&report, "m-1"), Outcome::Failed(Failure::Permanent(_))), "{report:?}");
+    assert_eq!(store.take(), ["commit unclaimed", "put_if_free"]);
+    // A run that claims first completes its claim with its commit.
+    let claiming = engine(&store, &handler, ClaimFirst::Always);
+    run(&claiming, vec![message("m-2", json!({"keep": true}))], SECS_30).await;
+    assert_eq!(store.take(), ["put_if_free", "commit"]);
+    assert_eq!(store.status("test#m-2").await, Some(ClaimStatus::Completed));
+    assert_eq!(store.kept_keys("test#m-2"), (vec![], vec![]), "its key kept with its claim");
+}
+
+#[tokio::test]
+async fn with_keys_in_items_set_every_run_whose_one_effect_is_an_update_keeps_its_key_there() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    let policy = ClaimPolicy { keys_in_items: true, local_cache_entries: 0, ..ClaimPolicy::default() };
+    let setup = Setup { store: Arc::clone(&store) as Arc<dyn ClaimStore>, policy, ..Setup::default() };
+    let engine = setup.engine(handler.clone());
+    let report = run(&engine, vec![message("m-1", json!({})), message("m-2", json!({"stage": false}))], SECS_30).await;
+    assert!(failures(&report).is_empty(), "{report:?}");
+    let mut calls = store.take();
+    calls.sort();
+    assert_eq!(calls, ["commit in item", "put_if_free"], "the update alone; nothing staged writes its completion");
+    assert_eq!(store.kept_keys("test#m-1").0, [item_keys::KeyInItem::digest_of("test#m-1")]);
+}
+
+#[tokio::test]
+async fn an_update_whose_own_condition_fails_fails_as_it_declared_and_keeps_no_key() {
+    let (store, handler) = (Arc::new(Calls::default()), Credits::default());
+    let engine = engine(&store, &handler, ClaimFirst::Auto);
+    run(&engine, vec![message("m-1", json!({"keep": true}))], SECS_30).await;
+    // Conditioned on the item's `n` being below 1: m-2's item has none, and a comparison with nothing fails.
+    let record = |id| vec![message(id, json!({"keep": true, "below": 1}))];
+    let key = |id: &str| format!("test#{id}");
+    let refused = run(&engine, record("m-2"), SECS_30).await;
+    assert!(
+        matches!(outcome(&refused, "m-2"), Outcome::Failed(Failure::Permanent(reason)) if reason.contains("at its most")),
+        "{refused:?}"
+    );
+    assert_eq!(store.applied(&key("m-1")), 1);
+    assert_eq!(store.status(&key("m-2")).await, Some(ClaimStatus::Failed), "the failure for good is recorded");
+    assert_eq!(store.kept_keys(&key("m-1")).0.len(), 1, "one key kept");
+}
+
+#[tokio::test]
+async fn a_commit_into_a_full_window_fails_retryably_and_the_item_keeps_its_bound() {
+    let store = Arc::new(Calls::default());
+    // One account's item, credited by MAX_KEYS_PER_WINDOW messages in one window.
+    struct OneAccount;
+    impl Handler for OneAccount {
+        async fn handle(&self, record: &Record) -> HandlerResult {
+            record.transaction().stage(Update::new("applied", Key::new("pk", "acct")).add("n", 1).keep_key())?;
+            Ok(None)
+        }
+        fn stages_every_effect(&self) -> bool {
+            true
+        }
+    }
+    let policy = ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() };
+    let setup = Setup { store: Arc::clone(&store) as Arc<dyn ClaimStore>, policy, ..Setup::default() };
+    let engine = setup.engine(OneAccount);
+    let records = (0..=item_keys::MAX_KEYS_PER_WINDOW).map(|n| message(&format!("m-{n}"), json!({}))).collect();
+    let report = run(&engine, records, SECS_30).await;
+    let failed = failures(&report);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(
+        matches!(outcome(&report, &failed[0]), Outcome::Failed(Failure::Retryable(reason)) if reason.contains("keeps 256 keys")),
+        "{report:?}"
+    );
+    assert_eq!(store.applied("acct"), item_keys::MAX_KEYS_PER_WINDOW as u64);
+    assert_eq!(store.kept_keys("acct").0.len(), item_keys::MAX_KEYS_PER_WINDOW);
+}
+
+#[tokio::test]
+async fn a_kept_key_commit_whose_answer_was_lost_applies_once_sent_again_or_redelivered() {
+    // Sent again by the process (its answer lost): the item holds the key, the effect applied once.
+    let store = Arc::new(Calls { losing_commit_answers: AtomicBool::new(true), ..Calls::default() });
+    let engine = engine(&store, &Credits::default(), ClaimFirst::Auto);
+    let report = run(&engine, vec![message("m-1", json!({"keep": true}))], SECS_30).await;
+    assert!(matches!(outcome(&report, "m-1"), Outcome::Failed(Failure::Uncommitted { .. })), "{report:?}");
+    store.losing_commit_answers.store(false, Ordering::SeqCst);
+    engine.leave(tokio::time::Instant::now() + Duration::from_secs(1)).await;
+    assert!(engine.claims().all_confirmed());
+    assert_eq!((store.applied("test#m-1"), engine.claims().writes_given_up()), (1, 0));
+    // Back after the queue's visibility timeout, keys remembered 30 s: the key is still in the item.
+    let keep = json!({"keep": true});
+    let (outcome, applied) =
+        redelivered_with(ClaimFirst::Auto, Some(TEMPLATE_VISIBILITY), Duration::from_secs(181), keep.clone()).await;
+    assert_eq!((outcome, applied), (Outcome::Duplicate, 1), "the credit applied twice");
+    // A redrive a day later finds the key forgotten, as documented.
+    let day = Duration::from_secs(24 * 3_600);
+    let (outcome, applied) = redelivered_with(ClaimFirst::Auto, Some(TEMPLATE_VISIBILITY), day, keep).await;
     assert_eq!((outcome, applied), (Outcome::Processed { confirmed: true }, 2));
 }

@@ -1,0 +1,243 @@
+//! A commit that keeps its key in its one update's item
+//! ([`crate::store::item_keys`]): one conditional `UpdateItem` of the
+//! business item, which applies the handler's update and adds the key's
+//! digest to the item's keys, on the condition that the item does not hold
+//! it; no claim, no completion, no transaction.
+//!
+//! What the update does to the item's keys depends on its window (see
+//! [`InItem`]), which only the item knows: each commit is sent for the
+//! window this process last saw the item in (a window begun now, for an
+//! item it never saw), with a condition that holds only then. Refused, the
+//! item DynamoDB returns (`ReturnValuesOnConditionCheckFailure = ALL_OLD`)
+//! tells which: the key held (a duplicate, the handler's write not applied
+//! again), the window full, the handler's own condition failing, or
+//! another window, for which the commit is sent again.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Mutex,
+};
+
+use aws_sdk_dynamodb::{
+    operation::update_item::UpdateItemError,
+    types::{AttributeValue, ReturnValuesOnConditionCheckFailure},
+};
+
+use super::{
+    DynamoDbStore, Item,
+    admin::table_missing,
+    client::{described, unavailable},
+    transact::{Expression, attribute_value, too_late},
+};
+use crate::{
+    lock::lock,
+    store::{
+        Cancellation, Commit, Committed, StoreError,
+        item_keys::{InItem, ItemKeys, KEYS, KEYS_BEFORE, KEYS_SINCE, KeyInItem, MAX_KEYS_PER_WINDOW, NO_KEY},
+    },
+    transaction::{Target, Update, Write},
+};
+
+/// Items whose window a process remembers at most; past it, it forgets
+/// them all and sends the next commit to each for a window begun now.
+const WINDOWS_KEPT: usize = 10_000;
+
+/// When each item's window under way began, as this process last saw it,
+/// by table and key: what the next commit to it is sent for.
+#[derive(Debug, Default)]
+pub(super) struct Windows(Mutex<HashMap<String, u64>>);
+
+impl Windows {
+    fn since_ms(&self, item: &str) -> Option<u64> {
+        lock(&self.0).get(item).copied()
+    }
+
+    fn saw(&self, item: &str, since_ms: Option<u64>) {
+        let mut windows = lock(&self.0);
+        if windows.len() >= WINDOWS_KEPT {
+            windows.clear();
+        }
+        match since_ms {
+            Some(since_ms) => windows.insert(item.to_owned(), since_ms),
+            None => windows.remove(item),
+        };
+    }
+}
+
+/// The keys `item` keeps, as DynamoDB returned it.
+fn item_keys(item: Option<&Item>) -> ItemKeys {
+    let set = |name: &str| -> BTreeSet<String> {
+        match item.and_then(|item| item.get(name)) {
+            Some(AttributeValue::Ss(keys)) => keys.iter().cloned().collect(),
+            _ => BTreeSet::new(),
+        }
+    };
+    let since_ms = match item.and_then(|item| item.get(KEYS_SINCE)) {
+        Some(AttributeValue::N(since)) => since.parse().ok(),
+        _ => None,
+    };
+    ItemKeys { current: set(KEYS), before: set(KEYS_BEFORE), since_ms }
+}
+
+/// How many times a commit is sent for another window before it gives up:
+/// each refusal tells the window that holds, so a second send is the last
+/// unless another commit changes the item's window in between.
+const WINDOW_ATTEMPTS: usize = 4;
+
+impl DynamoDbStore {
+    /// [`CommitStore::commit`](crate::store::CommitStore::commit) of a
+    /// commit whose key is kept in its update's item.
+    pub(super) async fn commit_in_item(&self, commit: &Commit, key: &KeyInItem) -> Result<Committed, StoreError> {
+        let [Write::Update(update)] = commit.writes.as_slice() else {
+            return Err(StoreError::Unsupported(
+                "a commit keeps its key in the item of its one update, and holds other writes".into(),
+            ));
+        };
+        let item = update.target().describe();
+        let since_ms = self.windows.since_ms(&item);
+        let mut judged = key.judge(&ItemKeys { since_ms, ..ItemKeys::default() });
+        for _ in 0..WINDOW_ATTEMPTS {
+            if let Some(late) = too_late(commit.send_by_ms()) {
+                return Err(late);
+            }
+            let refused = match self.send_in_item(update, key, judged).await? {
+                None => {
+                    let since_ms = match judged {
+                        InItem::SameWindow => since_ms,
+                        _ => Some(key.now_ms),
+                    };
+                    self.windows.saw(&item, since_ms);
+                    return Ok(Committed::Applied);
+                }
+                Some(refused) => refused,
+            };
+            let keys = item_keys(refused.as_ref());
+            self.windows.saw(&item, keys.since_ms);
+            match key.judge(&keys) {
+                InItem::Duplicate => return Ok(Committed::InItemAlready),
+                InItem::Full => return Ok(Committed::Cancelled(key.full(&commit.writes[0]))),
+                // Sent for the window that holds: what refused it is the handler's own condition.
+                now if now == judged => {
+                    let reasons = format!("{}: ConditionalCheckFailed", commit.writes[0].describe());
+                    return Ok(Committed::Cancelled(Cancellation::by(&commit.writes, 0, reasons)));
+                }
+                now => judged = now,
+            }
+        }
+        Err(StoreError::Contended(item))
+    }
+
+    /// Sends `update` with the key added as `judged` says, on the condition
+    /// that the item's window is the one `judged` is for and holds no key
+    /// of it: `None` when it applied, else the item as it stood (`None`
+    /// within for no item), read when DynamoDB did not return it.
+    async fn send_in_item(
+        &self,
+        update: &Update,
+        key: &KeyInItem,
+        judged: InItem,
+    ) -> Result<Option<Option<Item>>, StoreError> {
+        let target = update.target();
+        let mut expression = Expression::default();
+        let (current, before, since) =
+            (expression.name(KEYS), expression.name(KEYS_BEFORE), expression.name(KEYS_SINCE));
+        let digests = expression.value(AttributeValue::Ss(vec![key.digest.clone()]));
+        // Aliased only where a condition names it: DynamoDB refuses a value no expression uses.
+        let mut digest = || expression.value(AttributeValue::S(key.digest.clone()));
+        let (mut set, mut add) = (Vec::new(), Vec::new());
+        let mut conditions = Vec::new();
+        match judged {
+            InItem::SameWindow => {
+                let digest = digest();
+                let over = expression.value(number(key.memories_ago_ms(1)));
+                let most = expression.value(number(MAX_KEYS_PER_WINDOW as u64));
+                conditions.push(format!(
+                    "{since} > {over} AND NOT contains({current}, {digest}) AND NOT contains({before}, {digest}) \
+                     AND size({current}) < {most}"
+                ));
+                add.push(format!("{current} {digests}"));
+            }
+            InItem::NextWindow => {
+                let digest = digest();
+                let (over, forgotten) = (
+                    expression.value(number(key.memories_ago_ms(1))),
+                    expression.value(number(key.memories_ago_ms(2))),
+                );
+                conditions
+                    .push(format!("{since} <= {over} AND {since} > {forgotten} AND NOT contains({current}, {digest})"));
+                let now = expression.value(number(key.now_ms));
+                set.extend([
+                    format!("{before} = {current}"),
+                    format!("{current} = {digests}"),
+                    format!("{since} = {now}"),
+                ]);
+            }
+            // A duplicate or a full window is never sent: judged from the item, answered from it.
+            InItem::Fresh | InItem::Duplicate | InItem::Full => {
+                let forgotten = expression.value(number(key.memories_ago_ms(2)));
+                conditions.push(format!("(attribute_not_exists({since}) OR {since} <= {forgotten})"));
+                let (nothing, now) = (
+                    expression.value(AttributeValue::Ss(vec![NO_KEY.to_owned()])),
+                    expression.value(number(key.now_ms)),
+                );
+                set.extend([
+                    format!("{before} = {nothing}"),
+                    format!("{current} = {digests}"),
+                    format!("{since} = {now}"),
+                ]);
+            }
+        }
+        if let Some(condition) = &target.condition {
+            conditions.push(format!("({})", expression.condition(condition)?));
+        }
+        let update_expression = expression.update_with(update.actions(), set, add)?;
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&target.table)
+            .set_key(Some(key_of(target)))
+            .update_expression(update_expression)
+            .condition_expression(conditions.join(" AND "))
+            .set_expression_attribute_names(expression.names())
+            .set_expression_attribute_values(expression.values())
+            .return_values_on_condition_check_failure(self.returned_values())
+            .send()
+            .await;
+        let error = match sent {
+            Ok(_) => return Ok(None),
+            Err(error) => error.into_service_error(),
+        };
+        match error {
+            UpdateItemError::ConditionalCheckFailedException(failed) => match failed.item {
+                Some(item) if !item.is_empty() => Ok(Some(Some(item))),
+                _ if self.returned_values() == ReturnValuesOnConditionCheckFailure::AllOld => Ok(Some(None)),
+                _ => Ok(Some(self.get_item_of(target).await?)),
+            },
+            UpdateItemError::ResourceNotFoundException(missing) if table_missing(&self.client, &target.table).await => {
+                Err(StoreError::Rejected(format!(
+                    "the handler's table `{}` does not exist ({}): create it, or correct the table the handler \
+                     stages its write to",
+                    target.table,
+                    described(&missing)
+                )))
+            }
+            other => Err(unavailable(other)),
+        }
+    }
+
+    /// The item `target` names, read consistently.
+    async fn get_item_of(&self, target: &Target) -> Result<Option<Item>, StoreError> {
+        let read = self.client.get_item().table_name(&target.table).set_key(Some(key_of(target))).consistent_read(true);
+        Ok(read.send().await.map_err(unavailable)?.item.filter(|item| !item.is_empty()))
+    }
+}
+
+/// The key of the item `target` names, as DynamoDB takes it.
+fn key_of(target: &Target) -> Item {
+    target.key.attributes().iter().map(|(name, value)| (name.clone(), attribute_value(value))).collect()
+}
+
+/// A number as DynamoDB takes it.
+fn number(value: u64) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
