@@ -40,6 +40,17 @@ impl Handler for Payments {
         }
         // Call the payment provider here, passing `record.key` as its
         // idempotency key; a timeout is `HandlerError::retryable(..)`.
+        //
+        // Or, when the whole effect is one DynamoDB item's update, stage it
+        // and let the item keep the key: one conditional write, applied once,
+        // a write unit where a transaction costs four (docs/transactions.md,
+        // "The key in the item"; `use sqs_once::transaction::{Key, Update};`):
+        //
+        //     record.transaction().stage(
+        //         Update::new("orders", Key::new("pk", payment.order_id.as_str()))
+        //             .add("charged_cents", payment.amount_cents)
+        //             .keep_key(),
+        //     )?;
         Ok(Some(serde_json::json!({ "order_id": payment.order_id, "charged": payment.amount_cents })))
     }
 }

@@ -27,6 +27,7 @@ mod common;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     process::Stdio,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -37,7 +38,10 @@ use common::{
     sqs::Queue,
 };
 use serde_json::{Value, json};
-use sqs_once::{store::DynamoDbStore, transaction::OUTBOX_ID_ATTRIBUTE};
+use sqs_once::{
+    store::{ClaimQuery, ClaimStatus, ClaimStore, DynamoDbStore},
+    transaction::OUTBOX_ID_ATTRIBUTE,
+};
 
 /// An overdraft: no account can cover it.
 const OVERDRAFT: i64 = -1_000_000_000;
@@ -56,6 +60,9 @@ struct World {
     /// `SQS_ONCE_CLAIM`: the ledger stages every effect, so its runs take no
     /// claim (`auto`) unless told to claim first (`always`).
     claim: &'static str,
+    /// Whether the ledger notices its entries (`SQS_ONCE_LEDGER_NOTIFY_URL`):
+    /// without, each credit keeps its key in its account's item.
+    notifying: bool,
 }
 
 impl World {
@@ -67,16 +74,23 @@ impl World {
     async fn claiming(claim: &'static str) -> Self {
         let claims = common::fresh_table().await;
         let (notices, dead_letters) = (Queue::create(false, 30).await, Queue::create(false, 30).await);
-        Self { claims, balances: common::dynamodb::items_table().await, notices, dead_letters, claim }
+        Self { claims, balances: common::dynamodb::items_table().await, notices, dead_letters, claim, notifying: true }
+    }
+
+    /// A world whose ledger sends no notice, claiming as `claim` says: its
+    /// credits keep their keys in the accounts.
+    async fn without_notices(claim: &'static str) -> Self {
+        Self { notifying: false, ..Self::claiming(claim).await }
     }
 
     /// The settings of a ledger consumer whose DynamoDB and SQS requests go
     /// to `dynamodb` and `sqs`.
     fn envs(&self, dynamodb: &str, sqs: &str) -> Vec<(&'static str, String)> {
+        let notify = if self.notifying { self.notices.url().to_owned() } else { String::new() };
         vec![
             ("SQS_ONCE_HANDLER", "ledger".into()),
             ("SQS_ONCE_LEDGER_TABLE", self.balances.clone()),
-            ("SQS_ONCE_LEDGER_NOTIFY_URL", self.notices.url().to_owned()),
+            ("SQS_ONCE_LEDGER_NOTIFY_URL", notify),
             ("SQS_ONCE_TABLE", self.claims.layout().table.clone()),
             ("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.into()),
             ("AWS_ENDPOINT_URL_SQS", sqs.into()),
@@ -160,8 +174,8 @@ impl World {
                 message.message_attributes().unwrap()["SqsOnce.MessageId"].string_value().unwrap().to_owned()
             })
             .collect();
-        let lost: Vec<&String> =
-            entries.keys().filter(|id| !overdrafts.contains(id) && !outbox_ids.contains_key(*id)).collect();
+        let noticed = |id: &&String| !self.notifying || outbox_ids.contains_key(*id);
+        let lost: Vec<&String> = entries.keys().filter(|id| !overdrafts.contains(id) && !noticed(id)).collect();
         let distinct: usize = outbox_ids.values().map(BTreeSet::len).sum();
         let report = json!({
             "accounts": expected.len(), "balances_off_by": off_by, "notices_received": notices.len(),
@@ -227,7 +241,12 @@ fn entries(keys: usize, seed: u64) -> BTreeMap<String, String> {
 /// into the notices sent, then, once every lease has ended, a copy of each
 /// again; checks the ledger and returns the figures.
 async fn drain(keys: usize, dynamodb: FaultMix, sqs: FaultMix, seed: u64, claim: &'static str) -> Value {
-    let world = World::claiming(claim).await;
+    drain_in(World::claiming(claim).await, keys, dynamodb, sqs, seed).await
+}
+
+/// [`drain`] in `world`.
+async fn drain_in(world: World, keys: usize, dynamodb: FaultMix, sqs: FaultMix, seed: u64) -> Value {
+    let claim = world.claim;
     let dynamodb_proxy = FaultProxy::start(&common::dynamodb::endpoint(), DYNAMODB, dynamodb, &[], seed).await;
     let sqs_proxy = FaultProxy::start(&common::sqs::endpoint(), SQS, sqs, &["SendMessage"], seed).await;
     let envs = world.envs(&dynamodb_proxy.url, &sqs_proxy.url);
@@ -296,6 +315,30 @@ async fn every_entry_applies_once_on_a_faulty_network() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_entry_applies_once_on_a_faulty_network_when_runs_claim_first() {
     faulty_network("always").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_credit_kept_in_its_account_applies_once_on_a_faulty_network() {
+    // Without a notice queue, each credit's one update keeps its key in its account: one conditional write, no
+    // transaction; claiming first or not. Lost answers, resets, errors, throttling and late answers come between.
+    for claim in ["auto", "always"] {
+        for seed in seeds() {
+            let rate = setting("SQS_ONCE_FAULTS_RATE", 0.18);
+            let keys = setting("SQS_ONCE_FAULTS_KEYS", 150);
+            let world = World::without_notices(claim).await;
+            let (claims, balances) = (world.claims.clone(), world.balances.clone());
+            let report = drain_in(world, keys, FaultMix::spread(rate), FaultMix::default(), seed).await;
+            // Every account keeps the keys of its credits; without a claim, none was written but for overdrafts.
+            let account = common::dynamodb::item(&balances, &format!("acct-{seed}-1")).await.unwrap();
+            assert!(account["sqs_once_keys"].as_array().is_some_and(|keys| !keys.is_empty()), "{account}");
+            let completed = ClaimQuery { status: Some(ClaimStatus::Completed), limit: 10_000, ..ClaimQuery::default() };
+            let completed = Arc::new(claims).admin().unwrap().list(&completed).await.unwrap().claims.len();
+            match claim {
+                "auto" => assert_eq!(completed, 0, "a credit without a claim writes none: {report}"),
+                _ => assert!(completed > 0, "a run that claimed first completes its claim: {report}"),
+            }
+        }
+    }
 }
 
 /// Delivers `pending` entries to `function` as SQS delivers them to an

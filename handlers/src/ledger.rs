@@ -10,13 +10,17 @@
 //! through the write's own condition, and nothing of it applies.
 //!
 //! Every effect is staged, so a run takes no claim first
-//! ([`Handler::stages_every_effect`]): the transaction writes the key's
-//! completion where the key is free, one request and 4 write units per
-//! credit. `SQS_ONCE_CLAIM=always` claims first anyway.
+//! ([`Handler::stages_every_effect`]), and the credit keeps its key in the
+//! account's item ([`Update::keep_key`]): it commits alone, as one
+//! conditional `UpdateItem` that is refused when the account holds the key
+//! already, one request and 1 write unit per credit for an account item
+//! under 1 KB. `SQS_ONCE_CLAIM=always` claims first anyway.
 //!
 //! With `SQS_ONCE_LEDGER_NOTIFY_URL` set, each entry also sends
 //! `{"account", "amount", "message_id"}` to that queue through the outbox:
-//! written in the same transaction, sent once it has committed.
+//! written in one transaction with the credit and the key's completion,
+//! sent once it has committed (one request; a transaction is charged 2
+//! write units an item: the credit, the completion and the outbox item).
 
 use serde::Deserialize;
 use serde_json::json;
@@ -62,7 +66,8 @@ impl Handler for Ledger {
         if entry.account.is_empty() {
             return Err(HandlerError::permanent("an entry needs an account"));
         }
-        let mut update = Update::new(&self.table, Key::new("pk", entry.account.as_str())).add("balance", entry.amount);
+        let mut update =
+            Update::new(&self.table, Key::new("pk", entry.account.as_str())).add("balance", entry.amount).keep_key();
         if entry.amount < 0 {
             let debit = entry.amount.checked_neg().ok_or_else(|| HandlerError::permanent("amount out of range"))?;
             update = update
