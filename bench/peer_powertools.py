@@ -2,6 +2,9 @@
 documentation recommends for SQS: BatchProcessor (SqsFifoPartialProcessor for
 FIFO) with process_partial_response, and idempotent_function keyed on
 messageId with DynamoDBPersistenceLayer and the Lambda context registered.
+With PEER_BALANCES set, each record credits the account its body names in
+that table with its own UpdateItem (ADD balance amount) inside the idempotent
+function, as a handler writes its effect.
 
     python peer_powertools.py TABLE EVENT_FILE [fifo]
 
@@ -32,6 +35,7 @@ from aws_lambda_powertools.utilities.idempotency import (
 
 table, event_file = sys.argv[1], sys.argv[2]
 fifo = len(sys.argv) > 3 and sys.argv[3] == "fifo"
+balances = os.environ.get("PEER_BALANCES")
 
 client = boto3.client("dynamodb")  # AWS_ENDPOINT_URL_DYNAMODB points it at DynamoDB Local
 requests = 0
@@ -50,10 +54,16 @@ processor = SqsFifoPartialProcessor() if fifo else BatchProcessor(event_type=Eve
 
 @idempotent_function(data_keyword_argument="record", config=config, persistence_store=persistence)
 def record_handler(record):
-    # The same trivial work as the demo handler of sqs-once: nothing, or, for a
-    # body that asks (`{"fail": "permanent"}`), an error, as the demo fails.
-    if "fail" in json.loads(record["body"]):
+    # The same work as sqs-once's handlers: nothing (the demo's), or, for a body
+    # that asks (`{"fail": "permanent"}`), an error, as the demo fails; or the
+    # ledger's credit, written by the handler itself.
+    body = json.loads(record["body"])
+    if "fail" in body:
         raise ValueError("asked to fail")
+    if balances:
+        client.update_item(TableName=balances, Key={"pk": {"S": body["account"]}},
+                           UpdateExpression="ADD balance :amount",
+                           ExpressionAttributeValues={":amount": {"N": str(body["amount"])}})
     return None
 
 

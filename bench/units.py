@@ -40,6 +40,16 @@ CPU_SHARE = 256 / 1769
 BATCH = 10
 ROUND_TRIP_MS = 5
 TIMED = 7
+# The ways a ledger credit commits: SQS_ONCE_LEDGER_KEYS_IN_ACCOUNTS, SQS_ONCE_CLAIM, and what the rows say.
+LEDGER_WAYS = (("true", "auto", "its key kept in the account"),
+               ("true", "always", "its key kept in the account, claimed first"),
+               ("false", "auto", "in a transaction without a claim"),
+               ("false", "always", "in a transaction with its claim"))
+
+
+def credit_path(label):
+    """The name of the record path of a ledger credit committed as `label` says."""
+    return f"ledger credit staged, {label} (exactly once)"
 
 
 class LambdaCpu:
@@ -122,8 +132,8 @@ def lambda_durations(balances):
     credits = [{"account": f"acct-{n}", "amount": 1} for n in range(BATCH)]
     ledger = {"SQS_ONCE_HANDLER": "ledger", "SQS_ONCE_LEDGER_TABLE": balances, "SQS_ONCE_OUTBOX_SWEEP_SECS": "0"}
     staged = [
-        ("ledger credit staged with its claim (exactly once)", credits, False, dict(ledger, SQS_ONCE_CLAIM="always"), 0),
-        ("ledger credit staged without a claim (exactly once)", credits, False, ledger, 0),
+        (credit_path(label), credits, False, dict(ledger, SQS_ONCE_CLAIM=claim, SQS_ONCE_LEDGER_KEYS_IN_ACCOUNTS=kept), 0)
+        for kept, claim, label in LEDGER_WAYS
     ]
     durations = {}
     cpu = LambdaCpu()
@@ -227,10 +237,11 @@ def main():
                 sys.exit(f"{consumer}, {path}: {failures} failed, expected {expected_failures}")
             rows.append((consumer, path, meter.read()))
         if consumer == "sqs-once":
-            for claim, label in (("always", "with its claim"), ("auto", "without a claim")):
+            for kept, claim, label in LEDGER_WAYS:
                 credits = event_file([{"account": f"acct-{n % 50}", "amount": 1} for n in range(count)])
-                env = {"SQS_ONCE_LEDGER_TABLE": balances, "SQS_ONCE_CLAIM": claim}
-                for path, event in ((f"ledger credit staged {label} (exactly once)", credits),
+                env = {"SQS_ONCE_LEDGER_TABLE": balances, "SQS_ONCE_CLAIM": claim,
+                       "SQS_ONCE_LEDGER_KEYS_IN_ACCOUNTS": kept}
+                for path, event in ((credit_path(label), credits),
                                     (f"the same credit again, {label}: a copy (receive count 1)", credits),
                                     (f"the same credit again, {label}: redelivered (receive count 2)",
                                      redelivered(credits))):
@@ -296,7 +307,9 @@ def main():
         "failure costs sqs-once one unit more than Powertools: it keeps the failure (with its reason, in the "
         "open-claims index) where Powertools deletes the record and lets the next delivery run the handler again. A "
         "copy of a credit that arrives with receive count 1 costs a handler without a claim its refused "
-        "transaction; one SQS delivers again after a failure or a timeout (receive count above 1) costs it a read.",
+        "transaction (or its refused update, its key kept in the account); one SQS delivers again after a failure "
+        "or a timeout (receive count above 1) costs it a read, and a key kept in the account its refused update too "
+        "(the read finds no claim).",
         "",
         f"**Lambda.** Each consumer's warm invocation of a batch of {BATCH} records (the SQS event source's default "
         f"batch size), DynamoDB Local {ROUND_TRIP_MS} ms away (`throughput delay-proxy`), the consumer held to the "
