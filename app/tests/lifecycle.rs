@@ -293,7 +293,16 @@ mod ledger {
             ("SQS_ONCE_HANDLER", "ledger".to_owned()),
             ("SQS_ONCE_LEDGER_TABLE", table.to_owned()),
             ("SQS_ONCE_CLAIM", claim.to_owned()),
+            // Each credit in a transaction with its key's completion: what these cases prove.
+            ("SQS_ONCE_LEDGER_KEYS_IN_ACCOUNTS", "false".to_owned()),
         ]
+    }
+
+    /// The ledger's settings, each credit's key kept in its account.
+    fn ledger_keeping_keys(table: &str, claim: &str) -> Vec<(&'static str, String)> {
+        let mut settings = ledger(table, claim);
+        settings.retain(|(name, _)| *name != "SQS_ONCE_LEDGER_KEYS_IN_ACCOUNTS");
+        settings
     }
 
     /// Twenty credits over five accounts, credit n of n + 1.
@@ -324,6 +333,9 @@ mod ledger {
     /// copies' completions.
     const REFUSED_BY_TOKEN: &str = "commit refused: the lease was taken over";
     const REFUSED_BY_COMPLETION: &str = "commit refused: the key was taken by another run";
+    /// ... or, for credits that keep their keys in the accounts, by the keys
+    /// the copies' updates kept there.
+    const REFUSED_IN_ITEM: &str = "commit refused: the key is kept in its item already";
 
     /// Freezes the first environment at its answer while DynamoDB holds its
     /// commits `held`, delivers copies after the lease to a second one, and
@@ -331,6 +343,16 @@ mod ledger {
     /// again. Runs claim as `claim` says. Returns the first answer's
     /// failures and the copies' outcomes.
     async fn run(held: Duration, thawed: Option<&str>, claim: &str) -> (Vec<String>, Value) {
+        run_with(held, thawed, ledger, claim).await
+    }
+
+    /// [`run`], the ledger set up by `settings`.
+    async fn run_with(
+        held: Duration,
+        thawed: Option<&str>,
+        settings: fn(&str, &str) -> Vec<(&'static str, String)>,
+        claim: &str,
+    ) -> (Vec<String>, Value) {
         let _alone = ONE_AT_A_TIME.lock().await;
         warm_up().await;
         let store = common::fresh_table().await;
@@ -339,7 +361,7 @@ mod ledger {
         let proxy = FaultProxy::holding_finishing_writes(held).await;
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("demo.log");
-        let first = Environment::with(&table, &proxy.url, true, 2000, &log, &ledger(&balances, claim)).await;
+        let first = Environment::with(&table, &proxy.url, true, 2000, &log, &settings(&balances, claim)).await;
         first.freeze_at_answer(&proxy);
         let deadline_ms = u64::try_from((SystemTime::now() + DEADLINE).duration_since(UNIX_EPOCH).unwrap().as_millis());
         let failed_first = first.invoke(&credits(1)).await;
@@ -347,7 +369,7 @@ mod ledger {
         let now_ms = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap();
         tokio::time::sleep(Duration::from_millis(lease_end_ms.saturating_sub(now_ms))).await;
         proxy.hold_finishing(Duration::ZERO);
-        let second = Environment::with(&table, &proxy.url, true, 2000, &log, &ledger(&balances, claim)).await;
+        let second = Environment::with(&table, &proxy.url, true, 2000, &log, &settings(&balances, claim)).await;
         let (answer, _, _) = second.api.invoke(&credits(2), DEADLINE).await.expect("the copies were answered");
         let Answer::Response(response) = answer else { panic!("invocation error: {answer:?}") };
         assert!(common::failed_ids(&response).is_empty(), "copies: {response}\n{}", second.logs());
@@ -386,6 +408,17 @@ mod ledger {
     async fn a_thawed_environment_whose_runs_took_no_claim_cannot_commit_over_the_copies() {
         let (failed, _) = run(Duration::from_secs(6), Some(REFUSED_BY_COMPLETION), "auto").await;
         assert_eq!(failed.len(), RECORDS);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thawed_environment_whose_credits_keep_their_keys_in_the_accounts_cannot_credit_twice() {
+        // Each credit one conditional update of its account; the copies' updates keep their keys there first.
+        for claim in ["auto", "always"] {
+            let (failed, outcomes) =
+                run_with(Duration::from_secs(6), Some(REFUSED_IN_ITEM), ledger_keeping_keys, claim).await;
+            assert_eq!(failed.len(), RECORDS, "{claim}: every credit uncommitted at the freeze");
+            assert_eq!(outcomes["processed"], RECORDS, "{claim}: the copies took every key: {outcomes}");
+        }
     }
 
     /// Twenty credits of `prefix`'s own five accounts.

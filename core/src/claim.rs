@@ -42,9 +42,9 @@ use crate::{
     reason,
     store::{
         ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, OutboxEntry, PutOutcome, StoreError,
-        StoredClaim, Unclaimed, item_keys::KeyInItem, new_token,
+        StoredClaim, Unclaimed, new_token,
     },
-    transaction::{Staged, Write},
+    transaction::{Staged, Write, item_keys::KeyInItem},
 };
 
 mod unconfirmed;
@@ -526,6 +526,13 @@ impl Claims {
                             id = %lease.id,
                             "commit refused: the key was taken by another run meanwhile (a copy's commit), which is \
                              the one that counts; nothing of this run applied"
+                        );
+                    }
+                    if let Ok(Committed::InItemAlready) = result {
+                        tracing::info!(
+                            id = %lease.id,
+                            "commit refused: the key is kept in its item already (a copy's commit applied the effect, \
+                             or an earlier send of this one did); nothing applied now"
                         );
                     }
                     if !landed {

@@ -8,10 +8,9 @@ use async_trait::async_trait;
 
 use crate::{
     clock::duration_ms,
-    transaction::{Refusal, Write},
+    transaction::{Refusal, Write, item_keys},
 };
 
-pub mod item_keys;
 #[doc(hidden)]
 pub mod items;
 mod memory;
@@ -200,6 +199,12 @@ impl Cancellation {
     pub fn by(writes: &[Write], write: usize, reasons: String) -> Self {
         let refusal = writes.get(write).map(Write::refusal).unwrap_or_default();
         Self { write, refusal, reasons }
+    }
+
+    /// The cancellation of a commit that keeps its key in the item of
+    /// `write`, whose window under way is full ([`item_keys::MAX_KEYS_PER_WINDOW`]).
+    pub fn window_full(key: &item_keys::KeyInItem, write: &Write) -> Self {
+        Self { write: 0, refusal: key.full(write), reasons: "its window of keys is full".into() }
     }
 }
 
@@ -428,7 +433,7 @@ pub trait CommitStore: Send + Sync {
     /// [`added_to`](item_keys::KeyInItem::added_to) say, in one conditional
     /// write, and writes no claim: [`Committed::InItemAlready`] when the item
     /// holds the key, a cancellation when the update's own condition does not
-    /// hold or the item's window is full ([`KeyInItem::full`](item_keys::KeyInItem::full)).
+    /// hold or the item's window is full ([`Cancellation::window_full`]).
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError>;
 
     /// Whether the store commits a run's one update with its key kept in

@@ -41,6 +41,7 @@
 //!
 #![doc = include_str!("../docs/transactions.md")]
 
+pub mod item_keys;
 mod message;
 mod write;
 

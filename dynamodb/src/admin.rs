@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::{
 };
 
 use super::{DynamoDbStore, OPEN_INDEX, OPEN_STATUS, TableKey, unavailable};
-use crate::store::StoreError;
+use sqs_once_core::store::StoreError;
 
 /// Whether DynamoDB says `table` does not exist (`ResourceNotFoundException`
 /// to a `DescribeTable`). Any other answer, an error included, counts as
@@ -83,12 +83,12 @@ pub async fn check_table(
         match error.code() {
             Some("ResourceNotFoundException") => return Err(Unusable::Missing),
             Some(code) if REFUSED_CREDENTIALS.contains(&code) => {
-                let refused = format!("it refused the credentials: {}", crate::aws::describe(&error));
+                let refused = format!("it refused the credentials: {}", sqs_once_core::aws::describe(&error));
                 return Err(Unusable::Unreachable(refused));
             }
             Some(_) => return Ok(()),
             None => {
-                let unanswered = crate::aws::unanswered(&error);
+                let unanswered = sqs_once_core::aws::unanswered(&error);
                 silent = Some((error, unanswered));
                 // A request that could not be made is not tried again.
                 if !unanswered {
@@ -100,9 +100,9 @@ pub async fn check_table(
     if let Some(credentials) = credentials
         && let Err(error) = credentials.provide_credentials().await
     {
-        return Err(Unusable::NoCredentials(crate::reason::with_causes(&error)));
+        return Err(Unusable::NoCredentials(sqs_once_core::reason::with_causes(&error)));
     }
-    let reason = silent.as_ref().map(|(error, _)| crate::aws::describe(error)).unwrap_or_default();
+    let reason = silent.as_ref().map(|(error, _)| sqs_once_core::aws::describe(error)).unwrap_or_default();
     match silent {
         Some((_, true)) => Err(Unusable::Silent(reason)),
         _ => Err(Unusable::Unreachable(reason)),

@@ -35,8 +35,7 @@ use tokio::{
 };
 
 use self::window::{Signal, Slot, Window};
-use crate::lock::lock;
-use crate::store::StoreError;
+use sqs_once_core::{lock::lock, store::StoreError};
 
 mod window;
 

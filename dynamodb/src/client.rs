@@ -19,7 +19,7 @@ use aws_sdk_dynamodb::{
     types::{AttributeValue, error::ConditionalCheckFailedException},
 };
 
-use crate::store::StoreError;
+use sqs_once_core::store::StoreError;
 
 /// DynamoDB requests made by a client, counted as they are sent (retries
 /// count again), per operation.
@@ -137,14 +137,14 @@ pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounte
 }
 
 /// A DynamoDB client given by the program, with the timeouts it lacks
-/// filled in as [`crate::aws::with_limits`] fills a configuration's.
+/// filled in as [`sqs_once_core::aws::with_limits`] fills a configuration's.
 #[doc(hidden)]
 pub fn with_limits(client: Client) -> Client {
     let config = client.config();
-    Client::from_conf(config.to_builder().timeout_config(crate::aws::filled(config.timeout_config())).build())
+    Client::from_conf(config.to_builder().timeout_config(sqs_once_core::aws::filled(config.timeout_config())).build())
 }
 
-/// An SDK failure as a store error, in one line ([`crate::aws::describe`]):
+/// An SDK failure as a store error, in one line ([`sqs_once_core::aws::describe`]):
 /// [`StoreError::Rejected`] when DynamoDB refused the request for what it
 /// holds (`ValidationException`: sending it again cannot succeed), else
 /// [`StoreError::Unavailable`].
@@ -201,5 +201,5 @@ condition_failure!(PutItemError, UpdateItemError, DeleteItemError);
 
 /// An SDK failure in one line, naming DynamoDB.
 pub(super) fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
-    format!("DynamoDB: {}", crate::aws::describe(error))
+    format!("DynamoDB: {}", sqs_once_core::aws::describe(error))
 }

@@ -1,5 +1,5 @@
 //! A commit that keeps its key in its one update's item
-//! ([`crate::store::item_keys`]): one conditional `UpdateItem` of the
+//! ([`sqs_once_core::transaction::item_keys`]): one conditional `UpdateItem` of the
 //! business item, which applies the handler's update and adds the key's
 //! digest to the item's keys, on the condition that the item does not hold
 //! it; no claim, no completion, no transaction.
@@ -15,8 +15,11 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::Mutex,
+    sync::{Arc, Mutex},
+    time::Duration,
 };
+
+use tokio::sync::Notify;
 
 use aws_sdk_dynamodb::{
     operation::update_item::UpdateItemError,
@@ -29,38 +32,86 @@ use super::{
     client::{described, unavailable},
     transact::{Expression, attribute_value, too_late},
 };
-use crate::{
+use sqs_once_core::{
     lock::lock,
-    store::{
-        Cancellation, Commit, Committed, StoreError,
+    store::{Cancellation, Commit, Committed, StoreError},
+    transaction::{
+        Target, Update, Write,
         item_keys::{InItem, ItemKeys, KEYS, KEYS_BEFORE, KEYS_SINCE, KeyInItem, MAX_KEYS_PER_WINDOW, NO_KEY},
     },
-    transaction::{Target, Update, Write},
 };
 
 /// Items whose window a process remembers at most; past it, it forgets
 /// them all and sends the next commit to each for a window begun now.
 const WINDOWS_KEPT: usize = 10_000;
 
+/// How long a commit to an item waits for another commit of this process
+/// that is finding out the item's window, at most, before it sends for a
+/// window begun now: a request's time.
+const LEARNING_WAIT: Duration = Duration::from_secs(1);
+
 /// When each item's window under way began, as this process last saw it,
 /// by table and key: what the next commit to it is sent for.
 #[derive(Debug, Default)]
-pub(super) struct Windows(Mutex<HashMap<String, u64>>);
+pub(super) struct Windows(Mutex<HashMap<String, Seen>>);
+
+/// What a process knows of an item's window.
+#[derive(Debug)]
+enum Seen {
+    /// When it began.
+    Since(u64),
+    /// A commit of this process is sent for it without knowing: the others
+    /// wait for its answer, rather than each guess the same wrong window
+    /// and be refused (a batch of credits to one account, on a process's
+    /// first batch).
+    Learning(Arc<Notify>),
+}
 
 impl Windows {
-    fn since_ms(&self, item: &str) -> Option<u64> {
-        lock(&self.0).get(item).copied()
+    /// When the window the next commit to `item` is sent for began, as this
+    /// process saw it last; `None` when it does not know, and the caller is
+    /// to find out ([`saw`](Self::saw) says, whatever its commit's answer).
+    async fn since_ms(&self, item: &str) -> Option<u64> {
+        loop {
+            let learning = {
+                let mut windows = lock(&self.0);
+                match windows.get(item) {
+                    Some(Seen::Since(since_ms)) => return Some(*since_ms),
+                    Some(Seen::Learning(learning)) => Arc::clone(learning),
+                    None => {
+                        windows.insert(item.to_owned(), Seen::Learning(Arc::default()));
+                        return None;
+                    }
+                }
+            };
+            let learnt = learning.notified();
+            tokio::pin!(learnt);
+            learnt.as_mut().enable();
+            // Learnt meanwhile? Then the entry is no longer learning.
+            if !matches!(lock(&self.0).get(item), Some(Seen::Learning(_))) {
+                continue;
+            }
+            if tokio::time::timeout(LEARNING_WAIT, learnt).await.is_err() {
+                return None;
+            }
+        }
     }
 
+    /// The window of `item` began at `since_ms` (`None`: unknown), as a
+    /// commit's answer or the item returned with a refusal says; commits
+    /// waiting to know go on.
     fn saw(&self, item: &str, since_ms: Option<u64>) {
         let mut windows = lock(&self.0);
         if windows.len() >= WINDOWS_KEPT {
             windows.clear();
         }
-        match since_ms {
-            Some(since_ms) => windows.insert(item.to_owned(), since_ms),
+        let before = match since_ms {
+            Some(since_ms) => windows.insert(item.to_owned(), Seen::Since(since_ms)),
             None => windows.remove(item),
         };
+        if let Some(Seen::Learning(learning)) = before {
+            learning.notify_waiters();
+        }
     }
 }
 
@@ -85,7 +136,7 @@ fn item_keys(item: Option<&Item>) -> ItemKeys {
 const WINDOW_ATTEMPTS: usize = 4;
 
 impl DynamoDbStore {
-    /// [`CommitStore::commit`](crate::store::CommitStore::commit) of a
+    /// [`CommitStore::commit`](sqs_once_core::store::CommitStore::commit) of a
     /// commit whose key is kept in its update's item.
     pub(super) async fn commit_in_item(&self, commit: &Commit, key: &KeyInItem) -> Result<Committed, StoreError> {
         let [Write::Update(update)] = commit.writes.as_slice() else {
@@ -94,7 +145,25 @@ impl DynamoDbStore {
             ));
         };
         let item = update.target().describe();
-        let since_ms = self.windows.since_ms(&item);
+        let since_ms = self.windows.since_ms(&item).await;
+        let committed = self.commit_in_window(commit, key, update, &item, since_ms).await;
+        if committed.is_err() {
+            // What the item's window is stays unknown: whoever waits on this commit goes on.
+            self.windows.saw(&item, since_ms);
+        }
+        committed
+    }
+
+    /// [`commit_in_item`](Self::commit_in_item) of `update`, sent first for
+    /// the window begun at `since_ms` (a new one when `None`).
+    async fn commit_in_window(
+        &self,
+        commit: &Commit,
+        key: &KeyInItem,
+        update: &Update,
+        item: &str,
+        since_ms: Option<u64>,
+    ) -> Result<Committed, StoreError> {
         let mut judged = key.judge(&ItemKeys { since_ms, ..ItemKeys::default() });
         for _ in 0..WINDOW_ATTEMPTS {
             if let Some(late) = too_late(commit.send_by_ms()) {
@@ -106,16 +175,16 @@ impl DynamoDbStore {
                         InItem::SameWindow => since_ms,
                         _ => Some(key.now_ms),
                     };
-                    self.windows.saw(&item, since_ms);
+                    self.windows.saw(item, since_ms);
                     return Ok(Committed::Applied);
                 }
                 Some(refused) => refused,
             };
             let keys = item_keys(refused.as_ref());
-            self.windows.saw(&item, keys.since_ms);
+            self.windows.saw(item, keys.since_ms);
             match key.judge(&keys) {
                 InItem::Duplicate => return Ok(Committed::InItemAlready),
-                InItem::Full => return Ok(Committed::Cancelled(key.full(&commit.writes[0]))),
+                InItem::Full => return Ok(Committed::Cancelled(Cancellation::window_full(key, &commit.writes[0]))),
                 // Sent for the window that holds: what refused it is the handler's own condition.
                 now if now == judged => {
                     let reasons = format!("{}: ConditionalCheckFailed", commit.writes[0].describe());
@@ -124,7 +193,7 @@ impl DynamoDbStore {
                 now => judged = now,
             }
         }
-        Err(StoreError::Contended(item))
+        Err(StoreError::Contended(item.to_owned()))
     }
 
     /// Sends `update` with the key added as `judged` says, on the condition

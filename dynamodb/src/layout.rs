@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::Item;
-use crate::store::{ClaimStatus, Finish, StoreError, StoredClaim};
+use sqs_once_core::store::{ClaimStatus, Finish, StoreError, StoredClaim};
 
 /// Names of the attributes a claim is stored in.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -37,14 +37,11 @@ use aws_sdk_dynamodb::{
 use futures::StreamExt;
 
 use self::statements::{Batches, Written};
-// The core's modules this store is written against, under the paths they had
-// before the crates were cut.
-use crate::store::{
+use sqs_once_core::store::{
     ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
     OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, SweepPart, UnreadableEntry,
     replaced_id,
 };
-use sqs_once_core::{aws, clock, lock, reason, store, transaction};
 
 mod admin;
 mod batched;

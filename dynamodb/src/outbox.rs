@@ -40,7 +40,7 @@ use super::{
     no_such_index, released_unless,
     statements::Written,
 };
-use crate::{
+use sqs_once_core::{
     lock::lock,
     store::{Fenced, OutboxEntry, OutboxQuery, StoreError, SweepPart, UnreadableEntry},
 };
@@ -216,7 +216,7 @@ impl SendingLease {
 }
 
 impl DynamoDbStore {
-    /// [`OutboxStore::entries`](crate::store::OutboxStore::entries): every
+    /// [`OutboxStore::entries`](sqs_once_core::store::OutboxStore::entries): every
     /// entry of the index's `OUTBOX` partitions, or of the whole table when
     /// it has no index.
     pub(super) async fn outbox_entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
@@ -224,7 +224,7 @@ impl DynamoDbStore {
         self.outbox_listing(listed, query).await
     }
 
-    /// [`OutboxStore::sweep_part`](crate::store::OutboxStore::sweep_part):
+    /// [`OutboxStore::sweep_part`](sqs_once_core::store::OutboxStore::sweep_part):
     /// a page of each shard of the index's `OUTBOX` partitions, from where
     /// the last sweep's ended; as much of the table when it has no index.
     pub(super) async fn outbox_sweep_part(&self, limit: usize) -> Result<SweepPart, StoreError> {
@@ -309,7 +309,7 @@ impl DynamoDbStore {
         }
     }
 
-    /// [`OutboxStore::unreadable`](crate::store::OutboxStore::unreadable):
+    /// [`OutboxStore::unreadable`](sqs_once_core::store::OutboxStore::unreadable):
     /// the items of the index's `OUTBOX` partitions (of the whole table when
     /// it has no index) that cannot be read.
     pub(super) async fn unreadable_outbox(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {
@@ -613,7 +613,8 @@ mod tests {
     #[test]
     fn an_outbox_item_keeps_its_body_apart_and_one_written_before_is_read_too() {
         let layout = TableLayout::new("claims");
-        let message = crate::transaction::Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", r#"{"a":"\"b\""}"#);
+        let message =
+            sqs_once_core::transaction::Message::sqs("https://sqs.us-east-1.amazonaws.com/1/q", r#"{"a":"\"b\""}"#);
         let entry = OutboxEntry::of_run("c#k", "t", "m-1", std::slice::from_ref(&message), 5, 9).remove(0);
         let item = layout.outbox_item(&entry).unwrap();
         assert_eq!(text(&item, OUTBOX_BODY).as_deref(), Some(message.body.as_str()), "the body as it is");

@@ -32,7 +32,7 @@ use super::{
     client::{described, unavailable},
     statements::Backoff,
 };
-use crate::{
+use sqs_once_core::{
     store::{Cancellation, ClaimStatus, Commit, Committed, StoreError},
     transaction::{Action, Condition, Write},
 };
@@ -271,7 +271,7 @@ const IN_PROGRESS_RETRY: std::time::Duration = std::time::Duration::from_millis(
 /// failed, and its redelivery decides).
 pub(super) fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
     let send_by_ms = send_by_ms?;
-    let now_ms = crate::clock::epoch_ms(std::time::SystemTime::now());
+    let now_ms = sqs_once_core::clock::epoch_ms(std::time::SystemTime::now());
     (now_ms > send_by_ms).then(|| {
         StoreError::unavailable(format!(
             "a commit without a claim is sent by {send_by_ms} (epoch ms), and it is {now_ms}: the key's completion \
@@ -288,10 +288,10 @@ enum Judged {
 }
 
 impl DynamoDbStore {
-    /// [`CommitStore::commit`](crate::store::CommitStore::commit) as one
+    /// [`CommitStore::commit`](sqs_once_core::store::CommitStore::commit) as one
     /// `TransactWriteItems`, sent again (same token, same actions) while
     /// DynamoDB cancels it for conflicts or throttling, up to
-    /// [`crate::aws::MAX_ATTEMPTS`] times. A transaction another request of
+    /// [`sqs_once_core::aws::MAX_ATTEMPTS`] times. A transaction another request of
     /// the same token holds in progress is sent again until an attempt goes
     /// out [`IN_PROGRESS_RETRY`] after the first, as DynamoDB asks: that
     /// attempt makes it recover a transaction stuck half-way.
@@ -347,11 +347,11 @@ impl DynamoDbStore {
                 },
             };
             let recovery_due = in_progress && sent_at < first + IN_PROGRESS_RETRY;
-            if attempts >= crate::aws::MAX_ATTEMPTS && !recovery_due {
+            if attempts >= sqs_once_core::aws::MAX_ATTEMPTS && !recovery_due {
                 return Err(StoreError::unavailable(format!("transaction not committed: {again}")));
             }
             tracing::debug!(id, reason = %again, "transaction cancelled for now; sending it again");
-            match recovery_due && attempts >= crate::aws::MAX_ATTEMPTS {
+            match recovery_due && attempts >= sqs_once_core::aws::MAX_ATTEMPTS {
                 true => tokio::time::sleep_until(first + IN_PROGRESS_RETRY).await,
                 false => backoff.wait().await,
             }
@@ -541,7 +541,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::transaction::{Key, Update as StagedUpdate};
+    use sqs_once_core::transaction::{Key, Update as StagedUpdate};
 
     #[test]
     fn json_values_become_dynamodb_values() {

@@ -28,13 +28,12 @@ use crate::{
     outbox::{OutboxEntry, OutboxQuery},
     store::{
         ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-        MemoryStore, OutboxStore, PutOutcome, StoreError, StoredClaim,
+        MemoryStore, OutboxStore, PutOutcome, StoreError, StoredClaim, items::item_keys,
     },
-    store::{
+    transaction::{
+        Action, Write,
         item_keys::{InItem, KeyInItem},
-        items::item_keys,
     },
-    transaction::{Action, Write},
 };
 
 /// One application of a run's staged writes.

@@ -9,11 +9,12 @@ use std::cmp::Ordering;
 
 use serde_json::{Map, Number, Value};
 
-use super::{
-    Cancellation, Committed, StoreError,
+use super::{Cancellation, Committed, StoreError};
+use crate::transaction::{
+    Action, Comparison, Condition, MAX_ITEM_BYTES, Target, Write,
     item_keys::{InItem, ItemKeys, KEYS, KEYS_BEFORE, KEYS_SINCE, KeyInItem},
+    item_size,
 };
-use crate::transaction::{Action, Comparison, Condition, MAX_ITEM_BYTES, Target, Write, item_size};
 
 /// An item: attribute names and values.
 pub type JsonItem = Map<String, Value>;
@@ -114,7 +115,7 @@ pub fn evaluate_keeping_key(
     let judged = key.judge(&keys);
     match judged {
         InItem::Duplicate => return Ok(Err(Committed::InItemAlready)),
-        InItem::Full => return Ok(Err(Committed::Cancelled(key.full(write)))),
+        InItem::Full => return Ok(Err(Committed::Cancelled(Cancellation::window_full(key, write)))),
         InItem::SameWindow | InItem::NextWindow | InItem::Fresh => {}
     }
     let writes = std::slice::from_ref(write);

@@ -426,7 +426,7 @@ pub async fn a_full_window_of_kept_keys_refuses_one_more(store: Arc<dyn ClaimSto
     let m = Machine::plain(store);
     let ona = fresh("ona");
     let credit = || Update::new(&table, account(&ona)).add("balance", 1).keep_key();
-    let most = crate::store::item_keys::MAX_KEYS_PER_WINDOW;
+    let most = crate::transaction::item_keys::MAX_KEYS_PER_WINDOW;
     for n in 0..most {
         match kept(&m, &format!("k-full-{n}"), credit()).await {
             None => return,

@@ -407,7 +407,7 @@ impl Update {
     /// when the item holds it already. No claim and no completion are
     /// written: a write unit for an item under 1 KB, where a transaction
     /// costs four. The item keeps two windows of the key memory's keys
-    /// (see [`store::item_keys`](crate::store::item_keys)). Beside other
+    /// (see [`item_keys`](crate::transaction::item_keys)). Beside other
     /// effects, the run commits its transaction, its key kept with its claim.
     ///
     /// ```
@@ -575,7 +575,7 @@ impl Write {
         self.target().map(|target| target.refusal.clone()).unwrap_or_default()
     }
 
-    /// The attribute of an item's kept keys ([`crate::store::item_keys`])
+    /// The attribute of an item's kept keys ([`crate::transaction::item_keys`])
     /// that the write names, if any: only sqs-once writes them.
     fn kept_keys_named(&self) -> Option<&'static str> {
         let target = self.target()?;
@@ -584,7 +584,7 @@ impl Write {
             Self::Update(update) => update.actions.iter().any(|action| action.attribute() == attribute),
             _ => false,
         } || target.condition.as_ref().is_some_and(|condition| condition.names(attribute));
-        crate::store::item_keys::KEY_ATTRIBUTES.into_iter().find(|attribute| names(attribute))
+        crate::transaction::item_keys::KEY_ATTRIBUTES.into_iter().find(|attribute| names(attribute))
     }
 
     /// Checks what DynamoDB would refuse for the write alone, and returns
@@ -610,7 +610,7 @@ impl Write {
                     return Err(StageError::KeyAttribute(action.attribute().to_owned(), target.describe()));
                 }
                 // Room for the keys the item may come to keep, at their bound.
-                let kept = if update.keeps_key { crate::store::item_keys::KEYS_ROOM } else { 0 };
+                let kept = if update.keeps_key { crate::transaction::item_keys::KEYS_ROOM } else { 0 };
                 key_size + update.actions.iter().map(action_size).sum::<usize>() + kept
             }
             Self::Delete(_) | Self::Check(_) => key_size,
@@ -834,7 +834,7 @@ mod tests {
 
     #[test]
     fn no_staged_write_names_the_attributes_an_item_keeps_its_keys_in_and_a_kept_key_leaves_them_room() {
-        use crate::store::item_keys::{KEY_ATTRIBUTES, KEYS_ROOM};
+        use crate::transaction::item_keys::{KEY_ATTRIBUTES, KEYS_ROOM};
         let refused = |write: Write| write.validate().unwrap_err();
         for attribute in KEY_ATTRIBUTES {
             let writes: [Write; 4] = [

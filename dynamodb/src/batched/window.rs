@@ -24,7 +24,7 @@ use tokio::{
     time::Instant,
 };
 
-use crate::lock::lock;
+use sqs_once_core::lock::lock;
 
 /// Estimated requests queued in the store below which the window grows
 /// (when calls are waiting for a slot), and above which it shrinks.

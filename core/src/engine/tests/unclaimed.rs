@@ -10,8 +10,8 @@ use super::*;
 use crate::{
     ErrorKind,
     engine::ClaimFirst,
-    store::{Commit, CommitStore, Committed, item_keys},
-    transaction::{Check, Condition, Key, Update},
+    store::{Commit, CommitStore, Committed},
+    transaction::{Check, Condition, Key, Update, item_keys},
 };
 
 /// Stages one increment of `applied` for its key; `{"fail": ...}` fails,
@@ -448,12 +448,17 @@ async fn a_run_keeps_its_key_in_the_item_only_when_the_update_is_its_one_effect(
     let report = run(&unclaimed, vec![message("m-1", json!({"keep": true, "gate": "permanent"}))], SECS_30).await;
     assert!(matches!(outcome(&report, "m-1"), Outcome::Failed(Failure::Permanent(_))), "{report:?}");
     assert_eq!(store.take(), ["commit unclaimed", "put_if_free"]);
-    // A run that claims first completes its claim with its commit.
+    // A run that claims first commits its update the same way, its key kept in the item, then completes its
+    // claim: consumers that claim first and those that do not keep the key in one place.
     let claiming = engine(&store, &handler, ClaimFirst::Always);
     run(&claiming, vec![message("m-2", json!({"keep": true}))], SECS_30).await;
-    assert_eq!(store.take(), ["put_if_free", "commit"]);
+    assert_eq!(store.take(), ["put_if_free", "commit in item", "finish"]);
     assert_eq!(store.status("test#m-2").await, Some(ClaimStatus::Completed));
-    assert_eq!(store.kept_keys("test#m-2"), (vec![], vec![]), "its key kept with its claim");
+    assert_eq!(store.kept_keys("test#m-2").0, [item_keys::KeyInItem::digest_of("test#m-2")]);
+    // A copy run by a consumer that does not claim first finds the key in the item.
+    let report = run(&unclaimed, vec![message("m-2", json!({"keep": true}))], SECS_30).await;
+    assert_eq!(outcome(&report, "m-2"), &Outcome::Duplicate);
+    assert_eq!(store.applied("test#m-2"), 1);
 }
 
 #[tokio::test]

@@ -22,11 +22,8 @@ use std::{collections::BTreeSet, time::Duration};
 
 use sha2::{Digest, Sha256};
 
-use super::Cancellation;
-use crate::{
-    clock::duration_ms,
-    transaction::{Refusal, Write},
-};
+use super::{Refusal, Write};
+use crate::clock::duration_ms;
 
 /// The item's keys of the window under way: a string set.
 pub const KEYS: &str = "sqs_once_keys";
@@ -167,20 +164,18 @@ impl KeyInItem {
         }
     }
 
-    /// The cancellation of a commit of `write` into an item whose window
-    /// under way is full: retryable, since the window turns within a key
-    /// memory.
-    pub fn full(&self, write: &Write) -> Cancellation {
+    /// Why a commit of `write` into an item whose window under way is full
+    /// is refused: retryable, since the window turns within a key memory.
+    pub fn full(&self, write: &Write) -> Refusal {
         let what = write.target().map_or_else(|| write.describe(), |target| target.describe());
-        let refusal = Refusal {
+        Refusal {
             kind: crate::ErrorKind::Retryable,
             reason: format!(
                 "{what} keeps {MAX_KEYS_PER_WINDOW} keys of this key memory window already, as many as an item \
                  holds: the record comes back once the window turns; for an item this busy, stage its update \
                  without keep_key (the transaction keeps each key in an item of its own)"
             ),
-        };
-        Cancellation { write: 0, refusal, reasons: "its window of keys is full".into() }
+        }
     }
 }
 
