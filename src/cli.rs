@@ -22,14 +22,10 @@ use anyhow::{Context, bail};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::{
-    budget::LEAVING_TIME,
-    clock::{Clock, SystemClock},
     config::Config,
     consumer::{Builder, CommandParts, Needs},
-    engine::Invocation,
     environment::Environment,
     event::{Invoked, parse_invocation},
-    handler::BuildHandler,
     logging,
     metrics::{Counters, emf_line},
     operator::{Operator, Selection, Verdict, time_given, timestamp},
@@ -39,6 +35,12 @@ use crate::{
     report::BatchReport,
     store::{ClaimQuery, ClaimStore},
     store::{ClaimStatus, StoredClaim},
+};
+use sqs_once_core::{
+    budget::LEAVING_TIME,
+    clock::{Clock, SystemClock},
+    engine::Invocation,
+    handler::BuildHandler,
 };
 
 /// Effectively-once processing of SQS batches.

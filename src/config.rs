@@ -7,21 +7,23 @@
 
 use std::{fmt::Display, str::FromStr, time::Duration};
 
-#[cfg(feature = "dynamodb")]
-use crate::dynamodb::{Attributes, TableKey, TableLayout};
 use crate::{
+    envelope::EnvelopeKind,
+    environment::LAMBDA_RUNTIME_API,
+    metrics::MetricsConfig,
+    redelivery::{RedeliveryPolicy, RetryBackoff},
+    sqs::MAX_VISIBILITY,
+};
+use sqs_once_core::{
     budget::{ANSWER_TIME, Margins},
     claim::ClaimPolicy,
     clock::duration_ms,
     engine::EngineOptions,
-    envelope::EnvelopeKind,
-    environment::LAMBDA_RUNTIME_API,
     key::{KeySpec, Keys, OnMissingKey},
-    metrics::MetricsConfig,
     payload::PayloadOptions,
-    redelivery::{RedeliveryPolicy, RetryBackoff},
-    sqs::MAX_VISIBILITY,
 };
+#[cfg(feature = "dynamodb")]
+use sqs_once_dynamodb::{Attributes, TableKey, TableLayout};
 
 /// How often a process that sends through the outbox sweeps it, unless
 /// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.
@@ -256,7 +258,8 @@ impl Config {
         let env = Env(&lookup);
         // One prefix wherever the consumer runs (not the function's name): a
         // `poll` consumer, `claims` on a laptop and the function share keys.
-        let key_prefix = env.text("SQS_ONCE_KEY_PREFIX").unwrap_or_else(|| crate::key::DEFAULT_KEY_PREFIX.to_owned());
+        let key_prefix =
+            env.text("SQS_ONCE_KEY_PREFIX").unwrap_or_else(|| sqs_once_core::key::DEFAULT_KEY_PREFIX.to_owned());
         env.log_filter()?;
         env.endpoints()?;
         let mut claims = env.claim_policy()?;
@@ -421,7 +424,7 @@ impl Env<'_> {
             log_bodies: self.flag("SQS_ONCE_LOG_BODIES", defaults.log_bodies)?,
             envelope: self.parse("SQS_ONCE_ENVELOPE", defaults.envelope, "none, sns or eventbridge")?,
             claim: self.parse("SQS_ONCE_CLAIM", defaults.claim, "auto or always")?,
-            propagators: self.parse("OTEL_PROPAGATORS", defaults.propagators, crate::trace::PROPAGATORS)?,
+            propagators: self.parse("OTEL_PROPAGATORS", defaults.propagators, sqs_once_core::trace::PROPAGATORS)?,
             payloads: self.payload_options()?,
         };
         if engine.concurrency == 0 {
@@ -796,7 +799,7 @@ mod tests {
         let refusal = unknown[2].clone().refusal();
         assert_eq!(refusal.name, "SQS_ONCE_TABLE_NAME");
         assert!(refusal.expected.contains("Did you mean SQS_ONCE_TABLE?"), "{refusal}");
-        assert_eq!(settings().count(), 47, "docs/configuration.md's table lists every setting");
+        assert_eq!(settings().count(), 49, "docs/configuration.md's table lists every setting");
         assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
@@ -817,7 +820,7 @@ mod tests {
 
     #[test]
     fn runs_claim_first_unless_told_they_need_not() {
-        use crate::engine::ClaimFirst;
+        use sqs_once_core::engine::ClaimFirst;
         assert_eq!(config(&[]).unwrap().engine.claim, ClaimFirst::Auto);
         assert_eq!(config(&[("SQS_ONCE_CLAIM", "always")]).unwrap().engine.claim, ClaimFirst::Always);
         assert!(!config(&[]).unwrap().claims.keys_in_items, "keys in items only where a handler's update asks");

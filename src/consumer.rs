@@ -12,7 +12,8 @@ use std::{
 
 use aws_lambda_events::sqs::SqsBatchResponse;
 
-pub use crate::{engine::Invocation, redelivery::RedeliveryCounts};
+pub use crate::redelivery::RedeliveryCounts;
+pub use sqs_once_core::engine::Invocation;
 
 mod builder;
 
@@ -23,14 +24,13 @@ pub(crate) use builder::{Layers, Needs};
 
 use crate::{
     config::ConfigError,
-    engine::Engine,
     event::EventRecord,
     metrics::{Counters, MetricsConfig, TraceExportCounts},
     redelivery::Redelivery,
     report::BatchReport,
     store::StoreError,
-    trace::TraceContext,
 };
+use sqs_once_core::{engine::Engine, trace::TraceContext};
 
 /// Why a consumer could not be put together.
 #[derive(Debug, thiserror::Error)]
@@ -161,7 +161,7 @@ pub struct Consumer {
     pub(crate) engine: Engine,
     /// DynamoDB requests made so far, when the store is DynamoDB.
     #[cfg(feature = "dynamodb")]
-    pub(crate) dynamodb_requests: Option<std::sync::Arc<crate::dynamodb::RequestCounter>>,
+    pub(crate) dynamodb_requests: Option<std::sync::Arc<sqs_once_dynamodb::RequestCounter>>,
     /// What SQS does with failed records, unless the policy asks nothing.
     pub(crate) redelivery: Option<Redelivery>,
     /// The metrics published after each batch.
@@ -225,7 +225,7 @@ impl Consumer {
 
     /// Remembers keys past the redelivery of a queue whose visibility
     /// timeout is `visibility_timeout`, for batches of `timeout` at most
-    /// (see [`ClaimPolicy::redelivered_within`](crate::claim::ClaimPolicy)),
+    /// (see [`ClaimPolicy::redelivered_within`](sqs_once_core::claim::ClaimPolicy)),
     /// in place of what the settings said: `poll` reads its queue's.
     #[cfg(feature = "cli")]
     pub(crate) fn redelivered_by_queue(&self, visibility_timeout: Duration, timeout: Duration) {

@@ -24,16 +24,18 @@ pub(crate) mod shutdown;
 use runtime_api::report_init_error;
 
 use crate::{
-    clock::{Clock, SystemClock},
     consumer::{Builder, Consumer, LambdaService, Layers, Needs},
-    engine::{Engine, Invocation},
     environment::Environment,
     event::{InvalidEvent, Invoked, parse_invocation},
-    handler::BuildHandler,
-    lock::lock,
     metrics::{Counters, TraceExportCounts, emf_line},
     redelivery::RedeliveryCounts,
     report::BatchReport,
+};
+use sqs_once_core::{
+    clock::{Clock, SystemClock},
+    engine::{Engine, Invocation},
+    handler::BuildHandler,
+    lock::lock,
     trace::TraceContext,
 };
 
@@ -67,7 +69,7 @@ pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result
         }
         let handler = handler.await?;
         let assembled = builder.assemble(handler, Needs::default()).await;
-        assembled.map(|(consumer, _)| consumer).map_err(|error| crate::reason::with_causes(&error))
+        assembled.map(|(consumer, _)| consumer).map_err(|error| sqs_once_core::reason::with_causes(&error))
     };
     let consumer = match started.await {
         Ok(consumer) => consumer,

@@ -135,11 +135,4 @@ pub use sqs_once_core::{
 };
 #[cfg(feature = "testing")]
 pub use sqs_once_core::{admin_suite, claim_suite, commit_suite};
-// The core's modules the consumer's are built on, under the paths they had
-// before the crates were cut.
-use sqs_once_core::{budget, claim, clock, engine, handler, key, lock, payload, reason, record, trace};
-// The SDK settings every AWS client here shares, and the DynamoDB store.
-use sqs_once_core::aws;
-#[cfg(feature = "dynamodb")]
-use sqs_once_dynamodb as dynamodb;
 pub use start::{run, run_with};

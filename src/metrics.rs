@@ -28,7 +28,7 @@ pub(crate) struct Counters {
     /// Finishing writes refused because a lease was taken over.
     pub lease_takeovers_refused: u64,
     /// Finishing writes unconfirmed when first sent that landed when sent
-    /// again (see [`crate::claim::Claims::resend_unconfirmed`]).
+    /// again (see [`sqs_once_core::claim::Claims::resend_unconfirmed`]).
     pub completions_landed_later: u64,
     /// Finishing writes given up unconfirmed (see [`crate::store::Commit::send_by_ms`]).
     pub writes_given_up: u64,

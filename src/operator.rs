@@ -7,11 +7,11 @@
 use std::{sync::Arc, time::Duration};
 
 use crate::{
-    clock::Clock,
     outbox::OutboxQuery,
     store::{ClaimAdmin, ClaimQuery, ClaimStore, Fenced, Listing, StoreError},
     store::{ClaimStatus, StoredClaim},
 };
+use sqs_once_core::clock::Clock;
 
 /// What an operator's command on one claim came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,10 +303,10 @@ pub(crate) fn timestamp(epoch_ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
+    use crate::store::MemoryStore;
+    use sqs_once_core::{
         claim::{ClaimRequest, Claims},
         clock::SystemClock,
-        store::MemoryStore,
     };
 
     #[test]

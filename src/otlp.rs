@@ -46,7 +46,8 @@ use tracing_subscriber::{
     filter::{LevelFilter, Targets},
 };
 
-use crate::{config::ConfigError, lock::lock, logging::SpanLayer};
+use crate::{config::ConfigError, logging::SpanLayer};
+use sqs_once_core::lock::lock;
 
 /// The spans of a process and how they leave it: either kept by sqs-once
 /// and sent at the flush points, or a tracer provider the program gave,
@@ -123,7 +124,7 @@ impl Export {
     pub(crate) fn layer(&self) -> SpanLayer {
         let recorded = Targets::new()
             .with_default(LevelFilter::INFO)
-            .with_target(crate::trace::TARGET, LevelFilter::DEBUG)
+            .with_target(sqs_once_core::trace::TARGET, LevelFilter::DEBUG)
             .with_targets(
                 ["lambda_runtime", "lambda_runtime_api_client", "aws_smithy_runtime", "aws_config", "hyper"]
                     .map(|target| (target, LevelFilter::OFF)),
@@ -352,7 +353,7 @@ impl Endpoint {
 }
 
 fn unreachable(error: impl std::error::Error) -> ExportError {
-    ExportError::Unreachable(crate::reason::with_causes(&error))
+    ExportError::Unreachable(sqs_once_core::reason::with_causes(&error))
 }
 
 /// The spec's default wait for one export.

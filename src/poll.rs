@@ -36,14 +36,12 @@ use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::{
-    budget::LEAVING_TIME,
     consumer::{Answer, Consumer},
-    engine::Invocation,
     event::EventRecord,
-    lock::lock,
     report::{BatchReport, Failure, Outcome},
     sqs::{QueueInfo, Sqs, SqsError, event_message},
 };
+use sqs_once_core::{budget::LEAVING_TIME, engine::Invocation, lock::lock};
 
 /// Messages per `ReceiveMessage`, as SQS allows.
 const RECEIVE_LIMIT: usize = 10;

@@ -35,12 +35,14 @@ use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 
 use crate::{
-    claim::{ClaimPolicy, jitter_spread},
     event::EventRecord,
-    lock::{into_inner, lock},
-    record::receive_count,
     report::{BatchReport, Failure, Outcome},
     sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
+};
+use sqs_once_core::{
+    claim::{ClaimPolicy, jitter_spread},
+    lock::{into_inner, lock},
+    record::receive_count,
     trace::TraceContext,
 };
 
@@ -136,7 +138,7 @@ impl RedeliveryPolicy {
     /// timeout (SQS's own redelivery, which also applies when a visibility
     /// change fails), or the longest delay the policy sets, jitter
     /// included, whichever is longer. Keys are remembered past it
-    /// ([`ClaimPolicy::redelivered_within`](crate::claim::ClaimPolicy)).
+    /// ([`ClaimPolicy::redelivered_within`](sqs_once_core::claim::ClaimPolicy)).
     pub(crate) fn redelivered_within(&self, visibility_timeout: Duration) -> Duration {
         let backs_off = self.conflict_backoff || self.retry_backoff.is_some();
         ClaimPolicy::redelivery_window(visibility_timeout, backs_off.then_some(self.longest_delay))
@@ -419,12 +421,12 @@ fn attribute_size(name: &str, value: &MessageAttributeValue) -> usize {
     name.len() + value.data_type.len() + value.string_value.as_deref().map_or(0, str::len) + binary
 }
 
-/// `text` as SQS accepts it in an attribute: capped ([`crate::reason::capped`])
+/// `text` as SQS accepts it in an attribute: capped ([`sqs_once_core::reason::capped`])
 /// and every character outside the ranges `SendMessage` allows (#x9, #xA, #xD,
 /// #x20 to #xD7FF, #xE000 to #xFFFD, #x10000 to #x10FFFF) replaced by U+FFFD.
 pub(crate) fn attribute_text(text: &str) -> String {
     let allowed = |c: char| matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}');
-    crate::reason::capped(text).chars().map(|c| if allowed(c) { c } else { '\u{FFFD}' }).collect()
+    sqs_once_core::reason::capped(text).chars().map(|c| if allowed(c) { c } else { '\u{FFFD}' }).collect()
 }
 
 #[cfg(test)]
@@ -569,7 +571,7 @@ mod tests {
     #[test]
     fn attribute_text_is_what_sqs_accepts() {
         assert_eq!(attribute_text("bad\u{0}byte\u{FFFF}\tok"), "bad\u{FFFD}byte\u{FFFD}\tok");
-        assert!(attribute_text(&"x".repeat(1 << 20)).len() <= crate::reason::MAX_BYTES);
+        assert!(attribute_text(&"x".repeat(1 << 20)).len() <= sqs_once_core::reason::MAX_BYTES);
     }
 
     #[test]

@@ -532,7 +532,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{claim::Claim, store::ClaimStatus, testing::claim_suite::Machine};
+    use crate::{store::ClaimStatus, testing::claim_suite::Machine};
+    use sqs_once_core::claim::Claim;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn separate_connections_to_one_file_have_one_winner() {

@@ -8,8 +8,8 @@ use futures::FutureExt;
 use crate::{
     BoxHandler, Handler,
     consumer::{Builder, Consumer},
-    handler::BuildHandler,
 };
+use sqs_once_core::handler::BuildHandler;
 
 /// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
 /// function inside Lambda, otherwise the command line (`invoke`, `poll`,

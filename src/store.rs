@@ -30,8 +30,8 @@ pub use sqs_once_core::store::{
     Listing, MemoryStore, OutboxStore, PutOutcome, StoreError, StoredClaim, Unclaimed,
 };
 
-#[cfg(feature = "dynamodb")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-pub use crate::dynamodb::{Attributes, DynamoDbStore, TableKey, TableLayout};
 #[cfg(feature = "sqlite")]
 pub use crate::sqlite::SqliteStore;
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub use sqs_once_dynamodb::{Attributes, DynamoDbStore, TableKey, TableLayout};

@@ -67,13 +67,15 @@ use async_trait::async_trait;
 use crate::{
     BoxHandler, Handler, Record,
     config::Config,
-    engine::{Engine, EngineParts, Invocation, OutboxParts},
     event::EventRecord,
-    lock::lock,
     outbox::{Destinations, OutboxTimes, SendError},
     report::BatchReport,
     store::{ClaimStore, MemoryStore},
     transaction::Message,
+};
+use sqs_once_core::{
+    engine::{Engine, EngineParts, Invocation, OutboxParts},
+    lock::lock,
 };
 
 /// A batch of messages with these bodies, their ids `m-0`, `m-1`, ... in
@@ -180,8 +182,11 @@ impl Setup {
     fn engine(&self) -> Engine {
         let config = self.config();
         let destinations = Arc::clone(&self.destinations) as Arc<dyn Destinations>;
-        let outbox =
-            OutboxParts { destinations, times: OutboxTimes::both(crate::aws::OPERATION_TIMEOUT), sweep_every: None };
+        let outbox = OutboxParts {
+            destinations,
+            times: OutboxTimes::both(sqs_once_core::aws::OPERATION_TIMEOUT),
+            sweep_every: None,
+        };
         EngineParts {
             policy: config.claims,
             options: config.engine,

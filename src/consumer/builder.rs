@@ -12,22 +12,23 @@ use lambda_runtime::{
 };
 
 use super::{Consumer, StartupError};
+#[cfg(feature = "dynamodb")]
+use crate::store::DynamoDbStore;
 use crate::{
     BoxHandler, Handler,
     config::{Config, ConfigError, StoreChoice},
     destinations::AwsDestinations,
-    engine::{EngineParts, OutboxParts},
     outbox::Destinations,
-    payload::PayloadStore,
     redelivery::Redelivery,
     sqs::Sqs,
     store::{ClaimStore, MemoryStore},
 };
-#[cfg(feature = "dynamodb")]
-use crate::{
-    dynamodb::{self, RequestCounter, Unusable},
-    store::DynamoDbStore,
+use sqs_once_core::{
+    engine::{EngineParts, OutboxParts},
+    payload::PayloadStore,
 };
+#[cfg(feature = "dynamodb")]
+use sqs_once_dynamodb::{RequestCounter, Unusable};
 
 /// The Lambda function's service as `lambda_runtime` runs it: each
 /// invocation's raw request and context in, the answer posted to the
@@ -363,15 +364,15 @@ impl Builder {
             || ((needs.redelivery || needs.queue) && self.sqs.is_none());
         // Loaded once: credentials and region are resolved once for every client.
         let aws = match (self.sdk_config.take(), needs_aws) {
-            (Some(given), _) => Some(crate::aws::with_limits(&given)),
-            (None, true) => Some(crate::aws::sdk_config().await),
+            (Some(given), _) => Some(sqs_once_core::aws::with_limits(&given)),
+            (None, true) => Some(sqs_once_core::aws::sdk_config().await),
             (None, false) => None,
         };
         let store = self.claim_store(config, aws.as_ref(), needs).await?;
         // A program's own destinations are held to the SDK's operation timeout; the AWS ones, to their clients'.
         let send_time = match self.destinations {
-            Some(_) => crate::aws::OPERATION_TIMEOUT,
-            None => crate::aws::operation_timeout(aws.as_ref().and_then(SdkConfig::timeout_config)),
+            Some(_) => sqs_once_core::aws::OPERATION_TIMEOUT,
+            None => sqs_once_core::aws::operation_timeout(aws.as_ref().and_then(SdkConfig::timeout_config)),
         };
         let destinations = self.destinations.take().unwrap_or_else(|| {
             // A consumer that sends no message never loads the AWS configuration for it.
@@ -412,7 +413,7 @@ impl Builder {
                     refuse_unusable_table(&table, &layout.table, needs.long_running).await?;
                 }
                 let target = format!("table {} at {}", layout.table, table.endpoint);
-                let operation_timeout = crate::aws::operation_timeout(table.client.config().timeout_config());
+                let operation_timeout = sqs_once_core::aws::operation_timeout(table.client.config().timeout_config());
                 let store = DynamoDbStore::new(table.client, layout.clone()).batching(config.dynamodb_batching);
                 OpenStore { store: Arc::new(store), requests: table.requests, target, operation_timeout }
             }
@@ -452,7 +453,7 @@ async fn refuse_unusable_table(dynamodb: &DynamoDbTable, table: &str, wait: bool
     let endpoint = dynamodb.endpoint.clone();
     // Boxed: inlined, the wait's futures nest past the compiler's query depth in `run`.
     let checked = Box::pin(crate::waiting::until_answered("the claim table", async || {
-        match dynamodb::check_table(&dynamodb.uncounted, dynamodb.credentials.clone(), table).await {
+        match sqs_once_dynamodb::check_table(&dynamodb.uncounted, dynamodb.credentials.clone(), table).await {
             Err(Unusable::Silent(reason)) if wait => ControlFlow::Continue(reason),
             checked => ControlFlow::Break(checked),
         }
@@ -495,7 +496,7 @@ impl Builder {
     /// The DynamoDB client given, or one made from `aws` (the SDK's default
     /// configuration when there is none), counting its requests.
     async fn dynamodb_table(&mut self, aws: Option<&SdkConfig>) -> DynamoDbTable {
-        if let Some(client) = self.dynamodb.take().map(dynamodb::with_limits) {
+        if let Some(client) = self.dynamodb.take().map(sqs_once_dynamodb::with_limits) {
             let endpoint = "the endpoint of the DynamoDB client given".to_owned();
             return DynamoDbTable { uncounted: client.clone(), client, requests: None, endpoint, credentials: None };
         }
@@ -503,11 +504,11 @@ impl Builder {
         let aws = match aws {
             Some(aws) => aws,
             None => {
-                loaded = crate::aws::sdk_config().await;
+                loaded = sqs_once_core::aws::sdk_config().await;
                 &loaded
             }
         };
-        let (client, requests) = dynamodb::client_from(aws);
+        let (client, requests) = sqs_once_dynamodb::client_from(aws);
         let uncounted = aws_sdk_dynamodb::Client::new(aws);
         let credentials = aws.credentials_provider();
         DynamoDbTable { client, uncounted, requests: Some(requests), endpoint: dynamodb_endpoint(aws), credentials }
@@ -517,7 +518,7 @@ impl Builder {
     /// `create-table`: the table need not exist yet.
     #[cfg(feature = "cli")]
     pub(crate) async fn dynamodb_store(&mut self, layout: crate::store::TableLayout) -> (DynamoDbStore, String) {
-        let aws = self.sdk_config.take().map(|given| crate::aws::with_limits(&given));
+        let aws = self.sdk_config.take().map(|given| sqs_once_core::aws::with_limits(&given));
         let table = self.dynamodb_table(aws.as_ref()).await;
         (DynamoDbStore::new(table.client, layout), table.endpoint)
     }
@@ -581,7 +582,7 @@ impl OpenStore {
             #[cfg(feature = "dynamodb")]
             requests: None,
             target,
-            operation_timeout: crate::aws::OPERATION_TIMEOUT,
+            operation_timeout: sqs_once_core::aws::OPERATION_TIMEOUT,
         }
     }
 }
