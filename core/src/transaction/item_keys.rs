@@ -58,7 +58,7 @@ pub const KEYS_ROOM: usize =
     2 * MAX_KEYS_PER_WINDOW * KEY_BYTES + KEYS.len() + KEYS_BEFORE.len() + KEYS_SINCE.len() + 21;
 
 /// A commit whose one write records the run's key in its item, in place of
-/// a claim and its completion ([`Commit::key_in_item`](super::Commit)).
+/// a claim and its completion ([`Commit::key_in_item`](crate::store::Commit::key_in_item)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyInItem {
     /// What the item keeps of the key ([`Self::digest_of`]).
