@@ -30,7 +30,10 @@ use crate::{
     report::BatchReport,
     store::StoreError,
 };
-use sqs_once_core::{engine::Engine, trace::TraceContext};
+use sqs_once_core::{
+    engine::{Engine, KeyMemory},
+    trace::TraceContext,
+};
 
 /// Why a consumer could not be put together.
 #[derive(Debug, thiserror::Error)]
@@ -234,16 +237,15 @@ impl Consumer {
             None => visibility_timeout,
         };
         let within = within.max(timeout);
-        self.engine.claims().set_redelivered_within(Some(within));
+        self.engine.set_redelivered_within(Some(within));
         self.log_key_memory();
     }
 
     /// Says at start how long completed keys are remembered when a queue's
     /// redelivery asks for longer than `SQS_ONCE_EXPIRES_AFTER_SECS`.
     pub(crate) fn log_key_memory(&self) {
-        let claims = self.engine.claims();
-        let expires_after = claims.policy().expires_after;
-        if let Some(within) = claims.redelivered_within().filter(|within| *within > expires_after) {
+        let KeyMemory { expires_after, redelivered_within, .. } = self.engine.key_memory();
+        if let Some(within) = redelivered_within.filter(|within| *within > expires_after) {
             tracing::info!(
                 expires_after_s = expires_after.as_secs(),
                 redelivered_within_s = within.as_secs(),
@@ -270,18 +272,15 @@ impl Consumer {
     /// The counts metrics take from outside the batch report, since start,
     /// and the outbox's age if a sweep measured it since the last call.
     pub(crate) fn counters(&self) -> Counters {
-        let outbox = self.engine.outbox();
-        let count = |counter: fn(&crate::outbox::OutboxCounters) -> &std::sync::atomic::AtomicU64| {
-            outbox.map_or(0, |outbox| counter(outbox.counters()).load(Ordering::Relaxed))
-        };
+        let counts = self.engine.counts();
         Counters {
-            lease_takeovers_refused: self.engine.claims().counters().refused.load(Ordering::Relaxed),
-            completions_landed_later: self.engine.claims().counters().landed_later.load(Ordering::Relaxed),
-            writes_given_up: self.engine.claims().writes_given_up(),
-            outbox_sent: count(|counters| &counters.sent),
-            outbox_failed: count(|counters| &counters.failed),
-            outbox_refused: count(|counters| &counters.refused),
-            outbox_oldest_age: outbox.and_then(|outbox| outbox.take_oldest_age()),
+            lease_takeovers_refused: counts.lease_takeovers_refused,
+            completions_landed_later: counts.completions_landed_later,
+            writes_given_up: counts.writes_given_up,
+            outbox_sent: counts.outbox_sent,
+            outbox_failed: counts.outbox_failed,
+            outbox_refused: counts.outbox_refused,
+            outbox_oldest_age: counts.outbox_oldest_age,
             dynamodb_requests: self.dynamodb_requests(),
             redelivery: None,
             trace_export: self.trace_export(),

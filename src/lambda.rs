@@ -96,7 +96,7 @@ async fn run(consumer: Consumer, layers: Option<Layers>) -> Result<(), lambda_ru
     // batch.
     if environment.initialized_ahead {
         // Still in the init phase: the first batch finds its connections open.
-        consumer.engine.claims().connect(CONNECT_WITHIN).await;
+        consumer.engine.connect(CONNECT_WITHIN).await;
     }
     let function = Arc::new(Function { consumer, seen: Mutex::new(Counters::default()) });
     let invoked = Arc::clone(&function);

@@ -34,7 +34,7 @@ use std::{
     collections::{HashMap, HashSet},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, SystemTime},
 };
@@ -54,17 +54,16 @@ use crate::{
     event::EventRecord,
     handler::{BoxHandler, Handler},
     key::Keys,
-    lock::lock,
-    outbox::{Outbox, SendWindow},
+    outbox::{Outbox, OutboxCounters, SendWindow},
     payload::{Offload, PayloadOptions, PayloadStore},
     report::{BatchReport, Failure, Outcome, RecordReport},
     store::StoreError,
     trace::{self, Propagators, TraceContext},
     transaction::Transaction,
 };
-use cutoff::{HandlerSlots, Started, cancel_running, returned_outcomes};
-use groups::{keep_group_order, message_groups};
-use payloads::PayloadMemory;
+use cutoff::{HandlerSlots, Started, cancel_running};
+use groups::message_groups;
+use payloads::{Fetched, PayloadMemory};
 use run::Runs;
 use tending::Done;
 
@@ -176,6 +175,42 @@ struct Inner {
     tended: AtomicBool,
 }
 
+/// What an engine has counted since it was built ([`Engine::counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineCounts {
+    /// Finishing writes refused because another delivery had taken the
+    /// lease over.
+    pub lease_takeovers_refused: u64,
+    /// Finishing writes not confirmed when first sent that landed when sent
+    /// again.
+    pub completions_landed_later: u64,
+    /// Finishing writes given up unconfirmed (see
+    /// [`Commit::send_by_ms`](crate::store::Commit::send_by_ms)).
+    pub writes_given_up: u64,
+    /// Outbox messages sent.
+    pub outbox_sent: u64,
+    /// Outbox sends that failed or were refused; their entries stay for a
+    /// later sweep.
+    pub outbox_failed: u64,
+    /// Outbox sends the destination refused for good as the message stands.
+    pub outbox_refused: u64,
+    /// The outbox's oldest unsent entry's age, when a sweep measured it
+    /// since the last count.
+    pub outbox_oldest_age: Option<Duration>,
+}
+
+/// How long an engine remembers completed keys ([`Engine::key_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyMemory {
+    /// `SQS_ONCE_EXPIRES_AFTER_SECS`.
+    pub expires_after: Duration,
+    /// How long a failed record can stay away from the queue, when known:
+    /// keys are remembered past it too.
+    pub redelivered_within: Option<Duration>,
+}
+
 /// The bounds every batch of the process shares, however many run at once
 /// (`poll`'s overlapping batches, Lambda Managed Instances' concurrent
 /// invocations): `SQS_ONCE_CONCURRENCY` bounds the process, not a batch.
@@ -206,8 +241,6 @@ impl Bounds {
 
 /// What the records of one batch share while it runs.
 struct BatchState {
-    /// Outcome of each record, by event index; `None` until it is known.
-    reports: Mutex<Vec<Option<RecordReport>>>,
     started: Mutex<Vec<Started>>,
     /// The engine's bounds on records admitted and finishing writes.
     bounds: Bounds,
@@ -263,13 +296,55 @@ impl Engine {
         self.inner.options.propagators
     }
 
-    /// The claim state machine the engine runs on.
-    pub fn claims(&self) -> &Arc<Claims> {
+    /// The claim state machine the engine runs on, for the tests to look
+    /// into.
+    #[cfg(test)]
+    pub(crate) fn claims(&self) -> &Arc<Claims> {
         &self.inner.claims
     }
 
+    /// What the engine has counted since it was built, and the age of the
+    /// outbox's oldest entry if a sweep measured it since the last call:
+    /// what metrics publish beside each batch's report.
+    pub fn counts(&self) -> EngineCounts {
+        let counters = self.inner.claims.counters();
+        let outbox = self.inner.outbox.as_deref();
+        let count = |counter: fn(&OutboxCounters) -> &AtomicU64| {
+            outbox.map_or(0, |outbox| counter(outbox.counters()).load(Ordering::Relaxed))
+        };
+        EngineCounts {
+            lease_takeovers_refused: counters.refused.load(Ordering::Relaxed),
+            completions_landed_later: counters.landed_later.load(Ordering::Relaxed),
+            writes_given_up: self.inner.claims.writes_given_up(),
+            outbox_sent: count(|counters| &counters.sent),
+            outbox_failed: count(|counters| &counters.failed),
+            outbox_refused: count(|counters| &counters.refused),
+            outbox_oldest_age: outbox.and_then(Outbox::take_oldest_age),
+        }
+    }
+
+    /// Opens what the store's first calls will need, for at most `within`
+    /// (see [`ClaimStore::connect`](crate::store::ClaimStore::connect)).
+    pub async fn connect(&self, within: Duration) {
+        self.inner.claims.connect(within).await;
+    }
+
+    /// Sets how long a failed record can stay away before the queue
+    /// delivers it again, so that keys are remembered past it (see
+    /// [`ClaimPolicy::redelivered_within`](crate::claim::ClaimPolicy)).
+    pub fn set_redelivered_within(&self, within: Option<Duration>) {
+        self.inner.claims.set_redelivered_within(within);
+    }
+
+    /// How long completed keys are remembered: the settings' expiry, and
+    /// the queue's redelivery when it is known.
+    pub fn key_memory(&self) -> KeyMemory {
+        let claims = &self.inner.claims;
+        KeyMemory { expires_after: claims.policy().expires_after, redelivered_within: claims.redelivered_within() }
+    }
+
     /// The outbox the engine sends staged messages through, if it has one.
-    pub fn outbox(&self) -> Option<&Arc<Outbox>> {
+    pub(crate) fn outbox(&self) -> Option<&Arc<Outbox>> {
         self.inner.outbox.as_ref()
     }
 
@@ -298,20 +373,10 @@ impl Engine {
         invocation: &Invocation,
         parent: Option<&TraceContext>,
     ) -> BatchReport {
-        let received = Instant::now();
         let budget = self.budget(invocation.deadline);
-        if budget.cutoff() <= received && !records.is_empty() {
-            tracing::warn!(
-                margin_ms = duration_ms(self.inner.options.margins.deadline_margin),
-                "the invocation had no more time than SQS_ONCE_DEADLINE_MARGIN_MS: no record can start, each fails \
-                 `deadline`; the margin must stay well below the function timeout"
-            );
-        }
-        let left = budget.deadline().saturating_duration_since(Instant::now());
-        tracing::debug!(records = records.len(), remaining_ms = left.as_millis(), "batch received");
+        self.warn_if_no_time(records, &budget);
         let batch_span = trace::batch_span(records.len(), parent);
         let state = BatchState {
-            reports: Mutex::new(vec![None; records.len()]),
             started: Mutex::new(Vec::new()),
             bounds: self.inner.bounds.clone(),
             handler_slots: HandlerSlots { free: Arc::clone(&self.inner.bounds.handlers), cutoff: budget.cutoff() },
@@ -322,66 +387,113 @@ impl Engine {
                 records.iter().map(|record| trace::record_span(record, self.inner.options.propagators)).collect()
             }),
         };
-        let groups = message_groups(records);
         let mut opened: Vec<Result<Opened<'_>, Failure>> = records.iter().map(|record| self.open(record)).collect();
         let fetched = self.fetch_payloads(&mut opened, budget.cutoff()).await;
+        let reports = self.run_batch(records, &opened, &state).instrument(batch_span).await;
+        self.answer(reports, &opened, &fetched, &state).await
+    }
+
+    /// Warns when the batch arrives with no time left to start a record.
+    fn warn_if_no_time(&self, records: &[EventRecord], budget: &DeadlineBudget) {
+        let now = Instant::now();
+        if budget.cutoff() <= now && !records.is_empty() {
+            tracing::warn!(
+                margin_ms = duration_ms(self.inner.options.margins.deadline_margin),
+                "the invocation had no more time than SQS_ONCE_DEADLINE_MARGIN_MS: no record can start, each fails \
+                 `deadline`; the margin must stay well below the function timeout"
+            );
+        }
+        let left = budget.deadline().saturating_duration_since(now);
+        tracing::debug!(records = records.len(), remaining_ms = left.as_millis(), "batch received");
+    }
+
+    /// Runs the batch's message groups until every record has reported,
+    /// with the finishing writes that failed sent again beside them and, in
+    /// a process Lambda freezes, the outbox swept. At the cut-off no handler
+    /// starts and those running are cancelled; every run reports by the time
+    /// the finishing writes must be done, and the sweep's sends end by then
+    /// too. Returns each record's report, in event order.
+    async fn run_batch<'a>(
+        &self,
+        records: &'a [EventRecord],
+        opened: &'a [Result<Opened<'a>, Failure>],
+        state: &'a BatchState,
+    ) -> Vec<RecordReport> {
+        let budget = state.budget;
+        let groups = message_groups(records);
         // Declared after `state` and `opened`, which the runs borrow.
-        let runs: Runs<'_> = Mutex::new(HashMap::new());
+        let runs: Runs<'a> = Mutex::new(HashMap::new());
         // Entries left unsent by any process are swept while the batch runs, by a process Lambda freezes.
         let sweep = self.sweeps_beside_batches().and_then(|outbox| outbox.sweep_if_due(Some(budget.writes_by())));
         let done = Done::default();
         let groups_run = async {
-            join_all(groups.iter().map(|group| self.run_group(records, &opened, group, &state, &runs))).await;
+            let reports = join_all(groups.iter().map(|group| self.run_group(records, opened, group, state, &runs)));
+            let reports = reports.await;
             done.set();
-        }
-        .instrument(batch_span);
+            reports
+        };
         // Messages are sent within this batch's time, in a process Lambda freezes once it answers.
         let frozen_after = !self.inner.tended.load(Ordering::Relaxed);
         let window = SendWindow::ending_by(frozen_after.then(|| budget.writes_by()));
         if let Some(outbox) = &self.inner.outbox {
             outbox.enter_batch(window.clone());
         }
-        let work = join(groups_run, self.resend_while(&done, &window));
+        let work = join(groups_run, timeout_at(budget.writes_by(), self.resend_while(&done, &window)));
         tokio::pin!(work);
-        if timeout_at(budget.cutoff(), &mut work).await.is_err() {
-            let cancelled = cancel_running(&state);
-            self.inner.claims.expedite(budget.writes_by());
-            tracing::warn!(
-                cancelled,
-                wait_ms = budget.writes_left().as_millis(),
-                "deadline margin reached: no handler starts, running handlers are cancelled; \
-                 waiting for the finishing writes of handlers that returned"
-            );
-            if timeout_at(budget.writes_by(), &mut work).await.is_err() {
-                tracing::warn!("answering before every finishing write was confirmed; they go on in the background");
-            }
-        }
+        let (reports, _) = match timeout_at(budget.cutoff(), &mut work).await {
+            Ok(ran) => ran,
+            Err(_) => self.at_cutoff(state, work).await,
+        };
         if let Some(sweep) = sweep {
             // The batch's work is done: the sweep takes no more entries, and the sends of those it took (each cut to
             // end by `writes_by`) end before the answer, so that none is in flight when Lambda freezes the process.
             sweep.stop_taking();
             let _ = timeout_at(budget.writes_by(), sweep.finished()).await;
         }
-        let returned = returned_outcomes(&state);
-        let reports = std::mem::take(&mut *lock(&state.reports));
-        let mut report = BatchReport {
-            records: records
-                .iter()
-                .zip(&opened)
-                .zip(reports)
-                .map(|((record, opened), report)| {
-                    report.unwrap_or_else(|| self.unanswered(record, opened, &returned, received.elapsed()))
-                })
-                .collect(),
-        };
-        keep_group_order(&groups, &mut report.records);
+        let mut reports: Vec<(usize, RecordReport)> = reports.into_iter().flatten().collect();
+        reports.sort_unstable_by_key(|(index, _)| *index);
+        reports.into_iter().map(|(_, report)| report).collect()
+    }
+
+    /// At the cut-off: cancels the handlers still running, hurries the
+    /// store's calls to end by the time the finishing writes must be done,
+    /// and waits for the runs until then.
+    async fn at_cutoff<T>(&self, state: &BatchState, work: impl Future<Output = T>) -> T {
+        let cancelled = cancel_running(state);
+        let writes_by = state.budget.writes_by();
+        self.inner.claims.expedite(writes_by);
+        tracing::warn!(
+            cancelled,
+            wait_ms = state.budget.writes_left().as_millis(),
+            "deadline margin reached: no handler starts, running handlers are cancelled; \
+             waiting for the finishing writes of handlers that returned"
+        );
+        let ran = work.await;
+        if Instant::now() >= writes_by {
+            tracing::warn!("answering before every finishing write was confirmed; they go on in the background");
+        }
+        ran
+    }
+
+    /// The batch's answer, once every record has reported: copies of a
+    /// processed record are duplicates, each record's span and log line get
+    /// its outcome, and the payloads of records that succeeded are deleted
+    /// when asked.
+    async fn answer(
+        &self,
+        records: Vec<RecordReport>,
+        opened: &[Result<Opened<'_>, Failure>],
+        fetched: &[Option<Fetched>],
+        state: &BatchState,
+    ) -> BatchReport {
+        let mut report = BatchReport { records };
         copies_are_duplicates(&mut report.records);
-        for ((span, report), fetched) in state.spans.iter().zip(&mut report.records).zip(&fetched) {
+        for ((span, report), fetched) in state.spans.iter().zip(&mut report.records).zip(fetched) {
             report.payload_bytes = fetched.as_ref().map(|fetched| fetched.bytes);
             trace::record_outcome(span, report);
         }
         if self.inner.options.payloads.delete_after {
-            let _ = timeout_at(budget.writes_by(), self.delete_payloads(&fetched, &report)).await;
+            let _ = timeout_at(state.budget.writes_by(), self.delete_payloads(fetched, &report)).await;
         }
         for (opened, report) in opened.iter().zip(&report.records) {
             let body = opened.as_ref().map_or("", |opened| &opened.body);
@@ -413,39 +525,6 @@ impl Engine {
             EventRecord::Message(message) => Opened::new(message, self.inner.options.envelope)
                 .map_err(|invalid| Failure::InvalidRecord(invalid.to_string())),
             EventRecord::Malformed { reason, .. } => Err(Failure::InvalidRecord(reason.clone())),
-        }
-    }
-
-    /// The report of a record whose run had not reported when the answer
-    /// was due, `waited` after the batch was received: its handler's outcome
-    /// if the handler had returned (its finishing write not confirmed),
-    /// otherwise a `deadline` failure.
-    fn unanswered(
-        &self,
-        record: &EventRecord,
-        opened: &Result<Opened<'_>, Failure>,
-        returned: &HashMap<String, Outcome>,
-        waited: Duration,
-    ) -> RecordReport {
-        let key = opened.as_ref().ok().and_then(|opened| self.inner.keys.derive(opened).ok());
-        let outcome = key.as_ref().and_then(|key| returned.get(key)).cloned();
-        if let (Some(outcome), Some(key)) = (&outcome, &key)
-            && outcome.is_unconfirmed()
-        {
-            tracing::warn!(
-                message_id = record.message_id(), key = %key,
-                "CompletionUnconfirmed: the handler succeeded but its completion was not confirmed before the \
-                 answer was due; reported successful. The write goes on and is sent again by this process; \
-                 until it lands the claim stays in progress"
-            );
-        }
-        RecordReport {
-            message_id: record.message_id().to_owned(),
-            key,
-            outcome: outcome.unwrap_or(Outcome::Failed(Failure::Deadline)),
-            duration: waited,
-            claim_latency: None,
-            payload_bytes: None,
         }
     }
 }

@@ -1,10 +1,7 @@
 //! The cut-off's view of a batch: how far each key's run has got, the
 //! handler slots a run waits for, and what the cut-off cancels or reports.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+use std::sync::{Arc, Mutex};
 
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
@@ -13,7 +10,10 @@ use tokio::{
 };
 
 use super::BatchState;
-use crate::{lock::lock, report::Outcome};
+use crate::{
+    lock::lock,
+    report::{Failure, Outcome},
+};
 
 /// How far a key's run has got, as the answer at the deadline sees it.
 #[derive(Debug, Default)]
@@ -96,13 +96,21 @@ pub(super) fn cancel_running(state: &BatchState) -> usize {
         .count()
 }
 
-/// The outcome of every key whose handler returned, by key.
-pub(super) fn returned_outcomes(state: &BatchState) -> HashMap<String, Outcome> {
-    lock(&state.started)
-        .iter()
-        .filter_map(|run| match &*lock(&run.progress) {
-            Progress::Returned(outcome) => Some((run.key.clone(), outcome.clone())),
-            Progress::Running | Progress::Waiting => None,
-        })
-        .collect()
+/// The outcome a run reports when the answer is due before it ended:
+/// its handler's, if the handler returned (the write that records it not
+/// confirmed), otherwise `deadline`.
+pub(super) fn at_answer(progress: &Mutex<Progress>, key: &str) -> Outcome {
+    let outcome = match &*lock(progress) {
+        Progress::Returned(outcome) => outcome.clone(),
+        Progress::Running | Progress::Waiting => return Outcome::Failed(Failure::Deadline),
+    };
+    if outcome.is_unconfirmed() {
+        tracing::warn!(
+            key,
+            "CompletionUnconfirmed: the handler succeeded but its completion was not confirmed before the answer \
+             was due; reported successful. The write goes on and is sent again by this process; until it lands the \
+             claim stays in progress"
+        );
+    }
+    outcome
 }

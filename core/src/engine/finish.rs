@@ -9,10 +9,10 @@ use tracing::Instrument;
 use super::{
     Engine,
     cutoff::Progress,
-    outcome::{lease_left, provisional_outcome, won},
+    outcome::{Ending, lease_left, won},
 };
 use crate::{
-    ErrorKind, HandlerResult, Record,
+    ErrorKind, Record,
     claim::Lease,
     lock::lock,
     reason,
@@ -29,17 +29,15 @@ impl Engine {
         &self,
         record: &Record,
         lease: &Lease,
-        result: std::thread::Result<HandlerResult>,
-        staged: Staged,
+        ending: Ending,
         progress: &Mutex<Progress>,
     ) -> Outcome {
-        let outcome = provisional_outcome(&result, &staged, lease, self.inner.claims.now_ms());
-        match result {
+        match ending {
             // A run that took no claim commits its completion even with nothing staged: that write is its claim.
-            Ok(Ok(output)) if !staged.is_empty() || lease.is_unclaimed() => {
+            Ending::Succeeded { output, staged } if !staged.is_empty() || lease.is_unclaimed() => {
                 self.commit(record, lease, output, staged, progress).await
             }
-            Ok(Ok(output)) => {
+            Ending::Succeeded { output, .. } => {
                 let completing = self.inner.claims.complete(lease, output.as_ref());
                 let confirmed = match completing.instrument(trace::write_span("complete")).await {
                     Ok(fenced) => fenced == Fenced::Applied,
@@ -54,10 +52,7 @@ impl Engine {
                 };
                 Outcome::Processed { confirmed }
             }
-            _ => match outcome {
-                Outcome::Failed(failure) => self.write_failure(record, lease, failure, progress).await,
-                outcome => outcome,
-            },
+            Ending::Failed(failure) => self.write_failure(record, lease, failure, progress).await,
         }
     }
 
@@ -103,22 +98,41 @@ impl Engine {
         }
         let commit = claims.prepare_commit(lease, output.as_ref(), staged, &record.message_id);
         let entries = commit.outbox.clone();
-        let (message_id, key) = (&record.message_id, &record.key);
         let outcome = match claims.commit(lease, commit).instrument(trace::write_span("commit")).await {
-            Ok(Committed::Applied) => Outcome::Processed { confirmed: true },
-            Ok(Committed::Refused) => Outcome::Failed(Failure::LeaseLost),
+            Ok(committed) => self.committed(record, lease, committed, progress).await,
+            Err(error) => self.commit_failed(record, lease, error, nothing_staged, &entries, progress).await,
+        };
+        *lock(progress) = Progress::Returned(outcome.clone());
+        if outcome == (Outcome::Processed { confirmed: true }) {
+            self.deliver(&entries).await;
+        }
+        outcome
+    }
+
+    /// What a commit the store answered makes of the record.
+    async fn committed(
+        &self,
+        record: &Record,
+        lease: &Lease,
+        committed: Committed,
+        progress: &Mutex<Progress>,
+    ) -> Outcome {
+        match committed {
+            Committed::Applied => Outcome::Processed { confirmed: true },
+            Committed::Refused => Outcome::Failed(Failure::LeaseLost),
             // The item kept the key: a copy's commit, or an earlier attempt of this one, applied the effect.
-            Ok(Committed::InItemAlready) => Outcome::Duplicate,
+            Committed::InItemAlready => Outcome::Duplicate,
             // A run without a claim found the key taken: by a copy that committed first (a duplicate), a claim
             // live elsewhere, a failure recorded. Nothing of this run applied.
-            Ok(Committed::Taken(existing)) => match claims.taken(lease, existing).await {
+            Committed::Taken(existing) => match self.inner.claims.taken(lease, existing).await {
                 // A record that holds the key is never a claim won.
                 Ok(claim) => won(claim).err().unwrap_or(Outcome::Failed(Failure::LeaseLost)),
                 Err(error) => Outcome::Failed(error.into()),
             },
-            Ok(Committed::Cancelled(cancellation)) => {
+            Committed::Cancelled(cancellation) => {
                 let refusal = &cancellation.refusal;
                 let reason = reason::capped(&format!("{} ({})", refusal.reason, cancellation.reasons)).into_owned();
+                let (message_id, key) = (&record.message_id, &record.key);
                 tracing::warn!(%message_id, %key, %reason, "a staged write's condition did not hold: nothing applied");
                 let failure = match refusal.kind {
                     ErrorKind::Permanent => Failure::Permanent(reason),
@@ -126,13 +140,30 @@ impl Engine {
                 };
                 self.write_failure(record, lease, failure, progress).await
             }
+        }
+    }
+
+    /// What a commit the store did not confirm makes of the record: a
+    /// refusal of the staged writes is the handler's failure; otherwise the
+    /// commit may have applied unseen, and is sent again.
+    async fn commit_failed(
+        &self,
+        record: &Record,
+        lease: &Lease,
+        error: StoreError,
+        nothing_staged: bool,
+        entries: &[OutboxEntry],
+        progress: &Mutex<Progress>,
+    ) -> Outcome {
+        let (message_id, key) = (&record.message_id, &record.key);
+        match error {
             // Not "claim store rejected the request": what refused is most often the handler's own table.
-            Err(StoreError::Rejected(why) | StoreError::Unsupported(why)) => {
+            StoreError::Rejected(why) | StoreError::Unsupported(why) => {
                 let reason = reason::capped(&format!("the staged writes cannot be committed: {why}")).into_owned();
                 self.write_failure(record, lease, Failure::Permanent(reason), progress).await
             }
             // A run without a claim that staged nothing has no effect to lose: its completion is a completion.
-            Err(error) if nothing_staged => {
+            error if nothing_staged => {
                 tracing::error!(
                     %message_id, %key, %error,
                     "CompletionUnconfirmed: the handler succeeded but its completion could not be recorded; it is \
@@ -140,7 +171,7 @@ impl Engine {
                 );
                 Outcome::Processed { confirmed: false }
             }
-            Err(error) => {
+            error => {
                 if let Some(outbox) = self.inner.outbox.as_ref().filter(|_| !entries.is_empty()) {
                     // Applied unseen, its messages wait for a sweep.
                     outbox.note_left_unsent();
@@ -151,14 +182,9 @@ impl Engine {
                      back after the lease; the commit is sent again, and its claim's token (or, without a claim, \
                      the key's completion) refuses it if another delivery has committed meanwhile"
                 );
-                Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, claims.now_ms()) })
+                Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, self.inner.claims.now_ms()) })
             }
-        };
-        *lock(progress) = Progress::Returned(outcome.clone());
-        if outcome == (Outcome::Processed { confirmed: true }) {
-            self.deliver(&entries).await;
         }
-        outcome
     }
 
     /// Writes to S3 the payloads of the staged messages too large to send

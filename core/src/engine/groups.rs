@@ -13,13 +13,15 @@ use super::{
 use crate::{
     envelope::Opened,
     event::EventRecord,
-    lock::lock,
-    report::{Failure, Outcome, RecordReport},
+    report::{Failure, RecordReport},
 };
 
 impl Engine {
     /// Runs one message group in order; a standard queue's record is a group
     /// of its own. After a failure in a FIFO group the rest is skipped.
+    /// Returns the report of each of its records, by event index: every run
+    /// ends by the time the batch answers, so a group's reports are final
+    /// and keep its order.
     pub(super) async fn run_group<'a>(
         &self,
         records: &'a [EventRecord],
@@ -27,8 +29,9 @@ impl Engine {
         group: &Group,
         state: &'a BatchState,
         runs: &Runs<'a>,
-    ) {
+    ) -> Vec<(usize, RecordReport)> {
         let mut failed: Option<&str> = None;
+        let mut reports = Vec::with_capacity(group.indices.len());
         for &index in &group.indices {
             let record = &records[index];
             let (key, run) = match (failed, &opened[index]) {
@@ -47,28 +50,9 @@ impl Engine {
                 claim_latency: run.claim_latency,
                 payload_bytes: None,
             };
-            lock(&state.reports)[index] = Some(report);
+            reports.push((index, report));
         }
-    }
-}
-
-/// FIFO order, whatever path each report took: after the first failed record
-/// of a FIFO group, every later record of the group fails too. (A record
-/// answered at the deadline from another group's run of the same key could
-/// otherwise succeed after its own group's earlier record failed.)
-pub(super) fn keep_group_order(groups: &[Group], reports: &mut [RecordReport]) {
-    for group in groups.iter().filter(|group| group.fifo) {
-        let mut failed: Option<String> = None;
-        for &index in &group.indices {
-            let report = &mut reports[index];
-            match &failed {
-                None if report.outcome.is_failure() => failed = Some(report.message_id.clone()),
-                Some(first) if !report.outcome.is_failure() => {
-                    report.outcome = Outcome::Failed(Failure::GroupSkipped(first.clone()));
-                }
-                _ => {}
-            }
-        }
+        reports
     }
 }
 

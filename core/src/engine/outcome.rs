@@ -29,26 +29,39 @@ pub(super) fn lease_left(lease: &Lease, now_ms: u64) -> Duration {
     Duration::from_millis(lease.lease_until_ms.saturating_sub(now_ms).max(1000))
 }
 
-/// What a handler's result means for its record before the write that
-/// records it is confirmed: the answer due at the deadline reports this. A
-/// handler that staged writes has done nothing until they commit.
-/// Error texts are capped ([`reason::capped`]).
-pub(super) fn provisional_outcome(
-    result: &std::thread::Result<HandlerResult>,
-    staged: &Staged,
+/// What a handler's return leaves to record under its lease.
+pub(super) enum Ending {
+    /// It succeeded: its output is completed, or committed with what it
+    /// staged.
+    Succeeded { output: Option<serde_json::Value>, staged: Staged },
+    /// It failed (its error, its panic): a failure record or a release.
+    Failed(Failure),
+}
+
+/// What a handler's result leaves to record, and what it means for the
+/// record until that write is confirmed: the answer due at the deadline
+/// reports this. A handler that staged writes has done nothing until they
+/// commit. Error texts are capped ([`reason::capped`]).
+pub(super) fn ending(
+    result: std::thread::Result<HandlerResult>,
+    staged: Staged,
     lease: &Lease,
     now_ms: u64,
-) -> Outcome {
+) -> (Ending, Outcome) {
     let text = |error: &dyn std::fmt::Display| reason::capped(&error.to_string()).into_owned();
-    match result {
-        Ok(Ok(_)) if !staged.is_empty() => {
-            Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, now_ms) })
+    let failure = match result {
+        Ok(Ok(output)) => {
+            let outcome = match staged.is_empty() {
+                true => Outcome::Processed { confirmed: false },
+                false => Outcome::Failed(Failure::Uncommitted { retry_after: lease_left(lease, now_ms) }),
+            };
+            return (Ending::Succeeded { output, staged }, outcome);
         }
-        Ok(Ok(_)) => Outcome::Processed { confirmed: false },
-        Ok(Err(error)) if error.kind() == ErrorKind::Permanent => Outcome::Failed(Failure::Permanent(text(error))),
-        Ok(Err(error)) => Outcome::Failed(Failure::Retryable(text(error))),
-        Err(panic) => Outcome::Failed(Failure::Panicked(text(&panic_message(panic.as_ref())))),
-    }
+        Ok(Err(error)) if error.kind() == ErrorKind::Permanent => Failure::Permanent(text(&error)),
+        Ok(Err(error)) => Failure::Retryable(text(&error)),
+        Err(panic) => Failure::Panicked(text(&panic_message(panic.as_ref()))),
+    };
+    (Ending::Failed(failure.clone()), Outcome::Failed(failure))
 }
 
 /// The text of a panic's payload.

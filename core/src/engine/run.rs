@@ -13,13 +13,17 @@ use futures::{
     FutureExt,
     future::{BoxFuture, Shared},
 };
-use tokio::{sync::OwnedSemaphorePermit, task::JoinHandle, time::Instant};
+use tokio::{
+    sync::OwnedSemaphorePermit,
+    task::JoinHandle,
+    time::{Instant, timeout_at},
+};
 use tracing::Instrument;
 
 use super::{
     BatchState, Engine,
-    cutoff::{HandlerSlots, Progress, Started},
-    outcome::{provisional_outcome, won},
+    cutoff::{HandlerSlots, Progress, Started, at_answer},
+    outcome::{Ending, ending, won},
 };
 use crate::{
     Handler, HandlerError, HandlerResult, Record,
@@ -57,12 +61,14 @@ enum Step {
     /// The run ended without a handler's result to record (duplicate,
     /// conflict, store error...).
     Ended(Outcome),
-    /// The handler returned under `lease`: its result is to be recorded,
-    /// with what it staged.
-    Returned(Lease, std::thread::Result<HandlerResult>, Staged),
+    /// The handler returned under `lease`: how it ended is to be recorded.
+    Returned(Lease, Ending),
 }
 
 impl Engine {
+    /// Runs the record under its key, derived here (the one place a
+    /// record's key is derived): the key's run, started here or by an
+    /// earlier record of the batch with the same key (a copy).
     pub(super) async fn run_record<'a>(
         &self,
         message: &'a Opened<'a>,
@@ -112,6 +118,11 @@ impl Engine {
     /// one, the write keeps the admission, never waiting: at most three
     /// times `concurrency` records' copies, tasks and store calls are alive
     /// (`concurrency` when each call is a request of its own).
+    ///
+    /// The run ends by the time the batch's finishing writes must be done
+    /// (`writes_by`), whatever its tasks are waiting for: what is still
+    /// under way goes on in the background, and the run reports the outcome
+    /// its progress shows ([`at_answer`]).
     fn start<'a>(&self, message: &'a Opened<'a>, key: String, state: &'a BatchState) -> KeyRun<'a> {
         let engine = self.clone();
         // In the span of the record that started the run: the claim, the
@@ -132,28 +143,34 @@ impl Engine {
             let (deadline_ms, holder) = (state.deadline_ms, Arc::clone(&state.request_id));
             let progress = Arc::new(Mutex::new(Progress::Running));
             let started = Instant::now();
+            let writes_by = state.budget.writes_by();
             let handler = engine.spawn_handler(record, deadline_ms, holder, Arc::clone(&progress), permit, state);
             let slot = {
                 let mut started = lock(&state.started);
-                started.push(Started { key, progress: Arc::clone(&progress), handler: Some(handler.abort_handle()) });
+                let handler = Some(handler.abort_handle());
+                started.push(Started { key: key.clone(), progress: Arc::clone(&progress), handler });
                 started.len() - 1
             };
-            let ran = handler.await;
+            let ran = timeout_at(writes_by, handler).await;
             lock(&state.started)[slot].handler = None;
+            let ended = |outcome| RunResult { outcome, duration: started.elapsed(), claim_latency: None };
             let (record, step, claim_latency, permit) = match ran {
-                Ok(ran) => ran,
+                Ok(Ok(ran)) => ran,
                 // Cut off: it reports the time it had.
-                Err(error) if error.is_cancelled() => {
-                    return RunResult { duration: started.elapsed(), ..RunResult::failed(Failure::Deadline) };
-                }
-                Err(error) => return RunResult::failed(Failure::Panicked(error.to_string())),
+                Ok(Err(error)) if error.is_cancelled() => return ended(Outcome::Failed(Failure::Deadline)),
+                Ok(Err(error)) => return RunResult::failed(Failure::Panicked(error.to_string())),
+                // A release after the cut-off, or a handler deaf to its cancellation, still under way.
+                Err(_) => return ended(at_answer(&progress, &key)),
             };
             let outcome = match step {
                 Step::Ended(outcome) => outcome,
-                Step::Returned(lease, result, staged) => {
-                    let fallback = provisional_outcome(&result, &staged, &lease, engine.inner.claims.now_ms());
+                Step::Returned(lease, ending) => {
                     let permit = Arc::clone(&state.bounds.finishing).try_acquire_owned().unwrap_or(permit);
-                    engine.spawn_write(record, lease, result, staged, progress, permit).await.unwrap_or(fallback)
+                    let writing = engine.spawn_write(record, lease, ending, Arc::clone(&progress), permit);
+                    match timeout_at(writes_by, writing).await {
+                        Ok(Ok(outcome)) => outcome,
+                        Ok(Err(_)) | Err(_) => at_answer(&progress, &key),
+                    }
                 }
             };
             RunResult { outcome, duration: started.elapsed(), claim_latency: Some(claim_latency) }
@@ -198,8 +215,7 @@ impl Engine {
         &self,
         record: Record,
         lease: Lease,
-        result: std::thread::Result<HandlerResult>,
-        staged: Staged,
+        ending: Ending,
         progress: Arc<Mutex<Progress>>,
         permit: OwnedSemaphorePermit,
     ) -> JoinHandle<Outcome> {
@@ -207,7 +223,7 @@ impl Engine {
         tokio::spawn(
             async move {
                 let _permit = permit;
-                engine.write_ending(&record, &lease, result, staged, &progress).await
+                engine.write_ending(&record, &lease, ending, &progress).await
             }
             .in_current_span(),
         )
@@ -254,10 +270,11 @@ impl Engine {
         // What the handler staged is committed only if it succeeded, and
         // only whole: a part refused at staging fails the run.
         let (result, staged) = staged_whole(result, record.transaction().take());
+        let (ending, outcome) = ending(result, staged, &lease, self.inner.claims.now_ms());
         // No await between the handler's return and this: a run cancelled at
         // the cut-off either has its handler's outcome here or never returned.
-        *lock(progress) = Progress::Returned(provisional_outcome(&result, &staged, &lease, self.inner.claims.now_ms()));
-        (Step::Returned(lease, result, staged), claim_latency)
+        *lock(progress) = Progress::Returned(outcome);
+        (Step::Returned(lease, ending), claim_latency)
     }
 }
 

@@ -525,6 +525,28 @@ async fn a_handler_returning_while_the_answer_is_cut_off_keeps_its_outcome() {
     assert_eq!(status("perm").await, Some(ClaimStatus::Failed));
 }
 
+// Three workers: one blocked by the handler, the timers still driven.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_handler_deaf_to_its_cancellation_fails_deadline_and_the_answer_does_not_wait_for_it() {
+    // The handler blocks its thread past the deadline (2 s), so the cut-off's cancellation never reaches it. The
+    // batch answers all the same, the record a `deadline` failure: it comes back, and the success it returns later
+    // is not reported.
+    let store = Arc::new(MemoryStore::default());
+    let options = EngineOptions {
+        margins: Margins { deadline_margin: Duration::from_millis(800), ..Margins::default() },
+        ..Default::default()
+    };
+    let engine = Setup { store: store.clone(), options, ..Setup::default() }
+        .engine(BlocksThroughTheCutoff(Duration::from_millis(3000)));
+    let report = run(&engine, vec![message("deaf", json!({}))], Duration::from_millis(2000)).await;
+    assert_eq!(outcome(&report, "deaf"), &Outcome::Failed(Failure::Deadline), "{report:?}");
+    assert_eq!(
+        store.get("test#deaf").await.unwrap().map(|claim| claim.status),
+        Some(ClaimStatus::InProgress),
+        "answered while the handler still ran: its claim keeps its lease"
+    );
+}
+
 /// How many things are under way at once, and the most there ever were.
 #[derive(Default)]
 struct UnderWay(Mutex<(usize, usize)>);
