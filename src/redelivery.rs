@@ -36,7 +36,7 @@ use tokio::time::Instant;
 
 use crate::{
     event::EventRecord,
-    report::{BatchReport, Failure, Outcome},
+    report::{BatchReport, Failure, FailureClass, Outcome},
     sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
 };
 use sqs_once_core::{
@@ -146,27 +146,14 @@ impl RedeliveryPolicy {
 
     /// The next delivery of a record that failed with `failure`, before jitter.
     pub(crate) fn next_delivery(&self, failure: &Failure, receive_count: u32, fifo: bool) -> NextDelivery {
-        match failure {
-            Failure::Permanent(_)
-            | Failure::FailedBefore(_)
-            | Failure::PayloadMismatch
-            | Failure::InvalidRecord(_)
-            | Failure::MissingKey(_)
-                if self.dead_letter_queue.is_some() =>
-            {
-                NextDelivery::DeadLetter
-            }
+        match failure.class() {
+            FailureClass::Final if self.dead_letter_queue.is_some() => NextDelivery::DeadLetter,
             _ if fifo => NextDelivery::AsQueued,
             // Both wait for a lease: another holder's, or the one whose commit may still land.
-            Failure::Conflict { retry_after } | Failure::Uncommitted { retry_after } if self.conflict_backoff => {
-                NextDelivery::After((*retry_after).min(self.longest_delay))
+            FailureClass::AfterLease(retry_after) if self.conflict_backoff => {
+                NextDelivery::After(retry_after.min(self.longest_delay))
             }
-            Failure::Retryable(_)
-            | Failure::Panicked(_)
-            | Failure::Store(_)
-            | Failure::PayloadUnavailable(_)
-            | Failure::Deadline
-            | Failure::LeaseLost => self
+            FailureClass::Transient => self
                 .retry_backoff
                 .map_or(NextDelivery::AsQueued, |backoff| NextDelivery::After(backoff.delay(receive_count))),
             _ => NextDelivery::AsQueued,

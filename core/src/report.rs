@@ -130,6 +130,51 @@ impl Failure {
             Self::LeaseLost => "lease_lost",
         }
     }
+
+    /// What a later delivery can make of the record, which decides its
+    /// redelivery: a dead-letter queue takes a [`FailureClass::Final`]
+    /// failure at once, a back-off delays a [`FailureClass::Transient`]
+    /// one, and a [`FailureClass::AfterLease`] one waits for its lease.
+    pub fn class(&self) -> FailureClass {
+        match self {
+            Self::Permanent(_)
+            | Self::FailedBefore(_)
+            | Self::PayloadMismatch
+            | Self::InvalidRecord(_)
+            | Self::MissingKey(_) => FailureClass::Final,
+            Self::Conflict { retry_after } | Self::Uncommitted { retry_after } => {
+                FailureClass::AfterLease(*retry_after)
+            }
+            Self::Retryable(_)
+            | Self::Panicked(_)
+            | Self::Store(_)
+            | Self::PayloadUnavailable(_)
+            | Self::Deadline
+            | Self::LeaseLost => FailureClass::Transient,
+            Self::GroupSkipped(_) => FailureClass::Skipped,
+        }
+    }
+}
+
+/// What a later delivery can make of a failed record ([`Failure::class`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureClass {
+    /// It fails the same way however often it comes back: the handler said
+    /// so, the key's stored outcome is a failure, or the record itself
+    /// cannot be run (`permanent`, `failed_before`, `payload_mismatch`,
+    /// `invalid_record`, `missing_key`).
+    Final,
+    /// A lease holds the key for this long at most: another delivery's
+    /// claim, or this run's own commit, which may still land (`conflict`,
+    /// `uncommitted`). Tried before, it would meet the same lease.
+    AfterLease(Duration),
+    /// It may succeed when tried again (`retryable`, `panicked`,
+    /// `store_error`, `payload_unavailable`, `deadline`, `lease_lost`).
+    Transient,
+    /// It was not run: an earlier record of its FIFO group failed
+    /// (`group_skipped`), and it comes back with that one, in order.
+    Skipped,
 }
 
 /// The fate of one record of the batch.
