@@ -5,10 +5,7 @@
 //!
 #![doc = include_str!("../docs/redelivery.md")]
 
-use std::{
-    sync::atomic::Ordering,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::sqs::SqsBatchResponse;
 
@@ -300,7 +297,8 @@ impl Consumer {
     #[cfg(feature = "opentelemetry")]
     fn trace_export(&self) -> Option<TraceExportCounts> {
         let counters = self.export.as_ref()?.counters();
-        let (failed, dropped) = (counters.failed.load(Ordering::Relaxed), counters.dropped.load(Ordering::Relaxed));
+        let load = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+        let (failed, dropped) = (load(&counters.failed), load(&counters.dropped));
         Some(TraceExportCounts { failed, dropped })
     }
 
