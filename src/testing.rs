@@ -74,7 +74,7 @@ use crate::{
     transaction::Message,
 };
 use sqs_once_core::{
-    engine::{Engine, EngineParts, Invocation, OutboxParts},
+    engine::{Engine, Invocation},
     lock::lock,
 };
 
@@ -182,18 +182,11 @@ impl Setup {
     fn engine(&self) -> Engine {
         let config = self.config();
         let destinations = Arc::clone(&self.destinations) as Arc<dyn Destinations>;
-        let outbox = OutboxParts {
-            destinations,
-            times: OutboxTimes::both(sqs_once_core::aws::OPERATION_TIMEOUT),
-            sweep_every: None,
-        };
-        EngineParts {
-            policy: config.claims,
-            options: config.engine,
-            outbox: Some(outbox),
-            ..EngineParts::new(Arc::clone(&self.store), config.keys)
-        }
-        .engine(self.handler.clone())
+        Engine::builder(Arc::clone(&self.store), config.keys)
+            .policy(config.claims)
+            .options(config.engine)
+            .outbox(destinations, OutboxTimes::both(sqs_once_core::aws::OPERATION_TIMEOUT), None)
+            .build(self.handler.clone())
     }
 }
 

@@ -19,16 +19,16 @@
 //! and delivers what it committed; `tending` resends what failed to land,
 //! beside the batch, between batches and before the process leaves.
 
+mod builder;
 mod cutoff;
 mod finish;
 mod groups;
 mod outcome;
-mod parts;
 mod payloads;
 mod run;
 mod tending;
 
-pub use parts::{EngineParts, OutboxParts};
+pub use builder::EngineBuilder;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -258,7 +258,7 @@ impl Engine {
     /// `keys`, sending the messages handlers stage through `outbox` once
     /// their transactions commit (without one, they wait in the store for a
     /// sweep: `sqs-once claims outbox --send`), reading the payloads records
-    /// point to from `payloads`. Assembled by [`EngineParts`].
+    /// point to from `payloads`. Built by [`EngineBuilder`].
     fn new(
         handler: BoxHandler,
         claims: Arc<Claims>,

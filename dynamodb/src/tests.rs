@@ -20,7 +20,7 @@ use sqs_once_core::{
     BoxHandler, Handler, HandlerError, HandlerResult, Record,
     claim::{Claim, ClaimPolicy, ClaimRequest, Claims},
     clock::{Clock, SystemClock},
-    engine::{Engine, EngineParts, Invocation},
+    engine::{Engine, Invocation},
     event::parse_event,
     key::Keys,
     report::{BatchReport, Failure, Outcome},
@@ -86,7 +86,7 @@ async fn fresh_table_with(
 
 fn engine(store: DynamoDbStore, handler: impl Handler, policy: ClaimPolicy) -> Engine {
     let keys = Keys::new("body.key", "test").unwrap();
-    EngineParts { policy, ..EngineParts::new(Arc::new(store), keys) }.engine(BoxHandler::new(handler))
+    Engine::builder(Arc::new(store), keys).policy(policy).build(BoxHandler::new(handler))
 }
 
 async fn run(engine: &Engine, records: &[Value]) -> BatchReport {
@@ -382,11 +382,10 @@ async fn a_credit_that_keeps_its_key_in_the_account_costs_one_write_unit() {
     // window, and the others, waiting for its answer rather than each guessing, take one request each.
     let cold_store = DynamoDbStore::new(store.client.clone(), (*store.layout).clone()).batching(false);
     let crowd = testkit::records((0..100).map(|n| json!({"key": format!("crowd-{n}"), "account": 100 + n % 5})));
-    let crowded = EngineParts {
-        policy: cold.clone(),
-        ..EngineParts::new(Arc::new(cold_store), Keys::new("body.key", "test").unwrap())
-    };
-    assert_eq!(failed(&run(&crowded.engine(BoxHandler::new(Credit(balances.clone()))), &crowd).await), 0);
+    let crowded = Engine::builder(Arc::new(cold_store), Keys::new("body.key", "test").unwrap())
+        .policy(cold.clone())
+        .build(BoxHandler::new(Credit(balances.clone())));
+    assert_eq!(failed(&run(&crowded, &crowd).await), 0);
     let crowded = meter.take();
     assert_eq!((crowded.writes(), crowded.requests["UpdateItem"]), (100.0, 100), "{crowded:?}");
     // Copies: each finds its key in its account, a refused write (1 unit as AWS charges it), nothing applied.
@@ -492,7 +491,7 @@ async fn a_refused_claim_judges_the_item_returned_with_it_without_reading_it() {
     let store = store_through(&proxy, TableLayout::new(table)).await;
     let keys = Keys::new("body.key", "test").unwrap().hashed(false);
     let handler = Directed::default();
-    let engine = EngineParts::new(Arc::new(store), keys).engine(BoxHandler::new(handler.clone()));
+    let engine = Engine::builder(Arc::new(store), keys).build(BoxHandler::new(handler.clone()));
 
     let bodies = (0..30).map(|n| json!({"key": format!("{}-{n}", ["done", "held", "free"][n % 3])}));
     let report = run(&engine, &testkit::records(bodies)).await;
@@ -712,7 +711,7 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
     let (store, requests) = fresh_table().await;
     // Keys stored as they are, so that one can be longer than DynamoDB's 2,048-byte partition key.
     let keys = Keys::new("body.key", "test").unwrap().hashed(false);
-    let engine = EngineParts::new(Arc::new(store.clone()), keys).engine(BoxHandler::new(FailsWithItsText));
+    let engine = Engine::builder(Arc::new(store.clone()), keys).build(BoxHandler::new(FailsWithItsText));
     let long_key = "k".repeat(3000);
     let mut bodies: Vec<Value> = (0..20).map(|n| json!({ "key": format!("ok-{n}") })).collect();
     bodies.push(json!({ "key": "huge-error", "error": "e".repeat(1 << 20) }));

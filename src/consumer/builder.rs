@@ -25,10 +25,7 @@ use crate::{
     sqs::Sqs,
     store::{ClaimStore, MemoryStore},
 };
-use sqs_once_core::{
-    engine::{EngineParts, OutboxParts},
-    payload::PayloadStore,
-};
+use sqs_once_core::{engine::Engine, payload::PayloadStore};
 #[cfg(feature = "dynamodb")]
 use sqs_once_dynamodb::RequestCounter;
 
@@ -324,11 +321,7 @@ impl Builder {
                 "commit staged writes (ClaimStore::commits), which a handler that stages every effect needs".into(),
             ));
         }
-        let outbox = OutboxParts {
-            destinations: Arc::clone(&parts.destinations),
-            times: super::outbox_times(parts.send_time, parts.store.operation_timeout)?,
-            sweep_every: config.outbox_sweep,
-        };
+        let times = super::outbox_times(parts.send_time, parts.store.operation_timeout)?;
         let redelivery = parts
             .sqs
             .clone()
@@ -336,14 +329,12 @@ impl Builder {
             .map(|sqs| Redelivery::new(config.redelivery.clone(), sqs));
         let mut options = config.engine.clone();
         options.margins.sqs_step = redelivery.is_some();
-        let engine = EngineParts {
-            policy: config.claims.clone(),
-            options,
-            outbox: Some(outbox),
-            payloads: parts.payloads.clone(),
-            ..EngineParts::new(store, config.keys.clone())
-        }
-        .engine(handler);
+        let engine = Engine::builder(store, config.keys.clone())
+            .policy(config.claims.clone())
+            .options(options)
+            .outbox(Arc::clone(&parts.destinations), times, config.outbox_sweep)
+            .payloads(parts.payloads.clone())
+            .build(handler);
         let queue = parts.sqs.filter(|_| needs.queue);
         let consumer = Consumer {
             engine,

@@ -12,7 +12,7 @@ use crate::{
     budget::Margins,
     claim::ClaimPolicy,
     clock::{Clock, SystemClock},
-    engine::{Engine, EngineOptions, EngineParts, Invocation},
+    engine::{Engine, EngineOptions, Invocation},
     envelope::{Envelope, EnvelopeKind},
     event::parse_event,
     key::{Keys, OnMissingKey},
@@ -69,8 +69,12 @@ impl Setup {
     fn engine(self, handler: impl Handler) -> Engine {
         let keys = Keys::new(self.key, "test").unwrap().hashed(false).on_missing(self.on_missing);
         let Self { store, policy, options, clock, payloads, .. } = self;
-        EngineParts { policy, options, clock, payloads, ..EngineParts::new(store, keys) }
-            .engine(BoxHandler::new(handler))
+        Engine::builder(store, keys)
+            .policy(policy)
+            .options(options)
+            .clock(clock)
+            .payloads(payloads)
+            .build(BoxHandler::new(handler))
     }
 }
 

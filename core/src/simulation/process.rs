@@ -2,7 +2,7 @@
 //! engine, claims and outbox over its own view of the shared table: a
 //! Lambda function, a `poll` process or an environment of Lambda Managed
 //! Instances. Each is assembled as the builder assembles a real consumer
-//! ([`EngineParts`]), on the world's clock, and runs its batches, its
+//! ([`Engine::builder`]), on the world's clock, and runs its batches, its
 //! tending and its leaving through the engine calls the real loops make:
 //! [`Engine::process`], [`Engine::tend`], [`Engine::leave`] within
 //! [`SHUTDOWN_TIME`] as the SIGTERM handler does, and
@@ -26,7 +26,7 @@ use crate::{
     budget::{LEAVING_TIME, SHUTDOWN_TIME},
     claim::ClaimPolicy,
     clock::Clock,
-    engine::{ClaimFirst, Engine, EngineOptions, EngineParts, Invocation, OutboxParts},
+    engine::{ClaimFirst, Engine, EngineOptions, Invocation},
     event::EventRecord,
     key::Keys,
     outbox::OutboxTimes,
@@ -69,24 +69,19 @@ fn engine(world: &Arc<World>, id: usize) -> Engine {
         true => ClaimFirst::Auto,
         false => ClaimFirst::Always,
     };
-    let outbox = OutboxParts {
-        destinations: Arc::new(Sender { link }),
-        times: OutboxTimes::both(Duration::from_secs(5)),
-        sweep_every: Some(scenario.sweep_every),
+    let policy = ClaimPolicy {
+        expires_after: scenario.expires_after,
+        redelivered_within: Some(scenario.queue.redelivered_within()),
+        local_cache_entries: scenario.cache_entries,
+        ..ClaimPolicy::default()
     };
-    let parts = EngineParts {
-        policy: ClaimPolicy {
-            expires_after: scenario.expires_after,
-            redelivered_within: Some(scenario.queue.redelivered_within()),
-            local_cache_entries: scenario.cache_entries,
-            ..ClaimPolicy::default()
-        },
-        options: EngineOptions { concurrency: scenario.concurrency, claim, ..EngineOptions::default() },
-        clock,
-        outbox: Some(outbox),
-        ..EngineParts::new(store, Keys::new("body.id", "sim").expect("a valid key").hashed(false))
-    };
-    parts.engine(BoxHandler::new(SimHandler { world: Arc::clone(world) }))
+    let keys = Keys::new("body.id", "sim").expect("a valid key").hashed(false);
+    Engine::builder(store, keys)
+        .policy(policy)
+        .options(EngineOptions { concurrency: scenario.concurrency, claim, ..EngineOptions::default() })
+        .clock(clock)
+        .outbox(Arc::new(Sender { link }), OutboxTimes::both(Duration::from_secs(5)), Some(scenario.sweep_every))
+        .build(BoxHandler::new(SimHandler { world: Arc::clone(world) }))
 }
 
 /// The records of an invocation's `deliveries`, each carrying the

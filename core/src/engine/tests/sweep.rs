@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use super::*;
 use crate::{
     clock::PausedClock,
-    engine::OutboxParts,
     outbox::{Destinations, OutboxTimes, SendError},
     transaction::Message,
 };
@@ -89,17 +88,11 @@ impl Consumer {
     fn new() -> Self {
         let (clock, destination, store) = (Arc::new(PausedClock::starting_now()), Arc::default(), Arc::default());
         let keys = Keys::new("messageId", "test").unwrap();
-        let outbox = OutboxParts {
-            destinations: Arc::clone(&destination) as Arc<dyn Destinations>,
-            times: OutboxTimes::both(SEND_TIME),
-            sweep_every: Some(SWEEP_EVERY),
-        };
-        let engine = EngineParts {
-            clock: Arc::clone(&clock) as Arc<dyn Clock>,
-            outbox: Some(outbox),
-            ..EngineParts::new(Arc::clone(&store) as Arc<dyn ClaimStore>, keys)
-        }
-        .engine(BoxHandler::new(Notices));
+        let destinations = Arc::clone(&destination) as Arc<dyn Destinations>;
+        let engine = Engine::builder(Arc::clone(&store) as Arc<dyn ClaimStore>, keys)
+            .clock(Arc::clone(&clock) as Arc<dyn Clock>)
+            .outbox(destinations, OutboxTimes::both(SEND_TIME), Some(SWEEP_EVERY))
+            .build(BoxHandler::new(Notices));
         Self { engine, clock, destination, store }
     }
 
