@@ -12,7 +12,7 @@
 //! of one long-lived process (`poll`, or one Lambda Managed Instances
 //! environment) is deduplicated against every other, a fresh process starts
 //! with none. With the four methods alone it runs handlers that stage
-//! nothing; a handler that stages writes needs [`ClaimStore::commits`], and
+//! nothing; a handler that stages writes needs [`Capabilities::commits`](sqs_once::store::Capabilities), and
 //! the consumer refuses to start without it rather than fail records later.
 //!
 //! The builder also wraps the Lambda service in a tower layer here, as

@@ -519,7 +519,9 @@ async fn outbox(
     limit: usize,
     json: bool,
 ) -> anyhow::Result<Option<ExitCode>> {
-    let Some(store) = store.outbox() else { bail!("this claim store keeps no outbox (ClaimStore::outbox)") };
+    let Some(store) = store.capabilities().outbox else {
+        bail!("this claim store keeps no outbox (ClaimStore::capabilities: outbox)")
+    };
     if send {
         let outbox = Outbox::new(Arc::clone(&store), destinations, Arc::new(SystemClock), times, None);
         let sent = outbox.send_due().await?;

@@ -40,15 +40,17 @@ impl std::fmt::Debug for Operator {
 
 impl Operator {
     /// Operations on `store`; claims completed by hand are remembered for
-    /// `expires_after`. A store that offers no listing ([`ClaimStore::admin`])
+    /// `expires_after`. A store that offers no listing ([`Capabilities::admin`](crate::store::Capabilities::admin))
     /// is refused.
     pub(crate) fn new(
         store: Arc<dyn ClaimStore>,
         clock: Arc<dyn Clock>,
         expires_after: Duration,
     ) -> Result<Self, StoreError> {
-        let admin = Arc::clone(&store).admin().ok_or_else(|| {
-            StoreError::Unsupported("this claim store offers no listing of its claims (ClaimStore::admin)".into())
+        let admin = Arc::clone(&store).capabilities().admin.ok_or_else(|| {
+            StoreError::Unsupported(
+                "this claim store offers no listing of its claims (ClaimStore::capabilities: admin)".into(),
+            )
         })?;
         Ok(Self { store, admin, clock, expires_after })
     }
@@ -167,9 +169,9 @@ impl Operator {
     /// the entry, message and all, is logged as it goes, so that it can be
     /// sent by hand. A sender that took the entry over meanwhile refuses it.
     pub(crate) async fn drop_outbox(&self, id: &str, force: bool) -> Result<Verdict, StoreError> {
-        let outbox = Arc::clone(&self.store)
-            .outbox()
-            .ok_or_else(|| StoreError::Unsupported("this claim store keeps no outbox (ClaimStore::outbox)".into()))?;
+        let outbox = Arc::clone(&self.store).capabilities().outbox.ok_or_else(|| {
+            StoreError::Unsupported("this claim store keeps no outbox (ClaimStore::capabilities: outbox)".into())
+        })?;
         let entries = outbox.entries(&OutboxQuery { due_at_ms: None, limit: usize::MAX }).await?;
         let found = match entries.into_iter().find(|entry| entry.id == id || entry.outbox_id() == id) {
             Some(entry) => {
@@ -333,7 +335,7 @@ mod tests {
         use std::sync::Arc;
 
         let store = Arc::new(MemoryStore::default());
-        let admin = Arc::clone(&store).admin().unwrap();
+        let admin = Arc::clone(&store).capabilities().admin.unwrap();
         let failed = |id: &str, error: &str, at_ms: u64| StoredClaim {
             id: id.into(),
             status: ClaimStatus::Failed,

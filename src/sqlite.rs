@@ -26,8 +26,8 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use sqs_once_core::{
     lock::lock,
     store::{
-        ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-        OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry,
+        Capabilities, ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish,
+        Listing, OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry,
         items::{self, Change, Evaluated, JsonItem, Place},
         replaced_id, unchanged,
     },
@@ -174,16 +174,8 @@ impl ClaimStore for SqliteStore {
         Ok(fenced(changed))
     }
 
-    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
-        Some(self)
-    }
-
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        Some(self)
-    }
-
-    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
-        Some(self)
+    fn capabilities(self: Arc<Self>) -> Capabilities {
+        Capabilities::all(self)
     }
 }
 

@@ -11,7 +11,8 @@
 //!
 //! A store of one's own implements [`ClaimStore`]'s four required methods
 //! (claim if free, read, finish, release), then what it can of the
-//! capabilities, each a trait its `ClaimStore` impl hands out:
+//! capabilities, each a trait its `ClaimStore` impl hands out in its
+//! [`Capabilities`] ([`Capabilities::all`] for a store that offers the three):
 //!
 //! | capability | what needs it | its suite |
 //! |---|---|---|
@@ -26,8 +27,8 @@
 //! [`Consumer::builder`](crate::Consumer::builder) and run on Lambda.
 
 pub use sqs_once_core::store::{
-    Cancellation, ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish,
-    Listing, MemoryStore, OutboxStore, PutOutcome, StoreError, StoredClaim, Unclaimed,
+    Cancellation, Capabilities, ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed,
+    Fenced, Finish, Listing, MemoryStore, OutboxStore, PutOutcome, StoreError, StoredClaim, Unclaimed,
 };
 
 #[cfg(feature = "sqlite")]

@@ -184,7 +184,7 @@ async fn a_destination_slower_than_an_attempt_gets_each_message_once() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     let sent = queue.drain().await;
     assert_eq!(sent.iter().map(|message| message.body()).collect::<Vec<_>>(), [Some("slow")], "sent once");
-    let outbox = store.outbox().expect("the memory store keeps an outbox");
+    let outbox = store.capabilities().outbox.expect("the memory store keeps an outbox");
     let left = outbox.entries(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap();
     assert!(left.is_empty(), "sent, so deleted: {left:?}");
 }

@@ -99,5 +99,5 @@ fn a_command_the_store_cannot_serve_is_refused_naming_what_it_lacks() {
     let Output { status, stderr, .. } = Command::new(example()).args(["claims", "list"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&stderr);
     assert!(!status.success(), "claims list on a store without a listing: {stderr}");
-    assert!(stderr.contains("no listing of its claims (ClaimStore::admin)"), "{stderr}");
+    assert!(stderr.contains("no listing of its claims (ClaimStore::capabilities: admin)"), "{stderr}");
 }

@@ -332,7 +332,7 @@ async fn every_credit_kept_in_its_account_applies_once_on_a_faulty_network() {
             let account = common::dynamodb::item(&balances, &format!("acct-{seed}-1")).await.unwrap();
             assert!(account["sqs_once_keys"].as_array().is_some_and(|keys| !keys.is_empty()), "{account}");
             let completed = ClaimQuery { status: Some(ClaimStatus::Completed), limit: 10_000, ..ClaimQuery::default() };
-            let completed = Arc::new(claims).admin().unwrap().list(&completed).await.unwrap().claims.len();
+            let completed = Arc::new(claims).capabilities().admin.unwrap().list(&completed).await.unwrap().claims.len();
             match claim {
                 "auto" => assert_eq!(completed, 0, "a credit without a claim writes none: {report}"),
                 _ => assert!(completed > 0, "a run that claimed first completes its claim: {report}"),

@@ -256,7 +256,7 @@ const CONTENDED_RETRIES: usize = 2;
 /// The claim state machine over a [`ClaimStore`].
 pub struct Claims {
     store: Arc<dyn ClaimStore>,
-    /// The store's commits, if it offers them ([`ClaimStore::commits`]).
+    /// The store's commits, if it offers them ([`Capabilities::commits`](crate::store::Capabilities::commits)).
     commits: Option<Arc<dyn CommitStore>>,
     clock: Arc<dyn Clock>,
     policy: ClaimPolicy,
@@ -289,7 +289,7 @@ impl Claims {
     /// The state machine over `store`, with `policy`, reading time from `clock`.
     pub fn with_policy(store: Arc<dyn ClaimStore>, policy: ClaimPolicy, clock: Arc<dyn Clock>) -> Self {
         let cache = NonZeroUsize::new(policy.local_cache_entries).map(|size| Mutex::new(LruCache::new(size)));
-        let commits = Arc::clone(&store).commits();
+        let commits = Arc::clone(&store).capabilities().commits;
         let redelivered_within_ms = AtomicU64::new(policy.redelivered_within.map_or(NOT_REDELIVERED, duration_ms));
         Self {
             store,
@@ -688,7 +688,9 @@ impl Claims {
     /// The store's commits, or why there are none: a commit fails its record for good.
     fn committing(&self) -> Result<&dyn CommitStore, StoreError> {
         self.commits.as_deref().ok_or_else(|| {
-            StoreError::Unsupported("this claim store does not commit staged writes (ClaimStore::commits)".into())
+            StoreError::Unsupported(
+                "this claim store does not commit staged writes (ClaimStore::capabilities: commits)".into(),
+            )
         })
     }
 

@@ -374,28 +374,49 @@ pub trait ClaimStore: Send + Sync {
         false
     }
 
-    /// The store's listing and operator edits (`sqs-once claims`), if it
-    /// offers them; `None` (the default) if not.
-    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
-        None
+    /// What the store offers beside its claims: its listing and operator
+    /// edits, its commits of staged writes, its outbox ([`Capabilities`]).
+    /// None of them by default; a store that offers all three answers
+    /// [`Capabilities::all`], and a store that wraps another forwards this
+    /// one call.
+    fn capabilities(self: Arc<Self>) -> Capabilities {
+        Capabilities::default()
     }
+}
 
-    /// The store's commits of staged writes with a claim's completion
-    /// ([`crate::transaction`]), if it offers them; `None` (the default) if
-    /// not, and a handler's staged writes fail its record for good.
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        None
+/// What a claim store offers beside its claims
+/// ([`ClaimStore::capabilities`]), each a trait of its own.
+#[derive(Clone, Default)]
+pub struct Capabilities {
+    /// Listing claims and an operator's edits (`sqs-once claims`).
+    pub admin: Option<Arc<dyn ClaimAdmin>>,
+    /// Commits of staged writes with a claim's completion
+    /// ([`crate::transaction`]); without them, a handler's staged writes
+    /// fail its record for good.
+    pub commits: Option<Arc<dyn CommitStore>>,
+    /// The outbox of messages committed with staged writes.
+    pub outbox: Option<Arc<dyn OutboxStore>>,
+}
+
+impl Capabilities {
+    /// All three, of a store that offers them.
+    pub fn all<S: ClaimAdmin + CommitStore + OutboxStore + 'static>(store: Arc<S>) -> Self {
+        Self { admin: Some(Arc::clone(&store) as _), commits: Some(Arc::clone(&store) as _), outbox: Some(store) }
     }
+}
 
-    /// The store's outbox of messages committed with staged writes, if it
-    /// keeps one; `None` (the default) if not.
-    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
-        None
+impl std::fmt::Debug for Capabilities {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capabilities")
+            .field("admin", &self.admin.is_some())
+            .field("commits", &self.commits.is_some())
+            .field("outbox", &self.outbox.is_some())
+            .finish()
     }
 }
 
 /// Listing claims and changing one as an operator saw it: what `sqs-once
-/// claims` needs of a store ([`ClaimStore::admin`]).
+/// claims` needs of a store ([`Capabilities::admin`]).
 #[async_trait]
 pub trait ClaimAdmin: Send + Sync {
     /// Claims matching `query`, for operators.
@@ -412,7 +433,7 @@ pub trait ClaimAdmin: Send + Sync {
 }
 
 /// Commits of a handler's staged writes with its claim's completion
-/// ([`ClaimStore::commits`]).
+/// ([`Capabilities::commits`]).
 #[async_trait]
 pub trait CommitStore: Send + Sync {
     /// Applies `commit` atomically, if the in-progress claim `id` still
@@ -445,7 +466,7 @@ pub trait CommitStore: Send + Sync {
 }
 
 /// The outbox: messages committed with staged writes, until they are sent
-/// ([`ClaimStore::outbox`]).
+/// ([`Capabilities::outbox`]).
 #[async_trait]
 pub trait OutboxStore: Send + Sync {
     /// Outbox entries, oldest run first and each run's in order; entries

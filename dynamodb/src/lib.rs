@@ -38,8 +38,8 @@ use futures::StreamExt;
 
 use self::statements::{Batches, Written};
 use sqs_once_core::store::{
-    ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, SweepPart, UnreadableEntry,
+    Capabilities, ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish,
+    Listing, OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, SweepPart, UnreadableEntry,
     replaced_id,
 };
 
@@ -213,16 +213,8 @@ impl ClaimStore for DynamoDbStore {
         }
     }
 
-    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
-        Some(self)
-    }
-
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        Some(self)
-    }
-
-    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
-        Some(self)
+    fn capabilities(self: Arc<Self>) -> Capabilities {
+        Capabilities::all(self)
     }
 }
 

@@ -316,9 +316,9 @@ impl Builder {
         let parts = self.parts(&config, Needs { redelivery: config.redelivery.is_active(), ..needs }).await?;
         tracing::info!(store = %parts.store.target, "claims kept in the store");
         let store = Arc::clone(&parts.store.store);
-        if handler.stages_every_effect() && Arc::clone(&store).commits().is_none() {
+        if handler.stages_every_effect() && Arc::clone(&store).capabilities().commits.is_none() {
             return Err(StartupError::StoreLacks(
-                "commit staged writes (ClaimStore::commits), which a handler that stages every effect needs".into(),
+                "commit staged writes (ClaimStore::capabilities: commits), which a handler that stages every effect needs".into(),
             ));
         }
         let times = super::outbox_times(parts.send_time, parts.store.operation_timeout)?;
@@ -560,7 +560,7 @@ mod tests {
     async fn a_handler_that_stages_every_effect_needs_a_store_that_commits() {
         let built = Consumer::builder().config(offline()).store(Arc::new(CoreOnly::default())).build(Staging).await;
         let Err(StartupError::StoreLacks(what)) = built else { panic!("started: {built:?}") };
-        assert!(what.contains("ClaimStore::commits"), "{what}");
+        assert!(what.contains("ClaimStore::capabilities: commits"), "{what}");
         let on_memory = Consumer::builder().config(offline()).build(Staging).await;
         assert!(on_memory.is_ok(), "the memory store commits: {on_memory:?}");
     }

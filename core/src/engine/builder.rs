@@ -95,7 +95,7 @@ impl EngineBuilder {
     pub fn build(self, handler: BoxHandler) -> Engine {
         let claims = Claims::with_policy(Arc::clone(&self.store), self.policy, Arc::clone(&self.clock));
         let outbox = self.outbox.and_then(|parts| {
-            let entries = Arc::clone(&self.store).outbox()?;
+            let entries = Arc::clone(&self.store).capabilities().outbox?;
             let outbox = Outbox::new(entries, parts.destinations, self.clock, parts.times, parts.sweep_every);
             Some(Arc::new(outbox))
         });

@@ -17,8 +17,8 @@ use crate::{
     lock::lock,
     outbox::{Destinations, OutboxEntry, OutboxQuery, SendError},
     store::{
-        ClaimAdmin, ClaimQuery, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing, OutboxStore,
-        PutOutcome, StoreError, StoredClaim,
+        Capabilities, ClaimAdmin, ClaimQuery, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
+        OutboxStore, PutOutcome, StoreError, StoredClaim,
     },
     transaction::Message,
 };
@@ -234,16 +234,8 @@ impl ClaimStore for Link {
         self.world.scenario.gathers
     }
 
-    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
-        Some(self)
-    }
-
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        Some(self)
-    }
-
-    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
-        Some(self)
+    fn capabilities(self: Arc<Self>) -> Capabilities {
+        Capabilities::all(self)
     }
 }
 

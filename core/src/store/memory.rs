@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{
-    ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
-    OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
+    Capabilities, ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish,
+    Listing, OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim,
     items::{self, Change, Evaluated, JsonItem, Place},
     replaced_id, unchanged,
 };
@@ -124,16 +124,8 @@ impl ClaimStore for MemoryStore {
         }))
     }
 
-    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
-        Some(self)
-    }
-
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        Some(self)
-    }
-
-    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
-        Some(self)
+    fn capabilities(self: Arc<Self>) -> Capabilities {
+        Capabilities::all(self)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The admin conformance suite: what `sqs-once claims` needs of a store
-//! ([`ClaimAdmin`](crate::store::ClaimAdmin), which [`ClaimStore::admin`] hands out): listings that
+//! ([`ClaimAdmin`](crate::store::ClaimAdmin), which [`Capabilities::admin`](crate::store::Capabilities::admin) hands out): listings that
 //! find what their query asks, and operator writes that act only on the
 //! claim the operator saw. [`admin_suite!`](crate::admin_suite) expands to
 //! one test per case, for a store that offers it.
@@ -72,7 +72,7 @@ pub async fn an_operators_write_acts_only_on_the_claim_it_saw(store: Arc<dyn Cla
 
 /// One test per case for the store that `$make` (an expression, which may
 /// `.await`, giving `Arc<dyn ClaimStore>`) builds, which must offer
-/// [`ClaimStore::admin`]. The tests are `#[tokio::test]`s, as
+/// [`Capabilities::admin`](crate::store::Capabilities::admin). The tests are `#[tokio::test]`s, as
 /// [`claim_suite!`](crate::claim_suite)'s are.
 ///
 /// ```no_run

@@ -22,8 +22,8 @@ use crate::{
     claim::{Claim, ClaimPolicy, ClaimRequest, Claims, Lease},
     clock::{Clock, ManualClock, SystemClock},
     store::{
-        ClaimAdmin, ClaimStatus, ClaimStore, CommitStore, Fenced, Finish, OutboxStore, PutOutcome, StoreError,
-        StoredClaim,
+        Capabilities, ClaimAdmin, ClaimStatus, ClaimStore, CommitStore, Fenced, Finish, OutboxStore, PutOutcome,
+        StoreError, StoredClaim,
     },
 };
 
@@ -94,17 +94,17 @@ impl Machine {
 
     /// The store's listing and operator edits, which the suite that tests them needs.
     pub(crate) fn admin(&self) -> Arc<dyn ClaimAdmin> {
-        Arc::clone(&self.store).admin().expect("the admin suite needs a store that offers ClaimStore::admin")
+        Arc::clone(&self.store).capabilities().admin.expect("the admin suite needs a store that offers its admin")
     }
 
     /// The store's commits, which the commit suite needs.
     pub(crate) fn commits(&self) -> Arc<dyn CommitStore> {
-        Arc::clone(&self.store).commits().expect("the commit suite needs a store that offers ClaimStore::commits")
+        Arc::clone(&self.store).capabilities().commits.expect("the commit suite needs a store that commits")
     }
 
     /// The store's outbox, which the commit suite needs.
     pub(crate) fn outbox(&self) -> Arc<dyn OutboxStore> {
-        Arc::clone(&self.store).outbox().expect("the commit suite needs a store that offers ClaimStore::outbox")
+        Arc::clone(&self.store).capabilities().outbox.expect("the commit suite needs a store that keeps an outbox")
     }
 }
 
@@ -449,14 +449,8 @@ impl ClaimStore for Counting {
         self.inner.release(id, token).await
     }
     // The capabilities go to the store itself, uncounted: the suite counts the claim paths.
-    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
-        Arc::clone(&self.inner).admin()
-    }
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        Arc::clone(&self.inner).commits()
-    }
-    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
-        Arc::clone(&self.inner).outbox()
+    fn capabilities(self: Arc<Self>) -> Capabilities {
+        Arc::clone(&self.inner).capabilities()
     }
 }
 
@@ -482,13 +476,7 @@ impl ClaimStore for WithoutOldItem {
     async fn release(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         self.0.release(id, token).await
     }
-    fn admin(self: Arc<Self>) -> Option<Arc<dyn ClaimAdmin>> {
-        Arc::clone(&self.0).admin()
-    }
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        Arc::clone(&self.0).commits()
-    }
-    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
-        Arc::clone(&self.0).outbox()
+    fn capabilities(self: Arc<Self>) -> Capabilities {
+        Arc::clone(&self.0).capabilities()
     }
 }

@@ -365,7 +365,7 @@ async fn kept(m: &Machine, id: &str, update: Update) -> Option<Committed> {
     let lease = unclaimed(m, id).await;
     let commit = m.claims.prepare_commit(&lease, None, staged(vec![update.into()], Vec::new()), "m-kept");
     if commit.key_in_item.is_none() {
-        assert!(!m.store.clone().commits().is_some_and(|commits| commits.keeps_keys_in_items()));
+        assert!(!m.store.clone().capabilities().commits.is_some_and(|commits| commits.keeps_keys_in_items()));
         return None;
     }
     Some(m.claims.commit(&lease, commit).await.expect("store error"))

@@ -244,7 +244,7 @@ const QUEUE: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/forwarded"
 
 /// The outbox entries the store holds.
 async fn entries(store: &Arc<MemoryStore>) -> Vec<OutboxEntry> {
-    let outbox = Arc::clone(store).outbox().expect("the memory store keeps an outbox");
+    let outbox = Arc::clone(store).capabilities().outbox.expect("the memory store keeps an outbox");
     outbox.entries(&OutboxQuery { due_at_ms: None, limit: 100 }).await.unwrap()
 }
 

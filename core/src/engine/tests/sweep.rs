@@ -121,7 +121,7 @@ impl Consumer {
 
     async fn unsent(&self) -> usize {
         let query = crate::store::OutboxQuery { due_at_ms: None, limit: usize::MAX };
-        let outbox = Arc::clone(&self.store).outbox().unwrap();
+        let outbox = Arc::clone(&self.store).capabilities().outbox.unwrap();
         outbox.entries(&query).await.unwrap().len()
     }
 }

@@ -10,7 +10,7 @@ use super::*;
 use crate::{
     ErrorKind,
     engine::ClaimFirst,
-    store::{Commit, CommitStore, Committed},
+    store::{Capabilities, Commit, CommitStore, Committed},
     transaction::{Check, Condition, Key, Update, item_keys},
 };
 
@@ -128,8 +128,8 @@ impl ClaimStore for Calls {
         self.note("release");
         self.inner.release(id, token).await
     }
-    fn commits(self: Arc<Self>) -> Option<Arc<dyn CommitStore>> {
-        Some(self)
+    fn capabilities(self: Arc<Self>) -> Capabilities {
+        Capabilities { commits: Some(self), ..Capabilities::default() }
     }
 }
 
