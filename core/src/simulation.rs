@@ -56,6 +56,8 @@ struct Run {
     digest: u64,
     /// What happened, in a few numbers, for the summary line.
     stats: ledger::Stats,
+    /// The drawn scenario, when the world broke an invariant.
+    scenario: Option<String>,
 }
 
 /// Runs the world of `seed` on a runtime of its own with paused time.
@@ -103,22 +105,28 @@ fn every_schedule_keeps_the_invariants() {
     for (seed, run) in simulate_all(&seeds) {
         total.add(&run.stats);
         if !run.violations.is_empty() {
-            broken.push((seed, run.violations));
+            broken.push((seed, run.violations, run.scenario.unwrap_or_default()));
         }
     }
     println!("{} seeds: {total}", seeds.len());
     if broken.is_empty() {
         return;
     }
+    // The first failing seed's world in full; the others' violations only.
     let shown: Vec<String> = broken
         .iter()
         .take(5)
-        .map(|(seed, violations)| format!("seed {seed}:\n  {}", violations.join("\n  ")))
+        .enumerate()
+        .map(|(n, (seed, violations, scenario))| {
+            let drawn = if n == 0 { format!("\n  drawn: {scenario}") } else { String::new() };
+            format!("seed {seed}:\n  {}{drawn}", violations.join("\n  "))
+        })
         .collect();
-    let seeds: Vec<String> = broken.iter().map(|(seed, _)| seed.to_string()).collect();
+    let seeds: Vec<String> = broken.iter().map(|(seed, ..)| seed.to_string()).collect();
     // Alike violations counted, each with the first seed that broke it.
     let mut kinds: std::collections::BTreeMap<String, (usize, u64)> = std::collections::BTreeMap::new();
-    for (seed, violation) in broken.iter().flat_map(|(seed, violations)| violations.iter().map(move |v| (*seed, v))) {
+    for (seed, violation) in broken.iter().flat_map(|(seed, violations, _)| violations.iter().map(move |v| (*seed, v)))
+    {
         kinds.entry(kind(violation)).or_insert((0, seed)).0 += 1;
     }
     let kinds: Vec<String> =

@@ -183,7 +183,9 @@ impl World {
         let mut violations = check::invariants(&self, drained && tail_drained && redriven_drained).await;
         let mut ledger = lock(&self.ledger);
         violations.append(&mut ledger.violations);
-        Run { violations, digest: ledger.digest(), stats: ledger.stats.clone() }
+        // The drawn world, beside a seed that broke an invariant: what it was made of, before replaying it.
+        let scenario = (!violations.is_empty()).then(|| format!("{scenario:#?}"));
+        Run { violations, digest: ledger.digest(), stats: ledger.stats.clone(), scenario }
     }
 
     fn send_message(&self, message: Sent) {
