@@ -319,8 +319,8 @@ impl StoreError {
 
 /// Atomic operations on stored claims, keyed by their stored id: the four
 /// every store offers, and the capabilities a store may add, each a trait
-/// of its own that [`admin`](Self::admin), [`commits`](Self::commits) and
-/// [`outbox`](Self::outbox) hand out when the store has it.
+/// of its own that [`capabilities`](Self::capabilities) hands out when the
+/// store has it.
 ///
 /// Implementations must make each method atomic with respect to every other
 /// caller of the same store, including other processes when the store is
