@@ -269,15 +269,8 @@ impl Consumer {
     /// The counts metrics take from outside the batch report, since start,
     /// and the outbox's age if a sweep measured it since the last call.
     pub(crate) fn counters(&self) -> Counters {
-        let counts = self.engine.counts();
         Counters {
-            lease_takeovers_refused: counts.lease_takeovers_refused,
-            completions_landed_later: counts.completions_landed_later,
-            writes_given_up: counts.writes_given_up,
-            outbox_sent: counts.outbox_sent,
-            outbox_failed: counts.outbox_failed,
-            outbox_refused: counts.outbox_refused,
-            outbox_oldest_age: counts.outbox_oldest_age,
+            engine: self.engine.counts(),
             dynamodb_requests: self.dynamodb_requests(),
             redelivery: None,
             trace_export: self.trace_export(),

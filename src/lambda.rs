@@ -228,13 +228,7 @@ impl Function {
         let mut seen = lock(&self.seen);
         let now = self.consumer.counters();
         let delta = Counters {
-            lease_takeovers_refused: now.lease_takeovers_refused - seen.lease_takeovers_refused,
-            completions_landed_later: now.completions_landed_later - seen.completions_landed_later,
-            writes_given_up: now.writes_given_up - seen.writes_given_up,
-            outbox_sent: now.outbox_sent - seen.outbox_sent,
-            outbox_failed: now.outbox_failed - seen.outbox_failed,
-            outbox_refused: now.outbox_refused - seen.outbox_refused,
-            outbox_oldest_age: now.outbox_oldest_age,
+            engine: now.engine.since(&seen.engine),
             dynamodb_requests: now.dynamodb_requests.map(|total| total - seen.dynamodb_requests.unwrap_or(0)),
             redelivery: None,
             trace_export: now.trace_export.map(|total| {

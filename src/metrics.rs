@@ -4,6 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::{redelivery::RedeliveryCounts, report::BatchReport};
+use sqs_once_core::engine::EngineCounts;
 
 /// What to publish (`SQS_ONCE_METRICS*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,22 +26,10 @@ impl Default for MetricsConfig {
 /// Counts that come from outside the batch report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Counters {
-    /// Finishing writes refused because a lease was taken over.
-    pub lease_takeovers_refused: u64,
-    /// Finishing writes unconfirmed when first sent that landed when sent
-    /// again (see [`sqs_once_core::claim::Claims::resend_unconfirmed`]).
-    pub completions_landed_later: u64,
-    /// Finishing writes given up unconfirmed (see [`crate::store::Commit::send_by_ms`]).
-    pub writes_given_up: u64,
-    /// Messages the outbox sent.
-    pub outbox_sent: u64,
-    /// Outbox sends that failed or were refused (the entries stay for a sweep).
-    pub outbox_failed: u64,
-    /// Among them, sends the destination refused for good as they stood.
-    pub outbox_refused: u64,
-    /// The oldest unsent outbox entry's age, when a sweep measured it during
-    /// the invocation (zero for an empty outbox).
-    pub outbox_oldest_age: Option<std::time::Duration>,
+    /// What the engine counted: finishing writes refused, landed later or
+    /// given up; the outbox's sends, failures and refusals, and its oldest
+    /// entry's age when a sweep measured it (zero for an empty outbox).
+    pub engine: EngineCounts,
     /// DynamoDB requests made during the invocation, when the store is DynamoDB.
     pub dynamodb_requests: Option<u64>,
     /// What the SQS step did, when there is one.
@@ -92,13 +81,14 @@ pub(crate) fn emf_line(config: &MetricsConfig, report: &BatchReport, counters: C
     for (name, labels) in COUNTS {
         put(name, "Count", labels.iter().map(|label| counts.get(label).copied().unwrap_or(0)).sum::<usize>().into());
     }
-    put("LeaseTakeoversRefused", "Count", counters.lease_takeovers_refused.into());
-    put("CompletionsLandedLater", "Count", counters.completions_landed_later.into());
-    put("WritesGivenUp", "Count", counters.writes_given_up.into());
-    put("OutboxSent", "Count", counters.outbox_sent.into());
-    put("OutboxFailed", "Count", counters.outbox_failed.into());
-    put("OutboxRefused", "Count", counters.outbox_refused.into());
-    if let Some(age) = counters.outbox_oldest_age {
+    let engine = counters.engine;
+    put("LeaseTakeoversRefused", "Count", engine.lease_takeovers_refused.into());
+    put("CompletionsLandedLater", "Count", engine.completions_landed_later.into());
+    put("WritesGivenUp", "Count", engine.writes_given_up.into());
+    put("OutboxSent", "Count", engine.outbox_sent.into());
+    put("OutboxFailed", "Count", engine.outbox_failed.into());
+    put("OutboxRefused", "Count", engine.outbox_refused.into());
+    if let Some(age) = engine.outbox_oldest_age {
         put("OutboxOldestAge", "Seconds", age.as_secs().into());
     }
     if let Some(requests) = counters.dynamodb_requests {
@@ -194,7 +184,7 @@ mod tests {
         let report = BatchReport::of(records);
         let redelivery =
             RedeliveryCounts { visibility_changed: 4, visibility_failed: 1, dead_lettered: 2, dead_letter_failed: 3 };
-        let counters = Counters {
+        let engine = EngineCounts {
             lease_takeovers_refused: 2,
             completions_landed_later: 3,
             writes_given_up: 8,
@@ -202,6 +192,9 @@ mod tests {
             outbox_failed: 6,
             outbox_refused: 1,
             outbox_oldest_age: Some(Duration::from_millis(61_900)),
+        };
+        let counters = Counters {
+            engine,
             dynamodb_requests: Some(9),
             redelivery: Some(redelivery),
             trace_export: Some(TraceExportCounts { failed: 1, dropped: 7 }),
@@ -271,9 +264,8 @@ mod tests {
         let counters = Counters {
             dynamodb_requests: Some(1),
             redelivery,
-            outbox_oldest_age: Some(std::time::Duration::ZERO),
+            engine: EngineCounts { outbox_oldest_age: Some(std::time::Duration::ZERO), ..EngineCounts::default() },
             trace_export: Some(TraceExportCounts::default()),
-            ..Counters::default()
         };
         let report = BatchReport::of(vec![record(Outcome::Duplicate, Some(1))]);
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, counters, 0)).unwrap();

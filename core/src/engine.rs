@@ -177,7 +177,6 @@ struct Inner {
 
 /// What an engine has counted since it was built ([`Engine::counts`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct EngineCounts {
     /// Finishing writes refused because another delivery had taken the
     /// lease over.
@@ -198,6 +197,22 @@ pub struct EngineCounts {
     /// The outbox's oldest unsent entry's age, when a sweep measured it
     /// since the last count.
     pub outbox_oldest_age: Option<Duration>,
+}
+
+impl EngineCounts {
+    /// What was counted since `earlier`, a count of the same engine; the
+    /// outbox's age is this count's.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            lease_takeovers_refused: self.lease_takeovers_refused - earlier.lease_takeovers_refused,
+            completions_landed_later: self.completions_landed_later - earlier.completions_landed_later,
+            writes_given_up: self.writes_given_up - earlier.writes_given_up,
+            outbox_sent: self.outbox_sent - earlier.outbox_sent,
+            outbox_failed: self.outbox_failed - earlier.outbox_failed,
+            outbox_refused: self.outbox_refused - earlier.outbox_refused,
+            outbox_oldest_age: self.outbox_oldest_age,
+        }
+    }
 }
 
 /// How long an engine remembers completed keys ([`Engine::key_memory`]).
