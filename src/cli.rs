@@ -37,10 +37,10 @@ use crate::{
     store::{ClaimStatus, StoredClaim},
 };
 use sqs_once_core::{
+    BuildHandler,
     budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
     engine::Invocation,
-    handler::BuildHandler,
 };
 
 /// Effectively-once processing of SQS batches.
@@ -525,7 +525,7 @@ async fn outbox(
     if send {
         let outbox = Outbox::new(Arc::clone(&store), destinations, Arc::new(SystemClock), times, None);
         let sent = outbox.send_due().await?;
-        let failed = outbox.counters().failed.load(std::sync::atomic::Ordering::Relaxed);
+        let failed = outbox.failed_sends();
         eprintln!("sent {sent} message(s); {failed} could not be sent and stay in the outbox");
     }
     let entries = store.entries(&OutboxQuery { due_at_ms: None, limit }).await?;

@@ -16,9 +16,8 @@ use crate::{
 };
 use sqs_once_core::{
     budget::{ANSWER_TIME, Margins},
-    claim::ClaimPolicy,
     clock::duration_ms,
-    engine::EngineOptions,
+    engine::{ClaimPolicy, EngineOptions},
     key::{KeySpec, Keys, OnMissingKey},
     payload::PayloadOptions,
 };

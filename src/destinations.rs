@@ -1,9 +1,7 @@
 //! Sending outbox messages to SQS, SNS and EventBridge with the AWS SDK.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+use parking_lot::Mutex;
+use std::{collections::HashMap, sync::Arc};
 
 use async_trait::async_trait;
 use aws_config::{Region, SdkConfig};
@@ -16,7 +14,6 @@ use crate::{
     transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE},
 };
 use sqs_once_core::{
-    lock::lock,
     payload::SIZE_ATTRIBUTE,
     trace::{Propagators, TRACEPARENT},
 };
@@ -42,7 +39,7 @@ const REFUSALS: &[&str] = &[
 ];
 
 /// The SQS, SNS and EventBridge clients of the consumer, built from the
-/// shared SDK configuration ([`sqs_once_core::aws::sdk_config`]), so
+/// shared SDK configuration ([`sqs_once_aws::sdk_config`]), so
 /// `AWS_ENDPOINT_URL_SQS`, `AWS_ENDPOINT_URL_SNS` and
 /// `AWS_ENDPOINT_URL_EVENTBRIDGE` point them elsewhere. A message to a queue,
 /// topic or bus of another Region than the configuration's (as its URL or
@@ -69,10 +66,10 @@ struct Clients {
 
 impl Clients {
     /// Clients that send with `config`, each send one attempt for as long as
-    /// the operation may take ([`sqs_once_core::aws::sending`]): a send cut off by an
+    /// the operation may take ([`sqs_once_aws::sending`]): a send cut off by an
     /// attempt's timeout may have landed, and is not sent again at once.
     fn new(config: &SdkConfig) -> Self {
-        let config = sqs_once_core::aws::sending(config);
+        let config = sqs_once_aws::sending(config);
         Self {
             sqs: Sqs::new(&config),
             #[cfg(feature = "sns")]
@@ -107,10 +104,10 @@ impl AwsDestinations {
 
     /// The clients that reach `destination`'s Region.
     async fn clients(&self, destination: &Destination) -> Arc<Clients> {
-        let config = self.config.get_or_init(sqs_once_core::aws::sdk_config).await;
+        let config = self.config.get_or_init(sqs_once_aws::sdk_config).await;
         let own = config.region().map(|region| region.as_ref());
         let region = destination.region().filter(|region| Some(*region) != own);
-        let mut clients = lock(&self.clients);
+        let mut clients = self.clients.lock();
         let clients = clients.entry(region.map(str::to_owned)).or_insert_with(|| {
             Arc::new(match region {
                 Some(region) => Clients::new(&config.to_builder().region(Region::new(region.to_owned())).build()),
@@ -292,7 +289,7 @@ fn judged(code: &str, reason: String) -> SendError {
 #[cfg(any(feature = "sns", feature = "eventbridge"))]
 fn service_error(operation: &str, error: impl std::error::Error + ProvideErrorMetadata) -> SendError {
     let code = error.code().unwrap_or_default().to_owned();
-    judged(&code, format!("{operation}: {}", sqs_once_core::aws::describe(&error)))
+    judged(&code, format!("{operation}: {}", sqs_once_aws::describe(&error)))
 }
 
 #[cfg(test)]
@@ -311,7 +308,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fifo_queue_drops_an_entry_sent_twice_and_a_downstream_consumer_runs_it_once() {
         let fifo = Queue::create(true, 30).await;
-        let destinations = AwsDestinations::new(&sqs_once_core::aws::sdk_config().await);
+        let destinations = AwsDestinations::new(&sqs_once_aws::sdk_config().await);
         let message = Message::sqs(fifo.url(), "once").group("g");
         // A sender that stopped between its send and the entry's deletion: the next sender sends it again.
         destinations.send("a-stable-outbox-id", &message).await.unwrap();
@@ -367,10 +364,7 @@ mod tests {
         let [sent] = &consumer.sent()[..] else { panic!("one message staged") };
         let traceparent = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01";
         assert_eq!(sent.message.attributes["traceparent"], traceparent, "stored with the entry, as the sweep sends it");
-        AwsDestinations::new(&sqs_once_core::aws::sdk_config().await)
-            .send(&sent.outbox_id, &sent.message)
-            .await
-            .unwrap();
+        AwsDestinations::new(&sqs_once_aws::sdk_config().await).send(&sent.outbox_id, &sent.message).await.unwrap();
         let received = next.drain().await;
         let [notice] = &received[..] else { panic!("one notice: {received:?}") };
         let system = notice.attributes().unwrap();
@@ -383,7 +377,7 @@ mod tests {
         assert_eq!(TraceContext::of(message, Propagators::default()), TraceContext::from_xray(xray));
 
         // What OTEL_PROPAGATORS names is what goes out: W3C's header alone, or X-Ray's alone.
-        let sdk = sqs_once_core::aws::sdk_config().await;
+        let sdk = sqs_once_aws::sdk_config().await;
         for (propagators, w3c, x_ray) in [("tracecontext", true, false), ("xray", false, true)] {
             let destinations = AwsDestinations::new(&sdk).propagating(propagators.parse().unwrap());
             destinations.send(&sent.outbox_id, &sent.message).await.unwrap();
@@ -418,7 +412,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_queue_of_another_region_gets_its_message_through_a_client_of_that_region() {
-        let config = sqs_once_core::aws::sdk_config().await;
+        let config = sqs_once_aws::sdk_config().await;
         let europe = aws_sdk_sqs::Client::new(&config.to_builder().region(Region::new("eu-west-1")).build());
         let name = format!("europe-{}", uuid::Uuid::new_v4().simple());
         let created = europe.create_queue().queue_name(&name).send().await.unwrap();

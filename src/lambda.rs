@@ -7,8 +7,9 @@
 //! error. Handler panics never reach the runtime (the engine catches them per
 //! record), so the runtime's own panic handling never fails a whole batch.
 
+use parking_lot::Mutex;
 use std::{
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -32,10 +33,9 @@ use crate::{
     report::BatchReport,
 };
 use sqs_once_core::{
+    BuildHandler,
     clock::{Clock, SystemClock},
     engine::{Engine, Invocation},
-    handler::BuildHandler,
-    lock::lock,
     trace::TraceContext,
 };
 
@@ -69,7 +69,7 @@ pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result
         }
         let handler = handler.await?;
         let assembled = builder.assemble(handler, Needs::default()).await;
-        assembled.map(|(consumer, _)| consumer).map_err(|error| sqs_once_core::reason::with_causes(&error))
+        assembled.map(|(consumer, _)| consumer).map_err(|error| sqs_once_core::report::reason::with_causes(&error))
     };
     let consumer = match started.await {
         Ok(consumer) => consumer,
@@ -225,7 +225,7 @@ impl Function {
     /// lock, so that the lines of invocations running at once (Lambda
     /// Managed Instances) each take their own share and add up exactly.
     fn delta(&self) -> Counters {
-        let mut seen = lock(&self.seen);
+        let mut seen = self.seen.lock();
         let now = self.consumer.counters();
         let delta = Counters {
             engine: now.engine.since(&seen.engine),

@@ -307,8 +307,8 @@ mod tests {
     use super::*;
     use crate::store::MemoryStore;
     use sqs_once_core::{
-        claim::{ClaimRequest, Claims},
         clock::SystemClock,
+        testing::{ClaimRequest, Claims},
     };
 
     #[test]

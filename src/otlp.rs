@@ -11,10 +11,11 @@
 //! flush that cannot finish by its time is abandoned and counted; the answer
 //! never waits past its budget for it.
 
+use parking_lot::Mutex;
 use std::{
     str::FromStr,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -47,7 +48,6 @@ use tracing_subscriber::{
 };
 
 use crate::{config::ConfigError, logging::SpanLayer};
-use sqs_once_core::lock::lock;
 
 /// The spans of a process and how they leave it: either kept by sqs-once
 /// and sent at the flush points, or a tracer provider the program gave,
@@ -209,7 +209,7 @@ impl SpanBuffer {
     }
 
     fn take(&self) -> (Vec<SpanData>, Resource) {
-        (std::mem::take(&mut *lock(&self.spans)), lock(&self.resource).clone())
+        (std::mem::take(&mut *self.spans.lock()), self.resource.lock().clone())
     }
 }
 
@@ -221,7 +221,7 @@ impl SpanProcessor for Keep {
     fn on_start(&self, _: &mut Span, _: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        let mut spans = lock(&self.0.spans);
+        let mut spans = self.0.spans.lock();
         match spans.len() < self.0.capacity {
             true => spans.push(span),
             false => _ = self.0.counters.dropped.fetch_add(1, Ordering::Relaxed),
@@ -237,7 +237,7 @@ impl SpanProcessor for Keep {
     }
 
     fn set_resource(&mut self, resource: &Resource) {
-        *lock(&self.0.resource) = resource.clone();
+        *self.0.resource.lock() = resource.clone();
     }
 }
 
@@ -353,7 +353,7 @@ impl Endpoint {
 }
 
 fn unreachable(error: impl std::error::Error) -> ExportError {
-    ExportError::Unreachable(sqs_once_core::reason::with_causes(&error))
+    ExportError::Unreachable(sqs_once_core::report::reason::with_causes(&error))
 }
 
 /// The spec's default wait for one export.

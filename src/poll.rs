@@ -19,13 +19,14 @@
 //! by the shutdown may have taken messages that it never returns: SQS makes
 //! them visible again after their visibility timeout.
 
+use parking_lot::Mutex;
 use std::{
     collections::HashSet,
     convert::Infallible,
     future::Future,
     ops::ControlFlow,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, SystemTime},
@@ -41,7 +42,7 @@ use crate::{
     report::{BatchReport, Failure, Outcome},
     sqs::{QueueInfo, Sqs, SqsError, event_message},
 };
-use sqs_once_core::{budget::LEAVING_TIME, engine::Invocation, lock::lock};
+use sqs_once_core::{budget::LEAVING_TIME, engine::Invocation};
 
 /// Messages per `ReceiveMessage`, as SQS allows.
 const RECEIVE_LIMIT: usize = 10;
@@ -205,8 +206,8 @@ impl Poller {
         // Every batch holds its permits until it has settled.
         let _all_settled = in_flight.acquire_many(u32::try_from(bound).unwrap_or(u32::MAX)).await;
         let unconfirmed = poller.consumer.leave(tokio::time::Instant::now() + LEAVING_TIME).await;
-        lock(&poller.summary).unconfirmed = unconfirmed.len() as u64;
-        let summary = *lock(&poller.summary);
+        poller.summary.lock().unconfirmed = unconfirmed.len() as u64;
+        let summary = *poller.summary.lock();
         tracing::info!(?summary, "stopped");
         summary
     }
@@ -233,7 +234,7 @@ impl Poller {
             };
             match received {
                 Err(error) => {
-                    lock(&self.summary).receive_errors += 1;
+                    self.summary.lock().receive_errors += 1;
                     tracing::warn!(%error, "cannot receive; trying again");
                     tokio::select! {
                         () = tokio::time::sleep(RECEIVE_RETRY) => {}
@@ -268,7 +269,7 @@ impl Poller {
         let answer = self.consumer.redeliver(&records, report, deadline).await;
         let (deleted, delete_failed) = self.delete_settled(&records, &answer).await;
         self.consumer.export_spans(self.consumer.engine.budget(deadline).sqs_by()).await;
-        let mut summary = lock(&self.summary);
+        let mut summary = self.summary.lock();
         summary.received += records.len() as u64;
         for record in &answer.report.records {
             match record.outcome {

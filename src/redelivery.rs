@@ -23,9 +23,9 @@
 //! some of a group's timeouts but not others buys nothing for the risk of
 //! reordering on a partial failure.
 
+use parking_lot::Mutex;
 use std::{
     collections::{HashMap, HashSet},
-    sync::Mutex,
     time::Duration,
 };
 
@@ -40,9 +40,8 @@ use crate::{
     sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
 };
 use sqs_once_core::{
-    claim::{ClaimPolicy, jitter_spread},
-    lock::{into_inner, lock},
-    record::receive_count,
+    engine::{ClaimPolicy, jitter_spread},
+    event::receive_count,
     trace::TraceContext,
 };
 
@@ -232,7 +231,7 @@ impl Redelivery {
             self.dead_letter_all(plan.dead_letters, &settled),
         );
         let finished = tokio::time::timeout_at(deadline, work).await.is_ok();
-        let Settled { mut counts, moved } = into_inner(settled);
+        let Settled { mut counts, moved } = settled.into_inner();
         if !finished {
             tracing::warn!(
                 "SQS did not answer before the deadline; records it did not confirm keep the queue's timing"
@@ -268,7 +267,7 @@ impl Redelivery {
     async fn change_all(&self, visibility: &HashMap<&str, Vec<(&str, Duration)>>, settled: &Mutex<Settled<'_>>) {
         for (queue_arn, changes) in visibility {
             for result in self.change_visibility(queue_arn, changes).await {
-                let mut settled = lock(settled);
+                let mut settled = settled.lock();
                 match result {
                     Ok(()) => settled.counts.visibility_changed += 1,
                     Err(error) => {
@@ -300,7 +299,7 @@ impl Redelivery {
         }
         let mut results = stream::iter(sends).buffer_unordered(DEAD_LETTER_CONCURRENCY);
         while let Some((message_id, sent)) = results.next().await {
-            let mut settled = lock(settled);
+            let mut settled = settled.lock();
             match sent {
                 Ok(()) => {
                     settled.counts.dead_lettered += 1;
@@ -408,12 +407,12 @@ fn attribute_size(name: &str, value: &MessageAttributeValue) -> usize {
     name.len() + value.data_type.len() + value.string_value.as_deref().map_or(0, str::len) + binary
 }
 
-/// `text` as SQS accepts it in an attribute: capped ([`sqs_once_core::reason::capped`])
+/// `text` as SQS accepts it in an attribute: capped ([`sqs_once_core::report::reason::capped`])
 /// and every character outside the ranges `SendMessage` allows (#x9, #xA, #xD,
 /// #x20 to #xD7FF, #xE000 to #xFFFD, #x10000 to #x10FFFF) replaced by U+FFFD.
 pub(crate) fn attribute_text(text: &str) -> String {
     let allowed = |c: char| matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}');
-    sqs_once_core::reason::capped(text).chars().map(|c| if allowed(c) { c } else { '\u{FFFD}' }).collect()
+    sqs_once_core::report::reason::capped(text).chars().map(|c| if allowed(c) { c } else { '\u{FFFD}' }).collect()
 }
 
 #[cfg(test)]
@@ -558,7 +557,7 @@ mod tests {
     #[test]
     fn attribute_text_is_what_sqs_accepts() {
         assert_eq!(attribute_text("bad\u{0}byte\u{FFFF}\tok"), "bad\u{FFFD}byte\u{FFFD}\tok");
-        assert!(attribute_text(&"x".repeat(1 << 20)).len() <= sqs_once_core::reason::MAX_BYTES);
+        assert!(attribute_text(&"x".repeat(1 << 20)).len() <= sqs_once_core::report::reason::MAX_BYTES);
     }
 
     #[test]

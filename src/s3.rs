@@ -7,7 +7,7 @@ use aws_config::SdkConfig;
 use sqs_once_core::payload::{PayloadError, PayloadPointer, PayloadStore};
 
 /// The S3 client payloads are read with, built from the shared SDK
-/// configuration ([`sqs_once_core::aws::sdk_config`]) when the first pointer
+/// configuration ([`sqs_once_aws::sdk_config`]) when the first pointer
 /// arrives, so that a consumer that never receives one never loads it.
 /// `AWS_ENDPOINT_URL_S3` points it elsewhere (a local S3 server, addressed
 /// by path since it has no bucket host names).
@@ -29,7 +29,7 @@ impl S3Payloads {
             .get_or_init(|| async {
                 let config = match &self.config {
                     Some(config) => config.clone(),
-                    None => sqs_once_core::aws::sdk_config().await,
+                    None => sqs_once_aws::sdk_config().await,
                 };
                 let by_path =
                     ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"].iter().any(|name| std::env::var_os(name).is_some());
@@ -50,7 +50,7 @@ impl PayloadStore for S3Payloads {
             Ok(object) => object,
             Err(error) => {
                 let code = error.as_service_error().and_then(|error| error.meta().code()).map(str::to_owned);
-                return Err(refused(pointer, code.as_deref(), sqs_once_core::aws::describe(&error)));
+                return Err(refused(pointer, code.as_deref(), sqs_once_aws::describe(&error)));
             }
         };
         let announced = object.content_length().map_or(0, |length| u64::try_from(length).unwrap_or(0));
@@ -76,7 +76,7 @@ impl PayloadStore for S3Payloads {
         let written = put.content_type("application/octet-stream").send().await;
         written.map(drop).map_err(|error| PayloadError::Unavailable {
             pointer: pointer.clone(),
-            reason: sqs_once_core::aws::describe(&error),
+            reason: sqs_once_aws::describe(&error),
         })
     }
 
@@ -84,7 +84,7 @@ impl PayloadStore for S3Payloads {
         let deleted = self.client().await.delete_object().bucket(&pointer.bucket).key(&pointer.key).send().await;
         deleted.map(drop).map_err(|error| PayloadError::Unavailable {
             pointer: pointer.clone(),
-            reason: sqs_once_core::aws::describe(&error),
+            reason: sqs_once_aws::describe(&error),
         })
     }
 }

@@ -13,9 +13,10 @@
 //! of failing. With `synchronous = NORMAL` a committed claim survives a crash
 //! of the process; an operating-system crash may lose the last few commits.
 
+use parking_lot::Mutex;
 use std::{
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -23,14 +24,11 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 // The core's store interface, this store's internals among it.
-use sqs_once_core::{
-    lock::lock,
-    store::{
-        Capabilities, ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish,
-        Listing, OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry,
-        items::{self, Change, Evaluated, JsonItem, Place},
-        replaced_id, unchanged,
-    },
+use sqs_once_core::store::{
+    Capabilities, ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish,
+    Listing, OutboxEntry, OutboxQuery, OutboxStore, PutOutcome, StoreError, StoredClaim, UnreadableEntry,
+    items::{self, Change, Evaluated, JsonItem, Place},
+    replaced_id, unchanged,
 };
 
 const SCHEMA: &str = "
@@ -119,7 +117,7 @@ impl SqliteStore {
         work: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
         let connection = Arc::clone(&self.connection);
-        tokio::task::spawn_blocking(move || work(&mut lock(&connection)))
+        tokio::task::spawn_blocking(move || work(&mut connection.lock()))
             .await
             .map_err(StoreError::unavailable)?
             .map_err(StoreError::unavailable)
@@ -524,8 +522,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{store::ClaimStatus, testing::claim_suite::Machine};
-    use sqs_once_core::claim::Claim;
+    use sqs_once_core::testing::__private::claim_suite::Machine;
+
+    use crate::store::ClaimStatus;
+    use sqs_once_core::testing::Claim;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn separate_connections_to_one_file_have_one_winner() {

@@ -61,9 +61,9 @@ impl SqsError {
     {
         let transient = match error.code() {
             Some(code) => NOT_NOW.contains(&code),
-            None => sqs_once_core::aws::unanswered(&error),
+            None => sqs_once_aws::unanswered(&error),
         };
-        Self { operation, reason: sqs_once_core::aws::describe(&error), transient }
+        Self { operation, reason: sqs_once_aws::describe(&error), transient }
     }
 
     /// A failure the same call would meet again: `reason`.
@@ -113,7 +113,7 @@ impl Sqs {
         crate::environment::endpoint("AWS_ENDPOINT_URL_SQS", self.client.config().region())
     }
 
-    /// A client from the shared SDK configuration ([`sqs_once_core::aws::sdk_config`]),
+    /// A client from the shared SDK configuration ([`sqs_once_aws::sdk_config`]),
     /// so `AWS_ENDPOINT_URL_SQS` points it at another server.
     pub(crate) fn new(config: &SdkConfig) -> Self {
         Self { client: Client::new(config), credentials: config.credentials_provider() }
@@ -125,12 +125,10 @@ impl Sqs {
     }
 
     /// An SQS client given by the program, with the timeouts it lacks filled
-    /// in as [`sqs_once_core::aws::with_limits`] fills a configuration's.
+    /// in as [`sqs_once_aws::with_limits`] fills a configuration's.
     pub(crate) fn with_limits(client: Client) -> Client {
         let config = client.config();
-        Client::from_conf(
-            config.to_builder().timeout_config(sqs_once_core::aws::filled(config.timeout_config())).build(),
-        )
+        Client::from_conf(config.to_builder().timeout_config(sqs_once_aws::filled(config.timeout_config())).build())
     }
 
     /// The URL of the queue with `arn`, as SQS forms it. SQS takes the URL in
@@ -283,8 +281,8 @@ mod tests {
             .await;
         let client = Sqs::with_limits(Client::new(&loaded));
         let timeouts = client.config().timeout_config().unwrap();
-        assert_eq!(timeouts.operation_attempt_timeout(), Some(sqs_once_core::aws::ATTEMPT_TIMEOUT));
-        assert_eq!(timeouts.operation_timeout(), Some(sqs_once_core::aws::OPERATION_TIMEOUT));
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(sqs_once_aws::ATTEMPT_TIMEOUT));
+        assert_eq!(timeouts.operation_timeout(), Some(sqs_once_aws::OPERATION_TIMEOUT));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::{
     BoxHandler, Handler,
     consumer::{Builder, Consumer},
 };
-use sqs_once_core::handler::BuildHandler;
+use sqs_once_core::BuildHandler;
 
 /// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
 /// function inside Lambda, otherwise the command line (`invoke`, `poll`,

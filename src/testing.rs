@@ -48,17 +48,13 @@
 //! # });
 //! ```
 
-// The suites' tests, one function each, are what `claim_suite!`,
-// `admin_suite!` and `commit_suite!` expand to calls of; the macros are their
-// documentation.
-#[doc(hidden)]
-pub use sqs_once_core::testing::{admin_suite, claim_suite, commit_suite};
 // Written here before the crates were cut; the core's simulation builds its records with it too.
 #[doc(inline)]
 pub use sqs_once_core::testing::message;
 
+use parking_lot::Mutex;
 use std::{
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -73,10 +69,7 @@ use crate::{
     store::{ClaimStore, MemoryStore},
     transaction::Message,
 };
-use sqs_once_core::{
-    engine::{Engine, Invocation},
-    lock::lock,
-};
+use sqs_once_core::engine::{Engine, Invocation};
 
 /// A batch of messages with these bodies, their ids `m-0`, `m-1`, ... in
 /// order.
@@ -129,14 +122,14 @@ pub(crate) struct Recorded {
 impl Recorded {
     /// Every message sent so far, in order.
     pub(crate) fn sent(&self) -> Vec<Sent> {
-        lock(&self.sent).clone()
+        self.sent.lock().clone()
     }
 }
 
 #[async_trait]
 impl Destinations for Recorded {
     async fn send(&self, outbox_id: &str, message: &Message) -> Result<(), SendError> {
-        lock(&self.sent).push(Sent { outbox_id: outbox_id.to_owned(), message: message.clone() });
+        self.sent.lock().push(Sent { outbox_id: outbox_id.to_owned(), message: message.clone() });
         Ok(())
     }
 }
@@ -185,7 +178,7 @@ impl Setup {
         Engine::builder(Arc::clone(&self.store), config.keys)
             .policy(config.claims)
             .options(config.engine)
-            .outbox(destinations, OutboxTimes::both(sqs_once_core::aws::OPERATION_TIMEOUT), None)
+            .outbox(destinations, OutboxTimes::both(sqs_once_aws::OPERATION_TIMEOUT), None)
             .build(self.handler.clone())
     }
 }

@@ -1,7 +1,8 @@
 //! The layers of the library, checked on its source: the crates it is cut
 //! into depend on each other one way (`sqs-once-cli`, the command → `sqs-once`
-//! → `sqs-once-dynamodb` → `sqs-once-core`), and no two modules of a crate
-//! import each other (directly or round a circle).
+//! → `sqs-once-dynamodb` → `sqs-once-aws` → `sqs-once-core`), no two modules
+//! of a crate import each other (directly or round a circle), and no crate
+//! hides a public module from its documentation.
 //!
 //! Each crate is one layer: Cargo keeps the crates' direction once their
 //! manifests point one way. Test code (`#[cfg(test)]` modules and the files
@@ -16,6 +17,7 @@ use std::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Layer {
     Core,
+    Aws,
     DynamoDb,
     Consumer,
     Command,
@@ -32,6 +34,7 @@ struct Crate {
 
 const CRATES: &[Crate] = &[
     Crate { package: "sqs-once-core", folder: "core", entry: "src/lib.rs", layer: Layer::Core },
+    Crate { package: "sqs-once-aws", folder: "aws", entry: "src/lib.rs", layer: Layer::Aws },
     Crate { package: "sqs-once-dynamodb", folder: "dynamodb", entry: "src/lib.rs", layer: Layer::DynamoDb },
     Crate { package: "sqs-once", folder: ".", entry: "src/lib.rs", layer: Layer::Consumer },
     Crate { package: "sqs-once-cli", folder: "app", entry: "src/main.rs", layer: Layer::Command },
@@ -298,6 +301,30 @@ fn dependencies(manifest: &str) -> Vec<String> {
         .filter_map(|line| line.split_once('=').map(|(name, _)| name.trim().to_string()))
         .filter(|name| !name.is_empty() && !name.starts_with('#'))
         .collect()
+}
+
+/// What one crate uses of another is in its documentation, in
+/// `docs/public-api.txt` and under the semver check: `#[doc(hidden)]` on a
+/// public module is for the support of macros alone, under the name
+/// `__private`, as in tokio and axum-core.
+#[test]
+fn no_crate_hides_a_public_module() {
+    let mut hidden = Vec::new();
+    for krate in CRATES {
+        for (module, code) in modules(krate) {
+            let lines: Vec<&str> = code.lines().map(str::trim).filter(|line| !line.is_empty()).collect();
+            for (at, line) in lines.iter().enumerate() {
+                let Some(name) = line.strip_prefix("pub mod ").and_then(|rest| rest.strip_suffix(';')) else {
+                    continue;
+                };
+                let attributes = lines[..at].iter().rev().take_while(|line| line.starts_with("#["));
+                if name.trim() != "__private" && attributes.into_iter().any(|line| *line == "#[doc(hidden)]") {
+                    hidden.push(format!("{}: {module}::{}", krate.package, name.trim()));
+                }
+            }
+        }
+    }
+    assert!(hidden.is_empty(), "public modules hidden from the documentation: {hidden:?}");
 }
 
 /// Modules import each other in a circle when, at the level where their

@@ -20,11 +20,12 @@
 //! Expiry is always judged from the timestamps in the record, never from
 //! whether the store has deleted it yet.
 
+use parking_lot::Mutex;
 use std::{
     future::Future,
     num::NonZeroUsize,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -37,9 +38,8 @@ use tokio::time::Instant;
 use crate::{
     clock::{Clock, duration_ms},
     key::payload_hash,
-    lock::lock,
     outbox::SENDING_LEASE,
-    reason,
+    report::reason,
     store::{
         ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, OutboxEntry, PutOutcome, StoreError,
         StoredClaim, Unclaimed, new_token,
@@ -281,7 +281,6 @@ impl std::fmt::Debug for Claims {
 impl Claims {
     /// The state machine over `store`, with the default policy and the system clock.
     #[cfg(any(test, feature = "testing"))]
-    #[doc(hidden)]
     pub fn new(store: Arc<dyn ClaimStore>) -> Self {
         Self::with_policy(store, ClaimPolicy::default(), Arc::new(crate::clock::SystemClock))
     }
@@ -443,8 +442,8 @@ impl Claims {
     }
 
     /// The commit of what a handler staged under `lease` (its writes, an
-    /// outbox entry per message, leased to this run for
-    /// [`SENDING_LEASE`]) with the claim's completion, storing `output` if
+    /// outbox entry per message, leased to this run for the outbox's
+    /// sending lease) with the claim's completion, storing `output` if
     /// the policy says so. `message_id` is the delivery's.
     ///
     /// A run whose one effect is one update that keeps its key
@@ -492,7 +491,7 @@ impl Claims {
 
     /// Commits under the lease (see [`CommitStore::commit`]). Like a
     /// finishing write, the commit is kept until the store answers it, and
-    /// sent again by [`resend_unconfirmed`](Self::resend_unconfirmed).
+    /// sent again before the next batch's runs until one does.
     pub async fn commit(&self, lease: &Lease, commit: Commit) -> Result<Committed, StoreError> {
         self.settle(lease, Ending::Commit(Box::new(commit))).await
     }
@@ -797,12 +796,12 @@ impl Claims {
 
     fn cache_insert(&self, id: &str, completed: Completed) {
         if let Some(cache) = &self.cache {
-            lock(cache).put(id.to_owned(), completed);
+            cache.lock().put(id.to_owned(), completed);
         }
     }
 
     fn cached(&self, id: &str) -> Option<Completed> {
-        let mut cache = lock(self.cache.as_ref()?);
+        let mut cache = self.cache.as_ref()?.lock();
         let now_s = self.clock.now_ms() / 1000;
         match cache.get(id) {
             Some(completed) if completed.expires_at_s >= now_s => Some(completed.clone()),

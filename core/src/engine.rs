@@ -28,12 +28,14 @@ mod payloads;
 mod run;
 mod tending;
 
+pub use crate::claim::{ClaimPolicy, jitter_spread};
 pub use builder::EngineBuilder;
 
+use parking_lot::Mutex;
 use std::{
     collections::{HashMap, HashSet},
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, SystemTime},
@@ -105,7 +107,7 @@ impl Default for EngineOptions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ClaimFirst {
     /// Unless the handler stages every effect
-    /// ([`Handler::stages_every_effect`](crate::Handler::stages_every_effect)):
+    /// ([`Handler::stages_every_effect`]):
     /// its run then takes no claim, and its commit writes the completion
     /// where the key is free.
     #[default]
@@ -379,8 +381,8 @@ impl Engine {
     /// Processes one batch and reports every record's fate, in event order.
     ///
     /// Finishing writes left unconfirmed by earlier batches are sent again
-    /// first (see [`Claims::resend_unconfirmed`]). The time until the
-    /// deadline is spent as [`DeadlineBudget`] says. The batch's span is a
+    /// first. The time until the deadline is spent as [`DeadlineBudget`]
+    /// says. The batch's span is a
     /// child of `parent` (in Lambda, the invocation's own trace).
     pub async fn process(
         &self,

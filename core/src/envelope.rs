@@ -18,7 +18,6 @@ use serde_json::value::RawValue;
 
 /// Which envelope message bodies arrive in (`SQS_ONCE_ENVELOPE`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[doc(hidden)]
 pub enum EnvelopeKind {
     /// The body is the message itself (a direct send, or SNS with raw
     /// message delivery on).

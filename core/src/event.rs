@@ -42,7 +42,6 @@ impl EventRecord {
     /// group when it lacks one. `None` for a standard queue's record, also
     /// when it carries a `MessageGroupId`: on a standard queue that is a fair
     /// queue's tenant, not an order.
-    #[doc(hidden)]
     pub fn fifo_group(&self) -> Option<&str> {
         let message = match self {
             Self::Message(message) => message,
@@ -105,7 +104,6 @@ pub fn parse_event(event: &str) -> Result<Vec<EventRecord>, InvalidEvent> {
 
 /// What an invocation asks of the consumer.
 #[derive(Debug)]
-#[doc(hidden)]
 pub enum Invoked {
     /// Process these records.
     Batch(Vec<EventRecord>),
@@ -122,7 +120,6 @@ const SWEEP_FIELD: (&str, &str) = ("sqs-once", "outbox-sweep");
 /// Reads an invocation's event: an SQS event ([`parse_event`]), or the
 /// event that asks for an outbox sweep. Only an event that is not an SQS
 /// event is looked at again, so a batch costs nothing more.
-#[doc(hidden)]
 pub fn parse_invocation(event: &str) -> Result<Invoked, InvalidEvent> {
     match parse_event(event) {
         Ok(records) => Ok(Invoked::Batch(records)),
@@ -179,6 +176,11 @@ fn parse_malformed(index: usize, record: &str, error: &serde_json::Error) -> Res
 
 fn not_from_sqs(index: usize, source: &str) -> InvalidEvent {
     InvalidEvent::NotSqs(format!("record {index} comes from `{source}`, not aws:sqs"))
+}
+
+/// A message's `ApproximateReceiveCount`, or 1 when the event lacks it.
+pub fn receive_count(message: &SqsMessage) -> u32 {
+    message.attributes.get("ApproximateReceiveCount").and_then(|count| count.parse().ok()).unwrap_or(1)
 }
 
 #[cfg(test)]

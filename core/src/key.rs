@@ -167,7 +167,6 @@ impl Keys {
     /// Keys read from `spec` (as `SQS_ONCE_KEY` takes it), stored under
     /// `prefix`, hashed; a record without a key fails.
     #[cfg(any(test, feature = "testing"))]
-    #[doc(hidden)]
     pub fn new(spec: &str, prefix: impl Into<String>) -> Result<Self, InvalidKeySpec> {
         Ok(Self::of(spec.parse()?, prefix.into()))
     }
@@ -190,7 +189,6 @@ impl Keys {
 
     /// The namespace of stored keys.
     #[cfg(any(test, feature = "testing"))]
-    #[doc(hidden)]
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

@@ -1,17 +1,20 @@
 //! The engine of [`sqs-once`](https://docs.rs/sqs-once), making no AWS request:
-//! the [`Handler`] and its [`Record`], idempotency keys, the claim machine,
-//! the [`store`] and [`outbox`] interfaces with the in-memory store, staged
-//! [`transaction`]s, reports and trace contexts. Of the AWS SDK it names
-//! only `aws-sdk-dynamodb`'s types: a handler may stage an SDK
+//! the [`Handler`] and its [`Record`], idempotency [`key`]s, the
+//! [`engine`] that runs a batch through the claim machine, the [`store`],
+//! [`outbox`] and [`payload`] interfaces with the in-memory store, staged
+//! [`transaction`]s, [`report`]s, the [`clock`] and the deadline's
+//! [`budget`], and [`trace`] contexts. Of the AWS SDK it names only
+//! `aws-sdk-dynamodb`'s types: a handler may stage an SDK
 //! `TransactWriteItem` of its own.
 //!
 //! Use it through `sqs-once`, which re-exports everything here a program
 //! needs beside the Lambda function, `poll`, the DynamoDB and SQLite stores,
 //! the AWS destinations and the settings. A store or destination of one's own
-//! may depend on this crate alone. Modules hidden from this documentation
-//! (the engine, budgets, the clock, keys) are the interface between
-//! sqs-once's own crates, not a promise to other programs: they change
-//! between minor versions.
+//! may depend on this crate alone; a runner of one's own (a loop other than
+//! Lambda's or `poll`) builds an [`Engine`](engine::Engine) with
+//! [`Engine::builder`](engine::Engine::builder). Everything public here is
+//! documented and checked against the last release: the crates sqs-once is
+//! cut into build on this API and nothing else.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The engine isolates a handler's panic in its record by catching the unwind;
@@ -25,43 +28,31 @@ compile_error!(
      panic = \"abort\" unless the profile says otherwise)"
 );
 
-#[cfg(feature = "aws")]
-#[doc(hidden)]
-pub mod aws;
 mod body;
-#[doc(hidden)]
 pub mod budget;
-#[doc(hidden)]
-pub mod claim;
-#[doc(hidden)]
+// The claim machine is the engine's own, public only under `testing`
+// (`testing::Claims`), for a store's own tests: without that feature its
+// `pub` items are reachable from nowhere, as meant.
+#[cfg_attr(not(any(test, feature = "testing")), allow(unreachable_pub))]
+mod claim;
 pub mod clock;
-#[doc(hidden)]
 pub mod engine;
 pub mod envelope;
 pub mod event;
-#[doc(hidden)]
-pub mod handler;
-#[doc(hidden)]
+mod handler;
 pub mod key;
-#[doc(hidden)]
-pub mod lock;
 pub mod outbox;
-#[doc(hidden)]
 pub mod payload;
-#[doc(hidden)]
-pub mod reason;
-#[doc(hidden)]
-pub mod record;
+mod record;
 pub mod report;
 #[cfg(test)]
 mod simulation;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-#[doc(hidden)]
 pub mod trace;
 pub mod transaction;
 
 pub use body::Body;
-pub use handler::{BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
+pub use handler::{BoxHandler, BuildHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, handler_fn};
 pub use record::Record;

@@ -29,9 +29,10 @@
 
 mod sweep;
 
+use parking_lot::Mutex;
 use std::{
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
@@ -39,8 +40,7 @@ use std::{
 
 use async_trait::async_trait;
 
-#[doc(hidden)]
-pub use crate::store::outbox_entry::SENDING_LEASE;
+pub(crate) use crate::store::outbox_entry::SENDING_LEASE;
 
 /// Kept free in a sending lease besides a send's and a deletion's times:
 /// the steps between them, and clocks that differ.
@@ -49,7 +49,6 @@ pub use crate::store::outbox_entry::{OutboxEntry, OutboxQuery, SweepPart, Unread
 
 use crate::{
     clock::Clock,
-    lock::lock,
     store::{Fenced, OutboxStore, StoreError},
     transaction::Message,
 };
@@ -96,8 +95,7 @@ pub trait Destinations: Send + Sync {
 
 /// Counts of what the outbox did, for metrics.
 #[derive(Debug, Default)]
-#[doc(hidden)]
-pub struct OutboxCounters {
+pub(crate) struct OutboxCounters {
     /// Whether this process may have left a committed message unsent: a
     /// run's send stopped short, or a commit with messages was not confirmed
     /// (it may have applied unseen). A process that leaves sweeps only then.
@@ -119,7 +117,6 @@ pub struct OutboxCounters {
 /// lease has room for both, so that a healthy sender is done with an entry
 /// before another sender may take it over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[doc(hidden)]
 pub struct OutboxTimes {
     /// A destination's send, retries included.
     pub send: Duration,
@@ -129,13 +126,11 @@ pub struct OutboxTimes {
 
 /// Outbox times a sending lease cannot hold (see [`OutboxTimes::checked`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[doc(hidden)]
 pub struct LeaseTooShort(pub OutboxTimes);
 
 impl OutboxTimes {
     /// A send and a deletion that may each take `time`.
     #[cfg(any(test, feature = "testing"))]
-    #[doc(hidden)]
     pub const fn both(time: Duration) -> Self {
         Self { send: time, delete: time }
     }
@@ -157,7 +152,6 @@ impl OutboxTimes {
 }
 
 /// Sends outbox entries and takes over those left unsent.
-#[doc(hidden)]
 pub struct Outbox {
     store: Arc<dyn OutboxStore>,
     destinations: Arc<dyn Destinations>,
@@ -281,12 +275,12 @@ impl Outbox {
 
     /// A batch starts: runs' messages are sent within `window` from now on.
     pub(crate) fn enter_batch(&self, window: SendWindow) {
-        *lock(&self.current) = window;
+        *self.current.lock() = window;
     }
 
     /// The window runs' messages are sent within now.
     pub(crate) fn current_window(&self) -> SendWindow {
-        lock(&self.current).clone()
+        self.current.lock().clone()
     }
 
     /// How often the outbox is swept, unless sweeps are off (the timer of
@@ -296,8 +290,14 @@ impl Outbox {
     }
 
     /// What the outbox counted so far.
-    pub fn counters(&self) -> &OutboxCounters {
+    pub(crate) fn counters(&self) -> &OutboxCounters {
         &self.counters
+    }
+
+    /// Sends that failed or were refused so far; their entries stay for a
+    /// later sweep.
+    pub fn failed_sends(&self) -> u64 {
+        self.counters.failed.load(Ordering::Relaxed)
     }
 
     /// Sends the entries of one run, in order, each while its lease and
@@ -398,7 +398,6 @@ impl Outbox {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
 
     use tokio::time::Instant;
 
@@ -463,7 +462,7 @@ mod tests {
     impl Destinations for SlowSends {
         async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), SendError> {
             tokio::time::sleep(self.sending).await;
-            self.sent.lock().unwrap().push(message.body.clone());
+            self.sent.lock().push(message.body.clone());
             Ok(())
         }
     }
@@ -536,7 +535,7 @@ mod tests {
         };
         let (delivered, swept) = tokio::join!(delivered, swept);
         assert_eq!((delivered, swept.sent), (1, 1), "the second message waits for the lease to end");
-        assert_eq!(*destinations.sent.lock().unwrap(), ["first", "second"], "each sent once, in order");
+        assert_eq!(*destinations.sent.lock(), ["first", "second"], "each sent once, in order");
     }
 
     #[tokio::test(start_paused = true)]
@@ -586,11 +585,11 @@ mod tests {
         tokio::time::sleep(SENDING_LEASE + Duration::from_secs(1)).await;
         assert_eq!(outbox.sweep(None).await.unwrap().sent, 1);
         assert_eq!(outbox.sweep(None).await.unwrap().sent, 0, "the third waits for the second");
-        assert_eq!(*destinations.sent.lock().unwrap(), ["first"]);
+        assert_eq!(*destinations.sent.lock(), ["first"]);
         // The operator gives the second up (`claims outbox --drop`): the third goes.
         assert_eq!(store.inner.entry_sent(&entries[1].id, &entries[1].token).await.unwrap(), Fenced::Applied);
         assert_eq!(outbox.sweep(None).await.unwrap().sent, 1);
-        assert_eq!(*destinations.sent.lock().unwrap(), ["first", "third"]);
+        assert_eq!(*destinations.sent.lock(), ["first", "third"]);
     }
 
     /// An outbox read in parts, as the DynamoDB store reads it: each sweep the next part.
@@ -602,7 +601,7 @@ mod tests {
             Ok(Vec::new())
         }
         async fn sweep_part(&self, _limit: usize) -> Result<SweepPart, StoreError> {
-            Ok(self.0.lock().unwrap().pop_front().unwrap_or_default())
+            Ok(self.0.lock().pop_front().unwrap_or_default())
         }
         async fn take_entry(
             &self,

@@ -46,7 +46,6 @@ impl Record {
     /// A record for `message`, claimed under `key`, that must finish by
     /// `deadline`; its body is the message's body as it is.
     #[cfg(any(test, feature = "testing"))]
-    #[doc(hidden)]
     pub fn new(message: &Arc<SqsMessage>, key: String, deadline: Instant) -> Self {
         let context = crate::trace::onward(message, crate::trace::Propagators::default());
         let transaction = Transaction::carrying(context, None);
@@ -62,7 +61,7 @@ impl Record {
             body: opened.body.body(),
             envelope: opened.envelope.clone(),
             key,
-            receive_count: receive_count(message),
+            receive_count: crate::event::receive_count(message),
             message: Arc::clone(message),
             deadline,
             transaction,
@@ -141,9 +140,4 @@ impl Record {
     pub fn body_json<T: DeserializeOwned>(&self) -> Result<T, HandlerError> {
         serde_json::from_str(&self.body).map_err(|e| HandlerError::permanent(format!("body does not parse: {e}")))
     }
-}
-
-/// The record's `ApproximateReceiveCount`, or 1 when the event lacks it.
-pub fn receive_count(message: &SqsMessage) -> u32 {
-    message.attributes.get("ApproximateReceiveCount").and_then(|count| count.parse().ok()).unwrap_or(1)
 }

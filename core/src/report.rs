@@ -7,6 +7,8 @@ use std::{collections::HashMap, time::Duration};
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse};
 
+pub mod reason;
+
 /// What became of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -33,7 +35,6 @@ impl Outcome {
 
     /// Whether the handler succeeded but its completion is not confirmed
     /// in the store (see [`Outcome::Processed`]).
-    #[doc(hidden)]
     pub fn is_unconfirmed(&self) -> bool {
         matches!(self, Self::Processed { confirmed: false })
     }
@@ -209,7 +210,6 @@ pub struct BatchReport {
 impl RecordReport {
     /// A report of `outcome` for `message_id`, with no key, time or payload:
     /// for the tests of what reads reports.
-    #[doc(hidden)]
     pub fn of(message_id: impl Into<String>, outcome: Outcome) -> Self {
         Self {
             message_id: message_id.into(),
@@ -225,7 +225,6 @@ impl RecordReport {
 #[cfg(any(test, feature = "testing"))]
 impl BatchReport {
     /// A batch's report of `records`: for the tests of what reads reports.
-    #[doc(hidden)]
     pub fn of(records: Vec<RecordReport>) -> Self {
         Self { records }
     }
@@ -250,7 +249,6 @@ impl BatchReport {
     }
 
     /// How many records had each outcome label.
-    #[doc(hidden)]
     pub fn counts(&self) -> HashMap<&'static str, usize> {
         let mut counts = HashMap::new();
         for record in &self.records {

@@ -11,17 +11,14 @@ use crate::{
     transaction::{Refusal, Write, item_keys},
 };
 
-#[doc(hidden)]
 pub mod items;
 mod memory;
-#[doc(hidden)]
-pub mod outbox_entry;
+pub(crate) mod outbox_entry;
 mod stored;
 
 pub(crate) use stored::new_token;
 pub use stored::{ClaimStatus, Finish, StoredClaim};
 
-#[doc(hidden)]
 pub use outbox_entry::{OutboxEntry, OutboxQuery, SweepPart, UnreadableEntry};
 
 pub use memory::MemoryStore;
@@ -83,7 +80,6 @@ impl Commit {
     /// `token` before its writes are evaluated; `None` when it may apply.
     /// An attempt that meets its own earlier, applied attempt (the claim
     /// finished under `token`) is [`Committed::Applied`].
-    #[doc(hidden)]
     pub fn judged_by(&self, token: &str, stored: Option<&StoredClaim>) -> Option<Committed> {
         let ours = stored.filter(|claim| claim.token.as_deref() == Some(token));
         if ours.is_some_and(|claim| claim.status == self.finish.status) {
@@ -131,7 +127,6 @@ impl Commit {
 
     /// The claim as this commit leaves it, `stored` being the one it
     /// finishes (ignored for an unclaimed commit, which writes its own).
-    #[doc(hidden)]
     pub fn finished_claim(&self, stored: Option<&StoredClaim>) -> Option<StoredClaim> {
         let mut claim = self.unclaimed.as_ref().map(|unclaimed| &unclaimed.claim).or(stored)?.clone();
         claim.apply(&self.finish);
@@ -144,8 +139,7 @@ impl Commit {
 /// valid for 10 minutes after the first request that uses it is completed.
 /// After 10 minutes, any request with the same client token is treated as a
 /// new request" (the API reference).
-#[doc(hidden)]
-pub const TOKEN_WINDOW: Duration = Duration::from_secs(600);
+pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
 
 /// Kept back from each bound of [`Commit::send_by_ms`]: how long after it
 /// was sent a request may still reach DynamoDB and apply, its caller long
@@ -223,7 +217,6 @@ pub struct ClaimQuery {
 
 impl ClaimQuery {
     /// Whether `record` belongs in the listing; every store filters with this.
-    #[doc(hidden)]
     pub fn matches(&self, claim: &StoredClaim) -> bool {
         let status = match self.status {
             Some(status) => claim.status == status,
@@ -262,7 +255,6 @@ impl ClaimQuery {
     }
 
     /// The states whose claims can match.
-    #[doc(hidden)]
     pub fn statuses(&self) -> Vec<ClaimStatus> {
         match (self.status, self.stale_at_ms) {
             (_, Some(_)) => vec![ClaimStatus::InProgress],
@@ -544,13 +536,11 @@ pub trait OutboxStore: Send + Sync {
 }
 
 /// The id a [`ClaimAdmin::replace_seen`] call is about.
-#[doc(hidden)]
 pub fn replaced_id<'r>(seen: Option<&'r StoredClaim>, record: Option<&'r StoredClaim>) -> Option<&'r str> {
     seen.or(record).map(|record| record.id.as_str())
 }
 
 /// Whether `current` is still the record an operator saw as `seen`.
-#[doc(hidden)]
 pub fn unchanged(seen: Option<&StoredClaim>, current: Option<&StoredClaim>) -> bool {
     match (seen, current) {
         (None, None) => true,

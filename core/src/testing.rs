@@ -1,21 +1,20 @@
 //! The conformance suites every store passes ([`claim_suite!`](crate::claim_suite),
 //! [`admin_suite!`](crate::admin_suite), [`commit_suite!`](crate::commit_suite)),
 //! for a store of one's own. `sqs-once` re-exports them (`sqs_once::claim_suite!`)
-//! beside `sqs_once::testing::TestConsumer`.
+//! beside `sqs_once::testing::TestConsumer`. A store's own tests beyond the
+//! suites drive it through [`Claims`], the claim machine the engine drives
+//! every store through, and run [`Directed`], a handler each record's body
+//! directs.
 
-// The suites' tests, one function each, are what `claim_suite!`,
-// `admin_suite!` and `commit_suite!` expand to calls of; the macros are their
-// documentation.
+// Macro support, as tokio's and axum-core's `__private` are: the suites'
+// tests, one function each, which `claim_suite!`, `admin_suite!` and
+// `commit_suite!` expand to calls of. The macros are their documentation.
 #[doc(hidden)]
-pub mod admin_suite;
-#[doc(hidden)]
-pub mod claim_suite;
-#[doc(hidden)]
-pub mod commit_suite;
+pub mod __private;
 
 mod directed;
 
-#[doc(hidden)]
+pub use crate::claim::{Claim, ClaimRequest, Claims, Lease};
 pub use directed::Directed;
 
 use aws_lambda_events::sqs::SqsMessage;

@@ -45,10 +45,8 @@ pub mod item_keys;
 mod message;
 mod write;
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex},
-};
+use parking_lot::Mutex;
+use std::{collections::HashSet, sync::Arc};
 
 pub use message::{Destination, Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD};
 pub use write::{Action, Check, Comparison, Condition, Delete, Key, Put, Refusal, Target, Update, Write};
@@ -58,7 +56,7 @@ pub(crate) fn item_size(item: &serde_json::Map<String, serde_json::Value>) -> us
     write::attributes_size(item.iter().map(|(name, value)| (name.as_str(), value)))
 }
 
-use crate::{HandlerError, lock::lock, payload::Offload, trace::TraceContext};
+use crate::{HandlerError, payload::Offload, trace::TraceContext};
 
 /// Most actions in one transaction, the claim's completion included
 /// (DynamoDB's limit for `TransactWriteItems`:
@@ -237,7 +235,7 @@ impl Transaction {
     /// success, so that no part of a transaction commits without the rest.
     pub fn stage(&self, write: impl Into<Write>) -> Result<(), StageError> {
         let write = write.into();
-        let mut staged = lock(&self.staged);
+        let mut staged = self.staged.lock();
         let staging = write.validate().and_then(|bytes| {
             staged.make_room(&|| write.describe(), bytes)?;
             if let Some(item) = write.item()
@@ -258,7 +256,7 @@ impl Transaction {
     /// has committed. A message refused here keeps the transaction from
     /// committing, as a refused [`stage`](Self::stage) does.
     pub fn send(&self, message: Message) -> Result<(), StageError> {
-        let mut staged = lock(&self.staged);
+        let mut staged = self.staged.lock();
         let staging =
             message.staged_under(self.context.as_ref(), self.offload.as_deref()).and_then(|(message, bytes)| {
                 staged.make_room(&|| format!("message to {}", message.destination.name()), bytes)?;
@@ -272,20 +270,20 @@ impl Transaction {
 
     /// A copy of what is staged so far.
     pub fn staged(&self) -> Staged {
-        lock(&self.staged).clone()
+        self.staged.lock().clone()
     }
 
     /// Whether nothing is staged (a write or message refused at staging is
     /// not: it is no part of the transaction, which then does not commit).
     pub fn is_empty(&self) -> bool {
-        lock(&self.staged).is_empty()
+        self.staged.lock().is_empty()
     }
 
     /// Takes what was staged, leaving nothing: the engine commits it once;
     /// or, when anything was refused at staging, the first refusal, which
     /// fails the record instead.
     pub(crate) fn take(&self) -> Result<Staged, StageError> {
-        let mut staged = std::mem::take(&mut *lock(&self.staged));
+        let mut staged = std::mem::take(&mut *self.staged.lock());
         match staged.refused.take() {
             Some(refused) => Err(*refused),
             None => Ok(staged),

@@ -30,7 +30,6 @@ pub(crate) async fn table_missing(client: &aws_sdk_dynamodb::Client, table: &str
 /// Why a consumer cannot use its claim table, as one `DescribeTable` before
 /// it starts finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[doc(hidden)]
 pub enum Unusable {
     /// DynamoDB says the table does not exist.
     Missing,
@@ -65,7 +64,6 @@ const REFUSED_CREDENTIALS: [&str; 5] = [
 /// that cannot be made, which is not sent twice). Any other
 /// answer of DynamoDB (not allowed to describe the table, throttled) counts
 /// as usable: records that cannot be claimed say why on their own.
-#[doc(hidden)]
 pub async fn check_table(
     client: &aws_sdk_dynamodb::Client,
     credentials: Option<SharedCredentialsProvider>,
@@ -83,12 +81,12 @@ pub async fn check_table(
         match error.code() {
             Some("ResourceNotFoundException") => return Err(Unusable::Missing),
             Some(code) if REFUSED_CREDENTIALS.contains(&code) => {
-                let refused = format!("it refused the credentials: {}", sqs_once_core::aws::describe(&error));
+                let refused = format!("it refused the credentials: {}", sqs_once_aws::describe(&error));
                 return Err(Unusable::Unreachable(refused));
             }
             Some(_) => return Ok(()),
             None => {
-                let unanswered = sqs_once_core::aws::unanswered(&error);
+                let unanswered = sqs_once_aws::unanswered(&error);
                 silent = Some((error, unanswered));
                 // A request that could not be made is not tried again.
                 if !unanswered {
@@ -100,9 +98,9 @@ pub async fn check_table(
     if let Some(credentials) = credentials
         && let Err(error) = credentials.provide_credentials().await
     {
-        return Err(Unusable::NoCredentials(sqs_once_core::reason::with_causes(&error)));
+        return Err(Unusable::NoCredentials(sqs_once_core::report::reason::with_causes(&error)));
     }
-    let reason = silent.as_ref().map(|(error, _)| sqs_once_core::aws::describe(error)).unwrap_or_default();
+    let reason = silent.as_ref().map(|(error, _)| sqs_once_aws::describe(error)).unwrap_or_default();
     match silent {
         Some((_, true)) => Err(Unusable::Silent(reason)),
         _ => Err(Unusable::Unreachable(reason)),

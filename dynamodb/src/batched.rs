@@ -22,11 +22,8 @@
 //! so the calls behind it go out in the next request. And when an answer is
 //! due ([`Batcher::expedite`]), calls go out at once, slot or no slot.
 
-use std::{
-    collections::VecDeque,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use parking_lot::Mutex;
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use tokio::{
@@ -35,7 +32,7 @@ use tokio::{
 };
 
 use self::window::{Signal, Slot, Window};
-use sqs_once_core::{lock::lock, store::StoreError};
+use sqs_once_core::store::StoreError;
 
 mod window;
 
@@ -124,7 +121,7 @@ struct Shared<C: BatchCall> {
 
 impl<C: BatchCall> Shared<C> {
     fn urgent(&self) -> bool {
-        lock(&self.urgent_until).is_some_and(|until| Instant::now() < until)
+        self.urgent_until.lock().is_some_and(|until| Instant::now() < until)
     }
 }
 
@@ -149,7 +146,7 @@ impl<C: BatchCall> Batcher<C> {
     pub(super) async fn submit(&self, input: C::Input) -> Result<C::Output, StoreError> {
         let (answer, answered) = oneshot::channel();
         let start_flushing = {
-            let mut queue = lock(&self.shared.queue);
+            let mut queue = self.shared.queue.lock();
             queue.waiting.push_back((input, answer));
             !std::mem::replace(&mut queue.flushing, true)
         };
@@ -163,7 +160,7 @@ impl<C: BatchCall> Batcher<C> {
     /// then every call goes out without waiting for a free slot (requests
     /// still hold at most [`BatchCall::LIMIT`] calls).
     pub(super) fn expedite(&self, until: Instant) {
-        *lock(&self.shared.urgent_until) = Some(until);
+        *self.shared.urgent_until.lock() = Some(until);
         self.shared.expedited.notify_waiters();
     }
 }
@@ -171,7 +168,7 @@ impl<C: BatchCall> Batcher<C> {
 impl<C: BatchCall> std::fmt::Debug for Batcher<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batcher")
-            .field("waiting", &lock(&self.shared.queue).waiting.len())
+            .field("waiting", &self.shared.queue.lock().waiting.len())
             .field("in_flight", &self.shared.window.limit())
             .finish()
     }
@@ -195,7 +192,7 @@ async fn flush<C: BatchCall>(shared: Arc<Shared<C>>) {
         // Callers that are ready to run join this request instead of the next.
         tokio::task::yield_now().await;
         let (request, more) = {
-            let mut queue = lock(&shared.queue);
+            let mut queue = shared.queue.lock();
             let request = queue.next_request();
             queue.flushing = !queue.waiting.is_empty();
             (request, queue.flushing)
@@ -271,7 +268,7 @@ mod tests {
         }
 
         async fn call(&self, inputs: Vec<String>) -> Vec<Result<String, StoreError>> {
-            lock(&self.0).push(inputs.clone());
+            self.0.lock().push(inputs.clone());
             tokio::task::yield_now().await;
             inputs
                 .into_iter()
@@ -292,7 +289,7 @@ mod tests {
                 Err(error) => assert!(input.ends_with('!') && error.to_string().contains(input)),
             }
         }
-        let requests = lock(&echo.0).clone();
+        let requests = echo.0.lock().clone();
         assert_eq!(requests.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 1]);
     }
 
@@ -303,7 +300,7 @@ mod tests {
         let inputs = ["k#1", "k#2", "j#1", "k#3"];
         let answers = futures::future::join_all(inputs.iter().map(|input| batcher.submit((*input).to_owned()))).await;
         assert!(answers.iter().all(Result::is_ok));
-        for request in lock(&echo.0).iter() {
+        for request in echo.0.lock().iter() {
             let items: HashSet<&str> = request.iter().map(Echo::item).collect();
             assert_eq!(items.len(), request.len(), "{request:?}");
         }
@@ -320,7 +317,7 @@ mod tests {
         assert!(futures::poll!(abandoned.as_mut()).is_pending());
         drop(abandoned);
         assert_eq!(kept.await.unwrap(), "kept");
-        assert_eq!(*lock(&echo.0), [vec!["gone".to_owned(), "kept".to_owned()]]);
+        assert_eq!(*echo.0.lock(), [vec!["gone".to_owned(), "kept".to_owned()]]);
     }
 
     /// Answers at once, but never answers a request with an input ending in
@@ -341,7 +338,7 @@ mod tests {
         }
 
         async fn call(&self, inputs: Vec<String>) -> Vec<Result<String, StoreError>> {
-            lock(&self.0).push(inputs.clone());
+            self.0.lock().push(inputs.clone());
             if inputs.iter().any(|input| input.ends_with('~')) {
                 std::future::pending::<()>().await;
             }
@@ -353,10 +350,10 @@ mod tests {
     /// that both slots are taken.
     async fn take_both_slots<const SLOW_MS: u64>(batcher: &Arc<Batcher<Hanging<SLOW_MS>>>, hanging: &Hanging<SLOW_MS>) {
         for input in ["a~", "b~"] {
-            let requests = lock(&hanging.0).len();
+            let requests = hanging.0.lock().len();
             let submitting = Arc::clone(batcher);
             tokio::spawn(async move { submitting.submit(input.to_owned()).await });
-            while lock(&hanging.0).len() == requests {
+            while hanging.0.lock().len() == requests {
                 tokio::task::yield_now().await;
             }
         }
@@ -401,13 +398,13 @@ mod tests {
             async move { batcher.submit("x".to_owned()).await }
         });
         // Let the first request go out alone before the others arrive.
-        while lock(&echo.0).is_empty() {
+        while echo.0.lock().is_empty() {
             tokio::task::yield_now().await;
         }
         let later = futures::future::join_all(["y", "z"].map(|input| batcher.submit(input.to_owned()))).await;
         assert_eq!(first.await.unwrap().unwrap(), "x");
         assert!(later.iter().all(Result::is_ok));
-        assert_eq!(lock(&echo.0).iter().map(Vec::len).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(echo.0.lock().iter().map(Vec::len).collect::<Vec<_>>(), [1, 2]);
     }
 
     /// A store `ROUND_TRIP_MS` away with room for every request, counting
@@ -486,7 +483,7 @@ mod tests {
                 input
             }
             async fn call(&self, inputs: Vec<String>) -> Vec<Result<u64, StoreError>> {
-                self.0.lock().unwrap().push(inputs.len());
+                self.0.lock().push(inputs.len());
                 inputs.iter().map(|input| Ok(input.parse::<u64>().unwrap() * 2)).collect()
             }
         }
@@ -495,6 +492,6 @@ mod tests {
         let batcher = Batcher::new(Arc::clone(&double));
         let answers = futures::future::join_all((0..30).map(|n| batcher.submit(n.to_string()))).await;
         assert_eq!(answers[29].as_ref().unwrap(), &58);
-        assert_eq!(*double.0.lock().unwrap(), [25, 5]); // 30 calls, 2 requests
+        assert_eq!(*double.0.lock(), [25, 5]); // 30 calls, 2 requests
     }
 }

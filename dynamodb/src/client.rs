@@ -24,7 +24,6 @@ use sqs_once_core::store::StoreError;
 /// DynamoDB requests made by a client, counted as they are sent (retries
 /// count again), per operation.
 #[derive(Debug, Default)]
-#[doc(hidden)]
 pub struct RequestCounter {
     put: AtomicU64,
     get: AtomicU64,
@@ -128,7 +127,6 @@ impl Intercept for CountRequests {
 /// default chain, where `AWS_REGION`, credentials and
 /// `AWS_ENDPOINT_URL_DYNAMODB` work as the SDK defines them, or a
 /// configuration given), counting its requests.
-#[doc(hidden)]
 pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounter>) {
     let counter = Arc::new(RequestCounter::default());
     let config =
@@ -137,14 +135,13 @@ pub fn client_from(shared: &aws_config::SdkConfig) -> (Client, Arc<RequestCounte
 }
 
 /// A DynamoDB client given by the program, with the timeouts it lacks
-/// filled in as [`sqs_once_core::aws::with_limits`] fills a configuration's.
-#[doc(hidden)]
+/// filled in as [`sqs_once_aws::with_limits`] fills a configuration's.
 pub fn with_limits(client: Client) -> Client {
     let config = client.config();
-    Client::from_conf(config.to_builder().timeout_config(sqs_once_core::aws::filled(config.timeout_config())).build())
+    Client::from_conf(config.to_builder().timeout_config(sqs_once_aws::filled(config.timeout_config())).build())
 }
 
-/// An SDK failure as a store error, in one line ([`sqs_once_core::aws::describe`]):
+/// An SDK failure as a store error, in one line ([`sqs_once_aws::describe`]):
 /// [`StoreError::Rejected`] when DynamoDB refused the request for what it
 /// holds (`ValidationException`: sending it again cannot succeed), else
 /// [`StoreError::Unavailable`].
@@ -201,5 +198,5 @@ condition_failure!(PutItemError, UpdateItemError, DeleteItemError);
 
 /// An SDK failure in one line, naming DynamoDB.
 pub(super) fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
-    format!("DynamoDB: {}", sqs_once_core::aws::describe(error))
+    format!("DynamoDB: {}", sqs_once_aws::describe(error))
 }

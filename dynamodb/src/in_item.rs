@@ -13,9 +13,10 @@
 //! again), the window full, the handler's own condition failing, or
 //! another window, for which the commit is sent again.
 
+use parking_lot::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -33,7 +34,6 @@ use super::{
     transact::{Expression, attribute_value, too_late},
 };
 use sqs_once_core::{
-    lock::lock,
     store::{Cancellation, Commit, Committed, StoreError},
     transaction::{
         Target, Update, Write,
@@ -74,7 +74,7 @@ impl Windows {
     async fn since_ms(&self, item: &str) -> Option<u64> {
         loop {
             let learning = {
-                let mut windows = lock(&self.0);
+                let mut windows = self.0.lock();
                 match windows.get(item) {
                     Some(Seen::Since(since_ms)) => return Some(*since_ms),
                     Some(Seen::Learning(learning)) => Arc::clone(learning),
@@ -88,7 +88,7 @@ impl Windows {
             tokio::pin!(learnt);
             learnt.as_mut().enable();
             // Learnt meanwhile? Then the entry is no longer learning.
-            if !matches!(lock(&self.0).get(item), Some(Seen::Learning(_))) {
+            if !matches!(self.0.lock().get(item), Some(Seen::Learning(_))) {
                 continue;
             }
             if tokio::time::timeout(LEARNING_WAIT, learnt).await.is_err() {
@@ -101,7 +101,7 @@ impl Windows {
     /// commit's answer or the item returned with a refusal says; commits
     /// waiting to know go on.
     fn saw(&self, item: &str, since_ms: Option<u64>) {
-        let mut windows = lock(&self.0);
+        let mut windows = self.0.lock();
         if windows.len() >= WINDOWS_KEPT {
             windows.clear();
         }

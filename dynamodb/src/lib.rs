@@ -45,7 +45,6 @@ use sqs_once_core::store::{
 
 mod admin;
 mod batched;
-#[doc(hidden)]
 pub use admin::{Unusable, check_table};
 mod client;
 mod in_item;
@@ -54,7 +53,6 @@ mod outbox;
 mod statements;
 mod transact;
 
-#[doc(hidden)]
 pub use client::{RequestCounter, client_from, with_limits};
 pub use layout::{Attributes, TableKey, TableLayout};
 pub(crate) use layout::{OPEN_INDEX, OPEN_STATUS, open_partition};

@@ -25,10 +25,8 @@
 //! that cannot be read (a destination this version does not know, after a
 //! rollback) is skipped and logged, and the rest are sent.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Mutex,
-};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use futures::StreamExt;
@@ -40,10 +38,7 @@ use super::{
     no_such_index, released_unless,
     statements::Written,
 };
-use sqs_once_core::{
-    lock::lock,
-    store::{Fenced, OutboxEntry, OutboxQuery, StoreError, SweepPart, UnreadableEntry},
-};
+use sqs_once_core::store::{Fenced, OutboxEntry, OutboxQuery, StoreError, SweepPart, UnreadableEntry};
 
 /// The [`OPEN_STATUS`] prefix of outbox entries: unsent messages are open
 /// work too, and the index lists them without reading the table.
@@ -404,7 +399,7 @@ impl DynamoDbStore {
         if next != positions {
             self.keep_sweep_positions(next).await;
         }
-        let mut passes = lock(&self.outbox_passes.ended);
+        let mut passes = self.outbox_passes.ended.lock();
         passes.extend(ended);
         let passed = passes.len() >= outbox_partitions().count();
         if passed {

@@ -198,7 +198,7 @@ fn answer(response: Option<BatchStatementResponse>, refused: &AtomicBool) -> Res
 }
 
 /// Runs `attempt` until its statement is done, as the SDK retries a single
-/// request: up to [`sqs_once_core::aws::MAX_ATTEMPTS`] attempts, with a [`Backoff`]
+/// request: up to [`sqs_once_aws::MAX_ATTEMPTS`] attempts, with a [`Backoff`]
 /// between them. (The SDK itself retries a request that failed as a whole.)
 async fn retrying<Sent>(attempt: impl Fn() -> Sent) -> Result<Written, StoreError>
 where
@@ -209,7 +209,7 @@ where
     loop {
         match attempt().await? {
             Attempt::Done(written) => return Ok(written),
-            Attempt::Again(reason) if attempts >= sqs_once_core::aws::MAX_ATTEMPTS => {
+            Attempt::Again(reason) if attempts >= sqs_once_aws::MAX_ATTEMPTS => {
                 return Err(StoreError::unavailable(reason));
             }
             Attempt::Again(_) => {
@@ -221,20 +221,20 @@ where
 }
 
 /// Pauses between attempts, spaced as the SDK spaces its retries: doubling
-/// from [`sqs_once_core::aws::INITIAL_BACKOFF`] to [`sqs_once_core::aws::MAX_BACKOFF`], each
+/// from [`sqs_once_aws::INITIAL_BACKOFF`] to [`sqs_once_aws::MAX_BACKOFF`], each
 /// between half and all of its step.
 pub(super) struct Backoff(Duration);
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self(sqs_once_core::aws::INITIAL_BACKOFF)
+        Self(sqs_once_aws::INITIAL_BACKOFF)
     }
 }
 
 impl Backoff {
     pub(super) async fn wait(&mut self) {
         tokio::time::sleep(self.0.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
-        self.0 = (self.0 * 2).min(sqs_once_core::aws::MAX_BACKOFF);
+        self.0 = (self.0 * 2).min(sqs_once_aws::MAX_BACKOFF);
     }
 }
 
@@ -268,7 +268,7 @@ impl BatchCall for Reads {
         let mut backoff = Backoff::default();
         // Keys DynamoDB leaves unprocessed (it does so under throttling) are
         // asked for again, as often and as spaced as a throttled statement.
-        for round in 1..=sqs_once_core::aws::MAX_ATTEMPTS {
+        for round in 1..=sqs_once_aws::MAX_ATTEMPTS {
             let Some(request) = unprocessed.take() else { break };
             if round > 1 {
                 backoff.wait().await;
@@ -558,7 +558,7 @@ mod tests {
             Ok(Attempt::Again("DynamoDB: ProvisionedThroughputExceeded: no".into()))
         })
         .await;
-        assert_eq!(attempts.load(Ordering::Relaxed), sqs_once_core::aws::MAX_ATTEMPTS);
+        assert_eq!(attempts.load(Ordering::Relaxed), sqs_once_aws::MAX_ATTEMPTS);
         let error = written.unwrap_err().to_string();
         assert!(error.contains("ProvisionedThroughputExceeded: no"), "{error}");
     }

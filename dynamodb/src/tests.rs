@@ -18,13 +18,12 @@ use super::{
 };
 use sqs_once_core::{
     BoxHandler, Handler, HandlerError, HandlerResult, Record,
-    claim::{Claim, ClaimPolicy, ClaimRequest, Claims},
     clock::{Clock, SystemClock},
-    engine::{Engine, Invocation},
+    engine::{ClaimPolicy, Engine, Invocation},
     event::parse_event,
     key::Keys,
     report::{BatchReport, Failure, Outcome},
-    testing::Directed,
+    testing::{Claim, ClaimRequest, Claims, Directed},
 };
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -36,7 +35,7 @@ use sqs_once_core::transaction::{Key, Message, Update};
 
 /// A counting client from the SDK's default chain, as the consumer makes one.
 async fn client() -> (aws_sdk_dynamodb::Client, Arc<RequestCounter>) {
-    client_from(&sqs_once_core::aws::sdk_config().await)
+    client_from(&sqs_once_aws::sdk_config().await)
 }
 
 /// A counting client that waits for slow answers (30 s attempts), for tests
@@ -48,12 +47,12 @@ async fn patient_client() -> (aws_sdk_dynamodb::Client, Arc<RequestCounter>) {
         .operation_attempt_timeout(Duration::from_secs(30))
         .operation_timeout(Duration::from_secs(50))
         .build();
-    client_from(&sqs_once_core::aws::sdk_config().await.to_builder().timeout_config(timeouts).build())
+    client_from(&sqs_once_aws::sdk_config().await.to_builder().timeout_config(timeouts).build())
 }
 
 #[tokio::test]
 async fn a_client_given_gets_the_timeouts_it_lacks() {
-    use sqs_once_core::aws::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT, operation_timeout};
+    use sqs_once_aws::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT, operation_timeout};
     // As programs load a configuration: a connect timeout and no other.
     let loaded = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new("us-east-1"))
@@ -101,8 +100,7 @@ fn failed(report: &BatchReport) -> usize {
 /// A store on `layout`'s table whose requests go through `endpoint` (a
 /// proxy in front of DynamoDB Local), configured as the consumer's are.
 pub(crate) async fn store_through(endpoint: &str, layout: TableLayout) -> DynamoDbStore {
-    let config =
-        aws_sdk_dynamodb::config::Builder::from(&sqs_once_core::aws::sdk_config().await).endpoint_url(endpoint);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sqs_once_aws::sdk_config().await).endpoint_url(endpoint);
     DynamoDbStore::new(aws_sdk_dynamodb::Client::from_conf(config.build()), layout)
 }
 
@@ -530,7 +528,7 @@ async fn failed_claims_alone_are_in_the_index_and_every_listing_is_exact() {
         }
     }
     // A claim in progress as versions before the sharding wrote it, in the index under the bare status.
-    let client = aws_sdk_dynamodb::Client::new(&sqs_once_core::aws::sdk_config().await);
+    let client = aws_sdk_dynamodb::Client::new(&sqs_once_aws::sdk_config().await);
     let mut legacy = HashMap::from([("id", "test#legacy"), ("status", "INPROGRESS"), ("open_status", "INPROGRESS")]);
     legacy.insert("token", "t");
     let mut item: HashMap<String, AttributeValue> =
@@ -727,7 +725,11 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
     let huge = store.get("test#huge-error").await.unwrap().expect("the failure was recorded");
     assert_eq!(huge.status, ClaimStatus::Failed);
     let error = huge.error.unwrap();
-    assert!(error.len() <= sqs_once_core::reason::MAX_BYTES && error.ends_with("more bytes cut]"), "{}", error.len());
+    assert!(
+        error.len() <= sqs_once_core::report::reason::MAX_BYTES && error.ends_with("more bytes cut]"),
+        "{}",
+        error.len()
+    );
     for n in 0..20 {
         assert_eq!(store.get(&format!("test#ok-{n}")).await.unwrap().unwrap().status, ClaimStatus::Completed);
     }

@@ -291,7 +291,7 @@ impl DynamoDbStore {
     /// [`CommitStore::commit`](sqs_once_core::store::CommitStore::commit) as one
     /// `TransactWriteItems`, sent again (same token, same actions) while
     /// DynamoDB cancels it for conflicts or throttling, up to
-    /// [`sqs_once_core::aws::MAX_ATTEMPTS`] times. A transaction another request of
+    /// [`sqs_once_aws::MAX_ATTEMPTS`] times. A transaction another request of
     /// the same token holds in progress is sent again until an attempt goes
     /// out [`IN_PROGRESS_RETRY`] after the first, as DynamoDB asks: that
     /// attempt makes it recover a transaction stuck half-way.
@@ -347,11 +347,11 @@ impl DynamoDbStore {
                 },
             };
             let recovery_due = in_progress && sent_at < first + IN_PROGRESS_RETRY;
-            if attempts >= sqs_once_core::aws::MAX_ATTEMPTS && !recovery_due {
+            if attempts >= sqs_once_aws::MAX_ATTEMPTS && !recovery_due {
                 return Err(StoreError::unavailable(format!("transaction not committed: {again}")));
             }
             tracing::debug!(id, reason = %again, "transaction cancelled for now; sending it again");
-            match recovery_due && attempts >= sqs_once_core::aws::MAX_ATTEMPTS {
+            match recovery_due && attempts >= sqs_once_aws::MAX_ATTEMPTS {
                 true => tokio::time::sleep_until(first + IN_PROGRESS_RETRY).await,
                 false => backoff.wait().await,
             }

@@ -357,15 +357,15 @@ impl Builder {
             || ((needs.redelivery || needs.queue) && self.sqs.is_none());
         // Loaded once: credentials and region are resolved once for every client.
         let aws = match (self.sdk_config.take(), needs_aws) {
-            (Some(given), _) => Some(sqs_once_core::aws::with_limits(&given)),
-            (None, true) => Some(sqs_once_core::aws::sdk_config().await),
+            (Some(given), _) => Some(sqs_once_aws::with_limits(&given)),
+            (None, true) => Some(sqs_once_aws::sdk_config().await),
             (None, false) => None,
         };
         let store = self.claim_store(config, aws.as_ref(), needs).await?;
         // A program's own destinations are held to the SDK's operation timeout; the AWS ones, to their clients'.
         let send_time = match self.destinations {
-            Some(_) => sqs_once_core::aws::OPERATION_TIMEOUT,
-            None => sqs_once_core::aws::operation_timeout(aws.as_ref().and_then(SdkConfig::timeout_config)),
+            Some(_) => sqs_once_aws::OPERATION_TIMEOUT,
+            None => sqs_once_aws::operation_timeout(aws.as_ref().and_then(SdkConfig::timeout_config)),
         };
         let destinations = self.destinations.take().unwrap_or_else(|| {
             // A consumer that sends no message never loads the AWS configuration for it.
@@ -495,7 +495,7 @@ impl OpenStore {
             #[cfg(feature = "dynamodb")]
             requests: None,
             target,
-            operation_timeout: sqs_once_core::aws::OPERATION_TIMEOUT,
+            operation_timeout: sqs_once_aws::OPERATION_TIMEOUT,
         }
     }
 }

@@ -44,7 +44,7 @@ impl Sqs {
         if let Some(credentials) = &self.credentials
             && let Err(error) = credentials.provide_credentials().await
         {
-            let reason = format!("no AWS credentials: {}", sqs_once_core::reason::with_causes(&error));
+            let reason = format!("no AWS credentials: {}", sqs_once_core::report::reason::with_causes(&error));
             return Err(SqsError::lasting(NOT_SIGNED, reason));
         }
         Ok(())
@@ -93,7 +93,7 @@ impl Sqs {
     pub(crate) async fn receive(&self, queue_url: &str, max: usize, wait: Duration) -> Result<Vec<Message>, SqsError> {
         let max = i32::try_from(max.clamp(1, BATCH_LIMIT)).unwrap_or(1);
         let wait_seconds = i32::try_from(wait.as_secs()).unwrap_or(20);
-        let timeouts = aws_sdk_sqs::config::Builder::default().timeout_config(sqs_once_core::aws::timeouts(Some(wait)));
+        let timeouts = aws_sdk_sqs::config::Builder::default().timeout_config(sqs_once_aws::timeouts(Some(wait)));
         self.client
             .receive_message()
             .queue_url(queue_url)

@@ -22,11 +22,12 @@
 //! claim has no token to be fenced by, and is sent again only until
 //! [`Commit::send_by_ms`](crate::store::Commit::send_by_ms), then given up.
 
+use parking_lot::Mutex;
 use std::{
     collections::HashMap,
     pin::Pin,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -36,7 +37,6 @@ use tokio::sync::{Notify, futures::Notified};
 use super::{Finish, Lease};
 use crate::{
     clock::duration_ms,
-    lock::lock,
     store::{Commit, Committed, StoreError},
 };
 
@@ -144,7 +144,7 @@ impl Unconfirmed {
     /// Keeps `ending` of `lease` until its answer; the caller owns its first send.
     pub(crate) fn keep(self: &Arc<Self>, lease: &Lease, ending: &Arc<Ending>) -> Sending {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut entries = lock(&self.entries);
+        let mut entries = self.entries.lock();
         if entries.len() >= MAX_ENTRIES
             && let Some(oldest) = entries.keys().min().copied()
             && let Some(dropped) = entries.remove(&oldest)
@@ -161,7 +161,7 @@ impl Unconfirmed {
     /// way are not among them; a commit past the moment it may be sent again
     /// (`now_ms` beyond its [`Ending::send_again_by_ms`]) is given up.
     pub(crate) fn to_resend(self: &Arc<Self>, now_ms: u64) -> Vec<Resend> {
-        let mut entries = lock(&self.entries);
+        let mut entries = self.entries.lock();
         let late: Vec<u64> = entries
             .iter()
             .filter(|(_, kept)| kept.state == State::Failed)
@@ -213,18 +213,18 @@ impl Unconfirmed {
 
     /// Whether every write kept so far has been answered for good (or given up).
     pub(crate) fn is_empty(&self) -> bool {
-        lock(&self.entries).is_empty()
+        self.entries.lock().is_empty()
     }
 
     /// The ids of the claims whose writes are still unconfirmed.
     pub(crate) fn ids(&self) -> Vec<String> {
-        lock(&self.entries).values().map(|kept| kept.lease.id.clone()).collect()
+        self.entries.lock().values().map(|kept| kept.lease.id.clone()).collect()
     }
 
     /// The send of `ticket` ended without an answer for good: the write waits
     /// for the next resend, or is given up after [`MAX_RESENDS`].
     fn failed(&self, ticket: u64) {
-        let mut entries = lock(&self.entries);
+        let mut entries = self.entries.lock();
         let Some(kept) = entries.get_mut(&ticket) else { return };
         if kept.resends >= MAX_RESENDS {
             if let Some(kept) = entries.remove(&ticket) {
@@ -257,7 +257,7 @@ impl Sending {
         self.answered = true;
         match result {
             Ok(_) | Err(StoreError::Rejected(_) | StoreError::Unsupported(_)) => {
-                lock(&self.unconfirmed.entries).remove(&self.ticket);
+                self.unconfirmed.entries.lock().remove(&self.ticket);
                 self.unconfirmed.answers.notify_waiters();
             }
             Err(_) => self.unconfirmed.failed(self.ticket),

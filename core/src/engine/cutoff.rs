@@ -1,7 +1,8 @@
 //! The cut-off's view of a batch: how far each key's run has got, the
 //! handler slots a run waits for, and what the cut-off cancels or reports.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
@@ -10,10 +11,7 @@ use tokio::{
 };
 
 use super::BatchState;
-use crate::{
-    lock::lock,
-    report::{Failure, Outcome},
-};
+use crate::report::{Failure, Outcome};
 
 /// How far a key's run has got, as the answer at the deadline sees it.
 #[derive(Debug, Default)]
@@ -56,7 +54,7 @@ impl HandlerSlots {
         let slot = match Arc::clone(&self.free).try_acquire_owned() {
             Ok(slot) => Some(slot),
             Err(_) => {
-                *lock(progress) = Progress::Waiting;
+                *progress.lock() = Progress::Waiting;
                 tokio::select! {
                     biased;
                     slot = Arc::clone(&self.free).acquire_owned() => slot.ok(),
@@ -64,7 +62,7 @@ impl HandlerSlots {
                 }
             }
         };
-        let mut progress = lock(progress);
+        let mut progress = progress.lock();
         let slot = slot.filter(|_| Instant::now() < self.cutoff);
         *progress = if slot.is_some() { Progress::Running } else { Progress::Waiting };
         slot
@@ -78,11 +76,11 @@ impl HandlerSlots {
 /// committed). A handler in the middle of a poll finishes it first, and if
 /// it returns then, its outcome counts. Returns how many were cancelled.
 pub(super) fn cancel_running(state: &BatchState) -> usize {
-    let started = lock(&state.started);
+    let started = state.started.lock();
     // A run that ended at its claim (a duplicate, a conflict) never left `Running`; its task has finished.
     let running = started.iter().filter_map(|run| {
         let handler = run.handler.as_ref().filter(|handler| !handler.is_finished())?;
-        matches!(*lock(&run.progress), Progress::Running).then_some((run, handler))
+        matches!(*run.progress.lock(), Progress::Running).then_some((run, handler))
     });
     running
         .map(|(run, handler)| {
@@ -100,7 +98,7 @@ pub(super) fn cancel_running(state: &BatchState) -> usize {
 /// its handler's, if the handler returned (the write that records it not
 /// confirmed), otherwise `deadline`.
 pub(super) fn at_answer(progress: &Mutex<Progress>, key: &str) -> Outcome {
-    let outcome = match &*lock(progress) {
+    let outcome = match &*progress.lock() {
         Progress::Returned(outcome) => outcome.clone(),
         Progress::Running | Progress::Waiting => return Outcome::Failed(Failure::Deadline),
     };

@@ -2,7 +2,7 @@
 //! completion, a commit of what it staged, a failure record or a release),
 //! and the delivery of a committed run's messages.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use tracing::Instrument;
 
@@ -14,9 +14,7 @@ use super::{
 use crate::{
     ErrorKind, Record,
     claim::Lease,
-    lock::lock,
-    reason,
-    report::{Failure, Outcome},
+    report::{Failure, Outcome, reason},
     store::{Committed, Fenced, OutboxEntry, StoreError},
     trace,
     transaction::Staged,
@@ -67,7 +65,7 @@ impl Engine {
         failure: Failure,
         progress: &Mutex<Progress>,
     ) -> Outcome {
-        *lock(progress) = Progress::Returned(Outcome::Failed(failure.clone()));
+        *progress.lock() = Progress::Returned(Outcome::Failed(failure.clone()));
         let written = match &failure {
             Failure::Permanent(reason) => {
                 self.inner.claims.fail(lease, reason).instrument(trace::write_span("fail")).await
@@ -102,7 +100,7 @@ impl Engine {
             Ok(committed) => self.committed(record, lease, committed, progress).await,
             Err(error) => self.commit_failed(record, lease, error, nothing_staged, &entries, progress).await,
         };
-        *lock(progress) = Progress::Returned(outcome.clone());
+        *progress.lock() = Progress::Returned(outcome.clone());
         if outcome == (Outcome::Processed { confirmed: true }) {
             self.deliver(&entries).await;
         }

@@ -7,8 +7,7 @@ use std::time::Duration;
 use crate::{
     ErrorKind, HandlerResult,
     claim::{Claim, Lease},
-    reason,
-    report::{Failure, Outcome},
+    report::{Failure, Outcome, reason},
     transaction::Staged,
 };
 

@@ -2,12 +2,8 @@
 //! in a task the cut-off can cancel, and the hand-over to the task that
 //! records how it ended.
 
-use std::{
-    collections::HashMap,
-    panic::AssertUnwindSafe,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use parking_lot::Mutex;
+use std::{collections::HashMap, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use futures::{
     FutureExt,
@@ -29,7 +25,6 @@ use crate::{
     Handler, HandlerError, HandlerResult, Record,
     claim::{ClaimRequest, Lease},
     envelope::Opened,
-    lock::lock,
     report::{Failure, Outcome},
     trace,
     transaction::{StageError, Staged},
@@ -81,7 +76,7 @@ impl Engine {
         };
         let validate = self.inner.claims.policy().validate_payload;
         let (run, leader) = {
-            let mut runs = lock(runs);
+            let mut runs = runs.lock();
             match runs.get(&key) {
                 Some((_, first_body)) if validate && *first_body != &*message.body => {
                     return (Some(key), RunResult::failed(Failure::PayloadMismatch));
@@ -146,13 +141,13 @@ impl Engine {
             let writes_by = state.budget.writes_by();
             let handler = engine.spawn_handler(record, deadline_ms, holder, Arc::clone(&progress), permit, state);
             let slot = {
-                let mut started = lock(&state.started);
+                let mut started = state.started.lock();
                 let handler = Some(handler.abort_handle());
                 started.push(Started { key: key.clone(), progress: Arc::clone(&progress), handler });
                 started.len() - 1
             };
             let ran = timeout_at(writes_by, handler).await;
-            lock(&state.started)[slot].handler = None;
+            state.started.lock()[slot].handler = None;
             let ended = |outcome| RunResult { outcome, duration: started.elapsed(), claim_latency: None };
             let (record, step, claim_latency, permit) = match ran {
                 Ok(Ok(ran)) => ran,
@@ -273,7 +268,7 @@ impl Engine {
         let (ending, outcome) = ending(result, staged, &lease, self.inner.claims.now_ms());
         // No await between the handler's return and this: a run cancelled at
         // the cut-off either has its handler's outcome here or never returned.
-        *lock(progress) = Progress::Returned(outcome);
+        *progress.lock() = Progress::Returned(outcome);
         (Step::Returned(lease, ending), claim_latency)
     }
 }

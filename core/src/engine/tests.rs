@@ -148,7 +148,7 @@ async fn each_directive_lands_where_it_should() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_sharing_a_key_run_once_and_the_copies_of_a_success_are_duplicates() {
     let (handler, log) = demo();
-    let counting = crate::testing::claim_suite::Counting::new(Arc::new(MemoryStore::default()));
+    let counting = crate::testing::__private::claim_suite::Counting::new(Arc::new(MemoryStore::default()));
     let engine = Setup { key: "body.order", store: counting.clone(), ..Setup::default() }.engine(handler);
     let records = vec![
         message("a1", json!({"order": "A", "sleep_ms": 20})),
@@ -778,7 +778,11 @@ async fn a_mebibyte_error_text_is_capped_where_it_is_stored_and_reported() {
     let engine = Setup { store: store.clone(), ..Setup::default() }.engine(HugeReason);
     let report = run(&engine, vec![message("huge", json!({}))], SECS_30).await;
     let Outcome::Failed(Failure::Permanent(reason)) = outcome(&report, "huge") else { panic!("{report:?}") };
-    assert!(reason.len() <= crate::reason::MAX_BYTES && reason.ends_with("more bytes cut]"), "{}", reason.len());
+    assert!(
+        reason.len() <= crate::report::reason::MAX_BYTES && reason.ends_with("more bytes cut]"),
+        "{}",
+        reason.len()
+    );
     let stored = store.get("test#huge").await.unwrap().unwrap();
     assert_eq!(stored.status, ClaimStatus::Failed);
     assert_eq!(stored.error.as_deref(), Some(reason.as_str()));

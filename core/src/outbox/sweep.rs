@@ -33,7 +33,6 @@ use tokio::time::Instant;
 use super::{Outbox, OutboxEntry, SENDING_LEASE, SendWindow};
 use crate::{
     clock::duration_ms,
-    lock::lock,
     store::{StoreError, SweepPart, new_token},
 };
 
@@ -119,19 +118,19 @@ impl Outbox {
     /// its queue is quiet ([`sweep_asked`](Self::sweep_asked)).
     pub(crate) fn sweep_if_due(self: &Arc<Self>, sends_end_by: Option<Instant>) -> Option<Sweep> {
         let every = self.sweep_every?;
-        let due = lock(&self.schedule).last.is_none_or(|last| last.elapsed() >= every);
+        let due = self.schedule.lock().last.is_none_or(|last| last.elapsed() >= every);
         if !due {
             return None;
         }
         self.sweep_now(sends_end_by)
     }
 
-    /// Starts a sweep now, as [`sweep_if_due`](Self::sweep_if_due) does
+    /// Starts a sweep now, as a sweep that is due starts
     /// when one is due, unless one is under way or sweeps are off: before
     /// `invoke` and `poll` leave.
     pub fn sweep_now(self: &Arc<Self>, sends_end_by: Option<Instant>) -> Option<Sweep> {
         self.sweep_every?;
-        let mut schedule = lock(&self.schedule);
+        let mut schedule = self.schedule.lock();
         if schedule.running.is_some() {
             return None;
         }
@@ -146,12 +145,12 @@ impl Outbox {
     pub async fn sweep_asked(self: &Arc<Self>, by: Instant) -> u64 {
         let sent = || self.counters.sent.load(Ordering::Relaxed);
         let before = sent();
-        let running = lock(&self.schedule).running.clone();
+        let running = self.schedule.lock().running.clone();
         if let Some(running) = running {
             let _ = tokio::time::timeout_at(by, running.finished()).await;
         }
         let sweep = {
-            let mut schedule = lock(&self.schedule);
+            let mut schedule = self.schedule.lock();
             match schedule.running {
                 Some(_) => None,
                 None => Some(self.start(&mut schedule, SendWindow::ending_by(Some(by)))),
@@ -175,7 +174,7 @@ impl Outbox {
             if let Err(error) = outbox.sweep_within(&sweeping).await {
                 tracing::warn!(%error, "outbox: the sweep could not read the outbox; the next one tries again");
             }
-            lock(&outbox.schedule).running = None;
+            outbox.schedule.lock().running = None;
         });
         let sweep = Sweep { done: task.map(drop).boxed().shared(), window };
         schedule.running = Some(sweep.clone());
@@ -184,7 +183,7 @@ impl Outbox {
 
     /// Before the process leaves: waits for a sweep under way, until `until`.
     pub(crate) async fn finish_sweep(&self, until: Instant) {
-        let sweep = lock(&self.schedule).running.clone();
+        let sweep = self.schedule.lock().running.clone();
         if let Some(sweep) = sweep {
             let _ = tokio::time::timeout_at(until, sweep.finished()).await;
         }
@@ -194,7 +193,7 @@ impl Outbox {
     /// the outbox found it (every part read since a pass last ended), since
     /// the last call.
     pub fn take_oldest_age(&self) -> Option<Duration> {
-        lock(&self.schedule).oldest_age.take()
+        self.schedule.lock().oldest_age.take()
     }
 
     /// Takes over the entries whose sending lease has ended, among those the
@@ -229,7 +228,7 @@ impl Outbox {
         let SweepPart { entries: listed, passed, .. } = self.store.sweep_part(SWEEP_LIMIT).await?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
         {
-            let mut schedule = lock(&self.schedule);
+            let mut schedule = self.schedule.lock();
             let oldest = oldest.into_iter().chain(schedule.pass_oldest_ms).min();
             schedule.oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
             schedule.pass_oldest_ms = if passed { None } else { oldest };

@@ -43,7 +43,6 @@ use super::{
 };
 use crate::{
     clock::duration_ms,
-    lock::lock,
     outbox::SENDING_LEASE,
     report::{Failure, Outcome},
     store::{ClaimStatus, ClaimStore},
@@ -73,7 +72,7 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
     run_items.extend(kept_runs);
     let unsent = world.table.unsent();
     let mut statuses = HashMap::new();
-    let keys: BTreeSet<String> = lock(&world.ledger).reports.iter().filter_map(|report| report.key.clone()).collect();
+    let keys: BTreeSet<String> = world.ledger.lock().reports.iter().filter_map(|report| report.key.clone()).collect();
     // A key kept in its item has no claim: the item says it completed while it keeps it.
     let memory = world.scenario.expires_after.max(3 * world.scenario.queue.redelivered_within());
     for key in keys {
@@ -90,7 +89,7 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
         .filter(|spec| spec.staged.as_ref().is_some_and(|staged| staged.keeps_key))
         .map(|spec| format!("sim#{}", spec.id))
         .collect();
-    let mut ledger = lock(&world.ledger);
+    let mut ledger = world.ledger.lock();
     ledger.stats.applied_runs = run_items.len() as u64;
     for (run, times) in &run_items {
         if *times > 1 {

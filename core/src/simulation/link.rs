@@ -14,7 +14,6 @@ use super::{
 };
 use crate::{
     clock::{Clock, duration_ms},
-    lock::lock,
     outbox::{Destinations, OutboxEntry, OutboxQuery, SendError},
     store::{
         Capabilities, ClaimAdmin, ClaimQuery, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
@@ -71,7 +70,7 @@ impl Excuse<'_> {
 impl Drop for Excuse<'_> {
     fn drop(&mut self) {
         if let Some(body) = self.body.take() {
-            lock(&self.world.ledger).excused.insert(body);
+            self.world.ledger.lock().excused.insert(body);
         }
     }
 }
@@ -124,7 +123,7 @@ impl Link {
         let (fate, there, back) = self.fate();
         let excuse = Excuse { world, body: call.deletes.clone() };
         {
-            let mut ledger = lock(&world.ledger);
+            let mut ledger = world.ledger.lock();
             ledger.note((self.process, call.name, call.about, fate, there, back));
             ledger.stats.store_calls += 1;
             match fate {
@@ -158,7 +157,7 @@ impl Link {
                 tokio::time::sleep(applies_after).await;
                 let result = operation(&world.table);
                 if let (Some(body), Ok(_)) = (&deletes, &result) {
-                    lock(&world.ledger).deleted(process, body);
+                    world.ledger.lock().deleted(process, body);
                 }
                 let _ = applied.send(result);
             });
@@ -190,7 +189,7 @@ impl Link {
             excuse.disarm();
         }
         self.hold().await;
-        let mut ledger = lock(&world.ledger);
+        let mut ledger = world.ledger.lock();
         if let Some((id, token)) = call.fence
             && let Some(pending) = ledger.pending.get_mut(&(id.to_owned(), token.to_owned()))
         {
@@ -200,7 +199,7 @@ impl Link {
     }
 
     fn entry_body(&self, id: &str) -> Option<String> {
-        lock(&self.world.ledger).entries.get(id).cloned()
+        self.world.ledger.lock().entries.get(id).cloned()
     }
 }
 
@@ -262,7 +261,7 @@ impl CommitStore for Link {
 
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError> {
         {
-            let mut ledger = lock(&self.world.ledger);
+            let mut ledger = self.world.ledger.lock();
             for entry in &commit.outbox {
                 ledger.entries.insert(entry.id.clone(), entry.message.body.clone());
             }
@@ -364,7 +363,7 @@ impl Destinations for Sender {
         let delivered = !failed && !refused;
         let excuse = Excuse { world, body: delivered.then(|| body.clone()) };
         {
-            let mut ledger = lock(&world.ledger);
+            let mut ledger = world.ledger.lock();
             ledger.note((link.process, "send", &body, failed, refused, lost, there, back));
             if failed {
                 ledger.stats.send_failed += 1;
@@ -381,7 +380,7 @@ impl Destinations for Sender {
             tokio::spawn(async move {
                 tokio::time::sleep(there).await;
                 let now_ms = world.clock.now_ms();
-                lock(&world.ledger).received(process, &body, now_ms);
+                world.ledger.lock().received(process, &body, now_ms);
                 let _ = arrived.send(());
             });
             let _ = arrival.await;

@@ -11,9 +11,10 @@
 //! application of a run's staged writes, with when the run decided to apply
 //! them and when its completion expires.
 
+use parking_lot::Mutex;
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
 
 use futures::FutureExt;
@@ -24,7 +25,6 @@ use crate::store::TOKEN_WINDOW;
 use super::world::SimClock;
 use crate::{
     clock::{Clock, duration_ms},
-    lock::lock,
     outbox::{OutboxEntry, OutboxQuery},
     store::{
         ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, Listing,
@@ -94,33 +94,33 @@ impl Table {
 
     /// Every application of staged writes so far.
     pub(super) fn applications(&self) -> Vec<Application> {
-        lock(&self.state).applications.clone()
+        self.state.lock().applications.clone()
     }
 
     /// TTL's pass: deletes each expired claim that `deletes` picks.
     pub(super) fn expire(&self, deletes: impl FnMut(&str) -> bool) {
         let now_ms = self.clock.now_ms();
         let deleted = self.items.delete_expired(now_ms, deletes);
-        lock(&self.state).forgotten.extend(deleted.into_iter().map(|id| (id, now_ms)));
+        self.state.lock().forgotten.extend(deleted.into_iter().map(|id| (id, now_ms)));
     }
 
     /// Whether the finished claim of `id` was forgotten after `at_ms`: the
     /// table no longer says what it said then.
     pub(super) fn forgotten_since(&self, id: &str, at_ms: u64) -> bool {
-        lock(&self.state).forgotten.get(id).is_some_and(|&forgotten_ms| forgotten_ms >= at_ms)
+        self.state.lock().forgotten.get(id).is_some_and(|&forgotten_ms| forgotten_ms >= at_ms)
     }
 
     /// Notes that a write replaced `before`, a finished claim (so expired).
     fn replaced(&self, before: Option<&StoredClaim>) {
         if let Some(claim) = before.filter(|claim| claim.status != ClaimStatus::InProgress) {
-            lock(&self.state).forgotten.insert(claim.id.clone(), self.clock.now_ms());
+            self.state.lock().forgotten.insert(claim.id.clone(), self.clock.now_ms());
         }
     }
 
     /// A single write to `id` meets a transaction that holds it.
     fn check_held(&self, id: &str) -> Result<(), StoreError> {
         let now_ms = self.clock.now_ms();
-        match lock(&self.state).held.get(id) {
+        match self.state.lock().held.get(id) {
             Some(&until_ms) if until_ms > now_ms => Err(conflict(id)),
             _ => Ok(()),
         }
@@ -137,7 +137,7 @@ impl Table {
         holds_ms: u64,
     ) -> Result<Committed, StoreError> {
         let now_ms = self.clock.now_ms();
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         if commit.key_in_item.is_some() {
             // One conditional update of the business item: no token, no claim held, none written (a run that
             // claimed first completes its claim after).
@@ -208,7 +208,7 @@ impl Table {
     /// entries.
     pub(super) fn entries(&self, query: &OutboxQuery, lag_ms: u64) -> Vec<OutboxEntry> {
         let as_of_ms = self.clock.now_ms().saturating_sub(lag_ms);
-        let state = lock(&self.state);
+        let state = self.state.lock();
         let mut entries: Vec<OutboxEntry> = state
             .versions
             .values()
@@ -227,7 +227,7 @@ impl Table {
 
     fn version(&self, id: &str, entry: Option<OutboxEntry>) {
         let now_ms = self.clock.now_ms();
-        lock(&self.state).versions.entry(id.to_owned()).or_default().push((now_ms, entry));
+        self.state.lock().versions.entry(id.to_owned()).or_default().push((now_ms, entry));
     }
 }
 

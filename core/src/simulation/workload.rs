@@ -19,7 +19,6 @@ use serde::{Deserialize, Serialize};
 use super::world::World;
 use crate::{
     ErrorKind, Handler, HandlerError, HandlerResult, Record,
-    lock::lock,
     transaction::{Check, Condition, Key, Message, Put, Update},
 };
 
@@ -120,7 +119,7 @@ impl Handler for SimHandler {
     async fn handle(&self, record: &Record) -> HandlerResult {
         let spec: Spec = record.body_json()?;
         let holder = record.message_attributes().get(HOLDER).and_then(|holder| holder.string_value.clone());
-        let run = lock(&self.world.ledger).start_run(record.key.clone(), holder.unwrap_or_default(), &spec);
+        let run = self.world.ledger.lock().start_run(record.key.clone(), holder.unwrap_or_default(), &spec);
         if spec.sleep_ms > 0 {
             tokio::time::sleep(Duration::from_millis(spec.sleep_ms)).await;
         }

@@ -4,9 +4,10 @@
 //! passes (hours, in some worlds), the last environments are reclaimed, and
 //! the world is judged.
 
+use parking_lot::Mutex;
 use std::{
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, UNIX_EPOCH},
@@ -24,7 +25,6 @@ use super::{
 use crate::{
     clock::{Clock, duration_ms, epoch_ms},
     engine::Invocation,
-    lock::lock,
     outbox::SENDING_LEASE,
     report::{BatchReport, Failure, Outcome},
 };
@@ -123,7 +123,7 @@ impl World {
     pub(super) async fn run(self: Arc<Self>) -> Run {
         let scenario = &self.scenario;
         {
-            let mut ledger = lock(&self.ledger);
+            let mut ledger = self.ledger.lock();
             ledger.stats.quiet_worlds += u64::from(!scenario.tail);
             ledger.stats.fifo_worlds += u64::from(scenario.groups > 0);
         }
@@ -181,7 +181,7 @@ impl World {
         self.wait_for_processes(usize::MAX).await;
         ttl.abort();
         let mut violations = check::invariants(&self, drained && tail_drained && redriven_drained).await;
-        let mut ledger = lock(&self.ledger);
+        let mut ledger = self.ledger.lock();
         violations.append(&mut ledger.violations);
         // The drawn world, beside a seed that broke an invariant: what it was made of, before replaying it.
         let scenario = (!violations.is_empty()).then(|| format!("{scenario:#?}"));
@@ -190,7 +190,7 @@ impl World {
 
     fn send_message(&self, message: Sent) {
         let now_ms = self.clock.now_ms();
-        let taken = lock(&self.queue).push(message, now_ms);
+        let taken = self.queue.lock().push(message, now_ms);
         self.count(|stats| stats.deduplicated += u64::from(!taken));
         self.sent.notify_waiters();
     }
@@ -244,7 +244,7 @@ impl World {
         self.schedule_idle.store(true, Ordering::SeqCst);
         tokio::time::sleep(after.saturating_sub(idle)).await;
         self.schedule_idle.store(false, Ordering::SeqCst);
-        let moved = lock(&self.queue).redrive(self.clock.now_ms());
+        let moved = self.queue.lock().redrive(self.clock.now_ms());
         if moved == 0 {
             return true;
         }
@@ -260,7 +260,7 @@ impl World {
 
     async fn wait_for_queue(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;
-        while !lock(&self.queue).settled(self.clock.now_ms()) {
+        while !self.queue.lock().settled(self.clock.now_ms()) {
             if Instant::now() >= until {
                 return false;
             }
@@ -273,7 +273,7 @@ impl World {
     /// reclaimed as the world stops), at most a minute.
     async fn wait_for_processes(&self, but: usize) {
         let until = Instant::now() + Duration::from_secs(60);
-        let running = || lock(&self.lives).iter().enumerate().any(|(id, life)| id != but && *life != Life::Dead);
+        let running = || self.lives.lock().iter().enumerate().any(|(id, life)| id != but && *life != Life::Dead);
         while running() && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -283,17 +283,17 @@ impl World {
     async fn expire(self: Arc<Self>) {
         loop {
             tokio::time::sleep(TTL_EVERY).await;
-            let before = lock(&self.ledger).stats.ttl_deleted;
+            let before = self.ledger.lock().stats.ttl_deleted;
             let mut deleted = 0;
             self.table.expire(|id| {
                 let deletes = self.draw(|rng| rng.f64()) < self.scenario.ttl;
                 if deletes {
-                    lock(&self.ledger).note(("ttl", id));
+                    self.ledger.lock().note(("ttl", id));
                     deleted += 1;
                 }
                 deletes
             });
-            lock(&self.ledger).stats.ttl_deleted = before + deleted;
+            self.ledger.lock().stats.ttl_deleted = before + deleted;
         }
     }
 
@@ -301,7 +301,7 @@ impl World {
     /// past the retention period), or came back from the dead-letter queue:
     /// SQS's order ends there.
     pub(super) fn out_of_order(&self, message_id: &str) -> bool {
-        let queue = lock(&self.queue);
+        let queue = self.queue.lock();
         queue.left_unprocessed(message_id) || queue.redriven(message_id)
     }
 
@@ -322,7 +322,7 @@ impl World {
 
     /// A draw from the seed's generator.
     pub(super) fn draw<T>(&self, draw: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
-        draw(&mut lock(&self.rng))
+        draw(&mut self.rng.lock())
     }
 
     /// Whether a fault of rate `rate` strikes now (never once healed).
@@ -333,21 +333,21 @@ impl World {
     /// Starts a consumer process; its id.
     pub(super) fn start(self: &Arc<Self>, mode: Mode) -> usize {
         let id = {
-            let mut lives = lock(&self.lives);
+            let mut lives = self.lives.lock();
             lives.push(Life::Running);
             lives.len() - 1
         };
-        lock(&self.ledger).note(("start", id, mode));
+        self.ledger.lock().note(("start", id, mode));
         tokio::spawn(super::process::drive(Arc::clone(self), id, mode));
         id
     }
 
     pub(super) fn life(&self, process: usize) -> Life {
-        lock(&self.lives)[process]
+        self.lives.lock()[process]
     }
 
     pub(super) fn set_life(&self, process: usize, life: Life) {
-        let mut ledger = lock(&self.ledger);
+        let mut ledger = self.ledger.lock();
         ledger.note(("life", process, life));
         if life == Life::Frozen {
             ledger.stats.freezes += 1;
@@ -357,7 +357,7 @@ impl World {
             ledger.stopped(process);
         }
         drop(ledger);
-        lock(&self.lives)[process] = life;
+        self.lives.lock()[process] = life;
         self.life_changed.notify_waiters();
     }
 
@@ -377,7 +377,7 @@ impl World {
     }
 
     pub(super) fn count(&self, count: impl FnOnce(&mut Stats)) {
-        count(&mut lock(&self.ledger).stats);
+        count(&mut self.ledger.lock().stats);
     }
 
     /// A batch of visible messages for a consumer, waiting for one as long
@@ -393,7 +393,7 @@ impl World {
             let copied = self.strikes(|faults| faults.copy) && self.scenario.groups == 0;
             let now_ms = self.clock.now_ms();
             let (deliveries, next_ms) = {
-                let mut queue = lock(&self.queue);
+                let mut queue = self.queue.lock();
                 let deliveries = queue.receive(self.scenario.batch_size, now_ms, copied);
                 (deliveries, queue.next_visible_at(now_ms))
             };
@@ -425,7 +425,7 @@ impl World {
     pub(super) fn answered(&self, invocation: &Invocation, deliveries: &[Delivery], report: &BatchReport) {
         let now_ms = self.clock.now_ms();
         let batch_started_ms = epoch_ms(invocation.deadline) - duration_ms(self.scenario.timeout);
-        let mut ledger = lock(&self.ledger);
+        let mut ledger = self.ledger.lock();
         ledger.stats.batches += 1;
         ledger.stats.records += deliveries.len() as u64;
         for (delivery, record) in deliveries.iter().zip(&report.records) {
@@ -450,7 +450,7 @@ impl World {
             let copy_at_ms = self.strikes(|faults| faults.copy).then(|| now_ms + self.draw(|rng| rng.u64(0..30_000)));
             let (jitter, change_failed) = self.draw(|rng| (rng.f64(), rng.f64() < self.scenario.queue.change_fails));
             ledger.stats.visibility_failed += u64::from(change_failed && record.outcome.is_failure());
-            lock(&self.queue).settle(Settled {
+            self.queue.lock().settle(Settled {
                 message_id: &delivery.message_id,
                 outcome: &record.outcome,
                 now_ms,

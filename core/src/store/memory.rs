@@ -1,8 +1,9 @@
 //! An in-process store: for tests and for `SQS_ONCE_STORE=memory`.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
 };
 
 use async_trait::async_trait;
@@ -14,7 +15,6 @@ use super::{
     items::{self, Change, Evaluated, JsonItem, Place},
     replaced_id, unchanged,
 };
-use crate::lock::lock;
 
 /// Claims, the items handlers' staged writes commit to, and the outbox, in
 /// hash maps; nothing survives the process. A commit applies under one lock,
@@ -36,7 +36,7 @@ impl MemoryStore {
         // A panic cannot leave a half-written state behind (a commit checks
         // everything before it changes anything), so a poisoned lock is
         // still consistent.
-        lock(&self.state)
+        self.state.lock()
     }
 
     /// The items staged writes committed to `table`, ordered by key: what a
@@ -60,8 +60,8 @@ impl MemoryStore {
     /// Deletes, as a table's TTL does, each claim whose expiry has passed at
     /// `now_ms` and that `deletes` picks (by id, in id order); the ids deleted.
     #[cfg(any(test, feature = "testing"))]
-    #[doc(hidden)]
-    pub fn delete_expired(&self, now_ms: u64, mut deletes: impl FnMut(&str) -> bool) -> Vec<String> {
+    #[cfg(test)]
+    pub(crate) fn delete_expired(&self, now_ms: u64, mut deletes: impl FnMut(&str) -> bool) -> Vec<String> {
         let mut state = self.state();
         let mut expired: Vec<String> = state
             .records

@@ -18,8 +18,7 @@ use crate::{clock::duration_ms, transaction::Message};
 /// its time ([`OutboxTimes`](crate::outbox::OutboxTimes)), with room to spare. A
 /// sender frozen or stopped longer than this leaves the entry to the next
 /// sweep.
-#[doc(hidden)]
-pub const SENDING_LEASE: Duration = Duration::from_secs(15);
+pub(crate) const SENDING_LEASE: Duration = Duration::from_secs(15);
 
 /// One message in the outbox, as the claim store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,7 +66,6 @@ impl UnreadableEntry {
 
     /// Logs that a listing skipped the entry (`OutboxUnreadable`, one line
     /// each time, for a log metric filter to count).
-    #[doc(hidden)]
     pub fn skipped(&self) {
         tracing::warn!(
             id = %self.id,
@@ -81,7 +79,6 @@ impl UnreadableEntry {
 impl OutboxEntry {
     /// The entries of the messages a run with `token` on claim `claim_id`
     /// staged, leased to that run until `lease_until_ms`.
-    #[doc(hidden)]
     pub fn of_run(
         claim_id: &str,
         token: &str,
@@ -115,7 +112,6 @@ impl OutboxEntry {
     /// The id the message carries wherever it is sent, the same however
     /// often: 64 hexadecimal digits (SHA-256 of the stored id), fit for a
     /// FIFO deduplication id.
-    #[doc(hidden)]
     pub fn outbox_id(&self) -> String {
         Self::outbox_id_of(&self.id)
     }

@@ -1,19 +1,16 @@
 //! A handler the engine's and the stores' tests direct through their bodies.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use parking_lot::Mutex;
+use std::{sync::Arc, time::Duration};
 
 use serde_json::Value;
 
-use crate::{Handler, HandlerError, HandlerResult, Record, lock::lock};
+use crate::{Handler, HandlerError, HandlerResult, Record};
 
 /// The bundled demo handler's directives: `{"sleep_ms": 250}` sleeps, and
 /// `{"fail": "retryable" | "permanent" | "panic"}` fails that way. Every
 /// run is kept, before it obeys anything, as (key, message id).
 #[derive(Clone, Debug, Default)]
-#[doc(hidden)]
 pub struct Directed {
     runs: Arc<Mutex<Vec<(String, String)>>>,
 }
@@ -21,13 +18,13 @@ pub struct Directed {
 impl Directed {
     /// Every run so far, as (key, message id).
     pub fn runs(&self) -> Vec<(String, String)> {
-        lock(&self.runs).clone()
+        self.runs.lock().clone()
     }
 }
 
 impl Handler for Directed {
     async fn handle(&self, record: &Record) -> HandlerResult {
-        lock(&self.runs).push((record.key.clone(), record.message_id.clone()));
+        self.runs.lock().push((record.key.clone(), record.message_id.clone()));
         let body: Value = serde_json::from_str(&record.body).unwrap_or_default();
         if let Some(ms) = body["sleep_ms"].as_u64() {
             tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -192,7 +192,6 @@ impl Message {
 
     /// The trace context it carries onward: its `traceparent` attribute, if
     /// that parses.
-    #[doc(hidden)]
     pub fn trace_context(&self) -> Option<TraceContext> {
         self.attributes.get(TRACEPARENT).and_then(|value| TraceContext::from_traceparent(value))
     }
@@ -470,7 +469,6 @@ impl Destination {
     /// The Region an ARN or an AWS queue URL names, if it names one: the
     /// outbox sends to it through a client of that Region, since the AWS
     /// SDK sends to its client's Region whatever the URL or ARN says.
-    #[doc(hidden)]
     pub fn region(&self) -> Option<&str> {
         match self {
             Self::Sqs { queue_url } => {

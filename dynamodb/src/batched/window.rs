@@ -14,17 +14,13 @@
 //! without anything queued, so answers are compared with the fastest answer
 //! to a request at least as large (by size class, powers of two).
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use parking_lot::Mutex;
+use std::{sync::Arc, time::Duration};
 
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     time::Instant,
 };
-
-use sqs_once_core::lock::lock;
 
 /// Estimated requests queued in the store below which the window grows
 /// (when calls are waiting for a slot), and above which it shrinks.
@@ -122,11 +118,11 @@ impl Window {
 
     /// Requests allowed on the wire at once now.
     pub(super) fn limit(&self) -> usize {
-        lock(&self.state).limit
+        self.state.lock().limit
     }
 
     fn learn(&self, size: usize, latency: Duration, signal: Signal) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let class = class(size);
         let fastest_now = &mut state.fastest_this_period[class];
         *fastest_now = Some(fastest_now.map_or(latency, |fastest| fastest.min(latency)));
@@ -180,7 +176,7 @@ impl Window {
     }
 
     fn give_back(&self, permit: OwnedSemaphorePermit) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         if state.owed > 0 {
             state.owed -= 1;
             permit.forget();

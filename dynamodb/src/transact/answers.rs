@@ -15,7 +15,7 @@ use testkit::{
     faults::{DYNAMODB, FaultMix, FaultProxy},
 };
 
-use sqs_once_core::claim::{Claim, ClaimRequest, Claims, Lease};
+use sqs_once_core::testing::{Claim, ClaimRequest, Claims, Lease};
 
 use crate::{
     DynamoDbStore, TableLayout,
@@ -185,7 +185,7 @@ async fn a_transaction_cancelled_on_every_attempt_is_not_confirmed() {
         matches!(&committed, Err(StoreError::Unavailable(reason)) if reason.to_string().contains("TransactionConflict")),
         "{committed:?}"
     );
-    assert_eq!(seen.load(Ordering::SeqCst), sqs_once_core::aws::MAX_ATTEMPTS as usize);
+    assert_eq!(seen.load(Ordering::SeqCst), sqs_once_aws::MAX_ATTEMPTS as usize);
     assert!(item(&table, "acct").await.is_none());
 }
 
@@ -236,7 +236,7 @@ async fn a_commit_whose_claim_was_taken_over_is_refused_with_the_claim_returned(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_table_without_the_index_the_outbox_and_the_claims_are_read_whole_and_apart() {
-    let (client, _) = crate::client_from(&sqs_once_core::aws::sdk_config().await);
+    let (client, _) = crate::client_from(&sqs_once_aws::sdk_config().await);
     let table = testkit::dynamodb::plain_table("no-index", "id").await;
     let store = Arc::new(DynamoDbStore::new(client, TableLayout::new(&table)));
     let claims = Claims::new(store.clone());

@@ -30,7 +30,7 @@ impl Builder {
             refuse_unusable_table(&table, &layout.table, needs.long_running).await?;
         }
         let target = format!("table {} at {}", layout.table, table.endpoint);
-        let operation_timeout = sqs_once_core::aws::operation_timeout(table.client.config().timeout_config());
+        let operation_timeout = sqs_once_aws::operation_timeout(table.client.config().timeout_config());
         let store = DynamoDbStore::new(table.client, layout.clone()).batching(config.dynamodb_batching);
         Ok(OpenStore { store: Arc::new(store), requests: table.requests, target, operation_timeout })
     }
@@ -46,7 +46,7 @@ impl Builder {
         let aws = match aws {
             Some(aws) => aws,
             None => {
-                loaded = sqs_once_core::aws::sdk_config().await;
+                loaded = sqs_once_aws::sdk_config().await;
                 &loaded
             }
         };
@@ -60,7 +60,7 @@ impl Builder {
     /// `create-table`: the table need not exist yet.
     #[cfg(feature = "cli")]
     pub(crate) async fn dynamodb_store(&mut self, layout: TableLayout) -> (DynamoDbStore, String) {
-        let aws = self.sdk_config.take().map(|given| sqs_once_core::aws::with_limits(&given));
+        let aws = self.sdk_config.take().map(|given| sqs_once_aws::with_limits(&given));
         let table = self.dynamodb_table(aws.as_ref()).await;
         (DynamoDbStore::new(table.client, layout), table.endpoint)
     }

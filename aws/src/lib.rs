@@ -1,13 +1,17 @@
-//! The AWS SDK configuration every client of the consumer shares: the
-//! DynamoDB store's client and `sqs-once`'s SQS, SNS, EventBridge and S3
-//! clients (feature `aws`). Here, below them all, because `sqs-once` without
-//! its DynamoDB store still makes the others.
+//! The AWS SDK settings every client of [sqs-once](https://docs.rs/sqs-once)
+//! shares: the DynamoDB store's client and the consumer's SQS, SNS,
+//! EventBridge and S3 clients. A crate of its own, below the DynamoDB store
+//! and the consumer, because `sqs-once` without its DynamoDB store still
+//! makes the others, and the engine (`sqs-once-core`) makes no AWS request.
 //!
 //! Loaded once per process from the SDK's default chain, so `AWS_REGION`,
 //! credentials and per-service endpoints (`AWS_ENDPOINT_URL_DYNAMODB`,
 //! `AWS_ENDPOINT_URL_SQS`) work as the SDK defines them. Retries and timeouts
 //! are short on purpose: a call that does not answer in seconds fails its
 //! record long before a Lambda timeout would fail the whole batch.
+//!
+//! Use it through `sqs-once`; its API changes with sqs-once's own, at the
+//! same version.
 
 use std::time::Duration;
 
@@ -29,7 +33,7 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time for a request, retries included.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The shared configuration, with this module's retry and timeout settings.
+/// The shared configuration, with this crate's retry and timeout settings.
 ///
 /// Its HTTPS client is the SDK's default but for its crypto: rustls on ring,
 /// where the default's aws-lc took 1.8 MiB of the binary. As the default
@@ -53,7 +57,7 @@ pub async fn sdk_config() -> SdkConfig {
         .await
 }
 
-/// This module's retries.
+/// This crate's retries.
 fn retries() -> RetryConfig {
     RetryConfig::standard()
         .with_max_attempts(MAX_ATTEMPTS)
@@ -61,12 +65,12 @@ fn retries() -> RetryConfig {
         .with_max_backoff(MAX_BACKOFF)
 }
 
-/// `config`, given by the program, with this module's retries where it has
-/// none, and each of this module's timeouts (connect, attempt, operation)
+/// `config`, given by the program, with this crate's retries where it has
+/// none, and each of this crate's timeouts (connect, attempt, operation)
 /// that it lacks filled in on its own: `aws_config::load_defaults` sets a
 /// connect timeout and nothing else, and without the others a lost answer
 /// would hold its write until the deadline's cut-off, and a send could
-/// outlast its outbox lease (see [`crate::outbox`]). A timeout the program
+/// outlast its outbox lease (see `sqs_once_core::outbox`). A timeout the program
 /// set stays as it set it.
 pub fn with_limits(config: &SdkConfig) -> SdkConfig {
     let mut limited = config.to_builder();
@@ -78,7 +82,7 @@ pub fn with_limits(config: &SdkConfig) -> SdkConfig {
 }
 
 /// `given` timeouts, each of connect, attempt and operation that is unset
-/// (or disabled) filled in with this module's.
+/// (or disabled) filled in with this crate's.
 pub fn filled(given: Option<&TimeoutConfig>) -> TimeoutConfig {
     let given = given.cloned().unwrap_or_else(TimeoutConfig::disabled);
     let mut timeouts = TimeoutConfig::builder()
@@ -121,7 +125,7 @@ pub fn operation_timeout(timeouts: Option<&TimeoutConfig>) -> Duration {
     timeouts.and_then(TimeoutConfig::operation_timeout).unwrap_or(OPERATION_TIMEOUT)
 }
 
-/// This module's timeouts; `long_poll` widens the attempt and operation
+/// This crate's timeouts; `long_poll` widens the attempt and operation
 /// limits for a call that waits that long on purpose (SQS long polling).
 pub fn timeouts(long_poll: Option<Duration>) -> TimeoutConfig {
     let wait = long_poll.unwrap_or_default();
@@ -154,7 +158,7 @@ pub fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) -> Stri
     if let (Some(code), Some(message)) = (error.code(), error.message()) {
         return format!("{code}: {message}");
     }
-    crate::reason::with_causes(error)
+    sqs_once_core::report::reason::with_causes(error)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Why something failed, as it is stored, logged and sent.
+//! Why something failed, as it is stored, logged and sent: a failure's reason.
 //!
 //! A handler's error text can be any size (a whole response body, a dump of
 //! a request). Stored whole it could push a failure record over DynamoDB's

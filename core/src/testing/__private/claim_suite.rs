@@ -373,7 +373,7 @@ macro_rules! claim_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                $crate::testing::claim_suite::$name($make).await;
+                $crate::testing::__private::claim_suite::$name($make).await;
             }
         )*
     };

@@ -482,7 +482,7 @@ macro_rules! commit_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let (store, table) = $make;
-                $crate::testing::commit_suite::$name(store, table).await;
+                $crate::testing::__private::commit_suite::$name(store, table).await;
             }
         )*
     };

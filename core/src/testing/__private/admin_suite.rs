@@ -91,7 +91,7 @@ macro_rules! admin_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                $crate::testing::admin_suite::$name($make).await;
+                $crate::testing::__private::admin_suite::$name($make).await;
             }
         )*
     };
