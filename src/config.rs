@@ -152,6 +152,31 @@ pub struct ConfigError {
     pub expected: String,
 }
 
+/// The settings a program sets in code ([`Builder::key`] and
+/// [`Builder::key_prefix`](crate::consumer::Builder::key_prefix)), as the
+/// values they are read into: the environment may say the same, never
+/// otherwise.
+///
+/// [`Builder::key`]: crate::consumer::Builder::key
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Fixed {
+    /// The key, with the text it was given as (which a refusal quotes).
+    pub(crate) key: Option<(KeySpec, String)>,
+    /// The prefix keys are stored under.
+    pub(crate) key_prefix: Option<String>,
+}
+
+impl Fixed {
+    /// The first setting set in code, as a name and its value.
+    pub(crate) fn first(&self) -> Option<(&'static str, String)> {
+        match (&self.key, &self.key_prefix) {
+            (Some((_, text)), _) => Some(("SQS_ONCE_KEY", text.clone())),
+            (None, Some(prefix)) => Some(("SQS_ONCE_KEY_PREFIX", prefix.clone())),
+            (None, None) => None,
+        }
+    }
+}
+
 /// All settings, resolved: what [`Consumer`](crate::consumer::Consumer)
 /// is built from. The settings are documented above.
 #[derive(Debug, Clone)]
@@ -191,14 +216,14 @@ impl Config {
     /// (`SQS_ONCE_TABLE_NAME`, `SQS_ONCE_IDEMPOTENCY_KEY`, `SQS_ONCE_DLQ`)
     /// is an error: ignored, it would change what runs once.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_fixing(&[], &[])
+        Self::from_env_fixing(&Fixed::default(), &[])
     }
 
-    /// [`from_env`](Self::from_env) with the settings `fixed` set in code
-    /// (the builder's key and key prefix): a variable that gives one of them
+    /// [`from_env`](Self::from_env) with the settings `fixed` in code (the
+    /// builder's key and key prefix): a variable that gives one of them
     /// another value is refused, as the two could not both hold. The names
     /// `own` are a handler's own settings, not reported as unknown.
-    pub(crate) fn from_env_fixing(fixed: &[(&'static str, String)], own: &[&str]) -> Result<Self, ConfigError> {
+    pub(crate) fn from_env_fixing(fixed: &Fixed, own: &[&str]) -> Result<Self, ConfigError> {
         // An empty value counts as unset, as everywhere.
         let set = std::env::vars_os().filter(|(_, value)| !value.to_string_lossy().trim().is_empty());
         let names = set.filter_map(|(name, _)| name.into_string().ok());
@@ -215,32 +240,43 @@ impl Config {
         Self::from_lookup_fixing(|name| std::env::var(name).ok(), fixed)
     }
 
-    /// [`from_lookup`](Self::from_lookup) with the settings `fixed` set in
-    /// code, refusing a value of `lookup` that disagrees with one.
-    fn from_lookup_fixing(
-        lookup: impl Fn(&str) -> Option<String>,
-        fixed: &[(&'static str, String)],
-    ) -> Result<Self, ConfigError> {
+    /// [`from_lookup`](Self::from_lookup) with the settings `fixed` in code,
+    /// refusing a value of `lookup` that disagrees with one: the key is
+    /// compared as what it reads (`body.a,body.b` is `body.a, body.b`), the
+    /// prefix as it is written.
+    fn from_lookup_fixing(lookup: impl Fn(&str) -> Option<String>, fixed: &Fixed) -> Result<Self, ConfigError> {
         let env = Env(&lookup);
-        // A composite key's parts compare one by one, spaces around the commas aside.
-        let parts = |value: &str| value.split(',').map(str::trim).map(str::to_owned).collect::<Vec<_>>();
-        for (name, value) in fixed {
-            if value.trim().is_empty() {
+        let refused = |name: &'static str, in_code: &str, set: String| {
+            let expected = format!(
+                "{in_code}, which this program sets in code, or nothing: a key decides what runs once, and one \
+                 consumer keys alike wherever it runs (unset {name})"
+            );
+            ConfigError { name, value: set, expected }
+        };
+        if let Some((spec, text)) = &fixed.key
+            && let Some(set) = env.text("SQS_ONCE_KEY")
+            && set.parse::<KeySpec>().ok().as_ref() != Some(spec)
+        {
+            return Err(refused("SQS_ONCE_KEY", text, set));
+        }
+        if let Some(prefix) = &fixed.key_prefix {
+            if prefix.trim().is_empty() {
                 let expected = "a value set in code: empty in code, the setting would fall back to its default";
-                return Err(ConfigError { name, value: value.clone(), expected: expected.into() });
+                return Err(ConfigError {
+                    name: "SQS_ONCE_KEY_PREFIX",
+                    value: prefix.clone(),
+                    expected: expected.into(),
+                });
             }
-            if let Some(set) = env.text(name).filter(|set| parts(set) != parts(value)) {
-                let expected = format!(
-                    "{value}, which this program sets in code, or nothing: a key decides what runs once, and one \
-                     consumer keys alike wherever it runs (unset {name})"
-                );
-                return Err(ConfigError { name, value: set, expected });
+            if let Some(set) = env.text("SQS_ONCE_KEY_PREFIX").filter(|set| set.trim() != prefix.trim()) {
+                return Err(refused("SQS_ONCE_KEY_PREFIX", prefix, set));
             }
         }
-        Self::from_lookup(|name| {
-            let fixed = fixed.iter().find(|(fixed, _)| *fixed == name).map(|(_, value)| value.clone());
-            fixed.or_else(|| lookup(name))
-        })
+        let in_code = |name: &str| match name {
+            "SQS_ONCE_KEY_PREFIX" => fixed.key_prefix.clone().or_else(|| lookup(name)),
+            _ => lookup(name),
+        };
+        Self::read(&Env(&in_code), fixed.key.as_ref().map(|(spec, _)| spec.clone()))
     }
 
     /// Reads the settings from `lookup`, which plays the environment.
@@ -254,7 +290,12 @@ impl Config {
     /// assert_eq!(error.unwrap_err().to_string(), r#"invalid SQS_ONCE_ON_MISSING_KEY="skip": expected fail or message-id"#);
     /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env(&lookup);
+        Self::read(&Env(&lookup), None)
+    }
+
+    /// The settings `env` gives, with the key `in_code` where the program
+    /// sets one.
+    fn read(env: &Env<'_>, in_code: Option<KeySpec>) -> Result<Self, ConfigError> {
         // One prefix wherever the consumer runs (not the function's name): a
         // `poll` consumer, `claims` on a laptop and the function share keys.
         let key_prefix =
@@ -264,7 +305,7 @@ impl Config {
         let mut claims = env.claim_policy()?;
         let engine = env.engine_options()?;
         let store = env.store(&key_prefix)?;
-        let keys = env.keys(key_prefix, engine.envelope)?;
+        let keys = env.keys(key_prefix, engine.envelope, in_code)?;
         let redelivery = env.redelivery()?;
         // Unknown, the queue's visibility timeout is taken as SQS's longest; `poll` reads its queue's.
         let visibility_timeout = env.visibility_timeout()?.unwrap_or(MAX_VISIBILITY);
@@ -510,8 +551,13 @@ impl Env<'_> {
 
     /// How each record is keyed: `SQS_ONCE_KEY` (whose `envelope.` parts need
     /// an `envelope`), hashing, and what a record without its key gets.
-    fn keys(&self, key_prefix: String, envelope: EnvelopeKind) -> Result<Keys, ConfigError> {
-        let spec = self.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?;
+    fn keys(&self, key_prefix: String, envelope: EnvelopeKind, in_code: Option<KeySpec>) -> Result<Keys, ConfigError> {
+        let spec = match in_code {
+            Some(spec) => spec,
+            None => {
+                self.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?
+            }
+        };
         if spec.reads_envelope() && envelope == EnvelopeKind::None {
             return Err(self.invalid("SQS_ONCE_KEY", "no envelope.<path> part while SQS_ONCE_ENVELOPE is none"));
         }
@@ -872,8 +918,9 @@ mod tests {
 
     #[test]
     fn keys_set_in_code_win_and_a_setting_that_disagrees_is_refused() {
+        let spec = "body.order_id, body.line";
         let fixed =
-            [("SQS_ONCE_KEY", "body.order_id, body.line".to_owned()), ("SQS_ONCE_KEY_PREFIX", "payments".into())];
+            Fixed { key: Some((spec.parse().unwrap(), spec.to_owned())), key_prefix: Some("payments".to_owned()) };
         let with = |pairs: &[(&str, &str)]| {
             let lookup = |name: &str| pairs.iter().find(|(key, _)| *key == name).map(|(_, value)| value.to_string());
             Config::from_lookup_fixing(lookup, &fixed)
@@ -886,9 +933,12 @@ mod tests {
         assert!(
             error.starts_with(r#"invalid SQS_ONCE_KEY="messageId": expected body.order_id, body.line, which this"#)
         );
+        // A key that does not read at all cannot say the same.
+        assert_eq!(with(&[("SQS_ONCE_KEY", "body.")]).unwrap_err().name, "SQS_ONCE_KEY");
         let error = with(&[("SQS_ONCE_KEY_PREFIX", "orders")]).unwrap_err();
         assert_eq!(error.name, "SQS_ONCE_KEY_PREFIX");
-        let empty = Config::from_lookup_fixing(|_| None, &[("SQS_ONCE_KEY", " ".to_owned())]).unwrap_err();
+        let empty = Fixed { key_prefix: Some(" ".to_owned()), ..Fixed::default() };
+        let empty = Config::from_lookup_fixing(|_| None, &empty).unwrap_err();
         assert!(empty.expected.contains("empty in code"), "{empty}");
     }
 

@@ -18,14 +18,14 @@ use super::{Consumer, StartupError};
 mod dynamodb;
 use crate::{
     BoxHandler, Handler,
-    config::{Config, ConfigError, StoreChoice},
+    config::{Config, ConfigError, Fixed, StoreChoice},
     destinations::AwsDestinations,
     outbox::Destinations,
     redelivery::Redelivery,
     sqs::Sqs,
     store::{ClaimStore, MemoryStore},
 };
-use sqs_once_core::{engine::Engine, payload::PayloadStore};
+use sqs_once_core::{engine::Engine, key::KeySpec, payload::PayloadStore};
 #[cfg(feature = "dynamodb")]
 use sqs_once_dynamodb::RequestCounter;
 
@@ -58,7 +58,10 @@ pub(crate) type Layers = Arc<dyn Fn(LambdaService) -> LambdaService + Send + Syn
 pub struct Builder {
     config: Option<Config>,
     /// Settings set in code ([`key`](Builder::key), [`key_prefix`](Builder::key_prefix)).
-    fixed: Vec<(&'static str, String)>,
+    fixed: Fixed,
+    /// Why the key given to [`key`](Builder::key) cannot be read, which
+    /// stops the start.
+    invalid_key: Option<ConfigError>,
     /// The handler's own `SQS_ONCE_*` settings ([`handler_settings`](Builder::handler_settings)).
     own_settings: Vec<&'static str>,
     sdk_config: Option<SdkConfig>,
@@ -100,8 +103,10 @@ impl Builder {
     /// The key decides what runs once, so it belongs with the handler: set
     /// here, it is the same wherever the program runs (the Lambda function,
     /// `poll`, `invoke`, the binary run by hand) and in its tests
-    /// (`TestConsumer::key`, feature `testing`). An `SQS_ONCE_KEY` that says
-    /// otherwise stops the start; an invalid `spec` does too, named. Called
+    /// (`TestConsumer::key`, feature `testing`). `spec` is read here into the
+    /// `KeySpec` an `SQS_ONCE_KEY` is read into: one that reads otherwise
+    /// stops the start (the same key spelt with other spaces does not), and
+    /// an invalid `spec` does too, named. Called
     /// again, the later spec replaces the earlier. Not with
     /// [`config`](Self::config): a `Config` holds its keys already (give
     /// `SQS_ONCE_KEY` in its lookup instead), and the two together stop the
@@ -115,8 +120,14 @@ impl Builder {
     /// Consumer::builder().key(KEY).run(handler_fn(|_| async { Ok(None) })).await
     /// # }
     /// ```
-    pub fn key(self, spec: &str) -> Self {
-        self.fixing("SQS_ONCE_KEY", spec)
+    pub fn key(mut self, spec: &str) -> Self {
+        (self.fixed.key, self.invalid_key) = match spec.parse::<KeySpec>() {
+            Ok(parsed) => (Some((parsed, spec.trim().to_owned())), None),
+            Err(error) => {
+                (None, Some(ConfigError { name: "SQS_ONCE_KEY", value: spec.to_owned(), expected: error.to_string() }))
+            }
+        };
+        self
     }
 
     /// Declares the handler's own settings whose names start `SQS_ONCE_`, so
@@ -142,14 +153,8 @@ impl Builder {
     /// different work that share a table need prefixes of their own. An
     /// `SQS_ONCE_KEY_PREFIX` that says otherwise stops the start, as does
     /// [`config`](Self::config) beside it.
-    pub fn key_prefix(self, prefix: &str) -> Self {
-        self.fixing("SQS_ONCE_KEY_PREFIX", prefix)
-    }
-
-    /// Sets the setting `name` in code, replacing what an earlier call set.
-    fn fixing(mut self, name: &'static str, value: &str) -> Self {
-        self.fixed.retain(|(fixed, _)| *fixed != name);
-        self.fixed.push((name, value.to_owned()));
+    pub fn key_prefix(mut self, prefix: &str) -> Self {
+        self.fixed.key_prefix = Some(prefix.to_owned());
         self
     }
 
@@ -282,16 +287,19 @@ impl Builder {
     pub(crate) fn settings(&mut self) -> Result<Config, StartupError> {
         // Taken with the settings: what they are read into holds them.
         let fixed = std::mem::take(&mut self.fixed);
-        match self.config.take() {
-            Some(config) if fixed.is_empty() => Ok(config),
-            Some(_) => Err(StartupError::Config(ConfigError {
-                name: fixed[0].0,
-                value: fixed[0].1.clone(),
+        if let Some(invalid) = self.invalid_key.take() {
+            return Err(StartupError::Config(invalid));
+        }
+        match (self.config.take(), fixed.first()) {
+            (Some(config), None) => Ok(config),
+            (Some(_), Some((name, value))) => Err(StartupError::Config(ConfigError {
+                name,
+                value,
                 expected: "the key set in code (Builder::key, key_prefix) or a Config given (Builder::config), not \
                            both: a Config holds its keys already"
                     .into(),
             })),
-            None => Ok(Config::from_env_fixing(&fixed, &self.own_settings)?),
+            (None, _) => Ok(Config::from_env_fixing(&fixed, &self.own_settings)?),
         }
     }
 
