@@ -31,7 +31,6 @@ use crate::{
     operator::{Operator, Selection, Verdict, time_given, timestamp},
     outbox::{Destinations, Outbox, OutboxEntry, OutboxQuery, OutboxTimes},
     poll::{PollOptions, PollSummary, Poller},
-    redelivery::RedeliveryPolicy,
     report::BatchReport,
     store::{ClaimQuery, ClaimStore},
     store::{ClaimStatus, StoredClaim},
@@ -41,6 +40,7 @@ use sqs_once_core::{
     budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
     engine::Invocation,
+    redelivery::RedeliveryPolicy,
 };
 
 /// Effectively-once processing of SQS batches.

@@ -7,19 +7,14 @@
 
 use std::{fmt::Display, str::FromStr, time::Duration};
 
-use crate::{
-    envelope::EnvelopeKind,
-    environment::LAMBDA_RUNTIME_API,
-    metrics::MetricsConfig,
-    redelivery::{RedeliveryPolicy, RetryBackoff},
-    sqs::MAX_VISIBILITY,
-};
+use crate::{envelope::EnvelopeKind, environment::Environment, metrics::MetricsConfig, sqs::MAX_VISIBILITY};
 use sqs_once_core::{
     budget::{ANSWER_TIME, Margins},
     clock::duration_ms,
-    engine::{ClaimPolicy, EngineOptions},
+    engine::{ClaimPolicy, EngineOptions, KeyMemory},
     key::{KeySpec, Keys, OnMissingKey},
     payload::PayloadOptions,
+    redelivery::{RedeliveryPolicy, RetryBackoff},
 };
 #[cfg(feature = "dynamodb")]
 use sqs_once_dynamodb::{Attributes, TableKey, TableLayout};
@@ -152,10 +147,12 @@ pub struct ConfigError {
     pub expected: String,
 }
 
-/// The settings a program sets in code ([`Builder::key`] and
-/// [`Builder::key_prefix`](crate::consumer::Builder::key_prefix)), as the
-/// values they are read into: the environment may say the same, never
-/// otherwise.
+/// The settings a program sets in code ([`Builder::key`],
+/// [`key_prefix`](crate::consumer::Builder::key_prefix),
+/// [`expires_after`](crate::consumer::Builder::expires_after) and
+/// [`visibility_timeout`](crate::consumer::Builder::visibility_timeout)), as
+/// the values their variables are read into: the environment may say the
+/// same, never otherwise.
 ///
 /// [`Builder::key`]: crate::consumer::Builder::key
 #[derive(Debug, Clone, Default)]
@@ -164,16 +161,54 @@ pub(crate) struct Fixed {
     pub(crate) key: Option<(KeySpec, String)>,
     /// The prefix keys are stored under.
     pub(crate) key_prefix: Option<String>,
+    /// How long keys are remembered (`SQS_ONCE_EXPIRES_AFTER_SECS`).
+    pub(crate) expires_after: Option<Duration>,
+    /// The source queue's visibility timeout (`SQS_ONCE_VISIBILITY_TIMEOUT_SECS`).
+    pub(crate) visibility_timeout: Option<Duration>,
 }
 
 impl Fixed {
+    /// Each setting set in code, as its variable's name and its value as
+    /// that variable would say it.
+    fn each(&self) -> impl Iterator<Item = (&'static str, String)> {
+        let seconds = |duration: &Duration| in_seconds(*duration);
+        [
+            self.key.as_ref().map(|(_, text)| ("SQS_ONCE_KEY", text.clone())),
+            self.key_prefix.clone().map(|prefix| ("SQS_ONCE_KEY_PREFIX", prefix)),
+            self.expires_after.as_ref().map(|after| ("SQS_ONCE_EXPIRES_AFTER_SECS", seconds(after))),
+            self.visibility_timeout.as_ref().map(|timeout| ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", seconds(timeout))),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
     /// The first setting set in code, as a name and its value.
     pub(crate) fn first(&self) -> Option<(&'static str, String)> {
-        match (&self.key, &self.key_prefix) {
-            (Some((_, text)), _) => Some(("SQS_ONCE_KEY", text.clone())),
-            (None, Some(prefix)) => Some(("SQS_ONCE_KEY_PREFIX", prefix.clone())),
-            (None, None) => None,
+        self.each().next()
+    }
+
+    /// Whether `set`, the environment's value of `name`, says what this
+    /// program set in code: the key compared as what it reads
+    /// (`body.a,body.b` is `body.a, body.b`), durations as durations, the
+    /// prefix as it is written.
+    fn agrees(&self, name: &str, set: &str) -> bool {
+        let seconds = |set: &str| set.trim().parse().ok().map(Duration::from_secs);
+        match name {
+            "SQS_ONCE_KEY" => set.parse::<KeySpec>().ok() == self.key.as_ref().map(|(spec, _)| spec.clone()),
+            "SQS_ONCE_KEY_PREFIX" => self.key_prefix.as_deref().map(str::trim) == Some(set.trim()),
+            "SQS_ONCE_EXPIRES_AFTER_SECS" => seconds(set) == self.expires_after,
+            "SQS_ONCE_VISIBILITY_TIMEOUT_SECS" => seconds(set) == self.visibility_timeout,
+            _ => false,
         }
+    }
+}
+
+/// `duration` as a variable of seconds says it, or as Rust writes it when it
+/// is no whole number of seconds (which such a variable cannot say).
+fn in_seconds(duration: Duration) -> String {
+    match duration.subsec_nanos() {
+        0 => duration.as_secs().to_string(),
+        _ => format!("{duration:?}"),
     }
 }
 
@@ -241,42 +276,48 @@ impl Config {
     }
 
     /// [`from_lookup`](Self::from_lookup) with the settings `fixed` in code,
-    /// refusing a value of `lookup` that disagrees with one: the key is
-    /// compared as what it reads (`body.a,body.b` is `body.a, body.b`), the
-    /// prefix as it is written.
+    /// refusing a value of `lookup` that disagrees with one
+    /// ([`Fixed::agrees`]).
     fn from_lookup_fixing(lookup: impl Fn(&str) -> Option<String>, fixed: &Fixed) -> Result<Self, ConfigError> {
         let env = Env(&lookup);
-        let refused = |name: &'static str, in_code: &str, set: String| {
-            let expected = format!(
-                "{in_code}, which this program sets in code, or nothing: a key decides what runs once, and one \
-                 consumer keys alike wherever it runs (unset {name})"
-            );
-            ConfigError { name, value: set, expected }
-        };
-        if let Some((spec, text)) = &fixed.key
-            && let Some(set) = env.text("SQS_ONCE_KEY")
-            && set.parse::<KeySpec>().ok().as_ref() != Some(spec)
-        {
-            return Err(refused("SQS_ONCE_KEY", text, set));
+        if fixed.key_prefix.as_ref().is_some_and(|prefix| prefix.trim().is_empty()) {
+            let expected = "a value set in code: empty in code, the setting would fall back to its default";
+            return Err(ConfigError {
+                name: "SQS_ONCE_KEY_PREFIX",
+                value: fixed.key_prefix.clone().unwrap_or_default(),
+                expected: expected.into(),
+            });
         }
-        if let Some(prefix) = &fixed.key_prefix {
-            if prefix.trim().is_empty() {
-                let expected = "a value set in code: empty in code, the setting would fall back to its default";
-                return Err(ConfigError {
-                    name: "SQS_ONCE_KEY_PREFIX",
-                    value: prefix.clone(),
-                    expected: expected.into(),
-                });
-            }
-            if let Some(set) = env.text("SQS_ONCE_KEY_PREFIX").filter(|set| set.trim() != prefix.trim()) {
-                return Err(refused("SQS_ONCE_KEY_PREFIX", prefix, set));
+        for (name, in_code) in fixed.each() {
+            if let Some(set) = env.text(name).filter(|set| !fixed.agrees(name, set)) {
+                let expected = format!(
+                    "{in_code}, which this program sets in code, or nothing: a setting made in code holds wherever \
+                     the program runs, and this one decides what runs once (unset {name})"
+                );
+                return Err(ConfigError { name, value: set, expected });
             }
         }
-        let in_code = |name: &str| match name {
-            "SQS_ONCE_KEY_PREFIX" => fixed.key_prefix.clone().or_else(|| lookup(name)),
-            _ => lookup(name),
-        };
-        Self::read(&Env(&in_code), fixed.key.as_ref().map(|(spec, _)| spec.clone()))
+        Self::read(&env, fixed)
+    }
+
+    /// How long keys are remembered: `SQS_ONCE_EXPIRES_AFTER_SECS` (or
+    /// [`Builder::expires_after`](crate::consumer::Builder::expires_after)),
+    /// and how long a failed record can stay away from the queue, which
+    /// keys are remembered past too (from `SQS_ONCE_VISIBILITY_TIMEOUT_SECS`
+    /// and the retry back-off; `poll` learns its queue's own timeout).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sqs_once::config::Config;
+    ///
+    /// let template = |name: &str| (name == "SQS_ONCE_VISIBILITY_TIMEOUT_SECS").then(|| "180".to_owned());
+    /// let memory = Config::from_lookup(template).unwrap().key_memory();
+    /// assert_eq!(memory.expires_after, Duration::from_secs(3600));
+    /// // The back-off's longest delay, 15 minutes, with its jitter: a redelivery finds its key.
+    /// assert_eq!(memory.redelivered_within, Some(Duration::from_secs(1_081)));
+    /// ```
+    pub fn key_memory(&self) -> KeyMemory {
+        KeyMemory::from(&self.claims)
     }
 
     /// Reads the settings from `lookup`, which plays the environment.
@@ -290,25 +331,27 @@ impl Config {
     /// assert_eq!(error.unwrap_err().to_string(), r#"invalid SQS_ONCE_ON_MISSING_KEY="skip": expected fail or message-id"#);
     /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        Self::read(&Env(&lookup), None)
+        Self::read(&Env(&lookup), &Fixed::default())
     }
 
-    /// The settings `env` gives, with the key `in_code` where the program
-    /// sets one.
-    fn read(env: &Env<'_>, in_code: Option<KeySpec>) -> Result<Self, ConfigError> {
+    /// The settings `env` gives, with those `fixed` in code in place of
+    /// theirs.
+    fn read(env: &Env<'_>, fixed: &Fixed) -> Result<Self, ConfigError> {
         // One prefix wherever the consumer runs (not the function's name): a
         // `poll` consumer, `claims` on a laptop and the function share keys.
-        let key_prefix =
-            env.text("SQS_ONCE_KEY_PREFIX").unwrap_or_else(|| sqs_once_core::key::DEFAULT_KEY_PREFIX.to_owned());
+        let key_prefix = (fixed.key_prefix.clone().or_else(|| env.text("SQS_ONCE_KEY_PREFIX")))
+            .unwrap_or_else(|| sqs_once_core::key::DEFAULT_KEY_PREFIX.to_owned());
+        // Lambda's own variables, read as the process reads them (`Environment::current`).
+        let lambda = Environment::from_lookup(|name| env.text(name));
         env.log_filter()?;
         env.endpoints()?;
-        let mut claims = env.claim_policy()?;
+        let mut claims = env.claim_policy(fixed.expires_after)?;
         let engine = env.engine_options()?;
-        let store = env.store(&key_prefix)?;
-        let keys = env.keys(key_prefix, engine.envelope, in_code)?;
+        let store = env.store(&key_prefix, &lambda)?;
+        let keys = env.keys(key_prefix, engine.envelope, fixed.key.as_ref().map(|(spec, _)| spec.clone()))?;
         let redelivery = env.redelivery()?;
         // Unknown, the queue's visibility timeout is taken as SQS's longest; `poll` reads its queue's.
-        let visibility_timeout = env.visibility_timeout()?.unwrap_or(MAX_VISIBILITY);
+        let visibility_timeout = env.visibility_timeout(fixed.visibility_timeout)?.unwrap_or(MAX_VISIBILITY);
         claims.redelivered_within = Some(redelivery.redelivered_within(visibility_timeout));
         Ok(Self {
             keys,
@@ -317,7 +360,7 @@ impl Config {
             store,
             #[cfg(feature = "dynamodb")]
             dynamodb_batching: env.flag("SQS_ONCE_DYNAMODB_BATCHING", true)?,
-            metrics: env.metrics()?,
+            metrics: env.metrics(&lambda)?,
             redelivery,
             outbox_sweep: env.outbox_sweep()?,
         })
@@ -418,14 +461,20 @@ fn edit_distance(a: &str, b: &str) -> usize {
 impl Env<'_> {
     /// How claims are taken and kept: `SQS_ONCE_EXPIRES_AFTER_SECS`, the
     /// lease margin, payload validation, stored results, the local cache.
-    fn claim_policy(&self) -> Result<ClaimPolicy, ConfigError> {
+    /// `in_code`: the key memory the program set, in place of the variable's.
+    fn claim_policy(&self, in_code: Option<Duration>) -> Result<ClaimPolicy, ConfigError> {
+        const NAME: &str = "SQS_ONCE_EXPIRES_AFTER_SECS";
         let defaults = ClaimPolicy::default();
+        let expires_after = match in_code {
+            Some(expires_after) => expires_after,
+            None => Duration::from_secs(self.parse(NAME, defaults.expires_after.as_secs(), EXPIRES_AFTER)?),
+        };
+        // Whole seconds, as the stores keep them (a DynamoDB TTL is a number of seconds).
+        if expires_after.is_zero() || expires_after.subsec_nanos() != 0 {
+            return Err(self.invalid_in(NAME, in_code, EXPIRES_AFTER));
+        }
         let claims = ClaimPolicy {
-            expires_after: Duration::from_secs(self.parse(
-                "SQS_ONCE_EXPIRES_AFTER_SECS",
-                defaults.expires_after.as_secs(),
-                EXPIRES_AFTER,
-            )?),
+            expires_after,
             lease_margin: Duration::from_millis(self.parse(
                 "SQS_ONCE_LEASE_MARGIN_MS",
                 duration_ms(defaults.lease_margin),
@@ -441,9 +490,6 @@ impl Env<'_> {
             )?,
             ..defaults
         };
-        if claims.expires_after.is_zero() {
-            return Err(self.invalid("SQS_ONCE_EXPIRES_AFTER_SECS", EXPIRES_AFTER));
-        }
         Ok(claims)
     }
 
@@ -523,8 +569,8 @@ impl Env<'_> {
 
     /// The claim store `SQS_ONCE_STORE` and `SQS_ONCE_TABLE` name. Inside
     /// Lambda only DynamoDB, or a store given to the builder, will do.
-    fn store(&self, key_prefix: &str) -> Result<StoreChoice, ConfigError> {
-        let in_lambda = self.text(LAMBDA_RUNTIME_API).is_some();
+    fn store(&self, key_prefix: &str, lambda: &Environment) -> Result<StoreChoice, ConfigError> {
+        let in_lambda = lambda.in_lambda();
         let file = || {
             #[cfg(feature = "sqlite")]
             return Some(StoreChoice::File(self.text("SQS_ONCE_STORE_PATH").unwrap_or(LOCAL_STORE_PATH.into()).into()));
@@ -661,7 +707,7 @@ impl Env<'_> {
     /// `SQS_ONCE_METRICS`, `SQS_ONCE_METRICS_NAMESPACE` and
     /// `SQS_ONCE_METRICS_DIMENSIONS` (`Name=Value` pairs, comma-separated; the
     /// default is the function name).
-    fn metrics(&self) -> Result<MetricsConfig, ConfigError> {
+    fn metrics(&self, lambda: &Environment) -> Result<MetricsConfig, ConfigError> {
         let defaults = MetricsConfig::default();
         let dimensions = match self.text("SQS_ONCE_METRICS_DIMENSIONS") {
             Some(pairs) => pairs
@@ -671,9 +717,7 @@ impl Env<'_> {
                     _ => Err(self.invalid("SQS_ONCE_METRICS_DIMENSIONS", "comma-separated Name=Value pairs")),
                 })
                 .collect::<Result<_, _>>()?,
-            None => {
-                self.text("AWS_LAMBDA_FUNCTION_NAME").map(|name| ("FunctionName".into(), name)).into_iter().collect()
-            }
+            None => lambda.function_name.clone().map(|name| ("FunctionName".into(), name)).into_iter().collect(),
         };
         Ok(MetricsConfig {
             enabled: self.flag("SQS_ONCE_METRICS", defaults.enabled)?,
@@ -698,26 +742,29 @@ impl Env<'_> {
         if max < base {
             return Err(self.invalid("SQS_ONCE_RETRY_MAX_SECS", "at least SQS_ONCE_RETRY_BASE_SECS"));
         }
-        Ok(RedeliveryPolicy {
-            conflict_backoff: self.flag("SQS_ONCE_CONFLICT_BACKOFF", defaults.conflict_backoff)?,
-            longest_delay: max,
-            retry_backoff: (!base.is_zero()).then_some(RetryBackoff { base, max }),
-            dead_letter_queue: self.dead_letter_queue()?,
-        })
+        let mut policy = defaults;
+        policy.conflict_backoff = self.flag("SQS_ONCE_CONFLICT_BACKOFF", policy.conflict_backoff)?;
+        policy.longest_delay = max;
+        policy.retry_backoff = (!base.is_zero()).then_some(RetryBackoff { base, max });
+        policy.dead_letter_queue = self.dead_letter_queue()?;
+        Ok(policy)
     }
 
     /// `SQS_ONCE_VISIBILITY_TIMEOUT_SECS`: the source queue's visibility
-    /// timeout, as the template hands it to the function.
-    fn visibility_timeout(&self) -> Result<Option<Duration>, ConfigError> {
+    /// timeout, as the template hands it to the function, or `in_code`, as
+    /// the program set it.
+    fn visibility_timeout(&self, in_code: Option<Duration>) -> Result<Option<Duration>, ConfigError> {
         const SECONDS: &str = "the source queue's visibility timeout in seconds, at most 43200 (12 hours)";
         const NAME: &str = "SQS_ONCE_VISIBILITY_TIMEOUT_SECS";
-        if self.text(NAME).is_none() {
-            return Ok(None);
-        }
-        let duration = Duration::from_secs(self.parse(NAME, 0, SECONDS)?);
-        match duration > MAX_VISIBILITY {
-            true => Err(self.invalid("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", SECONDS)),
-            false => Ok(Some(duration)),
+        let timeout = match in_code {
+            Some(timeout) => timeout,
+            None if self.text(NAME).is_none() => return Ok(None),
+            None => Duration::from_secs(self.parse(NAME, 0, SECONDS)?),
+        };
+        // Whole seconds, as SQS keeps it.
+        match timeout > MAX_VISIBILITY || timeout.subsec_nanos() != 0 {
+            true => Err(self.invalid_in(NAME, in_code, SECONDS)),
+            false => Ok(Some(timeout)),
         }
     }
 
@@ -762,6 +809,15 @@ impl Env<'_> {
 
     fn invalid(&self, name: &'static str, expected: impl Display) -> ConfigError {
         ConfigError { name, value: self.text(name).unwrap_or_default(), expected: expected.to_string() }
+    }
+
+    /// [`invalid`](Self::invalid), of the duration `in_code` where the
+    /// program set one in place of the variable.
+    fn invalid_in(&self, name: &'static str, in_code: Option<Duration>, expected: impl Display) -> ConfigError {
+        match in_code {
+            Some(duration) => ConfigError { name, value: in_seconds(duration), expected: expected.to_string() },
+            None => self.invalid(name, expected),
+        }
     }
 }
 
@@ -919,8 +975,11 @@ mod tests {
     #[test]
     fn keys_set_in_code_win_and_a_setting_that_disagrees_is_refused() {
         let spec = "body.order_id, body.line";
-        let fixed =
-            Fixed { key: Some((spec.parse().unwrap(), spec.to_owned())), key_prefix: Some("payments".to_owned()) };
+        let fixed = Fixed {
+            key: Some((spec.parse().unwrap(), spec.to_owned())),
+            key_prefix: Some("payments".to_owned()),
+            ..Fixed::default()
+        };
         let with = |pairs: &[(&str, &str)]| {
             let lookup = |name: &str| pairs.iter().find(|(key, _)| *key == name).map(|(_, value)| value.to_string());
             Config::from_lookup_fixing(lookup, &fixed)
@@ -940,6 +999,46 @@ mod tests {
         let empty = Fixed { key_prefix: Some(" ".to_owned()), ..Fixed::default() };
         let empty = Config::from_lookup_fixing(|_| None, &empty).unwrap_err();
         assert!(empty.expected.contains("empty in code"), "{empty}");
+    }
+
+    #[test]
+    fn a_key_memory_set_in_code_is_a_duration_the_environment_may_only_repeat() {
+        let hours = |hours: u64| Duration::from_secs(hours * 3600);
+        let fixed = Fixed {
+            expires_after: Some(hours(2)),
+            visibility_timeout: Some(Duration::from_secs(180)),
+            ..Fixed::default()
+        };
+        let with = |fixed: &Fixed, pairs: &[(&str, &str)]| {
+            let lookup = |name: &str| pairs.iter().find(|(key, _)| *key == name).map(|(_, value)| value.to_string());
+            Config::from_lookup_fixing(lookup, fixed)
+        };
+        let memory = with(&fixed, &[]).unwrap().key_memory();
+        assert_eq!(memory.expires_after, hours(2));
+        // The queue's 180 s and the default back-off's 900 s ceiling with its jitter.
+        assert_eq!(memory.redelivered_within, Some(Duration::from_secs(1_081)));
+        let same = [("SQS_ONCE_EXPIRES_AFTER_SECS", " 7200 "), ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "180")];
+        assert!(with(&fixed, &same).is_ok(), "the same durations, said in seconds");
+        let error = with(&fixed, &[("SQS_ONCE_EXPIRES_AFTER_SECS", "3600")]).unwrap_err().to_string();
+        assert!(
+            error.starts_with(r#"invalid SQS_ONCE_EXPIRES_AFTER_SECS="3600": expected 7200, which this program sets"#),
+            "{error}"
+        );
+        let error = with(&fixed, &[("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "30")]).unwrap_err();
+        assert_eq!(error.name, "SQS_ONCE_VISIBILITY_TIMEOUT_SECS");
+        // In code as from the environment: no key memory of nothing, or of a fraction of a second.
+        for expires_after in [Duration::ZERO, Duration::from_millis(1_500)] {
+            let fixed = Fixed { expires_after: Some(expires_after), ..Fixed::default() };
+            let error = with(&fixed, &[]).unwrap_err();
+            assert_eq!(error.name, "SQS_ONCE_EXPIRES_AFTER_SECS");
+            assert_eq!(error.expected, EXPIRES_AFTER);
+        }
+        let fixed = Fixed { expires_after: Some(Duration::from_millis(1_500)), ..Fixed::default() };
+        assert_eq!(with(&fixed, &[]).unwrap_err().value, "1.5s", "the value as it was set");
+        let fixed = Fixed { visibility_timeout: Some(hours(13)), ..Fixed::default() };
+        let error = with(&fixed, &[]).unwrap_err();
+        assert_eq!((error.name, error.value.as_str()), ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "46800"));
+        assert_eq!(fixed.first(), Some(("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", "46800".to_owned())));
     }
 
     #[test]

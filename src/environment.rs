@@ -14,15 +14,21 @@ pub(crate) const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
 /// The variable SAM CLI sets (to `true`) in the function it runs locally.
 pub(crate) const SAM_LOCAL: &str = "AWS_SAM_LOCAL";
 
+/// The variable Lambda sets to the function's name.
+const FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
+
 /// Variables the runtime needs, all set by Lambda itself.
 const RUNTIME_VARIABLES: [&str; 4] =
-    [LAMBDA_RUNTIME_API, "AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_VERSION"];
+    [LAMBDA_RUNTIME_API, FUNCTION_NAME, "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_VERSION"];
 
 /// What Lambda's variables say; all empty outside Lambda.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Environment {
     /// `AWS_LAMBDA_RUNTIME_API`: set inside Lambda, and only there.
     pub(crate) runtime_api: Option<String>,
+    /// `AWS_LAMBDA_FUNCTION_NAME`: the function's name, which the metrics'
+    /// dimension and the spans' service default to.
+    pub(crate) function_name: Option<String>,
     /// The first variable the runtime needs that is not set.
     pub(crate) missing: Option<&'static str>,
     /// `AWS_LAMBDA_INITIALIZATION_TYPE=provisioned-concurrency`: Lambda runs
@@ -63,6 +69,7 @@ impl Environment {
         });
         Self {
             runtime_api: lookup(LAMBDA_RUNTIME_API),
+            function_name: lookup(FUNCTION_NAME).filter(|name| !name.trim().is_empty()),
             missing: RUNTIME_VARIABLES.into_iter().find(|name| lookup(name).is_none()),
             initialized_ahead: lookup("AWS_LAMBDA_INITIALIZATION_TYPE").as_deref() == Some("provisioned-concurrency"),
             invocations_at_once: lookup("AWS_LAMBDA_MAX_CONCURRENCY")
@@ -134,6 +141,7 @@ mod tests {
         ]);
         assert!(deployed.in_lambda() && deployed.deployed());
         assert_eq!(deployed.missing, None);
+        assert_eq!(deployed.function_name.as_deref(), Some("payments"));
         assert!(deployed.initialized_ahead && deployed.json_logs);
         assert_eq!(deployed.invocations_at_once, Some(8));
         assert_eq!(deployed.log_level, Some("error"), "tracing's levels stop at ERROR");
@@ -148,5 +156,6 @@ mod tests {
         assert!(local.in_lambda() && !local.deployed());
         assert_eq!(local.missing, Some("AWS_LAMBDA_FUNCTION_NAME"));
         assert_eq!(local.log_level, None);
+        assert_eq!(local.function_name, None);
     }
 }

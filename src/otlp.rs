@@ -99,7 +99,7 @@ impl Export {
         let buffer = Arc::new(SpanBuffer::new(capacity, Arc::clone(&counters)));
         let mut resource = Resource::builder();
         if lookup("OTEL_SERVICE_NAME").is_none()
-            && let Some(function) = lookup("AWS_LAMBDA_FUNCTION_NAME")
+            && let Some(function) = crate::environment::Environment::from_lookup(lookup).function_name
         {
             resource = resource.with_service_name(function);
         }

@@ -228,6 +228,14 @@ pub struct KeyMemory {
     pub redelivered_within: Option<Duration>,
 }
 
+impl From<&ClaimPolicy> for KeyMemory {
+    /// The memory `policy` sets out, before a queue's own visibility
+    /// timeout is known.
+    fn from(policy: &ClaimPolicy) -> Self {
+        Self { expires_after: policy.expires_after, redelivered_within: policy.redelivered_within }
+    }
+}
+
 /// The bounds every batch of the process shares, however many run at once
 /// (`poll`'s overlapping batches, Lambda Managed Instances' concurrent
 /// invocations): `SQS_ONCE_CONCURRENCY` bounds the process, not a batch.

@@ -44,6 +44,7 @@ pub mod key;
 pub mod outbox;
 pub mod payload;
 mod record;
+pub mod redelivery;
 pub mod report;
 #[cfg(test)]
 mod simulation;

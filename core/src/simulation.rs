@@ -21,6 +21,14 @@
 //! Time is tokio's paused clock, so a world of hours runs in milliseconds
 //! and the same seed replays the same schedule.
 //!
+//! The consumers decide with the code users run, not a model of it: each
+//! batch goes through [`crate::engine::Engine`] as the builder assembles
+//! it; the queue takes what the batch's answer says
+//! ([`crate::report::BatchReport::response`], the `batchItemFailures` the
+//! function posts: a record left out is deleted), and keeps a failed
+//! record away as the consumers' [`crate::redelivery::RedeliveryPolicy`],
+//! drawn as the settings read it, decides.
+//!
 //! After the queue has drained, the faults heal; traffic goes on for a
 //! while, or stops for good; the world is left alone for minutes to hours;
 //! then every process is stopped (Lambda environments reclaimed with

@@ -57,7 +57,8 @@ pub(crate) type Layers = Arc<dyn Fn(LambdaService) -> LambdaService + Send + Syn
 #[derive(Default)]
 pub struct Builder {
     config: Option<Config>,
-    /// Settings set in code ([`key`](Builder::key), [`key_prefix`](Builder::key_prefix)).
+    /// Settings set in code ([`key`](Builder::key), [`key_prefix`](Builder::key_prefix),
+    /// [`expires_after`](Builder::expires_after), [`visibility_timeout`](Builder::visibility_timeout)).
     fixed: Fixed,
     /// Why the key given to [`key`](Builder::key) cannot be read, which
     /// stops the start.
@@ -155,6 +156,49 @@ impl Builder {
     /// [`config`](Self::config) beside it.
     pub fn key_prefix(mut self, prefix: &str) -> Self {
         self.fixed.key_prefix = Some(prefix.to_owned());
+        self
+    }
+
+    /// Remembers each key for `expires_after`, as `SQS_ONCE_EXPIRES_AFTER_SECS`
+    /// would (an hour unless set): a copy of a message that arrives later
+    /// runs again. Keys are remembered past the queue's redelivery too (see
+    /// [`visibility_timeout`](Self::visibility_timeout)), whatever is set
+    /// here.
+    ///
+    /// The key memory decides what runs once, so like the
+    /// [`key`](Self::key) it may be set here, where it holds wherever the
+    /// program runs: an `SQS_ONCE_EXPIRES_AFTER_SECS` that says otherwise
+    /// stops the start, as does [`config`](Self::config) beside it, and so
+    /// does a duration that is no positive whole number of seconds (the
+    /// stores keep keys' expiry in seconds).
+    ///
+    /// ```no_run
+    /// # async fn example() -> std::process::ExitCode {
+    /// use std::time::Duration;
+    /// use sqs_once::{Consumer, handler_fn};
+    ///
+    /// // Orders are replayed from the archive up to a week later.
+    /// let week = Duration::from_secs(7 * 24 * 3600);
+    /// Consumer::builder().expires_after(week).run(handler_fn(|_| async { Ok(None) })).await
+    /// # }
+    /// ```
+    pub fn expires_after(mut self, expires_after: Duration) -> Self {
+        self.fixed.expires_after = Some(expires_after);
+        self
+    }
+
+    /// The source queue's visibility timeout, as
+    /// `SQS_ONCE_VISIBILITY_TIMEOUT_SECS` would: keys are remembered at least
+    /// as long as a failed record can stay away from the queue (the timeout,
+    /// or the back-off's longest delay where that is longer), so that its
+    /// redelivery finds its key. Unknown, the timeout is taken as SQS's
+    /// longest (12 hours); `poll` reads its queue's own, which wins.
+    ///
+    /// Set here, the environment may say the same or nothing, as for
+    /// [`expires_after`](Self::expires_after); more than 12 hours, or a
+    /// fraction of a second, stops the start.
+    pub fn visibility_timeout(mut self, timeout: Duration) -> Self {
+        self.fixed.visibility_timeout = Some(timeout);
         self
     }
 
@@ -295,8 +339,8 @@ impl Builder {
             (Some(_), Some((name, value))) => Err(StartupError::Config(ConfigError {
                 name,
                 value,
-                expected: "the key set in code (Builder::key, key_prefix) or a Config given (Builder::config), not \
-                           both: a Config holds its keys already"
+                expected: "the settings made in code (Builder::key, key_prefix, expires_after, visibility_timeout) \
+                           or a Config given (Builder::config), not both: a Config holds them already"
                     .into(),
             })),
             (None, _) => Ok(Config::from_env_fixing(&fixed, &self.own_settings)?),
@@ -571,6 +615,15 @@ mod tests {
         assert!(what.contains("ClaimStore::capabilities: commits"), "{what}");
         let on_memory = Consumer::builder().config(offline()).build(Staging).await;
         assert!(on_memory.is_ok(), "the memory store commits: {on_memory:?}");
+    }
+
+    #[tokio::test]
+    async fn a_setting_made_in_code_and_a_config_given_are_not_both_taken() {
+        let week = Duration::from_secs(7 * 24 * 3_600);
+        let both = Consumer::builder().config(offline()).expires_after(week).build(Staging).await;
+        let Err(StartupError::Config(error)) = both else { panic!("started: {both:?}") };
+        assert_eq!((error.name, error.value.as_str()), ("SQS_ONCE_EXPIRES_AFTER_SECS", "604800"));
+        assert!(error.expected.contains("not both"), "{error}");
     }
 
     #[tokio::test]

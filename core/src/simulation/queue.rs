@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use crate::{
     clock::duration_ms,
+    redelivery::{NextDelivery, RedeliveryPolicy, jittered},
     report::{Failure, Outcome},
 };
 
@@ -32,51 +33,28 @@ pub(super) struct QueueSettings {
     pub max_receives: u32,
     /// How long a message is kept from when it was first sent.
     pub retention: Duration,
-    /// The consumers' back-off: conflicts and uncommitted records when
-    /// their lease can have ended, retryable failures exponentially from
-    /// `base`, every delay at most `longest`; `None`: every failed record
-    /// waits for the visibility timeout (`SQS_ONCE_CONFLICT_BACKOFF` off,
-    /// `SQS_ONCE_RETRY_BASE_SECS=0`).
-    pub backoff: Option<Backoff>,
+    /// The consumers' redelivery policy, as the settings read it
+    /// (`SQS_ONCE_CONFLICT_BACKOFF`, `SQS_ONCE_RETRY_BASE_SECS`,
+    /// `SQS_ONCE_RETRY_MAX_SECS`): the very decision the consumer carries out
+    /// with `ChangeMessageVisibility`.
+    pub policy: RedeliveryPolicy,
     /// The chance a `ChangeMessageVisibility` fails.
     pub change_fails: f64,
-}
-
-/// The consumers' back-off, as `RedeliveryPolicy` sets it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Backoff {
-    pub base: Duration,
-    pub longest: Duration,
 }
 
 impl QueueSettings {
     /// The longest a failed record stays away before the queue delivers it
     /// again, as the composition root hands it to the claims.
     pub(super) fn redelivered_within(&self) -> Duration {
-        crate::claim::ClaimPolicy::redelivery_window(
-            self.visibility_timeout,
-            self.backoff.map(|backoff| backoff.longest),
-        )
+        self.policy.redelivered_within(self.visibility_timeout)
     }
 
     /// The delay the consumers' policy asks for a record that failed with
-    /// `failure` on its `receives`th receive, before jitter; `None`: the
-    /// visibility timeout applies.
-    fn delay(&self, failure: &Failure, receives: u32) -> Option<Duration> {
-        let backoff = self.backoff.filter(|_| !self.fifo)?;
-        match failure {
-            Failure::Conflict { retry_after } | Failure::Uncommitted { retry_after } => {
-                Some((*retry_after).min(backoff.longest))
-            }
-            Failure::Retryable(_)
-            | Failure::Panicked(_)
-            | Failure::Store(_)
-            | Failure::PayloadUnavailable(_)
-            | Failure::Deadline
-            | Failure::LeaseLost => {
-                let doublings = receives.saturating_sub(1).min(31);
-                Some(backoff.base.saturating_mul(1 << doublings).min(backoff.longest))
-            }
+    /// `failure` on its `receives`th receive, `jitter` of its spread added;
+    /// `None`: the visibility timeout applies.
+    fn delay(&self, failure: &Failure, receives: u32, jitter: f64) -> Option<Duration> {
+        match self.policy.next_delivery(failure, receives, self.fifo) {
+            NextDelivery::After(delay) => Some(jittered(delay, jitter)),
             _ => None,
         }
     }
@@ -278,28 +256,28 @@ impl Queue {
     /// spread added), unless the visibility change `change_failed`: then
     /// after the visibility timeout of its receive.
     pub(super) fn settle(&mut self, settled: Settled<'_>) {
-        let Settled { message_id, outcome, now_ms, copy_at_ms, jitter, change_failed } = settled;
+        let Settled { message_id, listed, outcome, now_ms, copy_at_ms, jitter, change_failed } = settled;
         let settings = self.settings.clone();
         let Some(queued) = self.messages.iter_mut().find(|queued| queued.message_id == message_id) else { return };
         if queued.fate != Fate::Live {
             return;
         }
-        match outcome {
-            Outcome::Failed(failure) => {
-                queued.failed_ms = Some(now_ms);
-                if let Some(delay) = settings.delay(failure, queued.receives).filter(|_| !change_failed) {
-                    let delay = delay + crate::claim::jitter_spread(delay).mul_f64(jitter);
-                    queued.visible_at_ms = now_ms + duration_ms(delay);
-                }
-                // SQS moves a message on the receive past maxReceiveCount; a consumer meets it no more.
-                if queued.receives >= settings.max_receives {
-                    queued.fate = Fate::DeadLettered;
-                }
+        if listed {
+            queued.failed_ms = Some(now_ms);
+            let delay = match outcome {
+                Outcome::Failed(failure) => settings.delay(failure, queued.receives, jitter),
+                _ => None,
+            };
+            if let Some(delay) = delay.filter(|_| !change_failed) {
+                queued.visible_at_ms = now_ms + duration_ms(delay);
             }
-            Outcome::Processed { .. } | Outcome::Duplicate => {
-                queued.fate = Fate::Done;
-                queued.copy_at_ms = copy_at_ms.filter(|_| queued.group.is_none());
+            // SQS moves a message on the receive past maxReceiveCount; a consumer meets it no more.
+            if queued.receives >= settings.max_receives {
+                queued.fate = Fate::DeadLettered;
             }
+        } else {
+            queued.fate = Fate::Done;
+            queued.copy_at_ms = copy_at_ms.filter(|_| queued.group.is_none());
         }
     }
 
@@ -371,6 +349,10 @@ pub(super) struct Sent {
 #[derive(Debug)]
 pub(super) struct Settled<'a> {
     pub message_id: &'a str,
+    /// Whether the batch's answer listed it in `batchItemFailures`: if not,
+    /// the consumer deletes it (Lambda's poller, or `poll` itself).
+    pub listed: bool,
+    /// Its outcome, which says how long a listed record stays away.
     pub outcome: &'a Outcome,
     pub now_ms: u64,
     /// When SQS delivers a copy of a deleted message, if it does.
@@ -385,13 +367,21 @@ pub(super) struct Settled<'a> {
 mod tests {
     use super::*;
 
+    fn policy(base: Duration, longest: Duration) -> RedeliveryPolicy {
+        RedeliveryPolicy {
+            longest_delay: longest,
+            retry_backoff: Some(crate::redelivery::RetryBackoff { base, max: longest }),
+            ..RedeliveryPolicy::default()
+        }
+    }
+
     fn settings(fifo: bool) -> QueueSettings {
         QueueSettings {
             fifo,
             visibility_timeout: Duration::from_secs(30),
             max_receives: 3,
             retention: Duration::from_secs(4 * 24 * 3_600),
-            backoff: Some(Backoff { base: Duration::from_secs(1), longest: Duration::from_secs(60) }),
+            policy: policy(Duration::from_secs(1), Duration::from_secs(60)),
             change_fails: 0.0,
         }
     }
@@ -421,11 +411,21 @@ mod tests {
         for id in ["b1", "b2"] {
             let done = Outcome::Processed { confirmed: true };
             let (copy_at_ms, jitter, change_failed) = (None, 0.0, false);
-            queue.settle(Settled { message_id: id, outcome: &done, now_ms: 50, copy_at_ms, jitter, change_failed });
+            let settled = Settled {
+                message_id: id,
+                listed: false,
+                outcome: &done,
+                now_ms: 50,
+                copy_at_ms,
+                jitter,
+                change_failed,
+            };
+            queue.settle(settled);
         }
         let retry = Outcome::Failed(Failure::Retryable("again".into()));
         queue.settle(Settled {
             message_id: "a1",
+            listed: true,
             outcome: &retry,
             now_ms: 100,
             copy_at_ms: None,
@@ -439,6 +439,7 @@ mod tests {
         assert_eq!(back[1].back_after, None, "a first delivery");
         queue.settle(Settled {
             message_id: "a1",
+            listed: false,
             outcome: &Outcome::Duplicate,
             now_ms: 30_100,
             copy_at_ms: Some(30_200),
@@ -458,6 +459,7 @@ mod tests {
         let settle = |queue: &mut Queue, now_ms, change_failed| {
             queue.settle(Settled {
                 message_id: "m",
+                listed: true,
                 outcome: &retry,
                 now_ms,
                 copy_at_ms: None,

@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use super::{
-    queue::{Backoff, QueueSettings},
-    workload::Spec,
-};
+use super::{queue::QueueSettings, workload::Spec};
+use crate::redelivery::{RedeliveryPolicy, RetryBackoff};
 
 /// How a consumer runs its batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -217,8 +215,12 @@ fn draw_queue(rng: &mut fastrand::Rng, fifo: bool, timeout: Duration) -> QueueSe
         _ if fifo => timeout * 6,
         _ => Duration::from_secs(rng.u64(timeout.as_secs().max(60)..=2 * 3_600)),
     };
-    let longest = Duration::from_secs([30, 900][rng.usize(..2)]);
-    let backoff = rng.bool().then(|| Backoff { base: Duration::from_secs(rng.u64(1..=5)), longest });
+    // The consumers' policy as the settings read it: conflicts backed off or not, retries backed off or not.
+    let mut policy = RedeliveryPolicy::none();
+    policy.longest_delay = Duration::from_secs([30, 900][rng.usize(..2)]);
+    policy.conflict_backoff = rng.bool();
+    policy.retry_backoff =
+        rng.bool().then(|| RetryBackoff { base: Duration::from_secs(rng.u64(1..=5)), max: policy.longest_delay });
     // Many receives with a long timeout would keep a world going for days.
     let max_receives = match visibility_timeout > Duration::from_secs(600) {
         true => rng.u32(2..=5),
@@ -233,7 +235,7 @@ fn draw_queue(rng: &mut fastrand::Rng, fifo: bool, timeout: Duration) -> QueueSe
         visibility_timeout,
         max_receives,
         retention,
-        backoff,
+        policy,
         change_fails: [0.0, 0.1, 0.5][rng.usize(..3)],
     }
 }

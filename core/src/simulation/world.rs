@@ -428,6 +428,10 @@ impl World {
         let mut ledger = self.ledger.lock();
         ledger.stats.batches += 1;
         ledger.stats.records += deliveries.len() as u64;
+        // What the queue does with each record is what the answer says, as the function posts it.
+        let answer = report.response();
+        let listed =
+            |message_id: &str| answer.batch_item_failures.iter().any(|failed| failed.item_identifier == message_id);
         for (delivery, record) in deliveries.iter().zip(&report.records) {
             ledger.note((&invocation.request_id, &delivery.message_id, record.outcome.label()));
             match &record.outcome {
@@ -449,9 +453,11 @@ impl World {
             });
             let copy_at_ms = self.strikes(|faults| faults.copy).then(|| now_ms + self.draw(|rng| rng.u64(0..30_000)));
             let (jitter, change_failed) = self.draw(|rng| (rng.f64(), rng.f64() < self.scenario.queue.change_fails));
-            ledger.stats.visibility_failed += u64::from(change_failed && record.outcome.is_failure());
+            let listed = listed(&delivery.message_id);
+            ledger.stats.visibility_failed += u64::from(change_failed && listed);
             self.queue.lock().settle(Settled {
                 message_id: &delivery.message_id,
+                listed,
                 outcome: &record.outcome,
                 now_ms,
                 copy_at_ms,
