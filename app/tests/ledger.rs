@@ -660,8 +660,9 @@ async fn notices_of_a_process_killed_after_its_commits_are_sent_by_runs_that_sta
     envs.extend([("SQS_ONCE_HANDLER", "demo".to_owned()), ("SQS_ONCE_OUTBOX_SWEEP_SECS", "1".to_owned())]);
     let function = Function::spawn(&envs).await;
     let mut received = Vec::new();
+    // The dead sender's leases end 15 s after it took them; a machine busy with other tests takes longer.
     for n in 0.. {
-        assert!(n < 40, "the notices were never sent: {received:?}");
+        assert!(n < 120, "the notices were never sent: {received:?}");
         let quiet = record(&format!("quiet-{n}"), "{}", 1);
         assert!(invoke(&function, &[quiet], Duration::from_secs(10)).await.is_empty());
         received.extend(world.notices().await);
