@@ -25,13 +25,10 @@ use crate::{
     config::Config,
     consumer::{Builder, CommandParts, Needs},
     environment::Environment,
-    event::{Invoked, parse_invocation},
     logging,
     metrics::{Counters, emf_line},
     operator::{Operator, Selection, Verdict, time_given, timestamp},
-    outbox::{Destinations, Outbox, OutboxEntry, OutboxQuery, OutboxTimes},
     poll::{PollOptions, PollSummary, Poller},
-    report::BatchReport,
     store::{ClaimQuery, ClaimStore},
     store::{ClaimStatus, StoredClaim},
 };
@@ -40,7 +37,10 @@ use sqs_once_core::{
     budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
     engine::Invocation,
+    event::{Invoked, parse_invocation},
+    outbox::{Destinations, Outbox, OutboxEntry, OutboxQuery, OutboxTimes},
     redelivery::RedeliveryPolicy,
+    report::BatchReport,
 };
 
 /// Effectively-once processing of SQS batches.

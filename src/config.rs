@@ -7,11 +7,12 @@
 
 use std::{fmt::Display, str::FromStr, time::Duration};
 
-use crate::{envelope::EnvelopeKind, environment::Environment, metrics::MetricsConfig, sqs::MAX_VISIBILITY};
+use crate::{environment::Environment, metrics::MetricsConfig, sqs::MAX_VISIBILITY};
 use sqs_once_core::{
     budget::{ANSWER_TIME, Margins},
     clock::duration_ms,
     engine::{ClaimPolicy, EngineOptions, KeyMemory},
+    envelope::EnvelopeKind,
     key::{KeySpec, Keys, OnMissingKey},
     payload::PayloadOptions,
     redelivery::{RedeliveryPolicy, RetryBackoff},

@@ -21,14 +21,15 @@ pub(crate) use builder::{Layers, Needs};
 
 use crate::{
     config::ConfigError,
-    event::EventRecord,
     metrics::{Counters, MetricsConfig, TraceExportCounts},
     redelivery::Redelivery,
-    report::BatchReport,
     store::StoreError,
 };
 use sqs_once_core::{
     engine::{Engine, KeyMemory},
+    event::EventRecord,
+    outbox::{LeaseTooShort, OutboxTimes},
+    report::BatchReport,
     trace::TraceContext,
 };
 
@@ -109,10 +110,10 @@ pub enum StartupError {
 
 /// The outbox's times for sends of `send` and deletions of `delete`, or the
 /// refusal to start when a sending lease cannot hold them.
-pub(crate) fn outbox_times(send: Duration, delete: Duration) -> Result<crate::outbox::OutboxTimes, StartupError> {
-    crate::outbox::OutboxTimes { send, delete }.checked().map_err(|crate::outbox::LeaseTooShort(times)| {
-        StartupError::OutboxTimeouts { send: times.send, delete: times.delete }
-    })
+pub(crate) fn outbox_times(send: Duration, delete: Duration) -> Result<OutboxTimes, StartupError> {
+    OutboxTimes { send, delete }
+        .checked()
+        .map_err(|LeaseTooShort(times)| StartupError::OutboxTimeouts { send: times.send, delete: times.delete })
 }
 
 /// The command that creates `table`, as the user runs it: the running

@@ -8,14 +8,12 @@ use aws_config::{Region, SdkConfig};
 #[cfg(any(feature = "sns", feature = "eventbridge"))]
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
-use crate::outbox::{Destinations, SendError};
-use crate::{
-    sqs::{OutgoingMessage, Sqs},
-    transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE},
-};
+use crate::sqs::{OutgoingMessage, Sqs};
+use sqs_once_core::outbox::{Destinations, SendError};
 use sqs_once_core::{
     payload::SIZE_ATTRIBUTE,
     trace::{Propagators, TRACEPARENT},
+    transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD},
 };
 
 /// Error codes with which a service refuses a message for good, as it
@@ -212,7 +210,7 @@ fn event_entry(
     let mut detail: serde_json::Value = serde_json::from_str(&message.body)
         .map_err(|error| SendError::refused(format!("the event's detail is not JSON: {error}")))?;
     if let Some(fields) = detail.as_object_mut() {
-        fields.insert(crate::transaction::OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
+        fields.insert(OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
     }
     Ok(aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
         .event_bus_name(event_bus)
@@ -299,10 +297,10 @@ mod tests {
     use testkit::sqs::Queue;
 
     use super::*;
-    use crate::{
+    use crate::testing::{TestConsumer, failures};
+    use sqs_once_core::{
         event::{EventRecord, parse_event},
         handler_fn,
-        testing::{TestConsumer, failures},
     };
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,15 +27,15 @@ use runtime_api::report_init_error;
 use crate::{
     consumer::{Builder, Consumer, LambdaService, Layers, Needs},
     environment::Environment,
-    event::{InvalidEvent, Invoked, parse_invocation},
     metrics::{Counters, TraceExportCounts, emf_line},
     redelivery::RedeliveryCounts,
-    report::BatchReport,
 };
 use sqs_once_core::{
     BuildHandler,
     clock::{Clock, SystemClock},
     engine::{Engine, Invocation},
+    event::{InvalidEvent, Invoked, parse_invocation},
+    report::BatchReport,
     trace::TraceContext,
 };
 

@@ -3,8 +3,8 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::{redelivery::RedeliveryCounts, report::BatchReport};
-use sqs_once_core::engine::EngineCounts;
+use crate::redelivery::RedeliveryCounts;
+use sqs_once_core::{engine::EngineCounts, report::BatchReport};
 
 /// What to publish (`SQS_ONCE_METRICS*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,7 +149,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::report::{Failure, Outcome, RecordReport};
+    use sqs_once_core::report::{Failure, Outcome, RecordReport};
 
     fn record(outcome: Outcome, claim_ms: Option<u64>) -> RecordReport {
         let mut record = RecordReport::of("m", outcome);

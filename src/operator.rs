@@ -7,11 +7,10 @@
 use std::{sync::Arc, time::Duration};
 
 use crate::{
-    outbox::OutboxQuery,
     store::{ClaimAdmin, ClaimQuery, ClaimStore, Fenced, Listing, StoreError},
     store::{ClaimStatus, StoredClaim},
 };
-use sqs_once_core::clock::Clock;
+use sqs_once_core::{clock::Clock, outbox::OutboxQuery};
 
 /// What an operator's command on one claim came to.
 #[derive(Debug, Clone, PartialEq, Eq)]

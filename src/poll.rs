@@ -38,11 +38,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::{
     consumer::{Answer, Consumer},
-    event::EventRecord,
-    report::{BatchReport, Failure, Outcome},
     sqs::{QueueInfo, Sqs, SqsError, event_message},
 };
-use sqs_once_core::{budget::LEAVING_TIME, engine::Invocation};
+use sqs_once_core::{
+    budget::LEAVING_TIME,
+    engine::Invocation,
+    event::EventRecord,
+    report::{BatchReport, Failure, Outcome},
+};
 
 /// Messages per `ReceiveMessage`, as SQS allows.
 const RECEIVE_LIMIT: usize = 10;

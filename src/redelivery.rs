@@ -22,14 +22,12 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 
-use crate::{
-    event::EventRecord,
-    report::{BatchReport, Failure, Outcome},
-    sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute},
-};
+use crate::sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute};
 use sqs_once_core::{
+    event::EventRecord,
     event::receive_count,
     redelivery::{NextDelivery, RedeliveryPolicy, jittered},
+    report::{BatchReport, Failure, Outcome},
     trace::TraceContext,
 };
 

@@ -5,11 +5,8 @@ use std::{fmt::Display, process::ExitCode};
 
 use futures::FutureExt;
 
-use crate::{
-    BoxHandler, Handler,
-    consumer::{Builder, Consumer},
-};
-use sqs_once_core::BuildHandler;
+use crate::consumer::{Builder, Consumer};
+use sqs_once_core::{BoxHandler, BuildHandler, Handler};
 
 /// Runs `handler` as the bundled `sqs-once` binary runs its own: the Lambda
 /// function inside Lambda, otherwise the command line (`invoke`, `poll`,

@@ -61,15 +61,17 @@ use std::{
 use async_trait::async_trait;
 
 use crate::{
-    BoxHandler, Handler, Record,
     config::Config,
+    store::{ClaimStore, MemoryStore},
+};
+use sqs_once_core::{
+    BoxHandler, Handler, Record,
+    engine::{Engine, Invocation},
     event::EventRecord,
     outbox::{Destinations, OutboxTimes, SendError},
     report::BatchReport,
-    store::{ClaimStore, MemoryStore},
     transaction::Message,
 };
-use sqs_once_core::engine::{Engine, Invocation};
 
 /// A batch of messages with these bodies, their ids `m-0`, `m-1`, ... in
 /// order.

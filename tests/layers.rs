@@ -1,8 +1,9 @@
 //! The layers of the library, checked on its source: the crates it is cut
 //! into depend on each other one way (`sqs-once-cli`, the command → `sqs-once`
 //! → `sqs-once-dynamodb` → `sqs-once-aws` → `sqs-once-core`), no two modules
-//! of a crate import each other (directly or round a circle), and no crate
-//! hides a public module from its documentation.
+//! of a crate import each other (directly or round a circle), no crate
+//! hides a public module from its documentation, and none takes another's
+//! items through its own root's re-exports.
 //!
 //! Each crate is one layer: Cargo keeps the crates' direction once their
 //! manifests point one way. Test code (`#[cfg(test)]` modules and the files
@@ -325,6 +326,46 @@ fn no_crate_hides_a_public_module() {
         }
     }
     assert!(hidden.is_empty(), "public modules hidden from the documentation: {hidden:?}");
+}
+
+/// The names a crate's root re-exports from the crates below it
+/// (`pub use sqs_once_core::{report, Handler}`): paths for its users, which
+/// the crate itself does not take for its own.
+fn reexported(code: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("pub use ") {
+        let (tree, after) = use_tree(&rest[at + "pub use ".len()..]);
+        rest = after;
+        for path in tree {
+            if path.len() > 1 && path[0].starts_with("sqs_once") {
+                names.extend(path.last().cloned());
+            }
+        }
+    }
+    names
+}
+
+/// A crate's code names what it takes from another crate by that crate
+/// (`sqs_once_core::report::Failure`), not by the path its own root
+/// re-exports it under for its users (`crate::report::Failure`), so that
+/// an import says which crate a name comes from.
+#[test]
+fn a_name_from_another_crate_is_imported_from_it() {
+    let mut rerooted = Vec::new();
+    for krate in CRATES {
+        let found = modules(krate);
+        let Some((_, root)) = found.iter().find(|(module, _)| module.path.is_empty()) else { continue };
+        let names = reexported(root);
+        for (module, code) in &found {
+            for path in named_paths(module, code) {
+                if path.first().is_some_and(|first| names.contains(first)) {
+                    rerooted.push(format!("{}: {module} names crate::{}", krate.package, path.join("::")));
+                }
+            }
+        }
+    }
+    assert!(rerooted.is_empty(), "names taken through a re-export of the crate's own root: {rerooted:?}");
 }
 
 /// Modules import each other in a circle when, at the level where their

@@ -17,15 +17,13 @@ use super::{Consumer, StartupError};
 #[cfg(feature = "dynamodb")]
 mod dynamodb;
 use crate::{
-    BoxHandler, Handler,
     config::{Config, ConfigError, Fixed, StoreChoice},
     destinations::AwsDestinations,
-    outbox::Destinations,
     redelivery::Redelivery,
     sqs::Sqs,
     store::{ClaimStore, MemoryStore},
 };
-use sqs_once_core::{engine::Engine, key::KeySpec, payload::PayloadStore};
+use sqs_once_core::{BoxHandler, Handler, engine::Engine, key::KeySpec, outbox::Destinations, payload::PayloadStore};
 #[cfg(feature = "dynamodb")]
 use sqs_once_dynamodb::RequestCounter;
 
@@ -557,10 +555,8 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::{
-        HandlerResult, Record,
-        store::{Fenced, Finish, PutOutcome, StoreError, StoredClaim},
-    };
+    use crate::store::{Fenced, Finish, PutOutcome, StoreError, StoredClaim};
+    use sqs_once_core::{HandlerResult, Record};
 
     /// A store of the four core methods alone, over a memory store.
     #[derive(Default)]
@@ -630,14 +626,16 @@ mod tests {
     async fn a_store_given_serves_where_the_settings_name_none() {
         // Inside Lambda without SQS_ONCE_TABLE: no store, unless one is given.
         let lambda = [("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"), NO_SQS[0], NO_SQS[1]];
-        let refused =
-            Consumer::builder().config(settings(&lambda)).build(crate::handler_fn(|_| async { Ok(None) })).await;
+        let refused = Consumer::builder()
+            .config(settings(&lambda))
+            .build(sqs_once_core::handler_fn(|_| async { Ok(None) }))
+            .await;
         let Err(StartupError::Config(error)) = refused else { panic!("started: {refused:?}") };
         assert_eq!(error.name, "SQS_ONCE_TABLE");
         let given = Consumer::builder()
             .config(settings(&lambda))
             .store(Arc::new(CoreOnly::default()))
-            .build(crate::handler_fn(|_| async { Ok(None) }))
+            .build(sqs_once_core::handler_fn(|_| async { Ok(None) }))
             .await;
         assert!(given.is_ok(), "{given:?}");
     }
