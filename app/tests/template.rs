@@ -214,6 +214,7 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
                     "dynamodb:ConditionCheckItem",
                     "dynamodb:DeleteItem",
                     "dynamodb:DescribeTable",
+                    "dynamodb:PartiQLUpdate",
                     "dynamodb:PutItem",
                     "dynamodb:UpdateItem",
                 ],
@@ -231,7 +232,8 @@ fn the_role_may_only_claim_act_on_failed_records_and_touch_what_the_handler_is_g
             ("Traced".to_owned(), vec!["xray:PutTelemetryRecords", "xray:PutTraceSegments"], "'*'\n".to_owned()),
         ]);
         if bundled(&template) {
-            expected_given.insert(("IsLedger".to_owned(), vec!["dynamodb:UpdateItem"], on("LedgerTable.Arn")));
+            let balances = vec!["dynamodb:PartiQLUpdate", "dynamodb:UpdateItem"];
+            expected_given.insert(("IsLedger".to_owned(), balances, on("LedgerTable.Arn")));
             expected_given.insert(("IsLedger".to_owned(), vec!["sqs:SendMessage"], on("LedgerNoticeQueue.Arn")));
         }
         assert_eq!(given, expected_given);

@@ -12,6 +12,15 @@
 //! tells which: the key held (a duplicate, the handler's write not applied
 //! again), the window full, the handler's own condition failing, or
 //! another window, for which the commit is sent again.
+//!
+//! Where the store batches its writes, a commit sent for the window under
+//! way goes out as a PartiQL `UPDATE` among up to 25 in one
+//! `BatchExecuteStatement` ([`statements::kept_key_update`]): one write
+//! unit still, as the single request. A commit that begins a window (the
+//! item may not exist, which only `UpdateItem` creates), one PartiQL has no
+//! form for, and one whose statement was refused for no reason the item's
+//! keys give (the handler's condition, as PartiQL reads a missing attribute)
+//! are sent as the single request, which decides.
 
 use parking_lot::Mutex;
 use std::{
@@ -30,8 +39,10 @@ use aws_sdk_dynamodb::{
 use super::{
     DynamoDbStore, Item,
     admin::table_missing,
+    attribute_value,
     client::{described, unavailable},
-    transact::{Expression, attribute_value, too_late},
+    statements::{self, Written},
+    transact::{Expression, too_late},
 };
 use sqs_once_core::{
     store::{Cancellation, Commit, Committed, StoreError},
@@ -165,26 +176,34 @@ impl DynamoDbStore {
         since_ms: Option<u64>,
     ) -> Result<Committed, StoreError> {
         let mut judged = key.judge(&ItemKeys { since_ms, ..ItemKeys::default() });
+        // Once a statement was refused for the handler's condition, the single request decides.
+        let mut batched = true;
         for _ in 0..WINDOW_ATTEMPTS {
             if let Some(late) = too_late(commit.send_by_ms()) {
                 return Err(late);
             }
-            let refused = match self.send_in_item(update, key, judged).await? {
-                None => {
-                    let since_ms = match judged {
-                        InItem::SameWindow => since_ms,
-                        _ => Some(key.now_ms),
-                    };
-                    self.windows.saw(item, since_ms);
-                    return Ok(Committed::Applied);
-                }
-                Some(refused) => refused,
+            let as_statement = match batched {
+                true => self.send_batched(update, key, judged, item).await,
+                false => None,
+            };
+            let (refused, as_statement) = match as_statement {
+                Some(sent) => (sent?, true),
+                None => (self.send_in_item(update, key, judged).await?, false),
+            };
+            let Some(refused) = refused else {
+                let since_ms = match judged {
+                    InItem::SameWindow => since_ms,
+                    _ => Some(key.now_ms),
+                };
+                self.windows.saw(item, since_ms);
+                return Ok(Committed::Applied);
             };
             let keys = item_keys(refused.as_ref());
             self.windows.saw(item, keys.since_ms);
             match key.judge(&keys) {
                 InItem::Duplicate => return Ok(Committed::InItemAlready),
                 InItem::Full => return Ok(Committed::Cancelled(Cancellation::window_full(key, &commit.writes[0]))),
+                now if now == judged && as_statement => batched = false,
                 // Sent for the window that holds: what refused it is the handler's own condition.
                 now if now == judged => {
                     let reasons = format!("{}: ConditionalCheckFailed", commit.writes[0].describe());
@@ -194,6 +213,33 @@ impl DynamoDbStore {
             }
         }
         Err(StoreError::Contended(item.to_owned()))
+    }
+
+    /// [`send_in_item`](Self::send_in_item) as a PartiQL statement among the
+    /// store's batched writes, for the window under way; `None` when it is
+    /// to be the single request: the store makes single requests, `judged`
+    /// is another window, PartiQL has no form for the update, DynamoDB
+    /// rejected the statement for its data (an `ADD` to an attribute the
+    /// item lacks, which PartiQL's `+` refuses), or the handler's tables do
+    /// not allow PartiQL (then none is sent as one again).
+    async fn send_batched(
+        &self,
+        update: &Update,
+        key: &KeyInItem,
+        judged: InItem,
+        item: &str,
+    ) -> Option<Result<Option<Option<Item>>, StoreError>> {
+        let batches = self.batches.as_deref().filter(|_| judged == InItem::SameWindow)?;
+        let statement = match statements::kept_key_update(update, key, item)? {
+            Ok(statement) => statement,
+            Err(error) => return Some(Err(error)),
+        };
+        Some(match batches.write_to_item(statement).await? {
+            Ok(Written::Applied) => Ok(None),
+            Ok(Written::Refused(Some(returned))) => Ok(Some(Some(returned))),
+            Ok(Written::Refused(None)) => self.get_item_of(update.target()).await.map(Some),
+            Err(error) => Err(error),
+        })
     }
 
     /// Sends `update` with the key added as `judged` says, on the condition

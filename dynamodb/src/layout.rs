@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::Value;
 
 use super::Item;
 use sqs_once_core::store::{ClaimStatus, Finish, StoreError, StoredClaim};
@@ -304,6 +305,21 @@ impl TableLayout {
             condition: "#status = :inprogress AND #token = :token",
             names: aliases.into_iter().map(|(alias, name)| (alias.to_owned(), name.to_owned())).collect(),
             values: values.into_iter().map(|(alias, value)| (alias.to_owned(), value)).collect(),
+        }
+    }
+}
+
+/// A value as DynamoDB holds it: strings, numbers, booleans, null, lists
+/// and maps.
+pub(super) fn attribute_value(value: &Value) -> AttributeValue {
+    match value {
+        Value::Null => AttributeValue::Null(true),
+        Value::Bool(flag) => AttributeValue::Bool(*flag),
+        Value::Number(number) => AttributeValue::N(number.to_string()),
+        Value::String(text) => AttributeValue::S(text.clone()),
+        Value::Array(values) => AttributeValue::L(values.iter().map(attribute_value).collect()),
+        Value::Object(map) => {
+            AttributeValue::M(map.iter().map(|(name, value)| (name.clone(), attribute_value(value))).collect())
         }
     }
 }

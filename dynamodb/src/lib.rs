@@ -58,7 +58,7 @@ pub use layout::{Attributes, TableKey, TableLayout};
 pub(crate) use layout::{OPEN_INDEX, OPEN_STATUS, open_partition};
 
 use client::{Conditional, conditional, described, unavailable};
-use layout::{ERROR, TOKEN, UPDATED_AT, n, open_partitions, s, text};
+use layout::{ERROR, TOKEN, UPDATED_AT, attribute_value, n, open_partitions, s, text};
 
 /// The key [`ClaimStore::connect`] reads: only read, so whether a record
 /// holds it matters not.

@@ -1,7 +1,8 @@
 //! The batched requests of the DynamoDB store: claims, completions, failure
 //! records and releases as PartiQL statements, up to 25 in one
-//! `BatchExecuteStatement`, and the reads that follow a refused claim, up to
-//! 100 in one strongly consistent `BatchGetItem`.
+//! `BatchExecuteStatement`, with the commits that keep their key in their
+//! update's item ([`kept_key_update`]), and the reads that follow a refused
+//! claim, up to 100 in one strongly consistent `BatchGetItem`.
 //!
 //! Each statement keeps the condition of the single request it stands for,
 //! and DynamoDB applies or refuses each on its own: a batch is a way to send
@@ -31,8 +32,16 @@ use aws_sdk_dynamodb::{
 };
 
 use super::batched::{BatchCall, Batcher};
-use super::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, described, n, open_partition, s, text};
-use sqs_once_core::store::{ClaimStatus, Finish, StoreError, StoredClaim};
+use super::{
+    ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, attribute_value, described, n, open_partition, s, text,
+};
+use sqs_once_core::{
+    store::{ClaimStatus, Finish, StoreError, StoredClaim},
+    transaction::{
+        Action, Condition, Update,
+        item_keys::{KEYS, KEYS_BEFORE, KEYS_SINCE, KeyInItem, MAX_KEYS_PER_WINDOW},
+    },
+};
 
 /// Requests of each kind on the wire at once until answers say otherwise
 /// (the batcher's window). Eight send the claims of a small batch in the
@@ -42,6 +51,7 @@ use sqs_once_core::store::{ClaimStatus, Finish, StoreError, StoredClaim};
 pub(super) const IN_FLIGHT: usize = 8;
 
 /// A write statement about one item.
+#[derive(Clone)]
 pub(super) struct Statement {
     item: String,
     request: BatchStatementRequest,
@@ -63,14 +73,35 @@ pub(super) struct Batches {
     writes: Batcher<Statements>,
     pub(super) reads: Batcher<Reads>,
     refused: Arc<AtomicBool>,
+    /// The commits that keep their key in a handler's item
+    /// ([`kept_key_update`]), apart from the claim table's writes: a
+    /// handler's table whose policy grants no PartiQL leaves them to single
+    /// requests, and the claims' batches alone.
+    items: Batcher<Statements>,
+    items_refused: Arc<AtomicBool>,
 }
+
+/// What a refused kind of batched write asks of the function's policy.
+const CLAIMS_GRANT: &str = "grant dynamodb:PartiQLInsert, PartiQLUpdate, PartiQLDelete and BatchGetItem on the table \
+                            (template.yaml does) to send claims in batches";
+const ITEMS_GRANT: &str = "grant dynamodb:PartiQLUpdate on the handler's tables (template.yaml does on those \
+                           HandlerTableArns names) to send the commits that keep their key in an item in batches";
 
 impl Batches {
     pub(super) fn new(client: &Client, layout: &Arc<TableLayout>) -> Self {
         let refused = Arc::new(AtomicBool::new(false));
-        let writes = Statements { client: client.clone(), refused: Arc::clone(&refused) };
+        let statements = |refused: &Arc<AtomicBool>, grant| {
+            Batcher::new(Arc::new(Statements { client: client.clone(), refused: Arc::clone(refused), grant }))
+        };
+        let items_refused = Arc::new(AtomicBool::new(false));
         let reads = Reads { client: client.clone(), layout: Arc::clone(layout), refused: Arc::clone(&refused) };
-        Self { writes: Batcher::new(Arc::new(writes)), reads: Batcher::new(Arc::new(reads)), refused }
+        Self {
+            writes: statements(&refused, CLAIMS_GRANT),
+            reads: Batcher::new(Arc::new(reads)),
+            items: statements(&items_refused, ITEMS_GRANT),
+            refused,
+            items_refused,
+        }
     }
 
     /// Whether DynamoDB refused a batched request as single requests would
@@ -87,6 +118,18 @@ impl Batches {
         retrying(|| async { self.writes.submit(build()?).await }).await
     }
 
+    /// Sends a commit's update of a handler's item ([`kept_key_update`])
+    /// together with the others waiting, as [`write`](Self::write) sends a
+    /// claim's; `None` when it is to be the single request (see
+    /// [`or_single`](Self::or_single)).
+    pub(super) async fn write_to_item(&self, statement: Statement) -> Option<Result<Written, StoreError>> {
+        if self.items_refused.load(Ordering::Relaxed) {
+            return None;
+        }
+        let written = retrying(|| async { self.items.submit(statement.clone()).await }).await;
+        single_unless_refused(&self.items_refused, written)
+    }
+
     /// The item a refused statement met: as DynamoDB returned it, or read now.
     pub(super) async fn refused_item(&self, id: &str, returned: Option<Item>) -> Result<Option<Item>, StoreError> {
         match returned {
@@ -99,14 +142,7 @@ impl Batches {
     /// made instead: batching was refused, or DynamoDB rejected this
     /// statement for its data (the single request then says for itself).
     pub(super) fn or_single<T>(&self, result: Result<T, StoreError>) -> Option<Result<T, StoreError>> {
-        match result {
-            Err(StoreError::Rejected(reason)) => {
-                tracing::warn!(%reason, "a batched statement was rejected: sending it alone");
-                None
-            }
-            Err(_) if self.refused() => None,
-            result => Some(result),
-        }
+        single_unless_refused(&self.refused, result)
     }
 
     /// The answer is due by `until`: see [`Batcher::expedite`].
@@ -116,10 +152,24 @@ impl Batches {
     }
 }
 
+/// [`Batches::or_single`] of the writes whose refusal `refused` notes.
+fn single_unless_refused<T>(refused: &AtomicBool, result: Result<T, StoreError>) -> Option<Result<T, StoreError>> {
+    match result {
+        Err(StoreError::Rejected(reason)) => {
+            tracing::warn!(%reason, "a batched statement was rejected: sending it alone");
+            None
+        }
+        Err(_) if refused.load(Ordering::Relaxed) => None,
+        result => Some(result),
+    }
+}
+
 /// `BatchExecuteStatement`, 25 write statements per request.
 pub(super) struct Statements {
     client: Client,
     refused: Arc<AtomicBool>,
+    /// What a refusal for want of permission asks of the policy.
+    grant: &'static str,
 }
 
 #[async_trait]
@@ -143,11 +193,11 @@ impl BatchCall for Statements {
         match self.client.batch_execute_statement().set_statements(Some(statements)).send().await {
             Ok(output) => {
                 let mut responses = output.responses.unwrap_or_default().into_iter();
-                (0..count).map(|_| answer(responses.next(), &self.refused)).collect()
+                (0..count).map(|_| answer(responses.next(), &self.refused, self.grant)).collect()
             }
             Err(error) => {
                 let error = error.into_service_error();
-                note_refusal(&self.refused, error.code(), error.message(), "BatchExecuteStatement");
+                note_refusal(&self.refused, error.code(), error.message(), "BatchExecuteStatement", self.grant);
                 each(count, &described(&error))
             }
         }
@@ -164,7 +214,7 @@ pub(super) enum Attempt {
     Again(String),
 }
 
-fn answer(response: Option<BatchStatementResponse>, refused: &AtomicBool) -> Result<Attempt, StoreError> {
+fn answer(response: Option<BatchStatementResponse>, refused: &AtomicBool, grant: &str) -> Result<Attempt, StoreError> {
     use BatchStatementErrorCodeEnum as Code;
     let Some(response) = response else {
         return Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent"));
@@ -186,7 +236,7 @@ fn answer(response: Option<BatchStatementResponse>, refused: &AtomicBool) -> Res
         // A statement that DynamoDB does not allow: the single request it
         // stands for may well be allowed, and so are those of every record.
         Some(Code::AccessDenied) => {
-            note_refusal(refused, Some(code), error.message.as_deref(), "a PartiQL statement");
+            note_refusal(refused, Some(code), error.message.as_deref(), "a PartiQL statement", grant);
             Err(StoreError::unavailable(reason))
         }
         // Refused for its data (an item over 400 KB, a key too long): this
@@ -277,7 +327,7 @@ impl BatchCall for Reads {
                 Ok(output) => output,
                 Err(error) => {
                     let error = error.into_service_error();
-                    note_refusal(&self.refused, error.code(), error.message(), "BatchGetItem");
+                    note_refusal(&self.refused, error.code(), error.message(), "BatchGetItem", CLAIMS_GRANT);
                     return each(ids.len(), &described(&error));
                 }
             };
@@ -318,7 +368,7 @@ const REFUSALS: &[&str] =
 
 /// Remembers, and says once with DynamoDB's reason, that DynamoDB refused a
 /// batched request as single requests would not be refused.
-fn note_refusal(refused: &AtomicBool, code: Option<&str>, message: Option<&str>, request: &str) {
+fn note_refusal(refused: &AtomicBool, code: Option<&str>, message: Option<&str>, request: &str, grant: &str) {
     let Some(code) = code.filter(|code| REFUSALS.contains(code)) else { return };
     if refused.swap(true, Ordering::Relaxed) {
         return;
@@ -327,9 +377,8 @@ fn note_refusal(refused: &AtomicBool, code: Option<&str>, message: Option<&str>,
     if code.starts_with("AccessDenied") {
         tracing::warn!(
             %reason,
-            "DynamoDB denied {request}: making single requests from now on; grant dynamodb:PartiQLInsert, \
-             PartiQLUpdate, PartiQLDelete and BatchGetItem on the table (template.yaml does) to send claims in \
-             batches, or set SQS_ONCE_DYNAMODB_BATCHING=false"
+            "DynamoDB denied {request}: making single requests from now on; {grant}, or set \
+             SQS_ONCE_DYNAMODB_BATCHING=false"
         );
     } else {
         tracing::warn!(
@@ -413,6 +462,58 @@ impl TableLayout {
     }
 }
 
+/// A commit whose key is kept in its update's item
+/// ([`super::in_item`]), sent for the window under way in the item: the
+/// update's actions, the key's digest added to the window's keys, on the
+/// conditions of the `UpdateItem` it stands for (the window began after
+/// one key memory ago, holds neither window's digest and has room; the
+/// handler's own condition). `None` when PartiQL has no form for one of the
+/// update's actions or conditions (`SetIfAbsent`), which the single request
+/// then sends. `item` names the item to the batcher.
+///
+/// The statement applies where the request would, and only there: its
+/// conditions are the request's, written in PartiQL. Where PartiQL reads a
+/// comparison with a missing attribute as `MISSING` rather than false (under
+/// a `NOT`, it would refuse what the request applies), the caller sends a
+/// refusal that the item's keys do not explain as the single request,
+/// which decides.
+pub(super) fn kept_key_update(update: &Update, key: &KeyInItem, item: &str) -> Option<Result<Statement, StoreError>> {
+    let target = update.target();
+    let mut statement = Partiql::new("UPDATE ", &target.table, update.actions().len() + 8);
+    for action in update.actions() {
+        match action {
+            Action::Set(name, value) => {
+                statement.text(" SET ").identifier(name).text(" = ").parameter(attribute_value(value));
+            }
+            Action::Add(name, amount) => {
+                statement.text(" SET ").identifier(name).text(" = ").identifier(name).text(" + ");
+                statement.parameter(AttributeValue::N(amount.to_string()));
+            }
+            Action::Remove(name) => _ = statement.text(" REMOVE ").identifier(name),
+            // `if_not_exists` has no PartiQL form; nor has what a later core adds.
+            _ => return None,
+        }
+    }
+    statement.text(" SET ").identifier(KEYS).text(" = set_add(").identifier(KEYS).text(", ");
+    statement.parameter(AttributeValue::Ss(vec![key.digest.clone()])).text(")");
+    for (index, (name, value)) in target.key.attributes().iter().enumerate() {
+        statement.text(if index == 0 { " WHERE " } else { " AND " }).identifier(name).text(" = ");
+        statement.parameter(attribute_value(value));
+    }
+    statement.text(" AND ").identifier(KEYS_SINCE).text(" > ").parameter(n(key.memories_ago_ms(1)));
+    for keys in [KEYS, KEYS_BEFORE] {
+        statement.text(" AND NOT contains(").identifier(keys).text(", ");
+        statement.parameter(s(key.digest.as_str())).text(")");
+    }
+    statement.text(" AND size(").identifier(KEYS).text(") < ").parameter(n(MAX_KEYS_PER_WINDOW));
+    if let Some(condition) = &target.condition {
+        statement.text(" AND (");
+        statement.condition(condition)?;
+        statement.text(")");
+    }
+    Some(statement.build(item))
+}
+
 /// A PartiQL statement as it is written: its text and its parameters. A
 /// parameter's `?` and its value go in together, so they stay in order;
 /// the text grows in one buffer, since a batch of new records writes two
@@ -458,6 +559,29 @@ impl Partiql {
         }
         self.text.push(quote);
         self
+    }
+
+    /// A write's own condition, as PartiQL writes it; `None` for one it has
+    /// no form for.
+    fn condition(&mut self, condition: &Condition) -> Option<&mut Self> {
+        match condition {
+            Condition::Exists(name) => _ = self.identifier(name).text(" IS NOT MISSING"),
+            Condition::NotExists(name) => _ = self.identifier(name).text(" IS MISSING"),
+            Condition::Compare(name, comparison, value) => {
+                self.identifier(name).text(" ").text(comparison.operator()).text(" ");
+                self.parameter(attribute_value(value));
+            }
+            Condition::BeginsWith(name, prefix) => {
+                self.text("begins_with(").identifier(name).text(", ").parameter(s(prefix.as_str())).text(")");
+            }
+            Condition::And(left, right) | Condition::Or(left, right) => {
+                let joined = if matches!(condition, Condition::And(..)) { ") AND (" } else { ") OR (" };
+                self.text("(").condition(left)?.text(joined).condition(right)?.text(")");
+            }
+            Condition::Not(inner) => _ = self.text("NOT (").condition(inner)?.text(")"),
+            _ => return None,
+        }
+        Some(self)
     }
 
     fn parameter(&mut self, value: AttributeValue) -> &mut Self {
@@ -510,7 +634,7 @@ mod tests {
     fn throttled_statements_are_to_be_sent_again_and_only_they() {
         use BatchStatementErrorCodeEnum as Code;
         let refused = AtomicBool::new(false);
-        let outcome = |response| format!("{:?}", answer(Some(response), &refused));
+        let outcome = |response| format!("{:?}", answer(Some(response), &refused, CLAIMS_GRANT));
         assert_eq!(outcome(BatchStatementResponse::builder().build()), "Ok(Done(Applied))");
         assert_eq!(outcome(refused_with(Code::ConditionalCheckFailed)), "Ok(Done(Refused(None)))");
         assert_eq!(outcome(refused_with(Code::DuplicateItem)), "Ok(Done(Refused(None)))");
@@ -531,7 +655,7 @@ mod tests {
         assert!(outcome(refused_with(Code::AccessDenied)).starts_with("Err("));
         assert!(refused.load(Ordering::Relaxed), "a denied statement turns batching off");
         let refused = AtomicBool::new(false);
-        let rejected = answer(Some(refused_with(Code::ValidationError)), &refused);
+        let rejected = answer(Some(refused_with(Code::ValidationError)), &refused, CLAIMS_GRANT);
         assert!(matches!(rejected, Err(StoreError::Rejected(_))), "{rejected:?}");
         assert!(!refused.load(Ordering::Relaxed), "a statement rejected for its data leaves batching on");
     }

@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use sqs_once_core::store::{
     ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Fenced, OutboxEntry, OutboxQuery, OutboxStore,
 };
-use sqs_once_core::transaction::{Key, Message, Update};
+use sqs_once_core::transaction::{Condition, Key, Message, Update};
 
 /// A counting client from the SDK's default chain, as the consumer makes one.
 async fn client() -> (aws_sdk_dynamodb::Client, Arc<RequestCounter>) {
@@ -333,20 +333,138 @@ async fn a_credit_without_a_claim_costs_one_transaction_of_two_actions() {
     assert_eq!((duplicate.writes(), duplicate.reads / 20.0), (0.0, 1.0), "a read, no write: {duplicate:?}");
 }
 
+/// Stages one credit of 5 to the account its body names (table `.0`), its key
+/// kept in the account's item; with a `guard`, on a condition: `rich`, a
+/// balance of 1,000 at least (never met); `unfrozen`, that the account is not
+/// frozen (no account has the attribute, so the condition holds).
+struct Credit(String);
+
+impl Handler for Credit {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        let body = record.body_json::<Value>()?;
+        let credit = Update::new(&self.0, Key::new("pk", body["account"].to_string())).add("balance", 5).keep_key();
+        let credit = match body["guard"].as_str() {
+            Some("rich") => credit.condition(Condition::ge("balance", 1_000)),
+            Some("unfrozen") => credit.condition(!Condition::eq("frozen", true)),
+            _ => credit,
+        };
+        record.transaction().stage(credit)?;
+        Ok(None)
+    }
+    fn stages_every_effect(&self) -> bool {
+        true
+    }
+}
+
+/// Where the store batches, a credit kept in its account goes out as a
+/// statement among others once the process knows the account's window; the
+/// first to each account, and one refused for its own condition, as the
+/// single request, which decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credits_kept_in_their_accounts_go_out_together_and_apply_once() {
+    let (store, requests) = fresh_table().await;
+    let balances = testkit::dynamodb::items_table().await;
+    let warm =
+        engine(store, Credit(balances.clone()), ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() });
+    let credits = |round: u32, guard: Option<&str>| {
+        testkit::records((0..50).map(|n| json!({"key": format!("c-{round}-{n}"), "account": n, "guard": guard})))
+    };
+    let balances_are = |expected: i64| {
+        let balances = balances.clone();
+        async move {
+            for n in 0..50 {
+                let item = testkit::dynamodb::item(&balances, &n.to_string()).await.unwrap();
+                assert_eq!(item["balance"], expected, "account {n}");
+            }
+        }
+    };
+    // The first credit to each account begins its window: the single request, which alone creates an item.
+    assert_eq!(failed(&run(&warm, &credits(0, None)).await), 0);
+    let first = requests.snapshot();
+    assert_eq!((first.update, first.batch_statement), (50, 0), "{first:?}");
+    // The next ones, for the windows the process saw: statements, several to a request.
+    let mut later = Vec::new();
+    for round in 1..=4 {
+        let records = credits(round, None);
+        assert_eq!(failed(&run(&warm, &records).await), 0);
+        later.extend(records);
+    }
+    let batched = requests.snapshot();
+    assert_eq!(batched.update, 50, "no credit of a known window as a single request: {batched:?}");
+    assert!((1..=200 / 4).contains(&batched.batch_statement), "4 credits a request at least: {batched:?}");
+    balances_are(25).await;
+    // Copies: each finds its key in its account, as statements too; nothing applied again.
+    let copies = run(&warm, &later).await;
+    assert!(copies.records.iter().all(|record| record.outcome == Outcome::Duplicate), "{copies:?}");
+    assert_eq!(requests.snapshot().update, 50);
+    balances_are(25).await;
+    // The handler's condition does not hold: refused as a statement, then by the single request, which decides.
+    let poor = run(&warm, &credits(5, Some("rich"))).await;
+    assert!(poor.records.iter().all(|record| record.outcome.label() == "permanent"), "{poor:?}");
+    assert_eq!(requests.snapshot().update, 100, "one single request each");
+    balances_are(25).await;
+    // A NOT over an attribute no account has holds for DynamoDB's condition: the credit applies once, as a
+    // statement where PartiQL reads it so too (DynamoDB Local does), else as the single request after the
+    // statement's refusal.
+    assert_eq!(failed(&run(&warm, &credits(6, Some("unfrozen"))).await), 0);
+    assert!((100..=150).contains(&requests.snapshot().update));
+    balances_are(30).await;
+}
+
+/// A handler's table whose policy grants no PartiQL: its commits that keep
+/// their key in an item go as single requests from then on, and the claims'
+/// batches stay on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_table_that_denies_partiql_leaves_the_claims_batches_alone() {
+    let (created, _) = fresh_table().await;
+    let balances = testkit::dynamodb::items_table().await;
+    // Each request's operation, and whether it holds a statement about the balances.
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::<(String, bool)>::new()));
+    let url = testkit::dynamodb::proxy({
+        let (seen, to_balances) = (Arc::clone(&seen), format!("UPDATE \"{balances}\""));
+        move |operation, body| {
+            let statements = body["Statements"].as_array().into_iter().flatten();
+            let balances = statements
+                .filter_map(|statement| statement["Statement"].as_str())
+                .any(|text| text.starts_with(&to_balances));
+            seen.lock().push((operation.to_owned(), balances));
+            match operation == "BatchExecuteStatement" && balances {
+                true => Reply::error("AccessDeniedException", "not authorized to perform: dynamodb:PartiQLUpdate"),
+                false => Reply::Forward,
+            }
+        }
+    })
+    .await;
+    let store = store_through(&url, created.layout().clone()).await;
+    let credits =
+        |round: u32| testkit::records((0..10).map(|n| json!({"key": format!("c-{round}-{n}"), "account": n})));
+    let cold = ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() };
+    let warm = engine(store.clone(), Credit(balances.clone()), cold);
+    // The first credits begin their windows (single requests); the next are sent as statements, and denied.
+    for round in 0..2 {
+        assert_eq!(failed(&run(&warm, &credits(round)).await), 0);
+    }
+    let denied =
+        seen.lock().iter().filter(|(operation, balances)| operation == "BatchExecuteStatement" && *balances).count();
+    assert!(denied > 0, "the statements were sent: {:?}", seen.lock());
+    seen.lock().clear();
+    assert_eq!(failed(&run(&warm, &credits(2)).await), 0);
+    let updates = seen.lock().iter().filter(|(operation, _)| operation == "UpdateItem").count();
+    assert_eq!(updates, 10, "single requests from then on: {:?}", seen.lock());
+    assert!(seen.lock().iter().all(|(_, balances)| !balances), "no statement about the balances again");
+    for n in 0..10 {
+        assert_eq!(testkit::dynamodb::item(&balances, &n.to_string()).await.unwrap()["balance"], 15, "account {n}");
+    }
+    // The claims of another handler on the same store still go out in batches.
+    seen.lock().clear();
+    let plain = engine(store, Directed::default(), ClaimPolicy::default());
+    assert_eq!(failed(&run(&plain, &testkit::records((0..10).map(|n| json!({"key": n})))).await), 0);
+    let operations: BTreeSet<String> = seen.lock().iter().map(|(operation, _)| operation.clone()).collect();
+    assert_eq!(operations, ["BatchExecuteStatement".to_owned()].into(), "claims and completions batched");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_credit_that_keeps_its_key_in_the_account_costs_one_write_unit() {
-    /// Stages one credit to the account its body names, its key kept in the account's item.
-    struct Credit(String);
-    impl Handler for Credit {
-        async fn handle(&self, record: &Record) -> HandlerResult {
-            let account = record.body_json::<Value>()?["account"].to_string();
-            record.transaction().stage(Update::new(&self.0, Key::new("pk", account)).add("balance", 5).keep_key())?;
-            Ok(None)
-        }
-        fn stages_every_effect(&self) -> bool {
-            true
-        }
-    }
     let (created, _) = fresh_table().await;
     let balances = testkit::dynamodb::items_table().await;
     let meter = testkit::capacity::Meter::start().await;

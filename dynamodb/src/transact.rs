@@ -24,11 +24,11 @@ use aws_sdk_dynamodb::{
         error::{ResourceNotFoundException, TransactionCanceledException},
     },
 };
-use serde_json::Value;
 
 use super::{
     DynamoDbStore, Item,
     admin::table_missing,
+    attribute_value,
     client::{described, unavailable},
     statements::Backoff,
 };
@@ -43,21 +43,6 @@ fn action_table(action: &TransactWriteItem) -> Option<&str> {
         .or_else(|| action.update().map(Update::table_name))
         .or_else(|| action.delete().map(Delete::table_name))
         .or_else(|| action.condition_check().map(ConditionCheck::table_name))
-}
-
-/// A value as DynamoDB holds it: strings, numbers, booleans, null, lists
-/// and maps.
-pub(super) fn attribute_value(value: &Value) -> AttributeValue {
-    match value {
-        Value::Null => AttributeValue::Null(true),
-        Value::Bool(flag) => AttributeValue::Bool(*flag),
-        Value::Number(number) => AttributeValue::N(number.to_string()),
-        Value::String(text) => AttributeValue::S(text.clone()),
-        Value::Array(values) => AttributeValue::L(values.iter().map(attribute_value).collect()),
-        Value::Object(map) => {
-            AttributeValue::M(map.iter().map(|(name, value)| (name.clone(), attribute_value(value))).collect())
-        }
-    }
 }
 
 /// The names and values of one action's expressions, aliased.
