@@ -9,11 +9,11 @@ use aws_config::{Region, SdkConfig};
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
 use crate::sqs::{OutgoingMessage, Sqs};
-use sqs_once_core::outbox::{Destinations, SendError};
 use sqs_once_core::{
+    outbox::{Destinations, SendError},
     payload::SIZE_ATTRIBUTE,
     trace::{Propagators, TRACEPARENT},
-    transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE, OUTBOX_ID_FIELD},
+    transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE},
 };
 
 /// Error codes with which a service refuses a message for good, as it
@@ -210,7 +210,7 @@ fn event_entry(
     let mut detail: serde_json::Value = serde_json::from_str(&message.body)
         .map_err(|error| SendError::refused(format!("the event's detail is not JSON: {error}")))?;
     if let Some(fields) = detail.as_object_mut() {
-        fields.insert(OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
+        fields.insert(sqs_once_core::transaction::OUTBOX_ID_FIELD.to_owned(), outbox_id.into());
     }
     Ok(aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
         .event_bus_name(event_bus)
