@@ -182,11 +182,11 @@ impl DynamoDbStore {
             if let Some(late) = too_late(commit.send_by_ms()) {
                 return Err(late);
             }
-            let as_statement = match batched {
+            let answered_as_statement = match batched {
                 true => self.send_batched(update, key, judged, item).await,
                 false => None,
             };
-            let (refused, as_statement) = match as_statement {
+            let (refused, as_statement) = match answered_as_statement {
                 Some(sent) => (sent?, true),
                 None => (self.send_in_item(update, key, judged).await?, false),
             };
