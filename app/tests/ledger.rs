@@ -681,3 +681,109 @@ async fn notices_of_a_process_killed_after_its_commits_are_sent_by_runs_that_sta
         assert_eq!(world.balance(account).await, entry["amount"].as_i64(), "{id}");
     }
 }
+
+/// The ledger's entries of `seed`, overdrafts left out: every one commits.
+fn credits(keys: usize, seed: u64) -> BTreeMap<String, String> {
+    entries(keys, seed).into_iter().filter(|(_, body)| !body.contains(&OVERDRAFT.to_string())).collect()
+}
+
+/// The worlds of every way the ledger commits: the key kept in the account
+/// (no notice), or a transaction with its notice; claiming first or not.
+async fn every_way_of_committing() -> Vec<World> {
+    let mut worlds = Vec::new();
+    for claim in ["auto", "always"] {
+        worlds.push(World::without_notices(claim).await);
+        worlds.push(World::claiming(claim).await);
+    }
+    worlds
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_remembered_half_a_minute_still_commit_every_way() {
+    // `invoke` of an event file: no queue, so nothing but SQS_ONCE_EXPIRES_AFTER_SECS says how long keys are
+    // remembered. Half a minute is less than a commit needs to be sent, land and be answered; each commit's key is
+    // remembered that long anyway, and every credit applies at its first delivery, once.
+    for (n, world) in every_way_of_committing().await.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let credits = credits(8, 40 + n as u64);
+        let path = dir.path().join("credits.json");
+        std::fs::write(&path, json!({ "Records": records(&credits, 1) }).to_string()).unwrap();
+        let mut envs = world.direct();
+        // No dead-letter queue either: `invoke` then sends nothing to SQS (`--sqs`), and knows no queue.
+        envs.retain(|(name, _)| *name != "SQS_ONCE_DLQ_URL");
+        envs.push(("SQS_ONCE_EXPIRES_AFTER_SECS", "30".to_owned()));
+        let envs: Vec<(&str, &str)> = envs.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        for delivery in ["first", "again"] {
+            let answer = common::rounds::invoke(dir.path(), &path, &envs).await;
+            let log = std::fs::read_to_string(path.with_extension("log")).unwrap();
+            let (claim, notifying) = (world.claim, world.notifying);
+            assert!(answer.failed.is_empty(), "{claim}, notices {notifying}, {delivery}: {:?}\n{log}", answer.failed);
+        }
+        let report = world.check(&credits).await;
+        println!(
+            "ledger-report {}",
+            json!({ "case": "keys remembered 30 s", "claim": world.claim, "checked": report })
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poller_of_a_queue_with_a_short_visibility_timeout_commits_every_way() {
+    // A visibility timeout of 20 s, retries backed off 5 s at most, keys remembered 30 s: the longest a failed
+    // record stays away is 20 s, and keys are remembered past it, but not as long as a commit needs.
+    for world in every_way_of_committing().await {
+        let queue = Queue::create(false, 20).await;
+        let credits = credits(20, 47);
+        let bodies: Vec<Value> = credits.values().map(|body| serde_json::from_str(body).unwrap()).collect();
+        queue.send(&bodies).await;
+        let mut envs = world.direct();
+        envs.extend([
+            ("SQS_ONCE_EXPIRES_AFTER_SECS", "30".to_owned()),
+            ("SQS_ONCE_RETRY_BASE_SECS", "1".to_owned()),
+            ("SQS_ONCE_RETRY_MAX_SECS", "5".to_owned()),
+        ]);
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut poller = tokio::process::Command::from(common::sqs_once_command())
+            .args(["poll", "--queue-url", queue.url(), "--wait-secs", "1"])
+            .env_remove("AWS_LAMBDA_RUNTIME_API")
+            .env_remove("SQS_ONCE_STORE")
+            .envs(envs.iter().map(|(name, value)| (*name, value.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while queue.depth().await != (0, 0) {
+            let logged = std::fs::read_to_string(log.path()).unwrap();
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{} left: {:?}\n{logged}",
+                world.claim,
+                queue.depth().await
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        poller.start_kill().unwrap();
+        poller.wait().await.unwrap();
+        let logged = std::fs::read_to_string(log.path()).unwrap();
+        assert!(
+            !logged.contains("record failed"),
+            "{}, notices {}: a record failed\n{logged}",
+            world.claim,
+            world.notifying
+        );
+        // Sent once each, and the queue says nothing of message ids: the balances say each applied once.
+        let ids: BTreeMap<String, String> = credits.clone();
+        let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+        for body in ids.values() {
+            let entry: Value = serde_json::from_str(body).unwrap();
+            *expected.entry(entry["account"].as_str().unwrap().to_owned()).or_default() +=
+                entry["amount"].as_i64().unwrap();
+        }
+        for (account, balance) in expected {
+            assert_eq!(world.balance(&account).await, Some(balance), "{account}");
+        }
+    }
+}

@@ -41,8 +41,8 @@ use crate::{
     outbox::SENDING_LEASE,
     report::reason,
     store::{
-        ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, OutboxEntry, PutOutcome, StoreError,
-        StoredClaim, Unclaimed, new_token,
+        COMMIT_MEMORY, ClaimStatus, ClaimStore, Commit, CommitStore, Committed, Fenced, Finish, OutboxEntry,
+        PutOutcome, StoreError, StoredClaim, Unclaimed, new_token,
     },
     transaction::{Staged, Write, item_keys::KeyInItem},
 };
@@ -455,6 +455,8 @@ impl Claims {
     pub fn prepare_commit(&self, lease: &Lease, output: Option<&Value>, staged: Staged, message_id: &str) -> Commit {
         let mut finish = self.finish(lease, ClaimStatus::Completed, self.result_of(lease, output), None);
         let now_ms = finish.finished_at_ms;
+        // Remembered long enough for the commit to land and be answered, however short the key memory.
+        finish.expires_at_s = finish.expires_at_s.max((now_ms + duration_ms(COMMIT_MEMORY)).div_ceil(1000));
         let (writes, messages) = staged.into_parts();
         let lease_until_ms = now_ms + duration_ms(SENDING_LEASE);
         let outbox = OutboxEntry::of_run(&lease.id, &lease.token, message_id, &messages, now_ms, lease_until_ms);
@@ -483,10 +485,12 @@ impl Claims {
     /// How long an item keeps a key at least ([`KeyInItem::memory_ms`]):
     /// the key memory, and three redelivery windows when that is longer,
     /// which covers what a completion is kept for (its run's lease and two
-    /// windows past it). The same for every run of the consumer, so that
+    /// windows past it), and never less than a commit needs to land
+    /// (`COMMIT_MEMORY`). The same for every run of the consumer, so that
     /// its runs judge an item's windows alike.
     fn key_memory(&self) -> Duration {
-        self.policy.expires_after.max(3 * self.redelivered_within().unwrap_or_default())
+        let memory = self.policy.expires_after.max(3 * self.redelivered_within().unwrap_or_default());
+        memory.max(COMMIT_MEMORY)
     }
 
     /// Commits under the lease (see [`CommitStore::commit`]). Like a

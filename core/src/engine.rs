@@ -129,11 +129,11 @@ impl std::str::FromStr for ClaimFirst {
 }
 
 /// The shortest key memory under which runs take no claim: a commit
-/// without a claim is sent before the completion it writes could expire,
-/// less the time a request may take to land (`SEND_MARGIN`), and must land
-/// while the completion of a run that decided after it was sent is still
-/// remembered; a shorter memory leaves too little room, and runs claim first.
-const UNCLAIMED_MEMORY: Duration = Duration::from_secs(2 * crate::store::SEND_MARGIN.as_secs());
+/// without a claim must land while the completion of every run that
+/// decided after it was sent is still remembered, the completions of runs
+/// that staged nothing (kept `SQS_ONCE_EXPIRES_AFTER_SECS` alone) among
+/// them; below a commit's own memory, runs claim first.
+const UNCLAIMED_MEMORY: Duration = crate::store::COMMIT_MEMORY;
 
 /// One invocation of the engine.
 #[derive(Debug, Clone)]

@@ -150,6 +150,14 @@ pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
 /// of the key that decided after it was sent (see `UNCLAIMED_MEMORY`).
 pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(60);
 
+/// The shortest time the key of a commit is remembered from the moment the
+/// commit was made, whatever `SQS_ONCE_EXPIRES_AFTER_SECS` says: a
+/// [`SEND_MARGIN`] to be sent in (first or again, [`Commit::send_by_ms`])
+/// and another to land and be answered. A shorter memory would give every
+/// commit up before its first send, at every delivery, until the
+/// dead-letter queue: nothing applied twice, and nothing applied at all.
+pub(crate) const COMMIT_MEMORY: Duration = Duration::from_secs(2 * SEND_MARGIN.as_secs());
+
 /// The outcome of [`CommitStore::commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Committed {

@@ -38,14 +38,14 @@ use std::{
 use super::{
     ledger::{Ledger, RunInfo},
     table::Application,
-    workload::message_body,
+    workload::{Spec, message_body},
     world::World,
 };
 use crate::{
     clock::duration_ms,
     outbox::SENDING_LEASE,
     report::{Failure, Outcome},
-    store::{ClaimStatus, ClaimStore},
+    store::{COMMIT_MEMORY, ClaimStatus, ClaimStore},
 };
 
 /// Every invariant the world broke, described.
@@ -73,22 +73,22 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
     let unsent = world.table.unsent();
     let mut statuses = HashMap::new();
     let keys: BTreeSet<String> = world.ledger.lock().reports.iter().filter_map(|report| report.key.clone()).collect();
+    let specs = world.specs();
+    let kept_in: HashMap<String, &str> =
+        specs.iter().filter_map(|spec| Some((format!("sim#{}", spec.id), spec.kept_in()?))).collect();
     // A key kept in its item has no claim: the item says it completed while it keeps it.
-    let memory = world.scenario.expires_after.max(3 * world.scenario.queue.redelivered_within());
+    let memory = world.scenario.expires_after.max(3 * world.scenario.queue.redelivered_within()).max(COMMIT_MEMORY);
     for key in keys {
         // The item, where it keeps the key, says what the key came to: a claim beside it may be a run's in
         // progress, or a completion lost after the item applied (its lease ends it).
-        let status = match world.table.keeps_in_item(&key, memory) {
+        let kept = kept_in.get(&key).is_some_and(|pk| world.table.keeps_in_item(&key, pk, memory));
+        let status = match kept {
             true => Some(ClaimStatus::Completed),
             false => world.table.get(&key).await.ok().flatten().map(|claim| claim.status),
         };
         statuses.insert(key, status);
     }
 
-    let kept_in_items: BTreeSet<String> = (world.scenario.specs.iter())
-        .filter(|spec| spec.staged.as_ref().is_some_and(|staged| staged.keeps_key))
-        .map(|spec| format!("sim#{}", spec.id))
-        .collect();
     let mut ledger = world.ledger.lock();
     ledger.stats.applied_runs = run_items.len() as u64;
     for (run, times) in &run_items {
@@ -115,7 +115,7 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
         // it says nothing of it (a run's under way, or a completion lost after the item applied: the item is what
         // says the key's effect applied, and the claim's lease ends it).
         let forgotten_in_item =
-            kept_in_items.contains(key.as_str()) && matches!(status, None | Some(ClaimStatus::InProgress));
+            kept_in.contains_key(key.as_str()) && matches!(status, None | Some(ClaimStatus::InProgress));
         let judged = !world.table.forgotten_since(key, report.batch_started_ms) && !forgotten_in_item;
         let what = format!("{} ({key}) in {}", report.message_id, report.holder);
         match &report.outcome {
@@ -148,18 +148,46 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
             }
         }
     }
-    for spec in &world.scenario.specs {
+    for spec in &specs {
         let key = format!("sim#{}", spec.id);
         let applied = applications.iter().any(|application| application.key == key);
         if spec.staged.is_some() && succeeded.contains(&key) && !applied {
             violations.push(format!("{key} succeeded, and its writes never applied"));
         }
     }
+    violations.extend(progress(world, &ledger, &specs, &succeeded, &applications));
     violations.extend(sends(world, &mut ledger, &applications));
     violations.extend(group_order(world, &applications));
     if !unsent.is_empty() {
         let bodies: Vec<&str> = unsent.iter().map(|entry| entry.message.body.as_str()).collect();
         violations.push(format!("the outbox still holds {} entries: {}", unsent.len(), bodies.join(", ")));
+    }
+    violations
+}
+
+/// The other half of the promise: what is delivered often enough is
+/// committed. Once the faults healed, nothing but the world's drawn
+/// settings (its key memory, its queue's clocks, its consumers' ways of
+/// committing) stands between a record and its commit, so every record of
+/// the tail succeeds (none left to the dead-letter queue) and every one
+/// that staged writes has them applied.
+fn progress(
+    world: &World,
+    ledger: &Ledger,
+    specs: &[Spec],
+    succeeded: &BTreeSet<String>,
+    applications: &[Application],
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    for spec in specs.iter().filter(|spec| spec.id.starts_with("tail-")) {
+        let key = format!("sim#{}", spec.id);
+        if world.out_of_order(&spec.id.replacen("tail-", "t-", 1)) || !succeeded.contains(&key) {
+            let last = ledger.reports.iter().rev().find(|report| report.key.as_deref() == Some(key.as_str()));
+            let last = last.map_or_else(|| "none".to_owned(), |report| format!("{:?}", report.outcome));
+            violations.push(format!("{key}, sent once the faults healed, never succeeded (its last outcome: {last})"));
+        } else if spec.staged.is_some() && !applications.iter().any(|application| application.key == key) {
+            violations.push(format!("{key}, sent once the faults healed, succeeded and its writes never applied"));
+        }
     }
     violations
 }

@@ -187,7 +187,7 @@ impl Scenario {
     /// In a third of the worlds, half the keys whose handler stages without
     /// a gate keep their key in the item: their runs stage the increment
     /// alone, and (without a claim, where the key memory allows) commit it
-    /// alone.
+    /// alone, into an item of their own or one that several keys credit.
     fn keep_keys_in_items(&mut self, rng: &mut fastrand::Rng) {
         if rng.u8(0..3) != 0 {
             return;
@@ -196,7 +196,8 @@ impl Scenario {
             if let Some(staged) = spec.staged.as_mut().filter(|staged| staged.gate.is_none() && staged.opens.is_none())
                 && rng.bool()
             {
-                *staged = super::workload::Staging { messages: 0, opens: None, gate: None, keeps_key: true };
+                let item = if rng.bool() { spec.id.clone() } else { "account".to_owned() };
+                *staged = super::workload::Staging { messages: 0, opens: None, gate: None, kept_in: Some(item) };
             }
         }
     }

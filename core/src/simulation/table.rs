@@ -250,12 +250,10 @@ fn run_of(writes: &[Write]) -> Option<u64> {
 }
 
 impl Table {
-    /// Whether the `applied` item of the key stored as `id` (`sim#<spec>`)
-    /// keeps the key still at `now_ms`, for consumers whose key memory is
-    /// `memory` ([`KeyInItem::judge`]).
-    pub(super) fn keeps_in_item(&self, id: &str, memory: std::time::Duration) -> bool {
-        let spec = id.strip_prefix("sim#").unwrap_or(id);
-        let item = self.items("applied").into_iter().find(|item| item["pk"] == spec);
+    /// Whether the `applied` item `pk` keeps the key stored as `id` still,
+    /// for consumers whose key memory is `memory` ([`KeyInItem::judge`]).
+    pub(super) fn keeps_in_item(&self, id: &str, pk: &str, memory: std::time::Duration) -> bool {
+        let item = self.items("applied").into_iter().find(|item| item["pk"] == pk);
         let keys = item_keys(item.as_ref().and_then(Value::as_object));
         KeyInItem::new(id, self.clock.now_ms(), memory).judge(&keys) == InItem::Duplicate
     }

@@ -56,10 +56,11 @@ pub(super) struct Staging {
     pub opens: Option<String>,
     /// A gate that must be open, and whether its refusal is permanent.
     pub gate: Option<(String, bool)>,
-    /// The increment alone, its key kept in the item: no run item, no gate,
-    /// no message.
+    /// The increment alone, its key kept in the `applied` item of this
+    /// `pk` (its own key's, or one that other keys credit too): no run
+    /// item, no gate, no message.
     #[serde(default)]
-    pub keeps_key: bool,
+    pub kept_in: Option<String>,
 }
 
 impl Spec {
@@ -72,7 +73,7 @@ impl Spec {
                 let staged = rng.f64() < 0.7;
                 let staging = staged.then(|| {
                     let gate = (rng.f64() < 0.3).then(|| (gates[rng.usize(..2)].to_owned(), rng.f64() < 0.3));
-                    Staging { messages: rng.u8(0..=2), opens: None, gate, keeps_key: false }
+                    Staging { messages: rng.u8(0..=2), opens: None, gate, kept_in: None }
                 });
                 Spec {
                     id: format!("k-{n}"),
@@ -98,6 +99,27 @@ impl Spec {
             }
         }
         specs
+    }
+
+    /// The `n`th record of the traffic that goes on once the faults
+    /// healed: every way of committing in turn (nothing staged, a
+    /// transaction with a message, a key kept in an item of its own, a key
+    /// kept in an item the tail's records share), each of which must
+    /// commit, under whatever key memory and queue the world drew.
+    pub(super) fn tail(n: usize) -> Spec {
+        let id = format!("tail-{n}");
+        let staged = match n % 4 {
+            0 => None,
+            1 => Some(Staging { messages: 1, opens: None, gate: None, kept_in: None }),
+            2 => Some(Staging { messages: 0, opens: None, gate: None, kept_in: Some(id.clone()) }),
+            _ => Some(Staging { messages: 0, opens: None, gate: None, kept_in: Some("tail-account".to_owned()) }),
+        };
+        Spec { id, sleep_ms: 0, fails: 0, permanent: false, staged }
+    }
+
+    /// The item this spec's key is kept in, if it keeps its key in one.
+    pub(super) fn kept_in(&self) -> Option<&str> {
+        self.staged.as_ref()?.kept_in.as_deref()
     }
 
     fn gate(&self) -> Option<&str> {
@@ -131,8 +153,8 @@ impl Handler for SimHandler {
         }
         let Some(staging) = &spec.staged else { return Ok(None) };
         let transaction = record.transaction();
-        if staging.keeps_key {
-            let credit = Update::new("applied", Key::new("pk", spec.id.as_str())).add("n", 1).set("run", run.id);
+        if let Some(item) = &staging.kept_in {
+            let credit = Update::new("applied", Key::new("pk", item.as_str())).add("n", 1).set("run", run.id);
             transaction.stage(credit.keep_key())?;
             return Ok(None);
         }

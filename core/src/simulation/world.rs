@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, UNIX_EPOCH},
 };
@@ -21,6 +21,7 @@ use super::{
     queue::{Delivery, Queue, Sent, Settled},
     scenario::{Faults, Mode, Scenario},
     table::Table,
+    workload::Spec,
 };
 use crate::{
     clock::{Clock, duration_ms, epoch_ms},
@@ -33,9 +34,9 @@ use crate::{
 /// is, besides the queue's own clocks (see [`World::drain_limit`]).
 const DRAIN_LIMIT: Duration = Duration::from_secs(3 * 3_600);
 
-/// How long records that stage nothing keep arriving, in worlds with live
-/// traffic, after the queue drained and the faults healed: past every
-/// lease, every sending lease and sweep.
+/// How long the tail's records ([`Spec::tail`]: every way of committing in
+/// turn) keep arriving, in worlds with live traffic, after the queue drained
+/// and the faults healed: past every lease, every sending lease and sweep.
 const TAIL: Duration = Duration::from_secs(90);
 
 /// How often TTL looks for expired claims.
@@ -91,6 +92,8 @@ pub(super) struct World {
     /// The schedule's invocations find nothing to do while the world waits
     /// days for a redrive: they are skipped, to spare the simulation.
     schedule_idle: AtomicBool,
+    /// How many records of the tail ([`Spec::tail`]) were sent.
+    tail_sent: AtomicUsize,
 }
 
 impl World {
@@ -114,6 +117,7 @@ impl World {
             stopping: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             schedule_idle: AtomicBool::new(false),
+            tail_sent: AtomicUsize::new(0),
         })
     }
 
@@ -155,7 +159,7 @@ impl World {
             let tail_start = Instant::now();
             let mut n = 0;
             while tail_start.elapsed() < TAIL {
-                let body = serde_json::json!({ "id": format!("tail-{n}") }).to_string();
+                let body = serde_json::to_string(&Spec::tail(n)).expect("a spec serializes");
                 let group = (scenario.groups > 0).then(|| "g-tail".to_owned());
                 self.send_message(Sent {
                     message_id: format!("t-{n}"),
@@ -164,6 +168,7 @@ impl World {
                     group,
                 });
                 n += 1;
+                self.tail_sent.store(n, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
@@ -295,6 +300,13 @@ impl World {
             });
             self.ledger.lock().stats.ttl_deleted = before + deleted;
         }
+    }
+
+    /// What every message sent asked of its handler: the drawn ones, and
+    /// the tail's.
+    pub(super) fn specs(&self) -> Vec<Spec> {
+        let tail = (0..self.tail_sent.load(Ordering::SeqCst)).map(Spec::tail);
+        self.scenario.specs.iter().cloned().chain(tail).collect()
     }
 
     /// Whether a message left the queue unprocessed (dead-lettered, or
