@@ -63,6 +63,7 @@ const COUNTS: &[(&str, &[&str])] = &[
     ("FailedGroupSkipped", &["group_skipped"]),
     ("FailedUncommitted", &["uncommitted"]),
     ("FailedLeaseLost", &["lease_lost"]),
+    ("FailedWindowFull", &["window_full"]),
 ];
 
 /// The EMF line for one invocation.
@@ -176,6 +177,7 @@ mod tests {
             record(Outcome::Failed(Failure::GroupSkipped("m-0".into())), None),
             record(Outcome::Failed(Failure::Uncommitted { retry_after: Duration::ZERO }), Some(1)),
             record(Outcome::Failed(Failure::LeaseLost), Some(1)),
+            record(Outcome::Failed(Failure::WindowFull { item: "t (pk=1)".into(), retry_after: Duration::ZERO }), None),
             record(Outcome::Failed(Failure::PayloadUnavailable("gone".into())), None),
         ];
         records[0].payload_bytes = Some(300_000);
@@ -201,8 +203,8 @@ mod tests {
         };
         let line: Value = serde_json::from_str(&emf_line(&MetricsConfig::default(), &report, counters, 1)).unwrap();
         let expected = [
-            ("Records", 317),
-            ("Failed", 313),
+            ("Records", 318),
+            ("Failed", 314),
             ("CompletionUnconfirmed", 1),
             ("Processed", 2),
             ("Duplicates", 2),
@@ -215,6 +217,7 @@ mod tests {
             ("FailedGroupSkipped", 1),
             ("FailedUncommitted", 1),
             ("FailedLeaseLost", 1),
+            ("FailedWindowFull", 1),
             ("FailedPayloadUnavailable", 1),
             ("PayloadsFetched", 2),
             ("PayloadBytesFetched", 2_300_000),

@@ -244,9 +244,11 @@ fn committed(fenced: Fenced) -> Committed {
 fn fenced(committed: Committed) -> Fenced {
     match committed {
         Committed::Applied => Fenced::Applied,
-        Committed::Refused | Committed::Cancelled(_) | Committed::Taken(_) | Committed::InItemAlready => {
-            Fenced::Refused
-        }
+        Committed::Refused
+        | Committed::Cancelled(_)
+        | Committed::Taken(_)
+        | Committed::InItemAlready
+        | Committed::WindowFull { .. } => Fenced::Refused,
     }
 }
 

@@ -139,8 +139,8 @@ impl RedeliveryPolicy {
         match failure.class() {
             FailureClass::Final if self.dead_letter_queue.is_some() => NextDelivery::DeadLetter,
             _ if fifo => NextDelivery::AsQueued,
-            // Both wait for a lease: another holder's, or the one whose commit may still land.
-            FailureClass::AfterLease(retry_after) if self.conflict_backoff => {
+            // Each waits for a lease (another holder's, or the one whose commit may still land), or a window's turn.
+            FailureClass::WaitsFor(retry_after) if self.conflict_backoff => {
                 NextDelivery::After(retry_after.min(self.longest_delay))
             }
             FailureClass::Transient => self

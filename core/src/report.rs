@@ -109,6 +109,21 @@ pub enum Failure {
         "the claim was taken over after its lease before the handler's transaction committed; nothing of this run applied"
     )]
     LeaseLost,
+    /// The handler's one update keeps its key in an item whose window of
+    /// kept keys is full: nothing applied, and no such commit into the item
+    /// can apply before the window turns, a key memory after it began.
+    #[error(
+        "{item} keeps as many keys of its window already as an item holds (256): nothing applied; the window turns \
+         in {} s, and the record comes back then (or after SQS_ONCE_RETRY_MAX_SECS, if that is sooner); for an \
+         item this busy, stage its update without keep_key (a transaction keeps each key in an item of its own)",
+        retry_after.as_secs()
+    )]
+    WindowFull {
+        /// The item, described.
+        item: String,
+        /// Time until the window turns.
+        retry_after: Duration,
+    },
 }
 
 impl Failure {
@@ -129,13 +144,14 @@ impl Failure {
             Self::GroupSkipped(_) => "group_skipped",
             Self::Uncommitted { .. } => "uncommitted",
             Self::LeaseLost => "lease_lost",
+            Self::WindowFull { .. } => "window_full",
         }
     }
 
     /// What a later delivery can make of the record, which decides its
     /// redelivery: a dead-letter queue takes a [`FailureClass::Final`]
     /// failure at once, a back-off delays a [`FailureClass::Transient`]
-    /// one, and a [`FailureClass::AfterLease`] one waits for its lease.
+    /// one, and a [`FailureClass::WaitsFor`] one waits as long as it must.
     pub fn class(&self) -> FailureClass {
         match self {
             Self::Permanent(_)
@@ -143,9 +159,9 @@ impl Failure {
             | Self::PayloadMismatch
             | Self::InvalidRecord(_)
             | Self::MissingKey(_) => FailureClass::Final,
-            Self::Conflict { retry_after } | Self::Uncommitted { retry_after } => {
-                FailureClass::AfterLease(*retry_after)
-            }
+            Self::Conflict { retry_after }
+            | Self::Uncommitted { retry_after }
+            | Self::WindowFull { retry_after, .. } => FailureClass::WaitsFor(*retry_after),
             Self::Retryable(_)
             | Self::Panicked(_)
             | Self::Store(_)
@@ -166,10 +182,12 @@ pub enum FailureClass {
     /// cannot be run (`permanent`, `failed_before`, `payload_mismatch`,
     /// `invalid_record`, `missing_key`).
     Final,
-    /// A lease holds the key for this long at most: another delivery's
-    /// claim, or this run's own commit, which may still land (`conflict`,
-    /// `uncommitted`). Tried before, it would meet the same lease.
-    AfterLease(Duration),
+    /// It cannot succeed for this long: a lease holds the key (another
+    /// delivery's claim, or this run's own commit, which may still land:
+    /// `conflict`, `uncommitted`), or its item's window of kept keys is
+    /// full until it turns (`window_full`). Tried before, it would meet
+    /// the same.
+    WaitsFor(Duration),
     /// It may succeed when tried again (`retryable`, `panicked`,
     /// `store_error`, `payload_unavailable`, `deadline`, `lease_lost`).
     Transient,

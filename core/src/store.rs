@@ -179,6 +179,41 @@ pub enum Committed {
     /// attempt of this commit or by another run of the key. Nothing applied
     /// now.
     InItemAlready,
+    /// A commit that keeps its key in its item found the item's window of
+    /// keys full ([`item_keys::MAX_KEYS_PER_WINDOW`]): nothing applied, and
+    /// no commit into the item can apply before the window turns.
+    WindowFull {
+        /// The item, described.
+        item: String,
+        /// How long until the window turns, from the commit's making.
+        turns_in: Duration,
+    },
+}
+
+impl Committed {
+    /// The answer to `key`'s commit of `write` into an item whose window
+    /// under way, begun at `since_ms`, is full
+    /// ([`InItem::Full`](item_keys::InItem::Full)): refused until the window
+    /// turns.
+    pub fn window_full(key: &item_keys::KeyInItem, write: &Write, since_ms: u64) -> Self {
+        let item = write.target().map_or_else(|| write.describe(), |target| target.describe());
+        Self::WindowFull { item, turns_in: key.window_turns_in(since_ms) }
+    }
+}
+
+impl StoreError {
+    /// The error of `key`'s commit into an item whose window under way,
+    /// begun at `since_ms`, came too late for it
+    /// ([`InItem::Late`](item_keys::InItem::Late)): given up, not sent.
+    pub fn window_too_late(key: &item_keys::KeyInItem, since_ms: Option<u64>) -> Self {
+        Self::unavailable(format!(
+            "the item's window of kept keys began at {} (epoch ms), a key memory ({} ms) or more after the commit \
+             was made at {}: too late to be sent, given up unsent; the record's redelivery decides",
+            since_ms.unwrap_or_default(),
+            key.memory_ms,
+            key.now_ms
+        ))
+    }
 }
 
 /// Which staged write cancelled a commit, and why.
@@ -201,12 +236,6 @@ impl Cancellation {
     pub fn by(writes: &[Write], write: usize, reasons: String) -> Self {
         let refusal = writes.get(write).map(Write::refusal).unwrap_or_default();
         Self { write, refusal, reasons }
-    }
-
-    /// The cancellation of a commit that keeps its key in the item of
-    /// `write`, whose window under way is full ([`item_keys::MAX_KEYS_PER_WINDOW`]).
-    pub fn window_full(key: &item_keys::KeyInItem, write: &Write) -> Self {
-        Self { write: 0, refusal: key.full(write), reasons: "its window of keys is full".into() }
     }
 }
 
@@ -454,7 +483,9 @@ pub trait CommitStore: Send + Sync {
     /// [`added_to`](item_keys::KeyInItem::added_to) say, in one conditional
     /// write, and writes no claim: [`Committed::InItemAlready`] when the item
     /// holds the key, a cancellation when the update's own condition does not
-    /// hold or the item's window is full ([`Cancellation::window_full`]).
+    /// hold, [`Committed::WindowFull`] when the item's window is full, and
+    /// an error, nothing applied, when the item's window began too late for
+    /// the commit ([`item_keys::InItem::Late`]).
     async fn commit(&self, id: &str, token: &str, commit: &Commit) -> Result<Committed, StoreError>;
 
     /// Whether the store commits a run's one update with its key kept in

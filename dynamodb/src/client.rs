@@ -200,3 +200,20 @@ condition_failure!(PutItemError, UpdateItemError, DeleteItemError);
 pub(super) fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
     format!("DynamoDB: {}", sqs_once_aws::describe(error))
 }
+
+/// Why an attempt of a commit with a deadline is not sent: its time to be
+/// sent has passed ([`Commit::send_by_ms`](sqs_once_core::store::Commit::send_by_ms)),
+/// read from the wall clock at the attempt, since an attempt held by a
+/// freeze goes out at the thaw. The answer is an error, and the commit is
+/// given up (its record was reported failed, and its redelivery decides).
+pub(super) fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
+    let send_by_ms = send_by_ms?;
+    let now_ms = sqs_once_core::clock::epoch_ms(std::time::SystemTime::now());
+    (now_ms > send_by_ms).then(|| {
+        StoreError::unavailable(format!(
+            "a commit is sent by {send_by_ms} (epoch ms), and it is {now_ms}: what would refuse it a second time \
+             (the key's completion, or the key kept in its item) could be forgotten by the time it lands, or \
+             DynamoDB's token window has passed; given up unsent, the record's redelivery decides"
+        ))
+    })
+}

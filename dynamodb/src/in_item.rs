@@ -40,9 +40,10 @@ use super::{
     DynamoDbStore, Item,
     admin::table_missing,
     attribute_value,
-    client::{described, unavailable},
+    client::{described, too_late, unavailable},
+    n,
     statements::{self, Written},
-    transact::{Expression, too_late},
+    transact::Expression,
 };
 use sqs_once_core::{
     store::{Cancellation, Commit, Committed, StoreError},
@@ -175,20 +176,24 @@ impl DynamoDbStore {
         item: &str,
         since_ms: Option<u64>,
     ) -> Result<Committed, StoreError> {
+        let send_by_ms = commit.send_by_ms();
         let mut judged = key.judge(&ItemKeys { since_ms, ..ItemKeys::default() });
         // Once a statement was refused for the handler's condition, the single request decides.
         let mut batched = true;
         for _ in 0..WINDOW_ATTEMPTS {
-            if let Some(late) = too_late(commit.send_by_ms()) {
+            if let Some(late) = too_late(send_by_ms) {
                 return Err(late);
             }
+            if judged == InItem::Late {
+                return Err(StoreError::window_too_late(key, since_ms));
+            }
             let answered_as_statement = match batched {
-                true => self.send_batched(update, key, judged, item).await,
+                true => self.send_batched(update, key, judged, item, send_by_ms).await,
                 false => None,
             };
             let (refused, as_statement) = match answered_as_statement {
                 Some(sent) => (sent?, true),
-                None => (self.send_in_item(update, key, judged).await?, false),
+                None => (self.send_in_item(update, key, judged, send_by_ms).await?, false),
             };
             let Some(refused) = refused else {
                 let since_ms = match judged {
@@ -202,7 +207,10 @@ impl DynamoDbStore {
             self.windows.saw(item, keys.since_ms);
             match key.judge(&keys) {
                 InItem::Duplicate => return Ok(Committed::InItemAlready),
-                InItem::Full => return Ok(Committed::Cancelled(Cancellation::window_full(key, &commit.writes[0]))),
+                InItem::Full => {
+                    return Ok(Committed::window_full(key, &commit.writes[0], keys.since_ms.unwrap_or_default()));
+                }
+                InItem::Late => return Err(StoreError::window_too_late(key, keys.since_ms)),
                 now if now == judged && as_statement => batched = false,
                 // Sent for the window that holds: what refused it is the handler's own condition.
                 now if now == judged => {
@@ -228,9 +236,10 @@ impl DynamoDbStore {
         key: &KeyInItem,
         judged: InItem,
         item: &str,
+        send_by_ms: Option<u64>,
     ) -> Option<Result<Option<Option<Item>>, StoreError>> {
         let batches = self.batches.as_deref().filter(|_| judged == InItem::SameWindow)?;
-        let statement = match statements::kept_key_update(update, key, item)? {
+        let statement = match statements::kept_key_update(update, key, item, send_by_ms)? {
             Ok(statement) => statement,
             Err(error) => return Some(Err(error)),
         };
@@ -244,13 +253,15 @@ impl DynamoDbStore {
 
     /// Sends `update` with the key added as `judged` says, on the condition
     /// that the item's window is the one `judged` is for and holds no key
-    /// of it: `None` when it applied, else the item as it stood (`None`
-    /// within for no item), read when DynamoDB did not return it.
+    /// of it, none of its attempts past `send_by_ms`: `None` when it
+    /// applied, else the item as it stood (`None` within for no item), read
+    /// when DynamoDB did not return it.
     async fn send_in_item(
         &self,
         update: &Update,
         key: &KeyInItem,
         judged: InItem,
+        send_by_ms: Option<u64>,
     ) -> Result<Option<Option<Item>>, StoreError> {
         let target = update.target();
         let mut expression = Expression::default();
@@ -264,37 +275,35 @@ impl DynamoDbStore {
         match judged {
             InItem::SameWindow => {
                 let digest = digest();
-                let over = expression.value(number(key.memories_ago_ms(1)));
-                let most = expression.value(number(MAX_KEYS_PER_WINDOW as u64));
+                let over = expression.value(n(key.memories_ago_ms(1)));
+                // A window begun too late for the commit holds for no send of it (KeyInItem::too_late_from_ms).
+                let late = expression.value(n(key.too_late_from_ms()));
+                let most = expression.value(n(MAX_KEYS_PER_WINDOW));
                 conditions.push(format!(
-                    "{since} > {over} AND NOT contains({current}, {digest}) AND NOT contains({before}, {digest}) \
-                     AND size({current}) < {most}"
+                    "{since} > {over} AND {since} < {late} AND NOT contains({current}, {digest}) AND NOT \
+                     contains({before}, {digest}) AND size({current}) < {most}"
                 ));
                 add.push(format!("{current} {digests}"));
             }
             InItem::NextWindow => {
                 let digest = digest();
-                let (over, forgotten) = (
-                    expression.value(number(key.memories_ago_ms(1))),
-                    expression.value(number(key.memories_ago_ms(2))),
-                );
+                let (over, forgotten) =
+                    (expression.value(n(key.memories_ago_ms(1))), expression.value(n(key.memories_ago_ms(2))));
                 conditions
                     .push(format!("{since} <= {over} AND {since} > {forgotten} AND NOT contains({current}, {digest})"));
-                let now = expression.value(number(key.now_ms));
+                let now = expression.value(n(key.now_ms));
                 set.extend([
                     format!("{before} = {current}"),
                     format!("{current} = {digests}"),
                     format!("{since} = {now}"),
                 ]);
             }
-            // A duplicate or a full window is never sent: judged from the item, answered from it.
-            InItem::Fresh | InItem::Duplicate | InItem::Full => {
-                let forgotten = expression.value(number(key.memories_ago_ms(2)));
+            // A duplicate, a full window or a late one is never sent: judged from the item, answered from it.
+            InItem::Fresh | InItem::Duplicate | InItem::Full | InItem::Late => {
+                let forgotten = expression.value(n(key.memories_ago_ms(2)));
                 conditions.push(format!("(attribute_not_exists({since}) OR {since} <= {forgotten})"));
-                let (nothing, now) = (
-                    expression.value(AttributeValue::Ss(vec![NO_KEY.to_owned()])),
-                    expression.value(number(key.now_ms)),
-                );
+                let (nothing, now) =
+                    (expression.value(AttributeValue::Ss(vec![NO_KEY.to_owned()])), expression.value(n(key.now_ms)));
                 set.extend([
                     format!("{before} = {nothing}"),
                     format!("{current} = {digests}"),
@@ -316,6 +325,9 @@ impl DynamoDbStore {
             .set_expression_attribute_names(expression.names())
             .set_expression_attribute_values(expression.values())
             .return_values_on_condition_check_failure(self.returned_values())
+            .customize()
+            // Checked before each of the SDK's own attempts: a freeze or a slow answer can hold one past its time.
+            .map_request(move |request| too_late(send_by_ms).map_or(Ok(request), Err))
             .send()
             .await;
         let error = match sent {
@@ -350,9 +362,4 @@ impl DynamoDbStore {
 /// The key of the item `target` names, as DynamoDB takes it.
 fn key_of(target: &Target) -> Item {
     target.key.attributes().iter().map(|(name, value)| (name.clone(), attribute_value(value))).collect()
-}
-
-/// A number as DynamoDB takes it.
-fn number(value: u64) -> AttributeValue {
-    AttributeValue::N(value.to_string())
 }

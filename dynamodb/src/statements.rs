@@ -33,7 +33,8 @@ use aws_sdk_dynamodb::{
 
 use super::batched::{BatchCall, Batcher};
 use super::{
-    ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, attribute_value, described, n, open_partition, s, text,
+    ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, attribute_value, client::too_late, described, n,
+    open_partition, s, text,
 };
 use sqs_once_core::{
     store::{ClaimStatus, Finish, StoreError, StoredClaim},
@@ -55,6 +56,11 @@ pub(super) const IN_FLIGHT: usize = 8;
 pub(super) struct Statement {
     item: String,
     request: BatchStatementRequest,
+    /// The last moment (epoch milliseconds) it may be sent, for a commit's
+    /// statement that has one ([`Commit::send_by_ms`](sqs_once_core::store::Commit::send_by_ms)):
+    /// checked before every attempt, whether it waited for a slot, a retry
+    /// or the thaw of a frozen process.
+    send_by_ms: Option<u64>,
 }
 
 /// What DynamoDB did with a [`Statement`].
@@ -126,7 +132,13 @@ impl Batches {
         if self.items_refused.load(Ordering::Relaxed) {
             return None;
         }
-        let written = retrying(|| async { self.items.submit(statement.clone()).await }).await;
+        let written = retrying(|| async {
+            if let Some(late) = too_late(statement.send_by_ms) {
+                return Err(late);
+            }
+            self.items.submit(statement.clone()).await
+        })
+        .await;
         single_unless_refused(&self.items_refused, written)
     }
 
@@ -149,6 +161,7 @@ impl Batches {
     pub(super) fn expedite(&self, until: tokio::time::Instant) {
         self.writes.expedite(until);
         self.reads.expedite(until);
+        self.items.expedite(until);
     }
 }
 
@@ -188,9 +201,32 @@ impl BatchCall for Statements {
     }
 
     async fn call(&self, inputs: Vec<Statement>) -> Vec<Result<Attempt, StoreError>> {
-        let count = inputs.len();
-        let statements = inputs.into_iter().map(|statement| statement.request).collect();
-        match self.client.batch_execute_statement().set_statements(Some(statements)).send().await {
+        // A statement whose time has passed while it waited is not sent; the others go, each of the SDK's
+        // attempts held to the earliest time among them (a freeze can hold an attempt for hours).
+        let late: Vec<Option<StoreError>> = inputs.iter().map(|statement| too_late(statement.send_by_ms)).collect();
+        let sent: Vec<Statement> =
+            inputs.into_iter().zip(&late).filter(|(_, late)| late.is_none()).map(|(statement, _)| statement).collect();
+        let send_by_ms = sent.iter().filter_map(|statement| statement.send_by_ms).min();
+        let mut answers = match sent.is_empty() {
+            true => Vec::new(),
+            false => self.send(sent, send_by_ms).await,
+        }
+        .into_iter();
+        late.into_iter().map(|late| late.map_or_else(|| answers.next().unwrap_or_else(missing), Err)).collect()
+    }
+}
+
+impl Statements {
+    /// One `BatchExecuteStatement` of `statements`, none of its attempts
+    /// sent past `send_by_ms`; each statement's answer, in order.
+    async fn send(&self, statements: Vec<Statement>, send_by_ms: Option<u64>) -> Vec<Result<Attempt, StoreError>> {
+        let count = statements.len();
+        let requests = statements.into_iter().map(|statement| statement.request).collect();
+        let sent = (self.client.batch_execute_statement().set_statements(Some(requests)).customize())
+            .map_request(move |request| too_late(send_by_ms).map_or(Ok(request), Err))
+            .send()
+            .await;
+        match sent {
             Ok(output) => {
                 let mut responses = output.responses.unwrap_or_default().into_iter();
                 (0..count).map(|_| answer(responses.next(), &self.refused, self.grant)).collect()
@@ -202,6 +238,11 @@ impl BatchCall for Statements {
             }
         }
     }
+}
+
+/// The answer of a statement DynamoDB's answer left out.
+fn missing() -> Result<Attempt, StoreError> {
+    Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent"))
 }
 
 /// What DynamoDB's answer to one statement means.
@@ -216,9 +257,7 @@ pub(super) enum Attempt {
 
 fn answer(response: Option<BatchStatementResponse>, refused: &AtomicBool, grant: &str) -> Result<Attempt, StoreError> {
     use BatchStatementErrorCodeEnum as Code;
-    let Some(response) = response else {
-        return Err(StoreError::unavailable("DynamoDB answered fewer statements than were sent"));
-    };
+    let Some(response) = response else { return missing() };
     let Some(error) = response.error else { return Ok(Attempt::Done(Written::Applied)) };
     let code = error.code.as_ref().map_or("unknown error", Code::as_str);
     let reason = format!("DynamoDB: {code}: {}", error.message.as_deref().unwrap_or("no message"));
@@ -239,10 +278,11 @@ fn answer(response: Option<BatchStatementResponse>, refused: &AtomicBool, grant:
             note_refusal(refused, Some(code), error.message.as_deref(), "a PartiQL statement", grant);
             Err(StoreError::unavailable(reason))
         }
-        // Refused for its data (an item over 400 KB, a key too long): this
-        // statement alone is sent again as a single request, and batching
-        // stays on for everyone else.
-        Some(Code::ValidationError) => Err(StoreError::Rejected(reason)),
+        // Refused for its data (an item over 400 KB, a key too long), or for
+        // a table that is not there: this statement alone is sent again as a
+        // single request, which says for itself (a missing table fails for
+        // good), and batching stays on for everyone else.
+        Some(Code::ValidationError | Code::ResourceNotFound) => Err(StoreError::Rejected(reason)),
         _ => Err(StoreError::unavailable(reason)),
     }
 }
@@ -477,7 +517,12 @@ impl TableLayout {
 /// a `NOT`, it would refuse what the request applies), the caller sends a
 /// refusal that the item's keys do not explain as the single request,
 /// which decides.
-pub(super) fn kept_key_update(update: &Update, key: &KeyInItem, item: &str) -> Option<Result<Statement, StoreError>> {
+pub(super) fn kept_key_update(
+    update: &Update,
+    key: &KeyInItem,
+    item: &str,
+    send_by_ms: Option<u64>,
+) -> Option<Result<Statement, StoreError>> {
     let target = update.target();
     let mut statement = Partiql::new("UPDATE ", &target.table, update.actions().len() + 8);
     for action in update.actions() {
@@ -501,6 +546,8 @@ pub(super) fn kept_key_update(update: &Update, key: &KeyInItem, item: &str) -> O
         statement.parameter(attribute_value(value));
     }
     statement.text(" AND ").identifier(KEYS_SINCE).text(" > ").parameter(n(key.memories_ago_ms(1)));
+    // A window begun too late for the commit holds for no send of it, however late (KeyInItem::too_late_from_ms).
+    statement.text(" AND ").identifier(KEYS_SINCE).text(" < ").parameter(n(key.too_late_from_ms()));
     for keys in [KEYS, KEYS_BEFORE] {
         statement.text(" AND NOT contains(").identifier(keys).text(", ");
         statement.parameter(s(key.digest.as_str())).text(")");
@@ -511,7 +558,7 @@ pub(super) fn kept_key_update(update: &Update, key: &KeyInItem, item: &str) -> O
         statement.condition(condition)?;
         statement.text(")");
     }
-    Some(statement.build(item))
+    Some(statement.build(item).map(|statement| Statement { send_by_ms, ..statement }))
 }
 
 /// A PartiQL statement as it is written: its text and its parameters. A
@@ -599,7 +646,7 @@ impl Partiql {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(StoreError::unavailable)?;
-        Ok(Statement { item: id.to_owned(), request })
+        Ok(Statement { item: id.to_owned(), request, send_by_ms: None })
     }
 }
 

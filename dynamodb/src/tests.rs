@@ -411,6 +411,143 @@ async fn credits_kept_in_their_accounts_go_out_together_and_apply_once() {
     balances_are(30).await;
 }
 
+/// A clock that stands still: the engine's time, apart from the wall's.
+#[derive(Debug)]
+struct StandingAt(u64);
+
+impl Clock for StandingAt {
+    fn now_ms(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A commit that keeps its key in its item is sent by its deadline
+/// ([`Commit::send_by_ms`](sqs_once_core::store::Commit::send_by_ms)) or
+/// not at all, however it was held: a statement answered throttled once the
+/// deadline passed is not sent again, nor is a single request after a server
+/// error, nor either after its attempt timed out (the SDK's retry). Sent
+/// later, after the item could have forgotten the key, it would apply a
+/// second time what the record's redelivery applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_keeping_its_key_in_its_item_is_never_sent_past_its_deadline() {
+    // Held past the deadline and answered, or past the SDK's 2 s attempt timeout.
+    for (batched, held_ms) in [(true, 1_500), (false, 1_500), (true, 2_500), (false, 2_500)] {
+        let (created, _) = fresh_table().await;
+        let balances = testkit::dynamodb::items_table().await;
+        // The requests about the balances seen after the first round: the first is held past the deadline.
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let url = testkit::dynamodb::proxy({
+            let (seen, armed, balances) = (Arc::clone(&seen), Arc::clone(&armed), balances.clone());
+            move |operation, body| {
+                let about = body.to_string().contains(&balances);
+                if !about || !armed.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Reply::Forward;
+                }
+                let first = {
+                    let mut seen = seen.lock();
+                    seen.push(operation.to_owned());
+                    seen.len() == 1
+                };
+                if !first {
+                    return Reply::Forward;
+                }
+                // Held until the deadline has passed, as a freeze or a slow store holds it, then answered with a
+                // failure that asks for the request again.
+                std::thread::sleep(Duration::from_millis(held_ms));
+                match operation {
+                    "BatchExecuteStatement" => Reply::Answer(
+                        200,
+                        json!({"Responses": [{"Error": {"Code": "ThrottlingError", "Message": "slow down"}}]})
+                            .to_string(),
+                    ),
+                    _ => Reply::Answer(
+                        500,
+                        json!({"__type": "com.amazonaws.dynamodb.v20120810#InternalServerError", "message": "oops"})
+                            .to_string(),
+                    ),
+                }
+            }
+        })
+        .await;
+        let store = store_through(&url, created.layout().clone()).await.batching(batched);
+        // The engine's clock stands where a commit's deadline (its key memory, two minutes, less a minute's
+        // margin, from the commit) falls a second from now on the wall's.
+        let wall_ms = || SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+        tokio::time::sleep(Duration::from_millis(1_010 - wall_ms() % 1_000)).await;
+        let standing = (wall_ms() / 1_000 + 1) * 1_000 - 60_000;
+        let policy =
+            ClaimPolicy { expires_after: Duration::from_secs(120), local_cache_entries: 0, ..ClaimPolicy::default() };
+        let keys = Keys::new("body.key", "test").unwrap();
+        let engine = Engine::builder(Arc::new(store), keys)
+            .policy(policy)
+            .clock(Arc::new(StandingAt(standing)))
+            .build(BoxHandler::new(Credit(balances.clone())));
+        // The first credit begins the account's window (the single request), and the process learns it.
+        assert_eq!(failed(&run(&engine, &testkit::records([json!({"key": "c-0", "account": 1})])).await), 0);
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let report = run(&engine, &testkit::records([json!({"key": "c-1", "account": 1})])).await;
+        assert_eq!(
+            report.records[0].outcome.label(),
+            "uncommitted",
+            "batched {batched}, held {held_ms} ms: {report:?}"
+        );
+        let balance = testkit::dynamodb::item(&balances, "1").await.unwrap()["balance"].clone();
+        assert_eq!(
+            balance, 5,
+            "batched {batched}, held {held_ms} ms: the credit held past its deadline was not sent again"
+        );
+        assert_eq!(
+            seen.lock().len(),
+            1,
+            "batched {batched}, held {held_ms} ms: sent once, never again: {:?}",
+            seen.lock()
+        );
+    }
+}
+
+/// What keeps a late send of a commit from applying twice is the item
+/// itself: a window begun a key memory or more after the commit was made
+/// refuses it, as a statement and as the single request, and the commit is
+/// given up (`uncommitted`), nothing applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_begun_a_key_memory_after_a_commit_refuses_it() {
+    for batched in [true, false] {
+        let (created, _) = fresh_table().await;
+        let balances = testkit::dynamodb::items_table().await;
+        let policy =
+            ClaimPolicy { expires_after: Duration::from_secs(120), local_cache_entries: 0, ..ClaimPolicy::default() };
+        // Two processes, each with a store of its own, and with its own knowledge of the account's window.
+        let at = async |clock_ms: u64| {
+            let store = store_through(&testkit::dynamodb::endpoint(), created.layout().clone()).await;
+            Engine::builder(Arc::new(store.batching(batched)), Keys::new("body.key", "test").unwrap())
+                .policy(policy.clone())
+                .clock(Arc::new(StandingAt(clock_ms)))
+                .build(BoxHandler::new(Credit(balances.clone())))
+        };
+        let now_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+        let (early, later) = (at(now_ms).await, at(now_ms + 121_000).await);
+        let credit = |key: &str| testkit::records([json!({"key": key, "account": 1})]);
+        // Each process's invocation is due a minute after its clock.
+        let run_at = |engine: &Engine, clock_ms: u64, records: Vec<Value>| {
+            let deadline = SystemTime::UNIX_EPOCH + Duration::from_millis(clock_ms + 60_000);
+            let invocation = Invocation { deadline, request_id: "r".into() };
+            let event = parse_event(&json!({ "Records": records }).to_string()).unwrap();
+            let engine = engine.clone();
+            async move { engine.process(&event, &invocation, None).await }
+        };
+        // The early process begins the account's window and learns it; a key memory on, another begins the next.
+        assert_eq!(failed(&run_at(&early, now_ms, credit("c-0")).await), 0);
+        let next = run_at(&later, now_ms + 121_000, credit("c-1")).await;
+        assert_eq!(failed(&next), 0, "{next:?}");
+        // A commit made back then, sent only now for the window it knew: the window under way began too late.
+        let report = run_at(&early, now_ms, credit("c-2")).await;
+        assert_eq!(report.records[0].outcome.label(), "uncommitted", "batched {batched}: {report:?}");
+        let account = testkit::dynamodb::item(&balances, "1").await.unwrap();
+        assert_eq!(account["balance"], 10, "batched {batched}: the late commit did not apply: {account}");
+    }
+}
+
 /// A handler's table whose policy grants no PartiQL: its commits that keep
 /// their key in an item go as single requests from then on, and the claims'
 /// batches stay on.

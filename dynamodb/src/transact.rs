@@ -29,7 +29,7 @@ use super::{
     DynamoDbStore, Item,
     admin::table_missing,
     attribute_value,
-    client::{described, unavailable},
+    client::{described, too_late, unavailable},
     statements::Backoff,
 };
 use sqs_once_core::{
@@ -248,22 +248,6 @@ const TRANSIENT: &[&str] = &[
 /// seconds, DynamoDB's recommendation for recovering a transaction stuck in
 /// progress.
 const IN_PROGRESS_RETRY: std::time::Duration = std::time::Duration::from_millis(5_100);
-
-/// Why an attempt of a commit without a claim is not sent: its time to be
-/// sent has passed ([`Commit::send_by_ms`]), read from the wall clock at the
-/// attempt, since an attempt held by a freeze goes out at the thaw. The
-/// answer is an error, and the commit is given up (its record was reported
-/// failed, and its redelivery decides).
-pub(super) fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
-    let send_by_ms = send_by_ms?;
-    let now_ms = sqs_once_core::clock::epoch_ms(std::time::SystemTime::now());
-    (now_ms > send_by_ms).then(|| {
-        StoreError::unavailable(format!(
-            "a commit without a claim is sent by {send_by_ms} (epoch ms), and it is {now_ms}: the key's completion \
-             could have expired and been deleted, or DynamoDB's token window has passed"
-        ))
-    })
-}
 
 /// What a cancellation means for the commit.
 enum Judged {

@@ -127,6 +127,12 @@ impl Engine {
                 Ok(claim) => won(claim).err().unwrap_or(Outcome::Failed(Failure::LeaseLost)),
                 Err(error) => Outcome::Failed(error.into()),
             },
+            Committed::WindowFull { item, turns_in } => {
+                let failure = Failure::WindowFull { item, retry_after: turns_in };
+                let (message_id, key) = (&record.message_id, &record.key);
+                tracing::warn!(%message_id, %key, reason = %failure, "an item's window of kept keys is full: nothing applied");
+                self.write_failure(record, lease, failure, progress).await
+            }
             Committed::Cancelled(cancellation) => {
                 let refusal = &cancellation.refusal;
                 let reason = reason::capped(&format!("{} ({})", refusal.reason, cancellation.reasons)).into_owned();

@@ -115,7 +115,8 @@ pub fn evaluate_keeping_key(
     let judged = key.judge(&keys);
     match judged {
         InItem::Duplicate => return Ok(Err(Committed::InItemAlready)),
-        InItem::Full => return Ok(Err(Committed::Cancelled(Cancellation::window_full(key, write)))),
+        InItem::Full => return Ok(Err(Committed::window_full(key, write, keys.since_ms.unwrap_or_default()))),
+        InItem::Late => return Err(StoreError::window_too_late(key, keys.since_ms)),
         InItem::SameWindow | InItem::NextWindow | InItem::Fresh => {}
     }
     let writes = std::slice::from_ref(write);

@@ -22,7 +22,6 @@ use std::{collections::BTreeSet, time::Duration};
 
 use sha2::{Digest, Sha256};
 
-use super::{Refusal, Write};
 use crate::clock::duration_ms;
 
 /// The item's keys of the window under way: a string set.
@@ -44,7 +43,8 @@ pub const KEY_ATTRIBUTES: [&str; 3] = [KEYS, KEYS_BEFORE, KEYS_SINCE];
 pub const NO_KEY: &str = "-";
 
 /// The most keys one window of an item holds: a commit that would add one
-/// more is refused (retryable: the window turns within a key memory). An
+/// more is refused until the window turns, a key memory after it began
+/// (`Committed::WindowFull`). An
 /// item's keys so take at most 2 × 256 × 24 bytes, 12 KB.
 pub const MAX_KEYS_PER_WINDOW: usize = 256;
 
@@ -100,6 +100,12 @@ pub enum InItem {
     Fresh,
     /// The window under way holds [`MAX_KEYS_PER_WINDOW`] keys.
     Full,
+    /// The window under way began a key memory or more after the commit was
+    /// made ([`KeyInItem::too_late_from_ms`]), and does not hold the key:
+    /// the item may have held it since and forgotten it, so nothing it
+    /// keeps can refuse the commit any more. Never sent: the commit is
+    /// given up, and the record's redelivery decides.
+    Late,
 }
 
 impl KeyInItem {
@@ -124,6 +130,26 @@ impl KeyInItem {
         self.now_ms.saturating_sub(memories * self.memory_ms)
     }
 
+    /// A window begun at or after this moment (epoch milliseconds) is too
+    /// late for this commit ([`InItem::Late`]): one key memory after it was
+    /// made. Any other run of the key that applied after this commit was
+    /// made left its key in a window begun before this moment, or in the
+    /// one after that window (which holds it as its keys before); only
+    /// a window begun two windows later, a key memory after this moment at
+    /// the earliest, has forgotten it. So the condition a commit is sent
+    /// with for the window under way holds only for a window begun before
+    /// this moment, and a send held for hours (a freeze, a slow store) can
+    /// never apply a second time what a redelivery applied meanwhile.
+    pub fn too_late_from_ms(&self) -> u64 {
+        self.now_ms.saturating_add(self.memory_ms)
+    }
+
+    /// How long after this commit a window begun at `since_ms` turns: a
+    /// key memory after it began.
+    pub fn window_turns_in(&self, since_ms: u64) -> Duration {
+        Duration::from_millis(since_ms.saturating_add(self.memory_ms).saturating_sub(self.now_ms))
+    }
+
     /// What `keys` (the item's, as it stands) say of this commit. A key is
     /// remembered while its window began less than two key memories ago, a
     /// key of the window before while the window after it began less than
@@ -136,6 +162,9 @@ impl KeyInItem {
         let under_way = since_ms > self.memories_ago_ms(1);
         if keys.current.contains(&self.digest) || (under_way && keys.before.contains(&self.digest)) {
             return InItem::Duplicate;
+        }
+        if since_ms >= self.too_late_from_ms() {
+            return InItem::Late;
         }
         match (under_way, keys.current.len() >= MAX_KEYS_PER_WINDOW) {
             (true, true) => InItem::Full,
@@ -160,21 +189,7 @@ impl KeyInItem {
             InItem::Fresh => {
                 ItemKeys { current: mine(), before: BTreeSet::from([NO_KEY.to_owned()]), since_ms: Some(self.now_ms) }
             }
-            InItem::Duplicate | InItem::Full => keys.clone(),
-        }
-    }
-
-    /// Why a commit of `write` into an item whose window under way is full
-    /// is refused: retryable, since the window turns within a key memory.
-    pub fn full(&self, write: &Write) -> Refusal {
-        let what = write.target().map_or_else(|| write.describe(), |target| target.describe());
-        Refusal {
-            kind: crate::ErrorKind::Retryable,
-            reason: format!(
-                "{what} keeps {MAX_KEYS_PER_WINDOW} keys of this key memory window already, as many as an item \
-                 holds: the record comes back once the window turns; for an item this busy, stage its update \
-                 without keep_key (the transaction keeps each key in an item of its own)"
-            ),
+            InItem::Duplicate | InItem::Full | InItem::Late => keys.clone(),
         }
     }
 }
@@ -233,6 +248,20 @@ mod tests {
     }
 
     #[test]
+    fn a_window_begun_a_key_memory_after_the_commit_is_too_late_for_it_unless_it_holds_the_key() {
+        let memory = Duration::from_secs(60);
+        let commit = KeyInItem::new("k", 100_000, memory);
+        let begun = |since_ms, current: &[&str]| keys(current, &[], Some(since_ms));
+        assert_eq!(commit.too_late_from_ms(), 160_000);
+        assert_eq!(commit.judge(&begun(159_999, &[])), InItem::SameWindow, "begun before: the window it is sent for");
+        assert_eq!(commit.judge(&begun(160_000, &[])), InItem::Late, "begun a key memory after it");
+        assert_eq!(commit.judge(&begun(10_000_000, &[])), InItem::Late, "hours after");
+        assert_eq!(commit.judge(&begun(160_000, &[&commit.digest])), InItem::Duplicate, "held still: applied");
+        let before = keys(&[], &[&commit.digest], Some(170_000));
+        assert_eq!(commit.judge(&before), InItem::Duplicate, "held in the window before");
+    }
+
+    #[test]
     fn a_full_window_refuses_another_key_until_the_window_turns() {
         let memory = Duration::from_secs(60);
         let full: Vec<String> = (0..MAX_KEYS_PER_WINDOW).map(|n| KeyInItem::digest_of(&n.to_string())).collect();
@@ -240,6 +269,7 @@ mod tests {
         assert_eq!(KeyInItem::new("new", 60_999, memory).judge(&item), InItem::Full);
         assert_eq!(KeyInItem::new("0", 60_999, memory).judge(&item), InItem::Duplicate, "a key held is a duplicate");
         assert_eq!(KeyInItem::new("new", 61_000, memory).judge(&item), InItem::NextWindow);
+        assert_eq!(KeyInItem::new("new", 30_000, memory).window_turns_in(1_000), Duration::from_secs(31));
         const { assert!(KEYS_ROOM < 13_000, "two full windows of keys take 12 KB") };
     }
 }

@@ -406,8 +406,11 @@ async fn a_redelivery_after_the_window_and_the_key_memory_runs_again() {
     let day = Duration::from_secs(24 * 3_600);
     let (outcome, applied) = redelivered(ClaimFirst::Auto, Some(TEMPLATE_VISIBILITY), day).await;
     assert_eq!((outcome, applied), (Outcome::Processed { confirmed: true }, 2));
-    // Records no queue delivers again (`invoke` of an event file) keep the key memory alone.
-    let (outcome, applied) = redelivered(ClaimFirst::Auto, None, Duration::from_secs(31)).await;
+    // Records no queue delivers again (`invoke` of an event file) keep the key memory alone, and a commit's two
+    // minutes at least: within them, a duplicate; after, the key is forgotten.
+    let (outcome, applied) = redelivered(ClaimFirst::Auto, None, Duration::from_secs(100)).await;
+    assert_eq!((outcome, applied), (Outcome::Duplicate, 1));
+    let (outcome, applied) = redelivered(ClaimFirst::Auto, None, Duration::from_secs(122)).await;
     assert_eq!((outcome, applied), (Outcome::Processed { confirmed: true }, 2));
 }
 
@@ -494,7 +497,7 @@ async fn an_update_whose_own_condition_fails_fails_as_it_declared_and_keeps_no_k
 }
 
 #[tokio::test]
-async fn a_commit_into_a_full_window_fails_retryably_and_the_item_keeps_its_bound() {
+async fn a_commit_into_a_full_window_waits_for_the_window_to_turn_and_the_item_keeps_its_bound() {
     let store = Arc::new(Calls::default());
     // One account's item, credited by MAX_KEYS_PER_WINDOW messages in one window.
     struct OneAccount;
@@ -514,10 +517,18 @@ async fn a_commit_into_a_full_window_fails_retryably_and_the_item_keeps_its_boun
     let report = run(&engine, records, SECS_30).await;
     let failed = failures(&report);
     assert_eq!(failed.len(), 1, "{failed:?}");
-    assert!(
-        matches!(outcome(&report, &failed[0]), Outcome::Failed(Failure::Retryable(reason)) if reason.contains("keeps 256 keys")),
-        "{report:?}"
-    );
+    let Outcome::Failed(failure @ Failure::WindowFull { retry_after, .. }) = outcome(&report, &failed[0]) else {
+        panic!("{report:?}")
+    };
+    assert!(failure.to_string().contains("as an item holds (256)"), "{failure}");
+    // The window began with the batch, and turns a key memory (an hour) later: the record stays away until then,
+    // as long as the back-off allows, at every receive, rather than backed off 5, 10, 20… s to the dead-letter queue.
+    assert!((Duration::from_secs(3_590)..=Duration::from_secs(3_600)).contains(retry_after), "{failure}");
+    let policy = crate::redelivery::RedeliveryPolicy::default();
+    for receive_count in 1..=5 {
+        let next = policy.next_delivery(failure, receive_count, false);
+        assert_eq!(next, crate::redelivery::NextDelivery::After(policy.longest_delay), "receive {receive_count}");
+    }
     assert_eq!(store.applied("acct"), item_keys::MAX_KEYS_PER_WINDOW as u64);
     assert_eq!(store.kept_keys("acct").0.len(), item_keys::MAX_KEYS_PER_WINDOW);
 }

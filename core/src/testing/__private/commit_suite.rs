@@ -421,7 +421,8 @@ pub async fn kept_keys_last_a_key_memory_and_a_refused_update_keeps_none(store: 
 }
 
 /// Checks that an item's window holds at most `MAX_KEYS_PER_WINDOW` keys:
-/// one more is cancelled, retryable, until the window turns.
+/// one more is refused until the window turns (`Committed::WindowFull`,
+/// with the time to the turn), then applies.
 pub async fn a_full_window_of_kept_keys_refuses_one_more(store: Arc<dyn ClaimStore>, table: String) {
     let m = Machine::plain(store);
     let ona = fresh("ona");
@@ -433,10 +434,10 @@ pub async fn a_full_window_of_kept_keys_refuses_one_more(store: Arc<dyn ClaimSto
             Some(committed) => assert_eq!(committed, Committed::Applied, "key {n}"),
         }
     }
-    let Some(Committed::Cancelled(cancellation)) = kept(&m, "k-full-over", credit()).await else {
-        panic!("one more key than a window holds is cancelled")
+    let Some(Committed::WindowFull { turns_in, .. }) = kept(&m, "k-full-over", credit()).await else {
+        panic!("one more key than a window holds is refused until the window turns")
     };
-    assert_eq!(cancellation.refusal.kind, crate::ErrorKind::Retryable);
+    assert!(turns_in <= m.claims.policy().expires_after && !turns_in.is_zero(), "{turns_in:?}");
     m.clock.advance(m.claims.policy().expires_after);
     assert_eq!(kept(&m, "k-full-over", credit()).await, Some(Committed::Applied), "the next window");
     assert!(holds(&m, &table, &ona, Condition::eq("balance", most as i64 + 1)).await);
