@@ -240,6 +240,10 @@ pub struct Config {
     /// entries left unsent (`SQS_ONCE_OUTBOX_SWEEP_SECS`; `None`: never on
     /// its own).
     pub(crate) outbox_sweep: Option<Duration>,
+    /// The source queue's visibility timeout as the settings name it
+    /// (`SQS_ONCE_VISIBILITY_TIMEOUT_SECS`), when they do: the Lambda
+    /// function compares it with its queue's.
+    pub(crate) visibility_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -351,9 +355,10 @@ impl Config {
         let store = env.store(&key_prefix, &lambda)?;
         let keys = env.keys(key_prefix, engine.envelope, fixed.key.as_ref().map(|(spec, _)| spec.clone()))?;
         let redelivery = env.redelivery()?;
-        // Unknown, the queue's visibility timeout is taken as SQS's longest; `poll` reads its queue's.
-        let visibility_timeout = env.visibility_timeout(fixed.visibility_timeout)?.unwrap_or(MAX_VISIBILITY);
-        claims.redelivered_within = Some(redelivery.redelivered_within(visibility_timeout));
+        // Unknown, the queue's visibility timeout is taken as SQS's longest; `poll` reads its queue's, and the
+        // Lambda function its records'.
+        let visibility_timeout = env.visibility_timeout(fixed.visibility_timeout)?;
+        claims.redelivered_within = Some(redelivery.redelivered_within(visibility_timeout.unwrap_or(MAX_VISIBILITY)));
         Ok(Self {
             keys,
             claims,
@@ -364,6 +369,7 @@ impl Config {
             metrics: env.metrics(&lambda)?,
             redelivery,
             outbox_sweep: env.outbox_sweep()?,
+            visibility_timeout,
         })
     }
 }

@@ -13,11 +13,13 @@ pub use crate::redelivery::RedeliveryCounts;
 pub use sqs_once_core::engine::Invocation;
 
 mod builder;
+mod visibility;
 
 #[cfg(feature = "cli")]
 pub(crate) use builder::CommandParts;
 pub use builder::{Builder, LambdaService};
 pub(crate) use builder::{Layers, Needs};
+pub(crate) use visibility::QueueVisibility;
 
 use crate::{
     config::ConfigError,
@@ -165,6 +167,9 @@ pub struct Consumer {
     pub(crate) dynamodb_requests: Option<std::sync::Arc<sqs_once_dynamodb::RequestCounter>>,
     /// What SQS does with failed records, unless the policy asks nothing.
     pub(crate) redelivery: Option<Redelivery>,
+    /// The source queue's visibility timeout, read at the first batch: in
+    /// the Lambda function, which is told it only by a setting.
+    pub(crate) queue_visibility: Option<std::sync::Arc<visibility::QueueVisibility>>,
     /// The metrics published after each batch.
     pub(crate) metrics: MetricsConfig,
     /// Where spans go, when they are exported.
@@ -207,6 +212,9 @@ impl Consumer {
         invocation: &Invocation,
         parent: Option<&TraceContext>,
     ) -> Answer {
+        if let Some(visibility) = &self.queue_visibility {
+            visibility.read_once(self, records).await;
+        }
         let report = self.engine.process(records, invocation, parent).await;
         let answer = self.redeliver(records, report, invocation.deadline).await;
         self.export_spans(self.engine.budget(invocation.deadline).sqs_by()).await;
@@ -227,8 +235,8 @@ impl Consumer {
     /// Remembers keys past the redelivery of a queue whose visibility
     /// timeout is `visibility_timeout`, for batches of `timeout` at most
     /// (see [`ClaimPolicy::redelivered_within`](sqs_once_core::claim::ClaimPolicy)),
-    /// in place of what the settings said: `poll` reads its queue's.
-    #[cfg(feature = "cli")]
+    /// in place of what the settings said: `poll` reads its queue's, and
+    /// the Lambda function its records' (the longer of it and the setting).
     pub(crate) fn redelivered_by_queue(&self, visibility_timeout: Duration, timeout: Duration) {
         let within = match &self.redelivery {
             Some(redelivery) => redelivery.policy().redelivered_within(visibility_timeout),

@@ -68,7 +68,7 @@ pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result
             return Err(refusal);
         }
         let handler = handler.await?;
-        let assembled = builder.assemble(handler, Needs::default()).await;
+        let assembled = builder.assemble(handler, Needs { queue_visibility: true, ..Needs::default() }).await;
         assembled.map(|(consumer, _)| consumer).map_err(|error| sqs_once_core::report::reason::with_causes(&error))
     };
     let consumer = match started.await {

@@ -84,7 +84,6 @@ impl Redelivery {
     }
 
     /// The policy carried out.
-    #[cfg(feature = "cli")]
     pub(crate) fn policy(&self) -> &RedeliveryPolicy {
         &self.policy
     }

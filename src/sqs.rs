@@ -12,7 +12,7 @@
 mod receiving;
 
 #[cfg(feature = "cli")]
-pub(crate) use receiving::{QueueInfo, event_message};
+pub(crate) use receiving::event_message;
 
 use std::{collections::HashMap, future::Future, time::Duration};
 
@@ -25,7 +25,7 @@ use aws_sdk_sqs::{
     primitives::Blob,
     types::{
         BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue,
-        MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+        MessageSystemAttributeNameForSends, MessageSystemAttributeValue, QueueAttributeName,
     },
 };
 use futures::future::join_all;
@@ -106,7 +106,46 @@ pub(crate) struct Sqs {
     credentials: Option<SharedCredentialsProvider>,
 }
 
+/// What a queue is, as `poll` needs to know it, and the Lambda function its
+/// visibility timeout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueInfo {
+    /// The queue URL.
+    pub url: String,
+    /// The queue ARN, given to records as their `eventSourceARN`.
+    pub arn: String,
+    /// The queue's default visibility timeout.
+    pub visibility_timeout: Duration,
+    /// Whether it is a FIFO queue.
+    pub fifo: bool,
+}
+
 impl Sqs {
+    /// The queue's ARN, visibility timeout and type.
+    pub(crate) async fn queue_info(&self, queue_url: &str) -> Result<QueueInfo, SqsError> {
+        const OPERATION: &str = "GetQueueAttributes";
+        let output = self
+            .client
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .attribute_names(QueueAttributeName::VisibilityTimeout)
+            .attribute_names(QueueAttributeName::FifoQueue)
+            .send()
+            .await
+            .map_err(|error| SqsError::new(OPERATION, error))?;
+        let attributes = output.attributes().cloned().unwrap_or_default();
+        let attribute = |name: QueueAttributeName| attributes.get(&name).cloned();
+        let missing = |what: &str| SqsError::lasting(OPERATION, format!("the answer lacks {what}"));
+        let arn = attribute(QueueAttributeName::QueueArn).ok_or_else(|| missing("QueueArn"))?;
+        let visibility_timeout = attribute(QueueAttributeName::VisibilityTimeout)
+            .and_then(|seconds| seconds.parse().ok())
+            .map(Duration::from_secs)
+            .ok_or_else(|| missing("VisibilityTimeout"))?;
+        let fifo = attribute(QueueAttributeName::FifoQueue).is_some_and(|fifo| fifo == "true");
+        Ok(QueueInfo { url: queue_url.to_owned(), arn, visibility_timeout, fifo })
+    }
+
     /// Where the client sends its requests, for logs and errors.
     #[cfg(feature = "cli")]
     pub(crate) fn endpoint(&self) -> String {

@@ -280,3 +280,46 @@ async fn a_crashed_invocations_claim_is_taken_over_by_a_delivery_after_its_lease
     let metrics = second.metrics(2).await;
     assert_eq!((metrics[0]["Conflicts"].as_u64(), metrics[1]["Processed"].as_u64()), (Some(1), Some(1)));
 }
+
+/// How long past now (seconds) the one completed claim of `store` is remembered.
+async fn remembered_for_s(store: &sqs_once::store::DynamoDbStore) -> u64 {
+    let query = ClaimQuery { status: Some(ClaimStatus::Completed), limit: 10, ..ClaimQuery::default() };
+    let claims = ClaimAdmin::list(store, &query).await.unwrap().claims;
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    claims[0].expires_at_s - common::sqs::now_ms() / 1000
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_function_remembers_keys_past_its_queues_own_visibility_timeout() {
+    // Keys remembered a minute, no back-off: a completion is kept past its lease for twice the longest a failed
+    // record stays away, which is the queue's visibility timeout, 120 s.
+    for told in [None, Some("30"), Some("300")] {
+        let queue = common::sqs::Queue::create(false, 120).await;
+        queue.send(&[json!({"n": 1})]).await;
+        let event = queue.event(&queue.receive(1).await);
+        let store = common::fresh_table().await;
+        let mut envs = vec![
+            ("SQS_ONCE_EXPIRES_AFTER_SECS", "60"),
+            ("SQS_ONCE_RETRY_BASE_SECS", "0"),
+            ("SQS_ONCE_CONFLICT_BACKOFF", "off"),
+        ];
+        let endpoint = common::sqs::endpoint();
+        envs.push(("AWS_ENDPOINT_URL_SQS", &endpoint));
+        envs.extend(told.map(|told| ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", told)));
+        let function = Function::start_on(&store.layout().table, &envs).await;
+        assert_eq!(failures(&function.invoke(&event, SECONDS_30).await), Vec::<String>::new());
+        let remembered = remembered_for_s(&store).await;
+        let output = function.output();
+        match told {
+            // Unset: the queue's 120 s, not SQS's longest (a day past the lease).
+            None => assert!((270..=300).contains(&remembered), "{remembered} s\n{output}"),
+            // Shorter than the queue's: the queue's counts, and the setting is named.
+            Some("30") => {
+                assert!((270..=300).contains(&remembered), "{remembered} s\n{output}");
+                assert!(output.contains("SQS_ONCE_VISIBILITY_TIMEOUT_SECS is shorter"), "{output}");
+            }
+            // Longer: the setting counts.
+            _ => assert!((630..=660).contains(&remembered), "{remembered} s\n{output}"),
+        }
+    }
+}

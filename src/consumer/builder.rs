@@ -363,7 +363,8 @@ impl Builder {
         needs: Needs,
     ) -> Result<(Consumer, Option<Sqs>), StartupError> {
         let config = self.settings()?;
-        let parts = self.parts(&config, Needs { redelivery: config.redelivery.is_active(), ..needs }).await?;
+        let redelivery = config.redelivery.is_active() || needs.queue_visibility;
+        let parts = self.parts(&config, Needs { redelivery, ..needs }).await?;
         tracing::info!(store = %parts.store.target, "claims kept in the store");
         let store = Arc::clone(&parts.store.store);
         if handler.stages_every_effect() && Arc::clone(&store).capabilities().commits.is_none() {
@@ -385,12 +386,16 @@ impl Builder {
             .outbox(Arc::clone(&parts.destinations), times, config.outbox_sweep)
             .payloads(parts.payloads.clone())
             .build(handler);
+        let queue_visibility = (parts.sqs.clone())
+            .filter(|_| needs.queue_visibility)
+            .map(|sqs| Arc::new(super::QueueVisibility::new(sqs, config.visibility_timeout)));
         let queue = parts.sqs.filter(|_| needs.queue);
         let consumer = Consumer {
             engine,
             #[cfg(feature = "dynamodb")]
             dynamodb_requests: parts.store.requests,
             redelivery,
+            queue_visibility,
             metrics: config.metrics.clone(),
             #[cfg(feature = "opentelemetry")]
             export: self.export.take().transpose()?,
@@ -498,6 +503,9 @@ pub(crate) struct Needs {
     /// at the start is waited for ([`crate::waiting`]) rather than refused,
     /// and claims are kept nowhere by default (see [`StoreChoice::Unchosen`]).
     pub(crate) long_running: bool,
+    /// The records' queue's visibility timeout, read at the first batch
+    /// (the Lambda function: see [`super::QueueVisibility`]).
+    pub(crate) queue_visibility: bool,
 }
 
 /// The parts every command builds on.

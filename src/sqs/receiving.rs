@@ -1,4 +1,4 @@
-//! The SQS calls of `poll`: what a queue is, receiving, deleting, and a
+//! The SQS calls of `poll`: receiving, deleting, and a
 //! received message as the Lambda event record it would have been.
 
 use std::time::Duration;
@@ -9,25 +9,10 @@ use aws_lambda_events::{
 };
 use aws_sdk_sqs::{
     primitives::Blob,
-    types::{
-        DeleteMessageBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
-    },
+    types::{DeleteMessageBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName},
 };
 
-use super::{BATCH_LIMIT, Sqs, SqsError, in_batches};
-
-/// What a queue is, as `poll` needs to know it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct QueueInfo {
-    /// The queue URL.
-    pub url: String,
-    /// The queue ARN, given to records as their `eventSourceARN`.
-    pub arn: String,
-    /// The queue's default visibility timeout.
-    pub visibility_timeout: Duration,
-    /// Whether it is a FIFO queue.
-    pub fifo: bool,
-}
+use super::{BATCH_LIMIT, QueueInfo, Sqs, SqsError, in_batches};
 
 impl Sqs {
     /// Whether the client can sign a request: a Region, and credentials its
@@ -48,31 +33,6 @@ impl Sqs {
             return Err(SqsError::lasting(NOT_SIGNED, reason));
         }
         Ok(())
-    }
-
-    /// The queue's ARN, visibility timeout and type.
-    pub(crate) async fn queue_info(&self, queue_url: &str) -> Result<QueueInfo, SqsError> {
-        const OPERATION: &str = "GetQueueAttributes";
-        let output = self
-            .client
-            .get_queue_attributes()
-            .queue_url(queue_url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .attribute_names(QueueAttributeName::VisibilityTimeout)
-            .attribute_names(QueueAttributeName::FifoQueue)
-            .send()
-            .await
-            .map_err(|error| SqsError::new(OPERATION, error))?;
-        let attributes = output.attributes().cloned().unwrap_or_default();
-        let attribute = |name: QueueAttributeName| attributes.get(&name).cloned();
-        let missing = |what: &str| SqsError::lasting(OPERATION, format!("the answer lacks {what}"));
-        let arn = attribute(QueueAttributeName::QueueArn).ok_or_else(|| missing("QueueArn"))?;
-        let visibility_timeout = attribute(QueueAttributeName::VisibilityTimeout)
-            .and_then(|seconds| seconds.parse().ok())
-            .map(Duration::from_secs)
-            .ok_or_else(|| missing("VisibilityTimeout"))?;
-        let fifo = attribute(QueueAttributeName::FifoQueue).is_some_and(|fifo| fifo == "true");
-        Ok(QueueInfo { url: queue_url.to_owned(), arn, visibility_timeout, fifo })
     }
 
     /// Deletes messages by receipt handle. One result per message, in order.
