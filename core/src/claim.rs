@@ -462,7 +462,10 @@ impl Claims {
         let (writes, messages) = staged.into_parts();
         let lease_until_ms = now_ms + duration_ms(SENDING_LEASE);
         let outbox = OutboxEntry::of_run(&lease.id, &lease.token, message_id, &messages, now_ms, lease_until_ms);
-        let unclaimed = lease.unclaimed.as_ref().map(|claim| Unclaimed { claim: (**claim).clone(), now_ms });
+        let remembered_ms =
+            duration_ms(self.policy.expires_after.max(2 * self.redelivered_within().unwrap_or_default()));
+        let unclaimed =
+            lease.unclaimed.as_ref().map(|claim| Unclaimed { claim: (**claim).clone(), now_ms, remembered_ms });
         let key_in_item = self.keeps_key_in_item(&writes, &outbox).then(|| {
             let memory = self.key_memory();
             // The key is kept a key memory at least: what a late send of the commit must land within.
@@ -817,5 +820,41 @@ impl Claims {
             }
             None => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{clock::ManualClock, store::MemoryStore};
+
+    #[tokio::test]
+    async fn a_commit_without_a_claim_is_sent_while_a_later_runs_completion_is_remembered_whatever_its_own_lease() {
+        // Keys remembered a minute, failed records back within three: a copy deciding after this run keeps its
+        // completion six minutes at least, though this run's lease (a 15 minute invocation) ends much later.
+        let now_ms = 1_800_000_000_000;
+        let policy = ClaimPolicy {
+            expires_after: Duration::from_secs(60),
+            redelivered_within: Some(Duration::from_secs(180)),
+            ..ClaimPolicy::default()
+        };
+        let claims = Claims::with_policy(Arc::new(MemoryStore::default()), policy, Arc::new(ManualClock::new(now_ms)));
+        let request = ClaimRequest {
+            id: "k",
+            body: "{}",
+            deadline_ms: now_ms + 900_000,
+            holder: "r",
+            attempt: 1,
+            message_id: "m",
+        };
+        let Claim::Won(lease) = claims.start_unclaimed(&request).await.unwrap() else {
+            panic!("a run without a claim")
+        };
+        let commit = claims.prepare_commit(&lease, None, Staged::default(), "m");
+        assert!(
+            commit.finish.expires_at_s * 1000 > now_ms + 1_200_000,
+            "its own completion: its lease and two windows"
+        );
+        assert_eq!(commit.send_by_ms(), Some(now_ms + 360_000 - 60_000), "a later run's six minutes, less a minute");
     }
 }

@@ -497,7 +497,7 @@ mod tests {
         };
         let commit = Commit {
             finish,
-            unclaimed: Some(Unclaimed { claim, now_ms }),
+            unclaimed: Some(Unclaimed { claim, now_ms, remembered_ms: 3_600_000 }),
             writes: Vec::new(),
             outbox: entries.clone(),
             key_in_item: None,

@@ -73,6 +73,12 @@ pub struct Unclaimed {
     pub claim: StoredClaim,
     /// The time the key must be free at, by [`StoredClaim::is_free`].
     pub now_ms: u64,
+    /// How long past `now_ms` the completion of any run of the key that
+    /// decides from then on is remembered at least, milliseconds: the key
+    /// memory, or twice the redelivery window when that is longer. What
+    /// refuses this commit's late send may be such a run's completion, so
+    /// the commit is sent within it ([`Commit::send_by_ms`]).
+    pub remembered_ms: u64,
 }
 
 impl Commit {
@@ -108,21 +114,25 @@ impl Commit {
     /// can have expired and been deleted by the table's TTL, a late send
     /// would find the key free and apply again; and after DynamoDB's ten
     /// minutes a request token is new. So every send, first or again, goes
-    /// out before the completion it writes could expire and within the
-    /// token's window, each less a margin (a send's own time, clocks that
+    /// out before the completion it writes could expire, and that of any
+    /// run that decided after it ([`Unclaimed::remembered_ms`]), and within
+    /// the token's window, each less a margin (a send's own time, clocks that
     /// differ); after that it is given up, and the record's redelivery
     /// (reported `uncommitted`) decides. A commit that keeps its key in its
     /// item is refused by that key while the item keeps it, a key memory at
     /// least, claim or not: it keeps the same time.
     pub fn send_by_ms(&self) -> Option<u64> {
-        let decided_ms = match (&self.unclaimed, &self.key_in_item) {
-            (Some(unclaimed), _) => unclaimed.now_ms,
-            (None, Some(key)) => key.now_ms,
+        let (decided_ms, remembered_ms) = match (&self.unclaimed, &self.key_in_item) {
+            (Some(unclaimed), _) => (unclaimed.now_ms, unclaimed.remembered_ms),
+            (None, Some(key)) => (key.now_ms, key.memory_ms),
             (None, None) => return None,
         };
         let token_window = decided_ms + duration_ms(TOKEN_WINDOW - SEND_MARGIN);
         let expiry = (self.finish.expires_at_s * 1000).saturating_sub(duration_ms(SEND_MARGIN));
-        Some(token_window.min(expiry))
+        // Not only its own completion: a run that decided after this commit was made (a copy's, its lease
+        // perhaps ending before this one's) keeps its completion this long at least.
+        let others = (decided_ms + remembered_ms).saturating_sub(duration_ms(SEND_MARGIN));
+        Some(token_window.min(expiry).min(others))
     }
 
     /// The claim as this commit leaves it, `stored` being the one it

@@ -45,7 +45,7 @@ use crate::{
     clock::duration_ms,
     outbox::SENDING_LEASE,
     report::{Failure, Outcome},
-    store::{COMMIT_MEMORY, ClaimStatus, ClaimStore},
+    store::{ClaimStatus, ClaimStore},
 };
 
 /// Every invariant the world broke, described.
@@ -77,7 +77,7 @@ pub(super) async fn invariants(world: &World, drained: bool) -> Vec<String> {
     let kept_in: HashMap<String, &str> =
         specs.iter().filter_map(|spec| Some((format!("sim#{}", spec.id), spec.kept_in()?))).collect();
     // A key kept in its item has no claim: the item says it completed while it keeps it.
-    let memory = world.scenario.expires_after.max(3 * world.scenario.queue.redelivered_within()).max(COMMIT_MEMORY);
+    let memory = world.scenario.kept_key_memory();
     for key in keys {
         // The item, where it keeps the key, says what the key came to: a claim beside it may be a run's in
         // progress, or a completion lost after the item applied (its lease ends it).

@@ -71,6 +71,12 @@ pub(super) struct Stats {
     pub kept_in_items: u64,
     /// Commits that found their key kept in the item already.
     pub in_item_already: u64,
+    /// Kept-key statements throttled on their own, and sent again.
+    pub statements_throttled: u64,
+    /// Kept-key statements held minutes to hours, then sent unchecked.
+    pub statements_held: u64,
+    /// Kept-key commits that an item's window refused as too late for them.
+    pub refused_late: u64,
     pub ttl_deleted: u64,
     pub given_up: u64,
     pub quiet_worlds: u64,
@@ -115,6 +121,9 @@ impl Stats {
             (&mut self.taken, other.taken),
             (&mut self.kept_in_items, other.kept_in_items),
             (&mut self.in_item_already, other.in_item_already),
+            (&mut self.statements_throttled, other.statements_throttled),
+            (&mut self.statements_held, other.statements_held),
+            (&mut self.refused_late, other.refused_late),
             (&mut self.ttl_deleted, other.ttl_deleted),
             (&mut self.given_up, other.given_up),
             (&mut self.quiet_worlds, other.quiet_worlds),
@@ -149,7 +158,7 @@ impl Stats {
     }
 
     /// The faults and schedules the simulation is made to meet, counted.
-    pub(super) fn faults(&self) -> [(&'static str, u64); 29] {
+    pub(super) fn faults(&self) -> [(&'static str, u64); 32] {
         [
             ("a request failed before applying", self.failed_before),
             ("an answer lost after applying", self.lost_after),
@@ -171,6 +180,9 @@ impl Stats {
             ("a commit without a claim that found the key taken", self.taken),
             ("a commit of one update, its key kept in the item", self.kept_in_items),
             ("a commit that found its key kept in the item", self.in_item_already),
+            ("a kept-key statement throttled on its own and sent again", self.statements_throttled),
+            ("a kept-key statement held minutes to hours and sent unchecked", self.statements_held),
+            ("a kept-key commit refused by a window begun too late for it", self.refused_late),
             ("a claim deleted by TTL", self.ttl_deleted),
             ("a commit given up unconfirmed", self.given_up),
             ("a world whose traffic stops", self.quiet_worlds),

@@ -81,8 +81,13 @@ impl Link {
         self.world.hold(self.process).await;
     }
 
-    fn fate(&self) -> (Fate, Duration, Duration) {
+    fn fate(&self, held: Option<Duration>) -> (Fate, Duration, Duration) {
         let world = &self.world;
+        if let Some(held) = held {
+            // Held past its caller's patience, then applied: the caller gives up in a few seconds.
+            let gives_up = world.draw(|rng| Duration::from_millis(rng.u64(500..=3_000)));
+            return (Fate::Lingers, gives_up, held.max(gives_up + Duration::from_millis(1)));
+        }
         let short = |rng: &mut fastrand::Rng| Duration::from_millis(rng.u64(1..=15));
         let long = |rng: &mut fastrand::Rng| Duration::from_millis(rng.u64(200..=8_000));
         let fate = if world.strikes(|faults| faults.fail_before) {
@@ -118,9 +123,19 @@ impl Link {
         T: Send + 'static,
         F: FnOnce(&Table) -> Result<T, StoreError> + Send + 'static,
     {
+        self.call_held(call, None, operation).await
+    }
+
+    /// [`call`](Self::call), the request held `held` before it applies, if
+    /// that is given, whatever the faults draw.
+    async fn call_held<T, F>(&self, call: Call<'_>, held: Option<Duration>, operation: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Table) -> Result<T, StoreError> + Send + 'static,
+    {
         self.hold().await;
         let world = &self.world;
-        let (fate, there, back) = self.fate();
+        let (fate, there, back) = self.fate(held);
         let excuse = Excuse { world, body: call.deletes.clone() };
         {
             let mut ledger = world.ledger.lock();
@@ -266,29 +281,11 @@ impl CommitStore for Link {
                 ledger.entries.insert(entry.id.clone(), entry.message.body.clone());
             }
         }
-        // The DynamoDB store's client sends no attempt of a commit without a claim past its time (the attempt
-        // held by a freeze goes out at the thaw, and is checked then).
-        if let Some(send_by_ms) = commit.send_by_ms() {
-            self.hold().await;
-            if self.world.clock.now_ms() > send_by_ms {
-                return Err(StoreError::unavailable("too late to send a commit without a claim"));
-            }
-        }
-        let call = Call { name: "commit", about: id, fence: Some((id, token)), deletes: None };
         let (unclaimed, kept) = (commit.unclaimed.is_some(), commit.key_in_item.is_some());
-        let holds_ms = self.world.draw(|rng| rng.u64(0..=self.world.scenario.transaction_ms));
-        let (id, token, commit) = (id.to_owned(), token.to_owned(), commit.clone());
-        let world = Arc::clone(&self.world);
-        let committed = self
-            .call(call, move |table| {
-                let committed = table.commit(&id, &token, &commit, holds_ms);
-                if matches!(&committed, Err(StoreError::Unavailable(error)) if error.to_string().starts_with("TransactionConflict"))
-                {
-                    world.count(|stats| stats.conflicts += 1);
-                }
-                committed
-            })
-            .await;
+        let committed = match self.world.scenario.kept_statements.filter(|_| kept) {
+            Some(late) => self.commit_as_statement(id, token, commit, late).await,
+            None => self.commit_once(id, token, commit, None).await,
+        };
         self.world.count(|stats| {
             stats.unclaimed_commits += u64::from(unclaimed);
             stats.taken += u64::from(matches!(committed, Ok(Committed::Taken(_))));
@@ -296,6 +293,93 @@ impl CommitStore for Link {
             stats.in_item_already += u64::from(matches!(committed, Ok(Committed::InItemAlready)));
         });
         committed
+    }
+}
+
+impl Link {
+    /// Whether the commit's time to be sent has passed (once the process
+    /// runs: an attempt held by a freeze is checked at the thaw), as the
+    /// DynamoDB store's client checks before every attempt.
+    async fn too_late(&self, commit: &Commit) -> Option<StoreError> {
+        let send_by_ms = commit.send_by_ms()?;
+        self.hold().await;
+        (self.world.clock.now_ms() > send_by_ms).then(|| StoreError::unavailable("too late to send the commit"))
+    }
+
+    /// A commit that keeps its key in its item, as the DynamoDB store sends
+    /// one for the window under way: a statement that waits for a batch,
+    /// throttled on its own now and then and sent again after a pause
+    /// (three attempts, each checked against the commit's deadline), the
+    /// batch's answer lost, late or failed as any request's. At rate
+    /// `late`, the statement is held minutes to hours and sent then without
+    /// a check: what refuses it, if the key could be forgotten by then, is
+    /// the item's window (`InItem::Late`).
+    async fn commit_as_statement(
+        &self,
+        id: &str,
+        token: &str,
+        commit: &Commit,
+        late: f64,
+    ) -> Result<Committed, StoreError> {
+        let world = &self.world;
+        if world.strikes(|_| late) {
+            let memory = Duration::from_millis(commit.key_in_item.as_ref().map_or(0, |key| key.memory_ms));
+            let held = world.draw(|rng| Duration::from_millis(rng.u64(1_000..=duration_ms(memory * 3))));
+            world.count(|stats| stats.statements_held += 1);
+            return self.commit_once(id, token, commit, Some(held)).await;
+        }
+        for attempt in 1.. {
+            if let Some(late) = self.too_late(commit).await {
+                return Err(late);
+            }
+            // Its wait for a slot in the batch: at most as long as a slow request holds one.
+            tokio::time::sleep(Duration::from_millis(world.draw(|rng| rng.u64(0..=500)))).await;
+            if !world.strikes(|faults| faults.fail_before) {
+                break;
+            }
+            world.count(|stats| stats.statements_throttled += 1);
+            if attempt == 3 {
+                return Err(StoreError::unavailable("ThrottlingError: slow down"));
+            }
+            tokio::time::sleep(Duration::from_millis(world.draw(|rng| rng.u64(12..=100)))).await;
+        }
+        if let Some(late) = self.too_late(commit).await {
+            return Err(late);
+        }
+        self.commit_once(id, token, commit, None).await
+    }
+
+    /// One request of `commit` (held `held` before it applies, unchecked,
+    /// if that is given; otherwise checked against its deadline first).
+    async fn commit_once(
+        &self,
+        id: &str,
+        token: &str,
+        commit: &Commit,
+        held: Option<Duration>,
+    ) -> Result<Committed, StoreError> {
+        if held.is_none()
+            && let Some(late) = self.too_late(commit).await
+        {
+            return Err(late);
+        }
+        let call = Call { name: "commit", about: id, fence: Some((id, token)), deletes: None };
+        let holds_ms = self.world.draw(|rng| rng.u64(0..=self.world.scenario.transaction_ms));
+        let (id, token, commit) = (id.to_owned(), token.to_owned(), commit.clone());
+        let world = Arc::clone(&self.world);
+        self.call_held(call, held, move |table| {
+            let committed = table.commit(&id, &token, &commit, holds_ms);
+            if matches!(&committed, Err(StoreError::Unavailable(error)) if error.to_string().starts_with("TransactionConflict"))
+            {
+                world.count(|stats| stats.conflicts += 1);
+            }
+            if matches!(&committed, Err(StoreError::Unavailable(error)) if error.to_string().contains("too late to be sent"))
+            {
+                world.count(|stats| stats.refused_late += 1);
+            }
+            committed
+        })
+        .await
     }
 }
 

@@ -40,6 +40,11 @@ const POLL_BATCHES: usize = 3;
 /// dies (a replacement then takes its place).
 pub(super) async fn drive(world: Arc<World>, id: usize, mode: Mode) {
     let engine = engine(&world, id);
+    // The queue's own visibility timeout, read before the first batch (the Lambda function's first batch reads
+    // it, `poll` reads it as it starts): keys are kept past the longer of it and the one the settings told.
+    let queue = &world.scenario.queue;
+    let read = queue.visibility_timeout.max(world.scenario.told_visibility_timeout);
+    engine.set_redelivered_within(Some(queue.policy.redelivered_within(read)));
     match mode {
         Mode::Lambda => lambda(&world, id, &engine).await,
         Mode::Scheduled => scheduled(&world, id, &engine).await,
@@ -69,9 +74,10 @@ fn engine(world: &Arc<World>, id: usize) -> Engine {
         true => ClaimFirst::Auto,
         false => ClaimFirst::Always,
     };
+    let told = scenario.queue.policy.redelivered_within(scenario.told_visibility_timeout);
     let policy = ClaimPolicy {
         expires_after: scenario.expires_after,
-        redelivered_within: Some(scenario.queue.redelivered_within()),
+        redelivered_within: Some(told),
         local_cache_entries: scenario.cache_entries,
         ..ClaimPolicy::default()
     };

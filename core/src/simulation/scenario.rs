@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::{queue::QueueSettings, workload::Spec};
+use crate::clock::duration_ms;
 use crate::redelivery::{RedeliveryPolicy, RetryBackoff};
 
 /// How a consumer runs its batches.
@@ -119,9 +120,33 @@ pub(super) struct Scenario {
     /// How often the schedule invokes a sweep of the outbox.
     pub schedule_every: Duration,
     pub faults: Faults,
+    /// The visibility timeout the consumers are told
+    /// (`SQS_ONCE_VISIBILITY_TIMEOUT_SECS`): the queue's, or in some worlds
+    /// a shorter one, as a copied template or a queue changed in the
+    /// console leaves it. Each process reads the queue's own at its start,
+    /// as the Lambda function does at its first batch and `poll` before it
+    /// receives, and keeps keys past the longer.
+    pub told_visibility_timeout: Duration,
+    /// How the store sends the commits that keep their key in an item:
+    /// `None`, each as one request; `Some(rate)`, as a statement among
+    /// others in a batch, each attempt checked against the commit's
+    /// deadline and sent again while its own answer says throttled (as the
+    /// DynamoDB store does), and at `rate` a statement held minutes to hours
+    /// (a freeze with it in flight, a queue behind slow requests) and sent
+    /// then unchecked, as a store that forgot its deadline would: the item
+    /// itself must refuse it (`InItem::Late`).
+    pub kept_statements: Option<f64>,
 }
 
 impl Scenario {
+    /// How long the consumers' items keep a key at least: the key memory,
+    /// three redelivery windows when that is longer, and a commit's own
+    /// memory at least (as [`crate::claim::Claims`] keeps it).
+    pub(super) fn kept_key_memory(&self) -> Duration {
+        let memory = self.expires_after.max(3 * self.queue.redelivered_within());
+        memory.max(crate::store::COMMIT_MEMORY)
+    }
+
     pub(super) fn draw(rng: &mut fastrand::Rng) -> Self {
         let modes = [Mode::Lambda, Mode::Poll, Mode::Managed];
         let consumers = (0..rng.usize(1..=3)).map(|_| modes[rng.usize(..modes.len())]).collect();
@@ -178,9 +203,18 @@ impl Scenario {
             quiet,
             schedule_every: seconds(&[60, 300], rng),
             faults: Faults::draw(rng),
+            told_visibility_timeout: Duration::ZERO,
+            kept_statements: None,
         };
         // Drawn last, so that what every seed drew before keeps its draws.
         scenario.keep_keys_in_items(rng);
+        let real = scenario.queue.visibility_timeout;
+        scenario.told_visibility_timeout = real;
+        if rng.u8(0..4) == 0 {
+            let shortest = timeout.as_millis() as u64;
+            scenario.told_visibility_timeout = Duration::from_millis(rng.u64(shortest..=duration_ms(real)));
+        }
+        scenario.kept_statements = rng.bool().then(|| [0.0, 0.05, 0.3][rng.usize(..3)]);
         scenario
     }
 

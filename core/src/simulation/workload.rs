@@ -104,7 +104,7 @@ impl Spec {
     /// The `n`th record of the traffic that goes on once the faults
     /// healed: every way of committing in turn (nothing staged, a
     /// transaction with a message, a key kept in an item of its own, a key
-    /// kept in an item the tail's records share), each of which must
+    /// kept in the item other keys of the world credit too), each of which must
     /// commit, under whatever key memory and queue the world drew.
     pub(super) fn tail(n: usize) -> Spec {
         let id = format!("tail-{n}");
@@ -112,7 +112,7 @@ impl Spec {
             0 => None,
             1 => Some(Staging { messages: 1, opens: None, gate: None, kept_in: None }),
             2 => Some(Staging { messages: 0, opens: None, gate: None, kept_in: Some(id.clone()) }),
-            _ => Some(Staging { messages: 0, opens: None, gate: None, kept_in: Some("tail-account".to_owned()) }),
+            _ => Some(Staging { messages: 0, opens: None, gate: None, kept_in: Some("account".to_owned()) }),
         };
         Spec { id, sleep_ms: 0, fails: 0, permanent: false, staged }
     }

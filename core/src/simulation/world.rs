@@ -34,10 +34,11 @@ use crate::{
 /// is, besides the queue's own clocks (see [`World::drain_limit`]).
 const DRAIN_LIMIT: Duration = Duration::from_secs(3 * 3_600);
 
-/// How long the tail's records ([`Spec::tail`]: every way of committing in
-/// turn) keep arriving, in worlds with live traffic, after the queue drained
-/// and the faults healed: past every lease, every sending lease and sweep.
-const TAIL: Duration = Duration::from_secs(90);
+/// How many records the tail ([`Spec::tail`]: every way of committing in
+/// turn) sends, in worlds with live traffic, after the queue drained and
+/// the faults healed, a second apart at least: past every lease, every
+/// sending lease and sweep.
+const TAIL_RECORDS: usize = 90;
 
 /// How often TTL looks for expired claims.
 const TTL_EVERY: Duration = Duration::from_secs(30);
@@ -156,9 +157,7 @@ impl World {
         self.faults_on.store(false, Ordering::SeqCst);
         self.healed_ms.store(self.clock.now_ms(), Ordering::SeqCst);
         if scenario.tail {
-            let tail_start = Instant::now();
-            let mut n = 0;
-            while tail_start.elapsed() < TAIL {
+            for n in 0..TAIL_RECORDS {
                 let body = serde_json::to_string(&Spec::tail(n)).expect("a spec serializes");
                 let group = (scenario.groups > 0).then(|| "g-tail".to_owned());
                 self.send_message(Sent {
@@ -167,9 +166,8 @@ impl World {
                     body,
                     group,
                 });
-                n += 1;
-                self.tail_sent.store(n, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                self.tail_sent.store(n + 1, Ordering::SeqCst);
+                tokio::time::sleep(self.tail_spacing()).await;
             }
         }
         let tail_drained = self.wait_for_queue(self.tail_limit()).await;
@@ -223,6 +221,17 @@ impl World {
         let per_receive = queue.redelivered_within() + self.scenario.timeout;
         let in_turn = if queue.fifo { messages } else { messages.min(4) };
         DRAIN_LIMIT + per_receive * queue.max_receives * in_turn
+    }
+
+    /// How far apart the tail's records are sent: a second; where kept-key
+    /// statements may be held for up to three key memories, spread over
+    /// them, so that the item they credit turns its window while such a
+    /// statement is held, and the window must refuse it.
+    fn tail_spacing(&self) -> Duration {
+        match self.scenario.kept_statements {
+            Some(_) => (self.scenario.kept_key_memory() * 3 / TAIL_RECORDS as u32).max(Duration::from_secs(1)),
+            None => Duration::from_secs(1),
+        }
     }
 
     /// How long the tail's records may take once the faults healed: a
