@@ -125,13 +125,14 @@ mod start;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod transaction;
 #[cfg(any(feature = "dynamodb", feature = "cli"))]
 mod waiting;
 
 pub use consumer::Consumer;
 pub use sqs_once_core::{
     Body, BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, Record, envelope, event, handler_fn,
-    outbox, report, transaction,
+    outbox, report,
 };
 #[cfg(feature = "testing")]
 pub use sqs_once_core::{admin_suite, claim_suite, commit_suite};
