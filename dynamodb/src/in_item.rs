@@ -156,7 +156,8 @@ impl DynamoDbStore {
                 "a commit keeps its key in the item of its one update, and holds other writes".into(),
             ));
         };
-        let item = update.target().describe();
+        // As DynamoDB tells items apart (numbers by value), for the windows known and the batcher.
+        let item = commit.writes[0].item().unwrap_or_else(|| update.target().describe());
         let since_ms = self.windows.since_ms(&item).await;
         let committed = self.commit_in_window(commit, key, update, &item, since_ms).await;
         if committed.is_err() {

@@ -548,6 +548,53 @@ async fn a_window_begun_a_key_memory_after_a_commit_refuses_it() {
     }
 }
 
+/// Stages one credit of 5 to the account its body names as a number (table
+/// `.0`), its key kept in the account's item: `1` and `1.0` are one item.
+struct CreditNumbered(String);
+
+impl Handler for CreditNumbered {
+    async fn handle(&self, record: &Record) -> HandlerResult {
+        let body = record.body_json::<Value>()?;
+        let credit = Update::new(&self.0, Key::new("pk", body["account"].clone())).add("balance", 5).keep_key();
+        record.transaction().stage(credit)?;
+        Ok(None)
+    }
+    fn stages_every_effect(&self) -> bool {
+        true
+    }
+}
+
+/// Credits to one account written as two numbers (`1`, `1.0`) are one item
+/// to DynamoDB, and so to the store: the window learnt under one is the
+/// window of the other (a credit written the other way goes out as a
+/// statement at once), and the batcher never puts both in one request
+/// (which DynamoDB may refuse as a whole, turning batching off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credits_to_one_account_written_as_two_numbers_are_credits_to_one_item() {
+    let (created, _) = fresh_table().await;
+    let balances = testkit::dynamodb::numbered_table().await;
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let url = testkit::dynamodb::proxy({
+        let (seen, balances) = (Arc::clone(&seen), balances.clone());
+        move |operation, body| {
+            if body.to_string().contains(&balances) {
+                seen.lock().push(operation.to_owned());
+            }
+            Reply::Forward
+        }
+    })
+    .await;
+    let store = store_through(&url, created.layout().clone()).await;
+    let policy = ClaimPolicy { local_cache_entries: 0, ..ClaimPolicy::default() };
+    let engine = engine(store, CreditNumbered(balances.clone()), policy);
+    // The first credit begins the account's window (the single request); the next, written `1.0`, knows it.
+    assert_eq!(failed(&run(&engine, &testkit::records([json!({"key": "c-0", "account": 1})])).await), 0);
+    assert_eq!(failed(&run(&engine, &testkit::records([json!({"key": "c-1", "account": 1.0})])).await), 0);
+    assert_eq!(*seen.lock(), ["UpdateItem", "BatchExecuteStatement"], "the window known under either number");
+    let account = testkit::dynamodb::item_at(&balances, AttributeValue::N("1".into())).await.unwrap();
+    assert_eq!(account["balance"], 10, "{account}");
+}
+
 /// A handler's table whose policy grants no PartiQL: its commits that keep
 /// their key in an item go as single requests from then on, and the claims'
 /// batches stay on.

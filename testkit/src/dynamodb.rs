@@ -139,16 +139,25 @@ pub async fn items_table() -> String {
 /// A fresh on-demand table named after `prefix`, keyed by the string
 /// attribute `key` alone, with no index: its name.
 pub async fn plain_table(prefix: &str, key: &str) -> String {
-    use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
+    table_keyed(prefix, key, aws_sdk_dynamodb::types::ScalarAttributeType::S).await
+}
+
+/// [`items_table`] keyed by a number: `pk`, `N`.
+pub async fn numbered_table() -> String {
+    table_keyed("numbered", "pk", aws_sdk_dynamodb::types::ScalarAttributeType::N).await
+}
+
+/// A fresh on-demand table named after `prefix`, keyed by the attribute
+/// `key` of type `kind` alone, with no index: its name.
+async fn table_keyed(prefix: &str, key: &str, kind: aws_sdk_dynamodb::types::ScalarAttributeType) -> String {
+    use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType};
     let name = unique_name(prefix);
     client()
         .await
         .create_table()
         .table_name(&name)
         .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder().attribute_name(key).attribute_type(ScalarAttributeType::S).build().unwrap(),
-        )
+        .attribute_definitions(AttributeDefinition::builder().attribute_name(key).attribute_type(kind).build().unwrap())
         .key_schema(KeySchemaElement::builder().attribute_name(key).key_type(KeyType::Hash).build().unwrap())
         .send()
         .await
@@ -176,16 +185,13 @@ pub async fn warm_up() {
 
 /// An item of `table` by its `pk`, as JSON (numbers as numbers).
 pub async fn item(table: &str, pk: &str) -> Option<serde_json::Value> {
-    use aws_sdk_dynamodb::types::AttributeValue;
-    let output = client()
-        .await
-        .get_item()
-        .table_name(table)
-        .key("pk", AttributeValue::S(pk.to_owned()))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("get item");
+    item_at(table, aws_sdk_dynamodb::types::AttributeValue::S(pk.to_owned())).await
+}
+
+/// An item of `table` by its `pk`, of any type, as JSON.
+pub async fn item_at(table: &str, pk: aws_sdk_dynamodb::types::AttributeValue) -> Option<serde_json::Value> {
+    let output =
+        client().await.get_item().table_name(table).key("pk", pk).consistent_read(true).send().await.expect("get item");
     output.item.map(|item| {
         item.into_iter().map(|(name, value)| (name, json_value(&value))).collect::<serde_json::Map<_, _>>().into()
     })

@@ -539,9 +539,11 @@ impl Write {
 
     /// The item the write is about, as DynamoDB tells items apart: its
     /// table, and its key's attributes by name with numbers by value
-    /// (`1` and `1.0` are one item). `None` for an SDK put, whose key
-    /// attributes only the table knows.
-    pub(crate) fn item(&self) -> Option<String> {
+    /// (`1` and `1.0` are one item), in one text. `None` for an SDK put,
+    /// whose key attributes only the table knows. A store that keeps what
+    /// it knows of items, or batches writes about distinct items, names
+    /// them by it.
+    pub fn item(&self) -> Option<String> {
         let (table, key): (&str, Vec<(&str, String)>) = match self {
             #[cfg(feature = "dynamodb")]
             Self::Sdk(item) => sdk_item(item)?,
