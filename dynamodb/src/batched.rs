@@ -156,6 +156,12 @@ impl<C: BatchCall> Batcher<C> {
         answered.await.unwrap_or_else(|_| Err(StoreError::unavailable("a batch request ended without an answer")))
     }
 
+    /// Whether calls go out without waiting for a slot now.
+    #[cfg(test)]
+    pub(super) fn urgent(&self) -> bool {
+        self.shared.urgent()
+    }
+
     /// An answer is due by `until`: what is waiting goes out now, and until
     /// then every call goes out without waiting for a free slot (requests
     /// still hold at most [`BatchCall::LIMIT`] calls).

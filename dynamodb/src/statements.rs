@@ -695,16 +695,27 @@ mod tests {
         for code in transient {
             assert!(outcome(refused_with(code.clone())).starts_with("Ok(Again("), "{code:?}");
         }
-        for code in [Code::ResourceNotFound, Code::ItemCollectionSizeLimitExceeded] {
-            assert!(outcome(refused_with(code.clone())).starts_with("Err("), "{code:?}");
-        }
+        assert!(outcome(refused_with(Code::ItemCollectionSizeLimitExceeded)).starts_with("Err("));
         assert!(!refused.load(Ordering::Relaxed), "single requests would fail the same way");
         assert!(outcome(refused_with(Code::AccessDenied)).starts_with("Err("));
         assert!(refused.load(Ordering::Relaxed), "a denied statement turns batching off");
+        // Rejected for its data, or for a table that is gone: the single request says for itself (a missing table
+        // fails for good), and batching stays on.
         let refused = AtomicBool::new(false);
-        let rejected = answer(Some(refused_with(Code::ValidationError)), &refused, CLAIMS_GRANT);
-        assert!(matches!(rejected, Err(StoreError::Rejected(_))), "{rejected:?}");
+        for code in [Code::ValidationError, Code::ResourceNotFound] {
+            let rejected = answer(Some(refused_with(code.clone())), &refused, CLAIMS_GRANT);
+            assert!(matches!(rejected, Err(StoreError::Rejected(_))), "{code:?}: {rejected:?}");
+        }
         assert!(!refused.load(Ordering::Relaxed), "a statement rejected for its data leaves batching on");
+    }
+
+    #[tokio::test]
+    async fn an_answer_due_hurries_every_batcher_the_kept_keys_one_included() {
+        let config = aws_sdk_dynamodb::Config::builder().behavior_version_latest().build();
+        let batches = Batches::new(&Client::from_conf(config), &Arc::new(TableLayout::new("claims")));
+        batches.expedite(tokio::time::Instant::now() + Duration::from_secs(10));
+        assert!(batches.writes.urgent() && batches.reads.urgent(), "the claims' writes and reads");
+        assert!(batches.items.urgent(), "the commits that keep their key in an item");
     }
 
     #[tokio::test]
