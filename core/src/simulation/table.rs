@@ -75,6 +75,10 @@ struct State {
     /// When each key's finished claim was last forgotten: deleted by TTL,
     /// or replaced once it had expired.
     forgotten: HashMap<String, u64>,
+    /// Each claim taken, by its token: when it was taken and its lease's
+    /// end, for the application of a commit made under it, which may land
+    /// after another run took the key over.
+    claims: HashMap<String, (Option<u64>, Option<u64>)>,
 }
 
 /// A transaction that met another on the same item.
@@ -147,13 +151,10 @@ impl Table {
             {
                 let (decided_ms, lease_until_ms) = match &commit.unclaimed {
                     Some(unclaimed) => (unclaimed.now_ms, unclaimed.claim.lease_until_ms),
+                    // Its own claim's, not the one the key holds now: a late send lands after a takeover.
                     None => {
-                        let claim = self.items.get(id).now_or_never().expect("in memory")?;
-                        let claim = claim.as_ref();
-                        (
-                            claim.and_then(|claim| claim.claimed_at_ms).unwrap_or(now_ms),
-                            claim.and_then(|claim| claim.lease_until_ms),
-                        )
+                        let (claimed_at_ms, lease_until_ms) = state.claims.get(token).copied().unwrap_or_default();
+                        (claimed_at_ms.unwrap_or(now_ms), lease_until_ms)
                     }
                 };
                 state.applications.push(Application {
@@ -267,6 +268,9 @@ impl ClaimStore for Table {
         let put = self.items.put_if_free(record, now_ms).await?;
         if put == PutOutcome::Claimed {
             self.replaced(before.as_ref());
+            if let Some(token) = &record.token {
+                self.state.lock().claims.insert(token.clone(), (record.claimed_at_ms, record.lease_until_ms));
+            }
         }
         Ok(put)
     }
