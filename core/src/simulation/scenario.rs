@@ -214,7 +214,7 @@ impl Scenario {
             let shortest = timeout.as_millis() as u64;
             scenario.told_visibility_timeout = Duration::from_millis(rng.u64(shortest..=duration_ms(real)));
         }
-        scenario.kept_statements = rng.bool().then(|| [0.0, 0.05, 0.3][rng.usize(..3)]);
+        scenario.kept_statements = rng.bool().then(|| [0.05, 0.3][rng.usize(..2)]);
         scenario
     }
 
