@@ -34,11 +34,15 @@ use crate::{
 };
 use sqs_once_core::{
     BuildHandler,
-    budget::LEAVING_TIME,
     clock::{Clock, SystemClock},
-    engine::Invocation,
+    destinations::Destinations,
+    store::{OutboxEntry, OutboxQuery},
+};
+use sqs_once_engine::{
+    Invocation,
+    budget::LEAVING_TIME,
     event::{Invoked, parse_invocation},
-    outbox::{Destinations, Outbox, OutboxEntry, OutboxQuery, OutboxTimes},
+    outbox::{Outbox, OutboxTimes},
     redelivery::RedeliveryPolicy,
     report::BatchReport,
 };

@@ -8,17 +8,15 @@
 use std::{fmt::Display, str::FromStr, time::Duration};
 
 use crate::{environment::Environment, metrics::MetricsConfig, sqs::MAX_VISIBILITY};
-use sqs_once_core::{
-    budget::{ANSWER_TIME, Margins},
-    clock::duration_ms,
-    engine::{ClaimPolicy, EngineOptions, KeyMemory},
-    envelope::EnvelopeKind,
-    key::{KeySpec, Keys, OnMissingKey},
-    payload::PayloadOptions,
-    redelivery::{RedeliveryPolicy, RetryBackoff},
-};
+use sqs_once_core::{clock::duration_ms, envelope::EnvelopeKind, payload::PayloadOptions};
 #[cfg(feature = "dynamodb")]
 use sqs_once_dynamodb::{Attributes, TableKey, TableLayout};
+use sqs_once_engine::{
+    ClaimPolicy, EngineOptions, KeyMemory,
+    budget::{ANSWER_TIME, Margins},
+    key::{KeySpec, Keys, OnMissingKey},
+    redelivery::{RedeliveryPolicy, RetryBackoff},
+};
 
 /// How often a process that sends through the outbox sweeps it, unless
 /// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.
@@ -345,7 +343,7 @@ impl Config {
         // One prefix wherever the consumer runs (not the function's name): a
         // `poll` consumer, `claims` on a laptop and the function share keys.
         let key_prefix = (fixed.key_prefix.clone().or_else(|| env.text("SQS_ONCE_KEY_PREFIX")))
-            .unwrap_or_else(|| sqs_once_core::key::DEFAULT_KEY_PREFIX.to_owned());
+            .unwrap_or_else(|| sqs_once_engine::key::DEFAULT_KEY_PREFIX.to_owned());
         // Lambda's own variables, read as the process reads them (`Environment::current`).
         let lambda = Environment::from_lookup(|name| env.text(name));
         env.log_filter()?;
@@ -928,7 +926,7 @@ mod tests {
 
     #[test]
     fn runs_claim_first_unless_told_they_need_not() {
-        use sqs_once_core::engine::ClaimFirst;
+        use sqs_once_engine::ClaimFirst;
         assert_eq!(config(&[]).unwrap().engine.claim, ClaimFirst::Auto);
         assert_eq!(config(&[("SQS_ONCE_CLAIM", "always")]).unwrap().engine.claim, ClaimFirst::Always);
         assert!(!config(&[]).unwrap().claims.keys_in_items, "keys in items only where a handler's update asks");

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use aws_lambda_events::sqs::SqsBatchResponse;
 
 pub use crate::redelivery::RedeliveryCounts;
-pub use sqs_once_core::engine::Invocation;
+pub use sqs_once_engine::Invocation;
 
 mod builder;
 mod visibility;
@@ -27,12 +27,12 @@ use crate::{
     redelivery::Redelivery,
     store::StoreError,
 };
-use sqs_once_core::{
-    engine::{Engine, KeyMemory},
+use sqs_once_core::trace::TraceContext;
+use sqs_once_engine::{
+    Engine, KeyMemory,
     event::EventRecord,
     outbox::{LeaseTooShort, OutboxTimes},
     report::BatchReport,
-    trace::TraceContext,
 };
 
 /// Why a consumer could not be put together.
@@ -234,7 +234,7 @@ impl Consumer {
 
     /// Remembers keys past the redelivery of a queue whose visibility
     /// timeout is `visibility_timeout`, for batches of `timeout` at most
-    /// (see [`ClaimPolicy::redelivered_within`](sqs_once_core::claim::ClaimPolicy)),
+    /// (see [`ClaimPolicy::redelivered_within`](sqs_once_engine::claim::ClaimPolicy)),
     /// in place of what the settings said: `poll` reads its queue's, and
     /// the Lambda function its records' (the longer of it and the setting).
     pub(crate) fn redelivered_by_queue(&self, visibility_timeout: Duration, timeout: Duration) {

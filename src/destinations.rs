@@ -10,7 +10,7 @@ use aws_sdk_sqs::error::ProvideErrorMetadata;
 
 use crate::sqs::{OutgoingMessage, Sqs};
 use sqs_once_core::{
-    outbox::{Destinations, SendError},
+    destinations::{Destinations, SendError},
     payload::SIZE_ATTRIBUTE,
     trace::{Propagators, TRACEPARENT},
     transaction::{Destination, Message, OUTBOX_ID_ATTRIBUTE},
@@ -298,10 +298,8 @@ mod tests {
 
     use super::*;
     use crate::testing::{TestConsumer, failures};
-    use sqs_once_core::{
-        event::{EventRecord, parse_event},
-        handler_fn,
-    };
+    use sqs_once_core::handler_fn;
+    use sqs_once_engine::event::{EventRecord, parse_event};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fifo_queue_drops_an_entry_sent_twice_and_a_downstream_consumer_runs_it_once() {

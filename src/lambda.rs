@@ -33,10 +33,12 @@ use crate::{
 use sqs_once_core::{
     BuildHandler,
     clock::{Clock, SystemClock},
-    engine::{Engine, Invocation},
+    trace::TraceContext,
+};
+use sqs_once_engine::{
+    Engine, Invocation,
     event::{InvalidEvent, Invoked, parse_invocation},
     report::BatchReport,
-    trace::TraceContext,
 };
 
 /// The longest the init phase waits for the claim store's connections: a
@@ -69,7 +71,7 @@ pub(crate) async fn start(builder: Builder, handler: BuildHandler<'_>) -> Result
         }
         let handler = handler.await?;
         let assembled = builder.assemble(handler, Needs { queue_visibility: true, ..Needs::default() }).await;
-        assembled.map(|(consumer, _)| consumer).map_err(|error| sqs_once_core::report::reason::with_causes(&error))
+        assembled.map(|(consumer, _)| consumer).map_err(|error| sqs_once_aws::with_causes(&error))
     };
     let consumer = match started.await {
         Ok(consumer) => consumer,

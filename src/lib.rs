@@ -113,6 +113,7 @@ mod metrics;
 mod operator;
 #[cfg(feature = "opentelemetry")]
 mod otlp;
+pub mod outbox;
 #[cfg(feature = "cli")]
 mod poll;
 mod redelivery;
@@ -131,9 +132,9 @@ mod waiting;
 
 pub use consumer::Consumer;
 pub use sqs_once_core::{
-    Body, BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, Record, envelope, event, handler_fn,
-    outbox, report,
+    Body, BoxHandler, ErrorKind, Handler, HandlerError, HandlerFn, HandlerResult, Record, envelope, handler_fn,
 };
 #[cfg(feature = "testing")]
-pub use sqs_once_core::{admin_suite, claim_suite, commit_suite};
+pub use sqs_once_engine::{admin_suite, claim_suite, commit_suite};
+pub use sqs_once_engine::{event, report};
 pub use start::{run, run_with};

@@ -58,7 +58,7 @@ where
         true => logs.json().flatten_event(true).with_span_list(false).boxed(),
         false => logs.with_ansi(std::io::stderr().is_terminal()).boxed(),
     };
-    // The batch's and records' spans (sqs_once_core::trace) are for a subscriber
+    // The batch's and records' spans (the engine's, under sqs_once_core::trace::TARGET) are for a subscriber
     // that collects spans, not for log lines: at any level, a line keeps the
     // invocation's span (its request id) and nothing more. The settings'
     // filter is the outer one, so that its maximum level still lets every

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::redelivery::RedeliveryCounts;
-use sqs_once_core::{engine::EngineCounts, report::BatchReport};
+use sqs_once_engine::{EngineCounts, report::BatchReport};
 
 /// What to publish (`SQS_ONCE_METRICS*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,7 +150,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use sqs_once_core::report::{Failure, Outcome, RecordReport};
+    use sqs_once_engine::report::{Failure, Outcome, RecordReport};
 
     fn record(outcome: Outcome, claim_ms: Option<u64>) -> RecordReport {
         let mut record = RecordReport::of("m", outcome);

@@ -10,7 +10,7 @@ use crate::{
     store::{ClaimAdmin, ClaimQuery, ClaimStore, Fenced, Listing, StoreError},
     store::{ClaimStatus, StoredClaim},
 };
-use sqs_once_core::{clock::Clock, outbox::OutboxQuery};
+use sqs_once_core::{clock::Clock, store::OutboxQuery};
 
 /// What an operator's command on one claim came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -305,10 +305,8 @@ pub(crate) fn timestamp(epoch_ms: u64) -> String {
 mod tests {
     use super::*;
     use crate::store::MemoryStore;
-    use sqs_once_core::{
-        clock::SystemClock,
-        testing::{ClaimRequest, Claims},
-    };
+    use sqs_once_core::clock::SystemClock;
+    use sqs_once_engine::testing::{ClaimRequest, Claims};
 
     #[test]
     fn timestamps_are_utc_seconds() {

@@ -353,7 +353,7 @@ impl Endpoint {
 }
 
 fn unreachable(error: impl std::error::Error) -> ExportError {
-    ExportError::Unreachable(sqs_once_core::report::reason::with_causes(&error))
+    ExportError::Unreachable(sqs_once_aws::with_causes(&error))
 }
 
 /// The spec's default wait for one export.

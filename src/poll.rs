@@ -40,9 +40,9 @@ use crate::{
     consumer::{Answer, Consumer},
     sqs::{QueueInfo, Sqs, SqsError, event_message},
 };
-use sqs_once_core::{
+use sqs_once_engine::{
+    Invocation,
     budget::LEAVING_TIME,
-    engine::Invocation,
     event::EventRecord,
     report::{BatchReport, Failure, Outcome},
 };

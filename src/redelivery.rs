@@ -1,5 +1,5 @@
 //! A failed record's redelivery, carried out through SQS after each batch's
-//! answer: the policy's decision ([`sqs_once_core::redelivery`]: when a
+//! answer: the policy's decision ([`sqs_once_engine::redelivery`]: when a
 //! conflict or a retryable failure comes back, whether a permanent one
 //! leaves for the dead-letter queue) made into `ChangeMessageVisibility`
 //! calls and dead-letter sends.
@@ -23,12 +23,11 @@ use futures::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 
 use crate::sqs::{OutgoingMessage, Sqs, SqsError, outgoing_attribute};
-use sqs_once_core::{
-    event::EventRecord,
-    event::receive_count,
+use sqs_once_core::trace::TraceContext;
+use sqs_once_engine::{
+    event::{EventRecord, receive_count},
     redelivery::{NextDelivery, RedeliveryPolicy, jittered},
     report::{BatchReport, Failure, Outcome},
-    trace::TraceContext,
 };
 
 /// SQS keeps at most ten message attributes per message.
@@ -286,12 +285,12 @@ fn attribute_size(name: &str, value: &MessageAttributeValue) -> usize {
     name.len() + value.data_type.len() + value.string_value.as_deref().map_or(0, str::len) + binary
 }
 
-/// `text` as SQS accepts it in an attribute: capped ([`sqs_once_core::report::reason::capped`])
+/// `text` as SQS accepts it in an attribute: capped ([`sqs_once_engine::report::reason::capped`])
 /// and every character outside the ranges `SendMessage` allows (#x9, #xA, #xD,
 /// #x20 to #xD7FF, #xE000 to #xFFFD, #x10000 to #x10FFFF) replaced by U+FFFD.
 pub(crate) fn attribute_text(text: &str) -> String {
     let allowed = |c: char| matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}');
-    sqs_once_core::report::reason::capped(text).chars().map(|c| if allowed(c) { c } else { '\u{FFFD}' }).collect()
+    sqs_once_engine::report::reason::capped(text).chars().map(|c| if allowed(c) { c } else { '\u{FFFD}' }).collect()
 }
 
 #[cfg(test)]
@@ -362,7 +361,7 @@ mod tests {
     #[test]
     fn attribute_text_is_what_sqs_accepts() {
         assert_eq!(attribute_text("bad\u{0}byte\u{FFFF}\tok"), "bad\u{FFFD}byte\u{FFFD}\tok");
-        assert!(attribute_text(&"x".repeat(1 << 20)).len() <= sqs_once_core::report::reason::MAX_BYTES);
+        assert!(attribute_text(&"x".repeat(1 << 20)).len() <= sqs_once_engine::report::reason::MAX_BYTES);
     }
 
     #[test]

@@ -522,10 +522,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use sqs_once_core::testing::__private::claim_suite::Machine;
+    use sqs_once_engine::testing::__private::claim_suite::Machine;
 
     use crate::store::ClaimStatus;
-    use sqs_once_core::testing::Claim;
+    use sqs_once_engine::testing::Claim;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn separate_connections_to_one_file_have_one_winner() {

@@ -50,7 +50,7 @@
 
 // Written here before the crates were cut; the core's simulation builds its records with it too.
 #[doc(inline)]
-pub use sqs_once_core::testing::message;
+pub use sqs_once_engine::testing::message;
 
 use parking_lot::Mutex;
 use std::{
@@ -65,13 +65,11 @@ use crate::{
     store::{ClaimStore, MemoryStore},
 };
 use sqs_once_core::{
-    BoxHandler, Handler, Record,
-    engine::{Engine, Invocation},
-    event::EventRecord,
-    outbox::{Destinations, OutboxTimes, SendError},
-    report::BatchReport,
-    transaction::Message,
+    Body, BoxHandler, Handler, Record,
+    destinations::{Destinations, SendError},
+    transaction::{Message, Transaction},
 };
+use sqs_once_engine::{Engine, Invocation, event::EventRecord, outbox::OutboxTimes, report::BatchReport};
 
 /// A batch of messages with these bodies, their ids `m-0`, `m-1`, ... in
 /// order.
@@ -98,7 +96,9 @@ pub fn event<B: Into<String>>(bodies: impl IntoIterator<Item = B>) -> Vec<EventR
 /// ```
 pub fn record(body: impl Into<String>) -> Record {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
-    Record::new(&Arc::new(message("m-0", body)), "test#m-0".to_owned(), deadline)
+    let message = Arc::new(message("m-0", body));
+    let body = Body::from(message.body.as_deref().unwrap_or_default());
+    Record::new(&message, body, None, "test#m-0".to_owned(), deadline, Transaction::default())
 }
 
 /// How long each batch may take, unless [`TestConsumer::timeout`] says otherwise.

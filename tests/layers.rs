@@ -1,6 +1,8 @@
 //! The layers of the library, checked on its source: the crates it is cut
 //! into depend on each other one way (`sqs-once-cli`, the command → `sqs-once`
-//! → `sqs-once-dynamodb` → `sqs-once-aws` → `sqs-once-core`), no two modules
+//! → `sqs-once-engine` → `sqs-once-core`; `sqs-once` → `sqs-once-dynamodb` →
+//! `sqs-once-aws`, and the DynamoDB store on the core), the stores and
+//! destinations on the vocabulary alone, never the engine; no two modules
 //! of a crate import each other (directly or round a circle), no crate
 //! hides a public module from its documentation, and none takes another's
 //! items through its own root's re-exports.
@@ -20,6 +22,7 @@ enum Layer {
     Core,
     Aws,
     DynamoDb,
+    Engine,
     Consumer,
     Command,
 }
@@ -37,6 +40,7 @@ const CRATES: &[Crate] = &[
     Crate { package: "sqs-once-core", folder: "core", entry: "src/lib.rs", layer: Layer::Core },
     Crate { package: "sqs-once-aws", folder: "aws", entry: "src/lib.rs", layer: Layer::Aws },
     Crate { package: "sqs-once-dynamodb", folder: "dynamodb", entry: "src/lib.rs", layer: Layer::DynamoDb },
+    Crate { package: "sqs-once-engine", folder: "engine", entry: "src/lib.rs", layer: Layer::Engine },
     Crate { package: "sqs-once", folder: ".", entry: "src/lib.rs", layer: Layer::Consumer },
     Crate { package: "sqs-once-cli", folder: "app", entry: "src/main.rs", layer: Layer::Command },
 ];
@@ -267,6 +271,27 @@ fn crates_depend_down_the_layers() {
     assert!(dependencies(&core).iter().all(|dependency| dependency != "sqs-once-dynamodb"));
 }
 
+/// Stores and destinations are written in the vocabulary: the DynamoDB
+/// store (a layer below the engine, which the test above holds) and
+/// `sqs-once`'s own implementations of the vocabulary's traits (the SQLite
+/// store, the AWS destinations, S3's payloads) name nothing of the engine,
+/// so that what they build on changes with a store's contract, never with
+/// the engine.
+#[test]
+fn stores_and_destinations_name_nothing_of_the_engine() {
+    let front = CRATES.iter().find(|krate| krate.package == "sqs-once").expect("the front crate");
+    let implementations = ["sqlite", "destinations", "s3"];
+    let mut reaching = Vec::new();
+    for (module, code) in modules(front) {
+        if module.path.first().is_some_and(|first| implementations.contains(&first.as_str()))
+            && production_code(&code).contains("sqs_once_engine")
+        {
+            reaching.push(module.to_string());
+        }
+    }
+    assert!(reaching.is_empty(), "stores and destinations that name the engine: {reaching:?}");
+}
+
 /// A program that brings its own store builds `sqs-once` without its
 /// default features: nothing of DynamoDB may be compiled then, and the
 /// `dynamodb` feature brings it back. Read from `cargo tree`, which resolves
@@ -347,7 +372,7 @@ fn reexported(code: &str) -> BTreeSet<String> {
 }
 
 /// A crate's code names what it takes from another crate by that crate
-/// (`sqs_once_core::report::Failure`), not by the path its own root
+/// (`sqs_once_engine::report::Failure`), not by the path its own root
 /// re-exports it under for its users (`crate::report::Failure`), so that
 /// an import says which crate a name comes from.
 #[test]

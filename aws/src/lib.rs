@@ -70,7 +70,7 @@ fn retries() -> RetryConfig {
 /// that it lacks filled in on its own: `aws_config::load_defaults` sets a
 /// connect timeout and nothing else, and without the others a lost answer
 /// would hold its write until the deadline's cut-off, and a send could
-/// outlast its outbox lease (see `sqs_once_core::outbox`). A timeout the program
+/// outlast its outbox lease (see `sqs_once_engine::outbox`). A timeout the program
 /// set stays as it set it.
 pub fn with_limits(config: &SdkConfig) -> SdkConfig {
     let mut limited = config.to_builder();
@@ -158,7 +158,23 @@ pub fn describe(error: &(impl std::error::Error + ProvideErrorMetadata)) -> Stri
     if let (Some(code), Some(message)) = (error.code(), error.message()) {
         return format!("{code}: {message}");
     }
-    sqs_once_core::report::reason::with_causes(error)
+    with_causes(error)
+}
+
+/// An error and its causes on one line, a cause left out where the text
+/// before it already ends with it (the AWS SDK's errors repeat their
+/// source's text).
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let cause_text = error.to_string();
+        if !text.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        cause = error.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -25,8 +25,6 @@ use std::fmt;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::envelope::{Envelope, Opened};
-
 /// The message attribute that marks a pointer, with the payload's size in
 /// bytes as its value.
 pub const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
@@ -36,7 +34,7 @@ pub(crate) const LEGACY_SIZE_ATTRIBUTE: &str = "SQSLargePayloadSize";
 const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
 /// The message attributes only the Extended Client sets: a message of one's
 /// own that carried one would be taken for a pointer.
-pub(crate) const RESERVED_ATTRIBUTES: [&str; 2] = [SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE];
+pub const RESERVED_ATTRIBUTES: [&str; 2] = [SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE];
 
 /// Whether `class` names a pointer: the class the Extended Client writes
 /// since version 2, or one its versions before wrote, which it still reads
@@ -79,7 +77,7 @@ struct Location {
 
 impl PayloadPointer {
     /// The pointer a body holds, or why it holds none.
-    pub(crate) fn parse(body: &str) -> Result<Self, String> {
+    pub fn parse(body: &str) -> Result<Self, String> {
         let (class, location): (String, Location) = serde_json::from_str(body).map_err(|error| {
             format!("a message marked {SIZE_ATTRIBUTE} must have an S3 pointer for its body: {error}")
         })?;
@@ -93,39 +91,11 @@ impl PayloadPointer {
     }
 
     /// The body that carries this pointer, as the Extended Client writes it.
-    pub(crate) fn body(&self) -> String {
+    pub fn body(&self) -> String {
         let location = Location { bucket: self.bucket.clone(), key: self.key.clone() };
         // A tuple serializes as the array the Extended Client writes; serializing two strings cannot fail.
         serde_json::to_string(&(POINTER_CLASS, location)).unwrap_or_default()
     }
-
-    /// The pointer `opened` carries: `None` for a message without the
-    /// pointer's attribute (on the SQS message, or for SNS's extended client
-    /// on the notification inside the envelope), or why its body is not one.
-    pub(crate) fn of(opened: &Opened<'_>) -> Option<Result<Self, String>> {
-        size_attribute(opened).map(|_| Self::parse(&opened.body))
-    }
-}
-
-/// The payload's size as the pointer's attribute declares it, in bytes.
-pub(crate) fn declared_size(opened: &Opened<'_>) -> Option<u64> {
-    size_attribute(opened)??.trim().parse().ok()
-}
-
-/// The attribute that marks `opened` as a pointer, when one does: on the SQS
-/// message, or on the SNS notification inside the envelope; with its value,
-/// when it has a text one.
-fn size_attribute<'m>(opened: &'m Opened<'_>) -> Option<Option<&'m str>> {
-    RESERVED_ATTRIBUTES.iter().find_map(|name| {
-        let on_message = opened.message.message_attributes.get(*name).map(|value| value.string_value.as_deref());
-        let on_envelope = match &opened.envelope {
-            Some(Envelope::Sns(notification)) => {
-                notification.message_attributes.get(*name).map(|value| Some(&*value.value))
-            }
-            _ => None,
-        };
-        on_message.or(on_envelope)
-    })
 }
 
 impl fmt::Display for PayloadPointer {
@@ -213,7 +183,7 @@ pub struct PayloadOptions {
 
 impl PayloadOptions {
     /// How staged messages too large to send go through S3, when a bucket is set.
-    pub(crate) fn offload(&self) -> Option<Offload> {
+    pub fn offload(&self) -> Option<Offload> {
         let bucket = self.bucket.clone()?;
         Some(Offload { bucket, max_bytes: self.max_bytes, threshold: self.threshold })
     }
@@ -222,7 +192,7 @@ impl PayloadOptions {
 /// How a staged message too large for its destination, or for an outbox
 /// entry, goes through S3: its payload in `bucket`, at most `max_bytes`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Offload {
+pub struct Offload {
     /// The bucket (`SQS_ONCE_LARGE_PAYLOAD_BUCKET`).
     pub bucket: String,
     /// The largest payload written (`SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`).
@@ -237,7 +207,7 @@ impl Offload {
     /// is kept: the same however often the entry is committed or sent, so
     /// that a commit sent again writes the same object, and a sweep sends a
     /// pointer to it.
-    pub(crate) fn pointer(&self, outbox_id: &str) -> PayloadPointer {
+    pub fn pointer(&self, outbox_id: &str) -> PayloadPointer {
         PayloadPointer { bucket: self.bucket.clone(), key: format!("sqs-once/{outbox_id}") }
     }
 }
@@ -267,90 +237,5 @@ impl Default for PayloadOptions {
             bucket: None,
             threshold: DEFAULT_THRESHOLD,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::{collections::HashMap, sync::Arc};
-
-    use aws_lambda_events::sqs::{SqsMessage, SqsMessageAttribute};
-    use serde_json::json;
-
-    use super::*;
-    use crate::envelope::EnvelopeKind;
-
-    fn message(body: &str, attributes: &[&str]) -> Arc<SqsMessage> {
-        let mut message = SqsMessage::default();
-        message.message_id = Some("m-1".into());
-        message.body = Some(body.into());
-        message.message_attributes = attributes
-            .iter()
-            .map(|name| {
-                let mut attribute = SqsMessageAttribute::default();
-                attribute.string_value = Some("300000".into());
-                attribute.data_type = Some("Number".into());
-                ((*name).to_owned(), attribute)
-            })
-            .collect::<HashMap<_, _>>();
-        Arc::new(message)
-    }
-
-    // The body amazon-sqs-extended-client 1.0.1 (Python) sends, byte for byte.
-    const PYTHON_BODY: &str = r#"["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3BucketName": "large", "s3Key": "5f1f4a47-2f63-4be8-8c3f-0b5c8a0d1e2f"}]"#;
-
-    #[test]
-    fn the_extended_clients_pointers_are_read_from_a_marked_message() {
-        let pointer = PayloadPointer { bucket: "large".into(), key: "5f1f4a47-2f63-4be8-8c3f-0b5c8a0d1e2f".into() };
-        let sent = message(PYTHON_BODY, &[SIZE_ATTRIBUTE]);
-        assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer.clone())));
-        for class in [
-            "com.amazon.sqs.javamessaging.MessageS3Pointer",
-            "com.amazonaws.services.extendedmessaging.MessageS3Pointer",
-        ] {
-            let legacy = PYTHON_BODY.replace(POINTER_CLASS, class);
-            let sent = message(&legacy, &[LEGACY_SIZE_ATTRIBUTE]);
-            assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), Some(Ok(pointer.clone())), "{class}");
-            assert_eq!(declared_size(&Opened::plain(&sent)), Some(300_000));
-        }
-        assert_eq!(PayloadPointer::parse(&pointer.body()), Ok(pointer), "what sqs-once writes, it reads");
-    }
-
-    #[test]
-    fn a_message_without_the_attribute_is_its_own_payload_whatever_its_body() {
-        let sent = message(PYTHON_BODY, &["tenant"]);
-        assert_eq!(PayloadPointer::of(&Opened::plain(&sent)), None);
-    }
-
-    #[test]
-    fn a_marked_message_whose_body_is_no_pointer_says_why() {
-        let other = r#"["com.example.MessageS3Pointer", {"s3BucketName": "b", "s3Key": "k"}]"#;
-        for body in ["{}", r#"["x.Other", {"s3BucketName": "b", "s3Key": "k"}]"#, other, r#"[1, 2]"#] {
-            let sent = message(body, &[SIZE_ATTRIBUTE]);
-            let refused = PayloadPointer::of(&Opened::plain(&sent)).expect("marked");
-            assert!(refused.is_err(), "{body}");
-        }
-        let empty = r#"["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3BucketName": "", "s3Key": "k"}]"#;
-        let sent = message(empty, &[SIZE_ATTRIBUTE]);
-        assert_eq!(
-            PayloadPointer::of(&Opened::plain(&sent)),
-            Some(Err("the S3 pointer names no bucket or no key".into()))
-        );
-    }
-
-    #[test]
-    fn snss_extended_client_marks_the_notification_inside_the_envelope() {
-        let notification = json!({
-            "Type": "Notification",
-            "MessageId": "95df01b4-ee98-5cb9-9903-4c221d41eb5e",
-            "TopicArn": "arn:aws:sns:us-east-1:123456789012:orders",
-            "Message": PYTHON_BODY,
-            "Timestamp": "2026-11-23T10:00:00.000Z",
-            "MessageAttributes": {"ExtendedPayloadSize": {"Type": "Number", "Value": "300000"}}
-        });
-        let sent = message(&notification.to_string(), &[]);
-        let opened = Opened::new(&sent, EnvelopeKind::Sns).expect("an SNS notification");
-        assert_eq!(PayloadPointer::of(&opened).map(|pointer| pointer.map(|p| p.bucket)), Some(Ok("large".into())));
-        assert_eq!(declared_size(&opened), Some(300_000));
     }
 }

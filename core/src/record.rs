@@ -6,12 +6,7 @@ use aws_lambda_events::sqs::{SqsMessage, SqsMessageAttribute};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::{
-    body::Body,
-    envelope::{Envelope, Opened},
-    handler::HandlerError,
-    transaction::Transaction,
-};
+use crate::{body::Body, envelope::Envelope, error::HandlerError, transaction::Transaction};
 
 /// One SQS message, as the business handler sees it.
 ///
@@ -43,29 +38,51 @@ pub struct Record {
 }
 
 impl Record {
-    /// A record for `message`, claimed under `key`, that must finish by
-    /// `deadline`; its body is the message's body as it is.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn new(message: &Arc<SqsMessage>, key: String, deadline: Instant) -> Self {
-        let context = crate::trace::onward(message, crate::trace::Propagators::default());
-        let transaction = Transaction::carrying(context, None);
-        Self::opened(&Opened::plain(message), key, deadline, transaction)
-    }
-
-    /// A record for a message whose envelope has been opened: its body is
-    /// the message inside; its handler stages into `transaction`.
-    pub(crate) fn opened(opened: &Opened<'_>, key: String, deadline: Instant, transaction: Transaction) -> Self {
-        let message = opened.message;
+    /// The record a handler gets for `message`: `body` is what it reads
+    /// (the message's body, the message inside its `envelope`, or the payload
+    /// read from S3 for a pointer), `key` the key it was claimed under, and
+    /// `deadline` when the invocation answers; it stages into `transaction`.
+    /// A runner of its own builds records so; the engine does for its runs.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use aws_lambda_events::sqs::SqsMessage;
+    /// use sqs_once::{Record, transaction::Transaction};
+    ///
+    /// let mut message = SqsMessage::default();
+    /// message.message_id = Some("m-1".into());
+    /// message.body = Some("{}".into());
+    /// let message = Arc::new(message);
+    /// let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    /// let body = message.body.as_deref().unwrap_or_default().into();
+    /// let record = Record::new(&message, body, None, "orders#m-1".into(), deadline, Transaction::default());
+    /// assert_eq!((record.message_id.as_str(), record.receive_count), ("m-1", 1));
+    /// ```
+    pub fn new(
+        message: &Arc<SqsMessage>,
+        body: Body,
+        envelope: Option<Envelope>,
+        key: String,
+        deadline: Instant,
+        transaction: Transaction,
+    ) -> Self {
         Self {
             message_id: message.message_id.clone().unwrap_or_default(),
-            body: opened.body.body(),
-            envelope: opened.envelope.clone(),
+            body,
+            envelope,
             key,
-            receive_count: crate::event::receive_count(message),
+            receive_count: Self::receive_count_of(message),
             message: Arc::clone(message),
             deadline,
             transaction,
         }
+    }
+
+    /// `message`'s `ApproximateReceiveCount`, or 1 when the event lacks it:
+    /// what [`receive_count`](Self::receive_count) holds for its record.
+    pub fn receive_count_of(message: &SqsMessage) -> u32 {
+        message.attributes.get("ApproximateReceiveCount").and_then(|count| count.parse().ok()).unwrap_or(1)
     }
 
     /// System attributes such as `ApproximateReceiveCount` or `MessageGroupId`.

@@ -13,10 +13,9 @@ use crate::{
 
 pub mod items;
 mod memory;
-pub(crate) mod outbox_entry;
+mod outbox_entry;
 mod stored;
 
-pub(crate) use stored::new_token;
 pub use stored::{ClaimStatus, Finish, StoredClaim};
 
 pub use outbox_entry::{OutboxEntry, OutboxQuery, SweepPart, UnreadableEntry};
@@ -149,7 +148,7 @@ impl Commit {
 /// valid for 10 minutes after the first request that uses it is completed.
 /// After 10 minutes, any request with the same client token is treated as a
 /// new request" (the API reference).
-pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
+pub const TOKEN_WINDOW: Duration = Duration::from_secs(600);
 
 /// Kept back from each bound of [`Commit::send_by_ms`]: how long after it
 /// was sent a request may still reach DynamoDB and apply, its caller long
@@ -158,7 +157,7 @@ pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
 /// differ by a second. A commit without a claim is safe only if it lands
 /// while what refuses it exists: its own completion, and that of any run
 /// of the key that decided after it was sent (see `UNCLAIMED_MEMORY`).
-pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(60);
+pub const SEND_MARGIN: Duration = Duration::from_secs(60);
 
 /// The shortest time the key of a commit is remembered from the moment the
 /// commit was made, whatever `SQS_ONCE_EXPIRES_AFTER_SECS` says: a
@@ -166,7 +165,7 @@ pub(crate) const SEND_MARGIN: Duration = Duration::from_secs(60);
 /// and another to land and be answered. A shorter memory would give every
 /// commit up before its first send, at every delivery, until the
 /// dead-letter queue: nothing applied twice, and nothing applied at all.
-pub(crate) const COMMIT_MEMORY: Duration = Duration::from_secs(2 * SEND_MARGIN.as_secs());
+pub const COMMIT_MEMORY: Duration = Duration::from_secs(2 * SEND_MARGIN.as_secs());
 
 /// The outcome of [`CommitStore::commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -159,12 +159,12 @@ impl Staged {
 
     /// The staged messages, to put pointers in place of payloads that go
     /// through S3 (see [`crate::payload::Offload`]).
-    pub(crate) fn messages_mut(&mut self) -> &mut [Message] {
+    pub fn messages_mut(&mut self) -> &mut [Message] {
         &mut self.messages
     }
 
     /// The writes and the messages.
-    pub(crate) fn into_parts(self) -> (Vec<Write>, Vec<Message>) {
+    pub fn into_parts(self) -> (Vec<Write>, Vec<Message>) {
         (self.writes, self.messages)
     }
 
@@ -223,7 +223,7 @@ pub struct Transaction {
 impl Transaction {
     /// An empty transaction whose messages carry `context` onward, and go
     /// through S3 as `offload` says when too large to send.
-    pub(crate) fn carrying(context: Option<TraceContext>, offload: Option<Arc<Offload>>) -> Self {
+    pub fn carrying(context: Option<TraceContext>, offload: Option<Arc<Offload>>) -> Self {
         Self { staged: Arc::default(), context, offload }
     }
 
@@ -282,7 +282,7 @@ impl Transaction {
     /// Takes what was staged, leaving nothing: the engine commits it once;
     /// or, when anything was refused at staging, the first refusal, which
     /// fails the record instead.
-    pub(crate) fn take(&self) -> Result<Staged, StageError> {
+    pub fn take(&self) -> Result<Staged, StageError> {
         let mut staged = std::mem::take(&mut *self.staged.lock());
         match staged.refused.take() {
             Some(refused) => Err(*refused),

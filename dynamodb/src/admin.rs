@@ -98,7 +98,7 @@ pub async fn check_table(
     if let Some(credentials) = credentials
         && let Err(error) = credentials.provide_credentials().await
     {
-        return Err(Unusable::NoCredentials(sqs_once_core::report::reason::with_causes(&error)));
+        return Err(Unusable::NoCredentials(sqs_once_aws::with_causes(&error)));
     }
     let reason = silent.as_ref().map(|(error, _)| sqs_once_aws::describe(error)).unwrap_or_default();
     match silent {

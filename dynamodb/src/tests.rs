@@ -19,7 +19,9 @@ use super::{
 use sqs_once_core::{
     BoxHandler, Handler, HandlerError, HandlerResult, Record,
     clock::{Clock, SystemClock},
-    engine::{ClaimPolicy, Engine, Invocation},
+};
+use sqs_once_engine::{
+    ClaimPolicy, Engine, Invocation,
     event::parse_event,
     key::Keys,
     report::{BatchReport, Failure, Outcome},
@@ -1028,7 +1030,7 @@ async fn data_dependent_refusals_stay_with_their_record_and_batching_stays_on() 
     assert_eq!(huge.status, ClaimStatus::Failed);
     let error = huge.error.unwrap();
     assert!(
-        error.len() <= sqs_once_core::report::reason::MAX_BYTES && error.ends_with("more bytes cut]"),
+        error.len() <= sqs_once_engine::report::reason::MAX_BYTES && error.ends_with("more bytes cut]"),
         "{}",
         error.len()
     );
@@ -1140,8 +1142,8 @@ async fn a_sweep_reads_a_bounded_page_of_a_backlog_and_the_next_goes_on_from_the
 struct Recorded(std::sync::Mutex<Vec<String>>);
 
 #[async_trait::async_trait]
-impl sqs_once_core::outbox::Destinations for Recorded {
-    async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), sqs_once_core::outbox::SendError> {
+impl sqs_once_core::destinations::Destinations for Recorded {
+    async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), sqs_once_core::destinations::SendError> {
         self.0.lock().unwrap().push(message.body.clone());
         Ok(())
     }
@@ -1153,7 +1155,7 @@ async fn a_run_never_sends_past_an_earlier_entry_it_cannot_read_or_did_not_list(
         OPEN_STATUS,
         layout::{s, sharded},
     };
-    use sqs_once_core::outbox::{Outbox, OutboxTimes};
+    use sqs_once_engine::outbox::{Outbox, OutboxTimes};
     let (store, _) = fresh_table().await;
     let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/q";
     let run = |claim: &str, lease_until_ms: u64| {
@@ -1249,19 +1251,19 @@ async fn due_runs_in_every_shard(
 struct RefusingOne(std::sync::Mutex<Vec<String>>);
 
 #[async_trait::async_trait]
-impl sqs_once_core::outbox::Destinations for RefusingOne {
-    async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), sqs_once_core::outbox::SendError> {
+impl sqs_once_core::destinations::Destinations for RefusingOne {
+    async fn send(&self, _outbox_id: &str, message: &Message) -> Result<(), sqs_once_core::destinations::SendError> {
         if message.destination.name().ends_with("/refusing") {
-            return Err(sqs_once_core::outbox::SendError::refused("AWS.SimpleQueueService.NonExistentQueue"));
+            return Err(sqs_once_core::destinations::SendError::refused("AWS.SimpleQueueService.NonExistentQueue"));
         }
         self.0.lock().unwrap().push(message.body.clone());
         Ok(())
     }
 }
 
-fn sweeper(store: DynamoDbStore, destinations: Arc<RefusingOne>) -> sqs_once_core::outbox::Outbox {
-    let times = sqs_once_core::outbox::OutboxTimes::both(Duration::from_secs(5));
-    sqs_once_core::outbox::Outbox::new(Arc::new(store), destinations, Arc::new(SystemClock), times, None)
+fn sweeper(store: DynamoDbStore, destinations: Arc<RefusingOne>) -> sqs_once_engine::outbox::Outbox {
+    let times = sqs_once_engine::outbox::OutboxTimes::both(Duration::from_secs(5));
+    sqs_once_engine::outbox::Outbox::new(Arc::new(store), destinations, Arc::new(SystemClock), times, None)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,7 +66,7 @@ fn message_attribute(value: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqs_once_core::event::{EventRecord, parse_event};
+    use sqs_once_engine::event::{EventRecord, parse_event};
 
     #[test]
     fn receive_message_output_becomes_the_event_lambda_would_deliver() {

@@ -23,9 +23,10 @@ use crate::{
     sqs::Sqs,
     store::{ClaimStore, MemoryStore},
 };
-use sqs_once_core::{BoxHandler, Handler, engine::Engine, key::KeySpec, outbox::Destinations, payload::PayloadStore};
+use sqs_once_core::{BoxHandler, Handler, destinations::Destinations, payload::PayloadStore};
 #[cfg(feature = "dynamodb")]
 use sqs_once_dynamodb::RequestCounter;
+use sqs_once_engine::{Engine, key::KeySpec};
 
 /// The Lambda function's service as `lambda_runtime` runs it: each
 /// invocation's raw request and context in, the answer posted to the

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::Consumer;
 use crate::sqs::Sqs;
-use sqs_once_core::event::EventRecord;
+use sqs_once_engine::event::EventRecord;
 
 /// How long the read may hold a batch: a request's time.
 const READ_WITHIN: Duration = Duration::from_secs(1);

@@ -12,7 +12,7 @@ use http::Request;
 use lambda_runtime_api_client::{Client, body::Body};
 use tokio::time::Instant;
 
-use sqs_once_core::{budget::SHUTDOWN_TIME, engine::Engine};
+use sqs_once_engine::{Engine, budget::SHUTDOWN_TIME};
 
 /// The extension's name: one per function, and not one Lambda's own
 /// extensions use.

@@ -29,7 +29,7 @@ impl Sqs {
         if let Some(credentials) = &self.credentials
             && let Err(error) = credentials.provide_credentials().await
         {
-            let reason = format!("no AWS credentials: {}", sqs_once_core::report::reason::with_causes(&error));
+            let reason = format!("no AWS credentials: {}", sqs_once_aws::with_causes(&error));
             return Err(SqsError::lasting(NOT_SIGNED, reason));
         }
         Ok(())

@@ -23,7 +23,7 @@ pub type JsonItem = Map<String, Value>;
 pub type Place = (String, String);
 
 /// The place of the item a write is about.
-pub(crate) fn place(target: &Target) -> Place {
+pub fn place(target: &Target) -> Place {
     let mut key: Vec<_> = target.key.attributes().iter().collect();
     key.sort_by(|left, right| left.0.cmp(&right.0));
     (target.table.clone(), serde_json::to_string(&key).unwrap_or_default())
@@ -201,7 +201,7 @@ fn apply(action: &Action, item: &mut JsonItem, write: &Write) -> Result<(), Stor
 }
 
 /// Whether `condition` holds on `item` (`None`: no such item).
-pub(crate) fn holds(condition: &Condition, item: Option<&JsonItem>) -> bool {
+pub fn holds(condition: &Condition, item: Option<&JsonItem>) -> bool {
     let attribute = |name: &str| item.and_then(|item| item.get(name));
     match condition {
         Condition::Exists(name) => attribute(name).is_some(),

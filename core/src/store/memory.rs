@@ -59,9 +59,7 @@ impl MemoryStore {
 
     /// Deletes, as a table's TTL does, each claim whose expiry has passed at
     /// `now_ms` and that `deletes` picks (by id, in id order); the ids deleted.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg(test)]
-    pub(crate) fn delete_expired(&self, now_ms: u64, mut deletes: impl FnMut(&str) -> bool) -> Vec<String> {
+    pub fn delete_expired(&self, now_ms: u64, mut deletes: impl FnMut(&str) -> bool) -> Vec<String> {
         let mut state = self.state();
         let mut expired: Vec<String> = state
             .records

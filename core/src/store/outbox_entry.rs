@@ -1,7 +1,7 @@
 //! One message in the outbox, as the claim store keeps it, and its sending
 //! lease: a token and an end, so that one sender at a time sends it. Here,
-//! beside the store that keeps it, rather than with the sending
-//! ([`crate::outbox`]), which reads and writes it through the store.
+//! beside the store that keeps it, rather than with the sending (the
+//! engine's outbox), which reads and writes it through the store.
 //!
 //! The run that committed an entry holds its lease first; an entry whose
 //! lease has ended is taken over by a sweep with a write conditioned on the
@@ -13,12 +13,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::{clock::duration_ms, transaction::Message};
-
-/// How long a sender holds an entry: the send and the deletion, each within
-/// its time ([`OutboxTimes`](crate::outbox::OutboxTimes)), with room to spare. A
-/// sender frozen or stopped longer than this leaves the entry to the next
-/// sweep.
-pub(crate) const SENDING_LEASE: Duration = Duration::from_secs(15);
 
 /// One message in the outbox, as the claim store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,7 +98,7 @@ impl OutboxEntry {
 
     /// The stored id of the `n`th message a run with `token` on claim
     /// `claim_id` staged.
-    pub(crate) fn stored_id(claim_id: &str, token: &str, n: usize) -> String {
+    pub fn stored_id(claim_id: &str, token: &str, n: usize) -> String {
         // Zero-padded, so that listing by id keeps a run's messages in order.
         format!("{claim_id}#outbox#{token}#{n:03}")
     }
@@ -117,7 +111,7 @@ impl OutboxEntry {
     }
 
     /// The outbox id of the entry stored as `stored_id`.
-    pub(crate) fn outbox_id_of(stored_id: &str) -> String {
+    pub fn outbox_id_of(stored_id: &str) -> String {
         hex::encode(Sha256::digest(stored_id.as_bytes()))
     }
 
@@ -128,14 +122,14 @@ impl OutboxEntry {
 
     /// Whether enough of its lease is left at `now_ms` for a send and the
     /// deletion after it (`room`) to end before another sender may take it over.
-    pub(crate) fn has_room_to_send(&self, now_ms: u64, room: Duration) -> bool {
+    pub fn has_room_to_send(&self, now_ms: u64, room: Duration) -> bool {
         now_ms <= self.lease_until_ms.saturating_sub(duration_ms(room))
     }
 
     /// The run that committed it: its claim and the claim's token, from the
     /// stored id (`<claim>#outbox#<token>#<n>`). A run's entries are sent in
     /// order.
-    pub(crate) fn run(&self) -> (&str, &str) {
+    pub fn run(&self) -> (&str, &str) {
         (&self.claim_id, Self::committing_token(&self.id))
     }
 
@@ -151,12 +145,12 @@ impl OutboxEntry {
 
     /// Its place among its run's messages, from the stored id; `None` for
     /// an id not of that form (one changed by hand).
-    pub(crate) fn place(&self) -> Option<usize> {
+    pub fn place(&self) -> Option<usize> {
         self.id.rsplit('#').next()?.parse().ok()
     }
 
     /// The stored id of the message before it in its run, if any.
-    pub(crate) fn earlier_id(&self) -> Option<String> {
+    pub fn earlier_id(&self) -> Option<String> {
         let place = self.place()?.checked_sub(1)?;
         let (claim, token) = self.run();
         Some(Self::stored_id(claim, token, place))

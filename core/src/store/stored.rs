@@ -1,25 +1,9 @@
 //! What every store holds of claims ([`StoredClaim`]): their states and the
-//! change that finishes them. Stores keep them; the state machine in
-//! [`crate::claim`] moves claims between the states. (Outbox entries, which
-//! stores keep too, are the outbox's: [`crate::outbox`].)
+//! change that finishes them. Stores keep them; the engine's claim machine
+//! moves claims between the states. (Outbox entries, which stores keep too,
+//! are in `outbox_entry`.)
 
-use std::{
-    sync::{
-        LazyLock,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
-
-/// A fresh token (of a claim, or of an outbox entry's sending lease): a
-/// random per-process prefix and a counter, 32 hexadecimal digits. Tokens
-/// fence writes and are not secrets, so uniqueness is all they need, and this
-/// costs no system call per claim.
-pub(crate) fn new_token() -> String {
-    static PREFIX: LazyLock<u64> = LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed))
-}
+use std::time::Duration;
 
 /// The state of a stored claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +112,7 @@ impl StoredClaim {
     }
 
     /// Time until the key may be claimed again.
-    pub(crate) fn free_in(&self, now_ms: u64) -> Duration {
+    pub fn free_in(&self, now_ms: u64) -> Duration {
         let free_at_ms = match (self.status, self.lease_until_ms) {
             (ClaimStatus::InProgress, Some(lease_until_ms)) => lease_until_ms + 1,
             _ => (self.expires_at_s + 1) * 1000,

@@ -175,7 +175,7 @@ impl Message {
     /// Whether it goes through S3 past `threshold` bytes ([`Offload`]): its
     /// size as sent is over the threshold or its destination's limit, or it
     /// is too large to keep in an outbox entry.
-    pub(crate) fn needs_offload(&self, threshold: usize) -> bool {
+    pub fn needs_offload(&self, threshold: usize) -> bool {
         let (sent, limit) = self.sent_size();
         sent > threshold.min(limit) || self.stored_size() > MAX_STORED_BYTES
     }
@@ -183,7 +183,7 @@ impl Message {
     /// The message that carries `pointer` in its place, as the Amazon SQS
     /// Extended Client sends one: the pointer for a body, and the payload's
     /// size as its `ExtendedPayloadSize` attribute.
-    pub(crate) fn through(&self, pointer: &PayloadPointer) -> Self {
+    pub fn through(&self, pointer: &PayloadPointer) -> Self {
         let mut sent = self.clone();
         sent.attributes.insert(SIZE_ATTRIBUTE.to_owned(), self.body.len().to_string());
         sent.body = pointer.body();
@@ -320,7 +320,7 @@ impl Message {
     /// Its size in the outbox item that holds it: the body as it is (the
     /// DynamoDB store keeps it in an attribute of its own, unescaped), the
     /// rest as JSON.
-    pub(crate) fn stored_size(&self) -> usize {
+    pub fn stored_size(&self) -> usize {
         let destination = match &self.destination {
             Destination::Sqs { queue_url } => json_len(queue_url),
             Destination::Sns { topic_arn } => json_len(topic_arn),

@@ -15,7 +15,7 @@ use testkit::{
     faults::{DYNAMODB, FaultMix, FaultProxy},
 };
 
-use sqs_once_core::testing::{Claim, ClaimRequest, Claims, Lease};
+use sqs_once_engine::testing::{Claim, ClaimRequest, Claims, Lease};
 
 use crate::{
     DynamoDbStore, TableLayout,
