@@ -1,7 +1,8 @@
 //! The outbox: messages a handler staged, written in its transaction and
 //! sent after the commit.
 //!
-//! Each staged [`Message`] becomes an [`OutboxEntry`] in the claim store,
+//! Each staged [`Message`](sqs_once_core::transaction::Message) becomes an
+//! [`OutboxEntry`] in the claim store,
 //! written in the same transaction as the handler's writes and the claim's
 //! completion, so a message exists exactly when the run that sent it
 //! committed. The entry carries a sending lease: the run whose
@@ -22,10 +23,10 @@
 //! Messages go to the AWS services their destinations name, or to the
 //! [`Destinations`] a program gives its consumer.
 //!
-//! Here: sending (`Outbox`) and the sweep (`sweep`). The entry and its lease
-//! are the store's (`store::outbox_entry`), the AWS destinations a runner's
-//! (`destinations`), and the DynamoDB store's outbox items and requests are
-//! in its own `outbox` module.
+//! Here: sending (`Outbox`) and the sweep (`sweep`). The entry is the
+//! vocabulary's (`sqs_once_core::store`), the AWS destinations `sqs-once`'s,
+//! and the DynamoDB store's outbox items and requests are in its own
+//! `outbox` module.
 
 mod sweep;
 

@@ -54,7 +54,7 @@ pub const KEY_BYTES: usize = 24;
 
 /// The room an item's keys may take at most: two full windows, the
 /// attributes' names and the window's start.
-pub const KEYS_ROOM: usize =
+pub(crate) const KEYS_ROOM: usize =
     2 * MAX_KEYS_PER_WINDOW * KEY_BYTES + KEYS.len() + KEYS_BEFORE.len() + KEYS_SINCE.len() + 21;
 
 /// A commit whose one write records the run's key in its item, in place of
