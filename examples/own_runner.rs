@@ -13,6 +13,7 @@
 //!
 //! ```text
 //! cargo run --example own_runner
+//! cargo test --example own_runner
 //! ```
 
 use std::{
@@ -43,8 +44,9 @@ async fn run(engine: &Engine, batch: &[EventRecord], n: usize) -> BatchReport {
     engine.process(batch, &invocation, None).await
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
+/// The loop of one's own: batches from a channel, run one after another;
+/// each batch's failed message ids, and how often the handler ran.
+async fn serve(mut batches: tokio::sync::mpsc::Receiver<Vec<EventRecord>>) -> (Vec<Vec<String>>, usize) {
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&runs);
     let handler = handler_fn(move |record| {
@@ -58,23 +60,40 @@ async fn main() {
         }
     });
     let engine = Engine::builder(Arc::new(MemoryStore::default()), Keys::default()).build(BoxHandler::new(handler));
+    let mut failed = Vec::new();
+    while let Some(batch) = batches.recv().await {
+        let report = run(&engine, &batch, failed.len()).await;
+        println!("batch {}: {:?}", failed.len(), report.counts());
+        failed.push(report.response().batch_item_failures.into_iter().map(|failure| failure.item_identifier).collect());
+    }
+    (failed, runs.load(Ordering::SeqCst))
+}
 
-    // The loop of one's own: batches from a channel, the second a redelivery of the first.
-    let (sender, mut batches) = tokio::sync::mpsc::channel(2);
+/// Three orders, the second empty, delivered twice: the second batch a
+/// redelivery of the first.
+async fn deliveries() -> tokio::sync::mpsc::Receiver<Vec<EventRecord>> {
+    let (sender, batches) = tokio::sync::mpsc::channel(2);
     for _ in 0..2 {
         let batch = vec![message("m-1", r#"{"order": 1}"#), message("m-2", ""), message("m-3", r#"{"order": 3}"#)];
         sender.send(batch).await.expect("the loop is listening");
     }
-    drop(sender);
-    let mut n = 0;
-    while let Some(batch) = batches.recv().await {
-        let report = run(&engine, &batch, n).await;
-        let failed: Vec<_> = report.response().batch_item_failures.into_iter().map(|f| f.item_identifier).collect();
-        println!("batch {n}: failed {failed:?}, counts {:?}", report.counts());
-        assert_eq!(failed, ["m-2"], "the empty order fails, permanently, in every batch");
-        n += 1;
+    batches
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let (failed, runs) = serve(deliveries().await).await;
+    println!("failed in each batch: {failed:?}; orders run: {runs}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn each_order_runs_once_and_the_empty_one_fails_in_every_batch() {
+        let (failed, runs) = serve(deliveries().await).await;
+        assert_eq!(failed, [["m-2"], ["m-2"]], "a permanent failure, then failed before");
+        assert_eq!(runs, 2, "two batches of the same two good orders ran each once");
     }
-    // Two batches of the same three messages ran each order's handler once.
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
-    println!("orders run: {}", runs.load(Ordering::SeqCst));
 }
