@@ -36,13 +36,12 @@ use aws_sdk_dynamodb::{
     types::{AttributeValue, ReturnValuesOnConditionCheckFailure},
 };
 
-use super::{
-    DynamoDbStore, Item,
+use crate::{
     admin::table_missing,
-    attribute_value,
     client::{described, too_late, unavailable},
-    n,
+    layout::{Item, attribute_value, n},
     statements::{self, Written},
+    store::DynamoDbStore,
     transact::Expression,
 };
 use sqs_once_core::{
@@ -192,11 +191,11 @@ impl DynamoDbStore {
                 true => self.send_batched(update, key, judged, item, send_by_ms).await,
                 false => None,
             };
-            let (refused, as_statement) = match answered_as_statement {
+            let (sent, as_statement) = match answered_as_statement {
                 Some(sent) => (sent?, true),
                 None => (self.send_in_item(update, key, judged, send_by_ms).await?, false),
             };
-            let Some(refused) = refused else {
+            let Sent::Refused(refused) = sent else {
                 let since_ms = match judged {
                     InItem::SameWindow => since_ms,
                     _ => Some(key.now_ms),
@@ -238,80 +237,34 @@ impl DynamoDbStore {
         judged: InItem,
         item: &str,
         send_by_ms: Option<u64>,
-    ) -> Option<Result<Option<Option<Item>>, StoreError>> {
+    ) -> Option<Result<Sent, StoreError>> {
         let batches = self.batches.as_deref().filter(|_| judged == InItem::SameWindow)?;
         let statement = match statements::kept_key_update(update, key, item, send_by_ms)? {
             Ok(statement) => statement,
             Err(error) => return Some(Err(error)),
         };
         Some(match batches.write_to_item(statement).await? {
-            Ok(Written::Applied) => Ok(None),
-            Ok(Written::Refused(Some(returned))) => Ok(Some(Some(returned))),
-            Ok(Written::Refused(None)) => self.get_item_of(update.target()).await.map(Some),
+            Ok(Written::Applied) => Ok(Sent::Applied),
+            Ok(Written::Refused(Some(returned))) => Ok(Sent::Refused(Some(returned))),
+            Ok(Written::Refused(None)) => self.get_item_of(update.target()).await.map(Sent::Refused),
             Err(error) => Err(error),
         })
     }
 
     /// Sends `update` with the key added as `judged` says, on the condition
     /// that the item's window is the one `judged` is for and holds no key
-    /// of it, none of its attempts past `send_by_ms`: `None` when it
-    /// applied, else the item as it stood (`None` within for no item), read
-    /// when DynamoDB did not return it.
+    /// of it ([`window_change`]), none of its attempts past `send_by_ms`;
+    /// a refusal's item is read when DynamoDB did not return it.
     async fn send_in_item(
         &self,
         update: &Update,
         key: &KeyInItem,
         judged: InItem,
         send_by_ms: Option<u64>,
-    ) -> Result<Option<Option<Item>>, StoreError> {
+    ) -> Result<Sent, StoreError> {
         let target = update.target();
         let mut expression = Expression::default();
-        let (current, before, since) =
-            (expression.name(KEYS), expression.name(KEYS_BEFORE), expression.name(KEYS_SINCE));
-        let digests = expression.value(AttributeValue::Ss(vec![key.digest.clone()]));
-        // Aliased only where a condition names it: DynamoDB refuses a value no expression uses.
-        let mut digest = || expression.value(AttributeValue::S(key.digest.clone()));
-        let (mut set, mut add) = (Vec::new(), Vec::new());
-        let mut conditions = Vec::new();
-        match judged {
-            InItem::SameWindow => {
-                let digest = digest();
-                let over = expression.value(n(key.memories_ago_ms(1)));
-                // A window begun too late for the commit holds for no send of it (KeyInItem::too_late_from_ms).
-                let late = expression.value(n(key.too_late_from_ms()));
-                let most = expression.value(n(MAX_KEYS_PER_WINDOW));
-                conditions.push(format!(
-                    "{since} > {over} AND {since} < {late} AND NOT contains({current}, {digest}) AND NOT \
-                     contains({before}, {digest}) AND size({current}) < {most}"
-                ));
-                add.push(format!("{current} {digests}"));
-            }
-            InItem::NextWindow => {
-                let digest = digest();
-                let (over, forgotten) =
-                    (expression.value(n(key.memories_ago_ms(1))), expression.value(n(key.memories_ago_ms(2))));
-                conditions
-                    .push(format!("{since} <= {over} AND {since} > {forgotten} AND NOT contains({current}, {digest})"));
-                let now = expression.value(n(key.now_ms));
-                set.extend([
-                    format!("{before} = {current}"),
-                    format!("{current} = {digests}"),
-                    format!("{since} = {now}"),
-                ]);
-            }
-            // A duplicate, a full window or a late one is never sent: judged from the item, answered from it.
-            InItem::Fresh | InItem::Duplicate | InItem::Full | InItem::Late => {
-                let forgotten = expression.value(n(key.memories_ago_ms(2)));
-                conditions.push(format!("(attribute_not_exists({since}) OR {since} <= {forgotten})"));
-                let (nothing, now) =
-                    (expression.value(AttributeValue::Ss(vec![NO_KEY.to_owned()])), expression.value(n(key.now_ms)));
-                set.extend([
-                    format!("{before} = {nothing}"),
-                    format!("{current} = {digests}"),
-                    format!("{since} = {now}"),
-                ]);
-            }
-        }
+        let (mut conditions, set, add) = window_change(&mut expression, key, judged);
         if let Some(condition) = &target.condition {
             conditions.push(format!("({})", expression.condition(condition)?));
         }
@@ -332,14 +285,14 @@ impl DynamoDbStore {
             .send()
             .await;
         let error = match sent {
-            Ok(_) => return Ok(None),
+            Ok(_) => return Ok(Sent::Applied),
             Err(error) => error.into_service_error(),
         };
         match error {
             UpdateItemError::ConditionalCheckFailedException(failed) => match failed.item {
-                Some(item) if !item.is_empty() => Ok(Some(Some(item))),
-                _ if self.returned_values() == ReturnValuesOnConditionCheckFailure::AllOld => Ok(Some(None)),
-                _ => Ok(Some(self.get_item_of(target).await?)),
+                Some(item) if !item.is_empty() => Ok(Sent::Refused(Some(item))),
+                _ if self.returned_values() == ReturnValuesOnConditionCheckFailure::AllOld => Ok(Sent::Refused(None)),
+                _ => Ok(Sent::Refused(self.get_item_of(target).await?)),
             },
             UpdateItemError::ResourceNotFoundException(missing) if table_missing(&self.client, &target.table).await => {
                 Err(StoreError::Rejected(format!(
@@ -358,6 +311,62 @@ impl DynamoDbStore {
         let read = self.client.get_item().table_name(&target.table).set_key(Some(key_of(target))).consistent_read(true);
         Ok(read.send().await.map_err(unavailable)?.item.filter(|item| !item.is_empty()))
     }
+}
+
+/// How a commit that keeps its key in its item was answered.
+enum Sent {
+    /// It applied: the update and the key.
+    Applied,
+    /// Its condition did not hold: the item as it stood (`None` for no item).
+    Refused(Option<Item>),
+}
+
+/// What keeping `key` in the item changes as `judged` says: the conditions
+/// that the item's window is the one `judged` is for and holds no key of
+/// the commit, the attributes set and those added to.
+fn window_change(
+    expression: &mut Expression,
+    key: &KeyInItem,
+    judged: InItem,
+) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let (current, before, since) = (expression.name(KEYS), expression.name(KEYS_BEFORE), expression.name(KEYS_SINCE));
+    let digests = expression.value(AttributeValue::Ss(vec![key.digest.clone()]));
+    // Aliased only where a condition names it: DynamoDB refuses a value no expression uses.
+    let mut digest = || expression.value(AttributeValue::S(key.digest.clone()));
+    let (mut set, mut add) = (Vec::new(), Vec::new());
+    let mut conditions = Vec::new();
+    match judged {
+        InItem::SameWindow => {
+            let digest = digest();
+            let over = expression.value(n(key.memories_ago_ms(1)));
+            // A window begun too late for the commit holds for no send of it (KeyInItem::too_late_from_ms).
+            let late = expression.value(n(key.too_late_from_ms()));
+            let most = expression.value(n(MAX_KEYS_PER_WINDOW));
+            conditions.push(format!(
+                "{since} > {over} AND {since} < {late} AND NOT contains({current}, {digest}) AND NOT \
+                     contains({before}, {digest}) AND size({current}) < {most}"
+            ));
+            add.push(format!("{current} {digests}"));
+        }
+        InItem::NextWindow => {
+            let digest = digest();
+            let (over, forgotten) =
+                (expression.value(n(key.memories_ago_ms(1))), expression.value(n(key.memories_ago_ms(2))));
+            conditions
+                .push(format!("{since} <= {over} AND {since} > {forgotten} AND NOT contains({current}, {digest})"));
+            let now = expression.value(n(key.now_ms));
+            set.extend([format!("{before} = {current}"), format!("{current} = {digests}"), format!("{since} = {now}")]);
+        }
+        // A duplicate, a full window or a late one is never sent: judged from the item, answered from it.
+        InItem::Fresh | InItem::Duplicate | InItem::Full | InItem::Late => {
+            let forgotten = expression.value(n(key.memories_ago_ms(2)));
+            conditions.push(format!("(attribute_not_exists({since}) OR {since} <= {forgotten})"));
+            let (nothing, now) =
+                (expression.value(AttributeValue::Ss(vec![NO_KEY.to_owned()])), expression.value(n(key.now_ms)));
+            set.extend([format!("{before} = {nothing}"), format!("{current} = {digests}"), format!("{since} = {now}")]);
+        }
+    }
+    (conditions, set, add)
 }
 
 /// The key of the item `target` names, as DynamoDB takes it.

@@ -1,5 +1,5 @@
 //! A handler's staged writes committed with its claim in one
-//! `TransactWriteItems`, with an outbox item (see [`super::outbox`]) per message.
+//! `TransactWriteItems`, with an outbox item (see [`outbox`](crate::outbox)) per message.
 //!
 //! The transaction's actions are, in order: the claim's completion (the
 //! same conditional update a single completion sends, returning the claim
@@ -25,12 +25,12 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use super::{
-    DynamoDbStore, Item,
+use crate::{
     admin::table_missing,
-    attribute_value,
     client::{described, too_late, unavailable},
+    layout::{Item, attribute_value},
     statements::Backoff,
+    store::DynamoDbStore,
 };
 use sqs_once_core::{
     store::{Cancellation, ClaimStatus, Commit, Committed, StoreError},
@@ -507,6 +507,9 @@ impl DynamoDbStore {
 
 #[cfg(test)]
 mod tests {
+    // What only DynamoDB does with a commit, answered to measure.
+    mod answers;
+
     use serde_json::json;
 
     use super::*;
@@ -568,6 +571,3 @@ mod tests {
         assert_eq!(update.expression_attribute_values().unwrap()[":v1"], AttributeValue::N("-3".into()));
     }
 }
-
-#[cfg(test)]
-mod answers;
