@@ -35,7 +35,7 @@ use lru::LruCache;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::{key::payload_hash, outbox::SENDING_LEASE, report::reason};
+use crate::{key::payload_hash, report::reason};
 use sqs_once_core::{
     clock::{Clock, duration_ms},
     store::{
@@ -58,6 +58,12 @@ pub(crate) fn new_token() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed))
 }
+
+/// How long a sender holds an outbox entry (the run that committed it
+/// first, a sweep that takes it over after): the send and the deletion, each within
+/// its time ([`OutboxTimes`](crate::outbox::OutboxTimes)), with room to spare. A sender frozen or
+/// stopped longer than this leaves the entry to the next sweep.
+pub(crate) const SENDING_LEASE: Duration = Duration::from_secs(15);
 
 /// What the state machine needs to know about one claim attempt.
 #[derive(Debug, Clone, Copy)]

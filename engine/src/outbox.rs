@@ -39,10 +39,7 @@ use std::{
     time::Duration,
 };
 
-/// How long a sender holds an entry: the send and the deletion, each within
-/// its time ([`OutboxTimes`]), with room to spare. A sender frozen or
-/// stopped longer than this leaves the entry to the next sweep.
-pub(crate) const SENDING_LEASE: Duration = Duration::from_secs(15);
+use crate::claim::SENDING_LEASE;
 
 /// Kept free in a sending lease besides a send's and a deletion's times:
 /// the steps between them, and clocks that differ.

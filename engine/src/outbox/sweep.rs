@@ -30,8 +30,8 @@ use futures::{
 };
 use tokio::time::Instant;
 
-use super::{Outbox, SENDING_LEASE, SendWindow};
-use crate::claim::new_token;
+use super::{Outbox, SendWindow};
+use crate::claim::{SENDING_LEASE, new_token};
 use sqs_once_core::{
     clock::duration_ms,
     store::{OutboxEntry, StoreError, SweepPart},

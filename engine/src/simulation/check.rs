@@ -42,7 +42,7 @@ use super::{
     world::World,
 };
 use crate::{
-    outbox::SENDING_LEASE,
+    claim::SENDING_LEASE,
     report::{Failure, Outcome},
 };
 use sqs_once_core::{

@@ -24,8 +24,8 @@ use super::{
     workload::Spec,
 };
 use crate::{
+    claim::SENDING_LEASE,
     engine::Invocation,
-    outbox::SENDING_LEASE,
     report::{BatchReport, Failure, Outcome},
 };
 use sqs_once_core::clock::{Clock, duration_ms, epoch_ms};

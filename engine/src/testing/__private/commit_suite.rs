@@ -322,7 +322,7 @@ pub async fn outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder(
     };
     let due = |m: &Machine| OutboxQuery { due_at_ms: Some(m.clock.now_ms()), limit: 100 };
     assert!(ours(m.outbox().entries(&due(&m)).await.unwrap()).is_empty(), "leased to the committing run");
-    m.clock.advance(crate::outbox::SENDING_LEASE + Duration::from_secs(1));
+    m.clock.advance(crate::claim::SENDING_LEASE + Duration::from_secs(1));
     let entries = ours(m.outbox().entries(&due(&m)).await.unwrap());
     assert_eq!(entries.len(), 2, "due once the lease has ended");
     let (first, second) = (&entries[0], &entries[1]);
