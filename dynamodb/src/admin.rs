@@ -14,11 +14,7 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use crate::{
-    client::unavailable,
-    layout::{OPEN_INDEX, OPEN_STATUS, TableKey},
-    store::DynamoDbStore,
-};
+use super::{DynamoDbStore, OPEN_INDEX, OPEN_STATUS, TableKey, unavailable};
 use sqs_once_core::store::StoreError;
 
 /// Whether DynamoDB says `table` does not exist (`ResourceNotFoundException`

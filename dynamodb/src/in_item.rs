@@ -36,12 +36,13 @@ use aws_sdk_dynamodb::{
     types::{AttributeValue, ReturnValuesOnConditionCheckFailure},
 };
 
-use crate::{
+use super::{
+    DynamoDbStore, Item,
     admin::table_missing,
+    attribute_value,
     client::{described, too_late, unavailable},
-    layout::{Item, attribute_value, n},
+    n,
     statements::{self, Written},
-    store::DynamoDbStore,
     transact::Expression,
 };
 use sqs_once_core::{

@@ -7,10 +7,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 
+use super::Item;
 use sqs_once_core::store::{ClaimStatus, Finish, StoreError, StoredClaim};
-
-/// A DynamoDB item: attribute names and values.
-pub(crate) type Item = HashMap<String, AttributeValue>;
 
 /// Names of the attributes a claim is stored in.
 #[derive(Debug, Clone, PartialEq, Eq)]

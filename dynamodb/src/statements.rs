@@ -31,10 +31,10 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use crate::{
-    batched::{BatchCall, Batcher},
-    client::{described, too_late},
-    layout::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, attribute_value, n, open_partition, s, text},
+use super::batched::{BatchCall, Batcher};
+use super::{
+    ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, attribute_value, client::too_late, described, n,
+    open_partition, s, text,
 };
 use sqs_once_core::{
     store::{ClaimStatus, Finish, StoreError, StoredClaim},
@@ -442,7 +442,7 @@ impl TableLayout {
         statement.build(&record.id)
     }
 
-    /// [`DynamoDbStore`](crate::DynamoDbStore)'s finishing `UpdateItem`, as a statement.
+    /// [`super::DynamoDbStore`]'s finishing `UpdateItem`, as a statement.
     pub(super) fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Statement, StoreError> {
         let names = &self.attributes;
         let mut set = vec![
@@ -469,14 +469,14 @@ impl TableLayout {
         statement.build(id)
     }
 
-    /// [`DynamoDbStore`](crate::DynamoDbStore)'s releasing `DeleteItem`, as a statement.
+    /// [`super::DynamoDbStore`]'s releasing `DeleteItem`, as a statement.
     pub(super) fn release(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
         let mut statement = Partiql::new("DELETE FROM ", &self.table, 4);
         self.held_by(&mut statement, id, token);
         statement.build(id)
     }
 
-    /// [`DynamoDbStore`](crate::DynamoDbStore)'s deletion of a sent outbox entry, as a statement.
+    /// [`super::DynamoDbStore`]'s deletion of a sent outbox entry, as a statement.
     pub(super) fn delete_outbox(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
         let mut statement = Partiql::new("DELETE FROM ", &self.table, 3);
         self.of_item(&mut statement, id);
@@ -503,7 +503,7 @@ impl TableLayout {
 }
 
 /// A commit whose key is kept in its update's item
-/// ([`in_item`](crate::in_item)), sent for the window under way in the item: the
+/// ([`super::in_item`]), sent for the window under way in the item: the
 /// update's actions, the key's digest added to the window's keys, on the
 /// conditions of the `UpdateItem` it stands for (the window began after
 /// one key memory ago, holds neither window's digest and has room; the

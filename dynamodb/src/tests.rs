@@ -11,7 +11,7 @@ use std::{
 
 use testkit::dynamodb::Reply;
 
-use crate::{
+use super::{
     DynamoDbStore, TableLayout,
     client::{RequestCounter, RequestCounts, client_from},
     layout::OPEN_SHARDS,
@@ -63,7 +63,7 @@ async fn a_client_given_gets_the_timeouts_it_lacks() {
         .await;
     let client = aws_sdk_dynamodb::Client::new(&loaded);
     assert_eq!(client.config().timeout_config().unwrap().operation_timeout(), None);
-    let limited = crate::with_limits(client);
+    let limited = super::with_limits(client);
     assert_eq!(operation_timeout(limited.config().timeout_config()), OPERATION_TIMEOUT);
     let attempt = limited.config().timeout_config().unwrap().operation_attempt_timeout();
     assert_eq!(attempt, Some(ATTEMPT_TIMEOUT));
@@ -1068,7 +1068,7 @@ async fn unsent_runs(store: &DynamoDbStore, runs: usize, messages: usize, bytes:
 }
 
 /// Puts `item`, sent again while a loaded DynamoDB Local times it out.
-async fn put_outbox_item(store: &DynamoDbStore, item: crate::layout::Item) {
+async fn put_outbox_item(store: &DynamoDbStore, item: super::Item) {
     for attempt in 1.. {
         let put = store.client.put_item().table_name(&store.layout.table).set_item(Some(item.clone())).send().await;
         match put {
@@ -1151,7 +1151,10 @@ impl sqs_once_core::destinations::Destinations for Recorded {
 
 #[tokio::test]
 async fn a_run_never_sends_past_an_earlier_entry_it_cannot_read_or_did_not_list() {
-    use crate::layout::{OPEN_STATUS, s, sharded};
+    use super::{
+        OPEN_STATUS,
+        layout::{s, sharded},
+    };
     use sqs_once_engine::outbox::{Outbox, OutboxTimes};
     let (store, _) = fresh_table().await;
     let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/q";
@@ -1178,8 +1181,8 @@ async fn a_run_never_sends_past_an_earlier_entry_it_cannot_read_or_did_not_list(
     }
     let held = (0..)
         .map(|n| run(&format!("a-{n:05}"), u64::MAX / 2))
-        .filter(|held| sharded("OUTBOX", crate::outbox::run_of(&held[0].id)) == old_shard(&upgraded[0]))
-        .take(crate::outbox::SWEEP_PAGE as usize / 2);
+        .filter(|held| sharded("OUTBOX", super::outbox::run_of(&held[0].id)) == old_shard(&upgraded[0]))
+        .take(super::outbox::SWEEP_PAGE as usize / 2);
     for held in held.collect::<Vec<_>>() {
         for entry in held {
             put_outbox_item(&store, store.layout.outbox_item(&entry).unwrap()).await;
@@ -1228,7 +1231,7 @@ async fn due_runs_in_every_shard(
         let claim = format!("{prefix}-{n:06}");
         let body = format!("{claim} {}", "x".repeat(bytes.saturating_sub(claim.len() + 1)));
         let entry = OutboxEntry::of_run(&claim, "t", "m", &[Message::sqs(queue, body)], 0, 0).remove(0);
-        let count = counts.entry(crate::layout::sharded("OUTBOX", crate::outbox::run_of(&entry.id))).or_insert(0);
+        let count = counts.entry(super::layout::sharded("OUTBOX", super::outbox::run_of(&entry.id))).or_insert(0);
         if *count < per_shard {
             *count += 1;
             entries.push(entry);
@@ -1371,6 +1374,6 @@ async fn taking_an_entry_over_writes_its_lease_not_its_message() {
     // Its holder deletes it, and the lease with it.
     assert_eq!(created.entry_sent(&leased[0].id, &leased[0].token).await.unwrap(), Fenced::Applied);
     assert_eq!(created.get_item(&leased[0].id).await.unwrap(), None);
-    assert_eq!(created.get_item(&crate::outbox::lease_id(&leased[0].id)).await.unwrap(), None);
+    assert_eq!(created.get_item(&super::outbox::lease_id(&leased[0].id)).await.unwrap(), None);
     assert_eq!(created.entries(&everything).await.unwrap().len(), 9);
 }

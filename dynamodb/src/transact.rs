@@ -1,5 +1,5 @@
 //! A handler's staged writes committed with its claim in one
-//! `TransactWriteItems`, with an outbox item (see [`outbox`](crate::outbox)) per message.
+//! `TransactWriteItems`, with an outbox item (see [`super::outbox`]) per message.
 //!
 //! The transaction's actions are, in order: the claim's completion (the
 //! same conditional update a single completion sends, returning the claim
@@ -25,12 +25,12 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use crate::{
+use super::{
+    DynamoDbStore, Item,
     admin::table_missing,
+    attribute_value,
     client::{described, too_late, unavailable},
-    layout::{Item, attribute_value},
     statements::Backoff,
-    store::DynamoDbStore,
 };
 use sqs_once_core::{
     store::{Cancellation, ClaimStatus, Commit, Committed, StoreError},
