@@ -25,7 +25,10 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use sqs_once_core::{redelivery::{NextDelivery, RedeliveryPolicy}, report::Failure};
+//! use sqs_once_engine::{
+//!     redelivery::{NextDelivery, RedeliveryPolicy},
+//!     report::Failure,
+//! };
 //!
 //! let policy = RedeliveryPolicy::default();
 //! let failure = Failure::Retryable("the payment service timed out".into());
