@@ -22,7 +22,7 @@ use anyhow::{Context, bail};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::{
-    config::Config,
+    config::{Config, settings},
     consumer::{Builder, CommandParts, Needs},
     environment::Environment,
     logging,
@@ -75,7 +75,7 @@ enum Command {
     /// Consume a queue directly, outside Lambda: long polling, deleting what succeeded, until SIGINT or SIGTERM.
     Poll {
         /// The queue URL.
-        #[arg(long, env = "SQS_ONCE_QUEUE_URL")]
+        #[arg(long, env = settings::QUEUE_URL)]
         queue_url: String,
         /// ReceiveMessage calls in flight at once.
         #[arg(long, default_value_t = 2)]
@@ -365,7 +365,7 @@ async fn create_table(table: Option<String>, mut builder: Builder) -> anyhow::Re
     let config = match table {
         // The table `--table` names, and every other setting as the environment says.
         Some(table) => Config::from_lookup(|name| match name {
-            "SQS_ONCE_TABLE" => Some(table.clone()),
+            settings::TABLE => Some(table.clone()),
             _ => std::env::var(name).ok(),
         })?,
         None => builder.settings()?,

@@ -18,6 +18,11 @@ use sqs_once_engine::{
     redelivery::{RedeliveryPolicy, RetryBackoff},
 };
 
+use self::unknown::Unknown;
+
+pub(crate) mod settings;
+mod unknown;
+
 /// How often a process that sends through the outbox sweeps it, unless
 /// `SQS_ONCE_OUTBOX_SWEEP_SECS` says otherwise.
 pub(crate) const DEFAULT_OUTBOX_SWEEP: Duration = Duration::from_secs(60);
@@ -113,7 +118,7 @@ impl StoreChoice {
         }
         if let Self::Unchosen = self {
             return ConfigError {
-                name: "SQS_ONCE_TABLE",
+                name: settings::TABLE,
                 value: String::new(),
                 expected: format!(
                     "the name of the DynamoDB claim table: a long-running consumer keeps its claims where every \
@@ -124,7 +129,7 @@ impl StoreChoice {
             };
         }
         ConfigError {
-            name: "SQS_ONCE_TABLE",
+            name: settings::TABLE,
             value: String::new(),
             expected: "the name of the DynamoDB claim table: inside Lambda, claims must be kept in DynamoDB \
                        (or in a store given to Consumer::builder().store(..))"
@@ -172,10 +177,10 @@ impl Fixed {
     fn each(&self) -> impl Iterator<Item = (&'static str, String)> {
         let seconds = |duration: &Duration| in_seconds(*duration);
         [
-            self.key.as_ref().map(|(_, text)| ("SQS_ONCE_KEY", text.clone())),
-            self.key_prefix.clone().map(|prefix| ("SQS_ONCE_KEY_PREFIX", prefix)),
-            self.expires_after.as_ref().map(|after| ("SQS_ONCE_EXPIRES_AFTER_SECS", seconds(after))),
-            self.visibility_timeout.as_ref().map(|timeout| ("SQS_ONCE_VISIBILITY_TIMEOUT_SECS", seconds(timeout))),
+            self.key.as_ref().map(|(_, text)| (settings::KEY, text.clone())),
+            self.key_prefix.clone().map(|prefix| (settings::KEY_PREFIX, prefix)),
+            self.expires_after.as_ref().map(|after| (settings::EXPIRES_AFTER_SECS, seconds(after))),
+            self.visibility_timeout.as_ref().map(|timeout| (settings::VISIBILITY_TIMEOUT_SECS, seconds(timeout))),
         ]
         .into_iter()
         .flatten()
@@ -193,10 +198,10 @@ impl Fixed {
     fn agrees(&self, name: &str, set: &str) -> bool {
         let seconds = |set: &str| set.trim().parse().ok().map(Duration::from_secs);
         match name {
-            "SQS_ONCE_KEY" => set.parse::<KeySpec>().ok() == self.key.as_ref().map(|(spec, _)| spec.clone()),
-            "SQS_ONCE_KEY_PREFIX" => self.key_prefix.as_deref().map(str::trim) == Some(set.trim()),
-            "SQS_ONCE_EXPIRES_AFTER_SECS" => seconds(set) == self.expires_after,
-            "SQS_ONCE_VISIBILITY_TIMEOUT_SECS" => seconds(set) == self.visibility_timeout,
+            settings::KEY => set.parse::<KeySpec>().ok() == self.key.as_ref().map(|(spec, _)| spec.clone()),
+            settings::KEY_PREFIX => self.key_prefix.as_deref().map(str::trim) == Some(set.trim()),
+            settings::EXPIRES_AFTER_SECS => seconds(set) == self.expires_after,
+            settings::VISIBILITY_TIMEOUT_SECS => seconds(set) == self.visibility_timeout,
             _ => false,
         }
     }
@@ -286,7 +291,7 @@ impl Config {
         if fixed.key_prefix.as_ref().is_some_and(|prefix| prefix.trim().is_empty()) {
             let expected = "a value set in code: empty in code, the setting would fall back to its default";
             return Err(ConfigError {
-                name: "SQS_ONCE_KEY_PREFIX",
+                name: settings::KEY_PREFIX,
                 value: fixed.key_prefix.clone().unwrap_or_default(),
                 expected: expected.into(),
             });
@@ -342,7 +347,7 @@ impl Config {
     fn read(env: &Env<'_>, fixed: &Fixed) -> Result<Self, ConfigError> {
         // One prefix wherever the consumer runs (not the function's name): a
         // `poll` consumer, `claims` on a laptop and the function share keys.
-        let key_prefix = (fixed.key_prefix.clone().or_else(|| env.text("SQS_ONCE_KEY_PREFIX")))
+        let key_prefix = (fixed.key_prefix.clone().or_else(|| env.text(settings::KEY_PREFIX)))
             .unwrap_or_else(|| sqs_once_engine::key::DEFAULT_KEY_PREFIX.to_owned());
         // Lambda's own variables, read as the process reads them (`Environment::current`).
         let lambda = Environment::from_lookup(|name| env.text(name));
@@ -363,7 +368,7 @@ impl Config {
             engine,
             store,
             #[cfg(feature = "dynamodb")]
-            dynamodb_batching: env.flag("SQS_ONCE_DYNAMODB_BATCHING", true)?,
+            dynamodb_batching: env.flag(settings::DYNAMODB_BATCHING, true)?,
             metrics: env.metrics(&lambda)?,
             redelivery,
             outbox_sweep: env.outbox_sweep()?,
@@ -375,100 +380,12 @@ impl Config {
 /// The environment, with parsing that names the variable on failure.
 struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
 
-/// The settings' names: those docs/configuration.md's table lists, so that
-/// the documentation and the check for mistyped names share one list.
-fn settings() -> impl Iterator<Item = &'static str> {
-    include_str!("../docs/configuration.md")
-        .lines()
-        .filter_map(|line| line.strip_prefix("| `")?.split('`').next())
-        .filter(|name| name.starts_with("SQS_ONCE_"))
-}
-
-/// Words of unknown names that make them look like a setting of where
-/// claims are kept, what makes a key, or where failures go: ignored, such a
-/// name would change what runs once without a word, so the start stops.
-const DECISIVE_WORDS: &[&str] = &["TABLE", "STORE", "KEY", "IDEMPOTENCY", "DLQ", "DEAD", "LETTER"];
-
-/// An `SQS_ONCE_*` variable that is no setting, and the setting it most
-/// likely stands for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Unknown {
-    name: String,
-    meant: &'static str,
-}
-
-impl Unknown {
-    /// The names among `names` that start `SQS_ONCE_` and are neither a
-    /// setting nor among `own` (a handler's own settings), each with the
-    /// setting it most likely stands for: one a letter or two off (a typo),
-    /// else the one that shares the most words with it and has the fewest
-    /// words of its own besides, the nearest in letters among those.
-    fn among(names: impl Iterator<Item = String>, own: &[&str]) -> Vec<Self> {
-        names
-            .filter(|name| name.starts_with("SQS_ONCE_") && !own.contains(&name.as_str()))
-            .filter(|name| !settings().any(|setting| setting == name))
-            .filter_map(|name| {
-                let likeness = |setting: &&'static str| {
-                    let distance = edit_distance(&name, setting);
-                    let shared = words(setting).filter(|word| words(&name).any(|ours| ours == *word)).count();
-                    let besides = words(setting).count() - shared;
-                    (distance <= 2, shared, std::cmp::Reverse(besides), std::cmp::Reverse(distance))
-                };
-                let meant = settings().max_by_key(likeness)?;
-                Some(Self { name, meant })
-            })
-            .collect()
-    }
-
-    /// Whether it looks like a store, key or dead-letter setting: a word of
-    /// [`DECISIVE_WORDS`], or a letter or two off a setting that has one.
-    fn decides(&self) -> bool {
-        let decisive = |name: &str| words(name).any(|word| DECISIVE_WORDS.contains(&word));
-        decisive(&self.name) || (edit_distance(&self.name, self.meant) <= 2 && decisive(self.meant))
-    }
-
-    /// Why the start stops.
-    fn refusal(self) -> ConfigError {
-        // Leaked once, by a start that fails: the error names the variable as it was set.
-        let name: &'static str = Box::leak(self.name.into_boxed_str());
-        let value = std::env::var(name).unwrap_or_default();
-        let expected = format!(
-            "no such variable: it is not a setting of sqs-once, and looks like one that decides where claims are \
-             kept, what makes a key or where failures go, which ignored would change what runs once. Did you mean \
-             {}? Rename or unset it (a handler's own setting: declare it with Builder::handler_settings)",
-            self.meant
-        );
-        ConfigError { name, value, expected }
-    }
-}
-
-/// The words of a variable's name after `SQS_ONCE_`.
-fn words(name: &str) -> impl Iterator<Item = &str> {
-    name.strip_prefix("SQS_ONCE_").unwrap_or(name).split('_').filter(|word| !word.is_empty())
-}
-
-/// Levenshtein distance: letters inserted, deleted or replaced.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, a) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, b) in b.iter().enumerate() {
-            let replaced = diagonal + usize::from(a != *b);
-            diagonal = row[j + 1];
-            row[j + 1] = replaced.min(row[j] + 1).min(diagonal + 1);
-        }
-    }
-    row[b.len()]
-}
-
 impl Env<'_> {
     /// How claims are taken and kept: `SQS_ONCE_EXPIRES_AFTER_SECS`, the
     /// lease margin, payload validation, stored results, the local cache.
     /// `in_code`: the key memory the program set, in place of the variable's.
     fn claim_policy(&self, in_code: Option<Duration>) -> Result<ClaimPolicy, ConfigError> {
-        const NAME: &str = "SQS_ONCE_EXPIRES_AFTER_SECS";
+        const NAME: &str = settings::EXPIRES_AFTER_SECS;
         let defaults = ClaimPolicy::default();
         let expires_after = match in_code {
             Some(expires_after) => expires_after,
@@ -481,15 +398,15 @@ impl Env<'_> {
         let claims = ClaimPolicy {
             expires_after,
             lease_margin: Duration::from_millis(self.parse(
-                "SQS_ONCE_LEASE_MARGIN_MS",
+                settings::LEASE_MARGIN_MS,
                 duration_ms(defaults.lease_margin),
                 "a number of milliseconds",
             )?),
-            validate_payload: self.flag("SQS_ONCE_VALIDATE_PAYLOAD", defaults.validate_payload)?,
-            store_result: self.flag("SQS_ONCE_STORE_RESULT", defaults.store_result)?,
-            keys_in_items: self.flag("SQS_ONCE_KEYS_IN_ITEMS", defaults.keys_in_items)?,
+            validate_payload: self.flag(settings::VALIDATE_PAYLOAD, defaults.validate_payload)?,
+            store_result: self.flag(settings::STORE_RESULT, defaults.store_result)?,
+            keys_in_items: self.flag(settings::KEYS_IN_ITEMS, defaults.keys_in_items)?,
             local_cache_entries: self.parse(
-                "SQS_ONCE_LOCAL_CACHE",
+                settings::LOCAL_CACHE,
                 defaults.local_cache_entries,
                 "a number of entries (0 turns the cache off)",
             )?,
@@ -503,26 +420,26 @@ impl Env<'_> {
     fn engine_options(&self) -> Result<EngineOptions, ConfigError> {
         let defaults = EngineOptions::default();
         let engine = EngineOptions {
-            concurrency: self.parse("SQS_ONCE_CONCURRENCY", defaults.concurrency, "a positive number of records")?,
+            concurrency: self.parse(settings::CONCURRENCY, defaults.concurrency, "a positive number of records")?,
             margins: Margins {
                 deadline_margin: Duration::from_millis(self.parse(
-                    "SQS_ONCE_DEADLINE_MARGIN_MS",
+                    settings::DEADLINE_MARGIN_MS,
                     duration_ms(defaults.margins.deadline_margin),
                     DEADLINE_MARGIN,
                 )?),
                 ..defaults.margins
             },
-            log_bodies: self.flag("SQS_ONCE_LOG_BODIES", defaults.log_bodies)?,
-            envelope: self.parse("SQS_ONCE_ENVELOPE", defaults.envelope, "none, sns or eventbridge")?,
-            claim: self.parse("SQS_ONCE_CLAIM", defaults.claim, "auto or always")?,
+            log_bodies: self.flag(settings::LOG_BODIES, defaults.log_bodies)?,
+            envelope: self.parse(settings::ENVELOPE, defaults.envelope, "none, sns or eventbridge")?,
+            claim: self.parse(settings::CLAIM, defaults.claim, "auto or always")?,
             propagators: self.parse("OTEL_PROPAGATORS", defaults.propagators, sqs_once_core::trace::PROPAGATORS)?,
             payloads: self.payload_options()?,
         };
         if engine.concurrency == 0 {
-            return Err(self.invalid("SQS_ONCE_CONCURRENCY", "a positive number of records"));
+            return Err(self.invalid(settings::CONCURRENCY, "a positive number of records"));
         }
         if engine.margins.deadline_margin < ANSWER_TIME {
-            return Err(self.invalid("SQS_ONCE_DEADLINE_MARGIN_MS", DEADLINE_MARGIN));
+            return Err(self.invalid(settings::DEADLINE_MARGIN_MS, DEADLINE_MARGIN));
         }
         Ok(engine)
     }
@@ -534,20 +451,20 @@ impl Env<'_> {
     fn payload_options(&self) -> Result<PayloadOptions, ConfigError> {
         let defaults = PayloadOptions::default();
         let options = PayloadOptions {
-            fetch: self.flag("SQS_ONCE_LARGE_PAYLOADS", defaults.fetch)?,
+            fetch: self.flag(settings::LARGE_PAYLOADS, defaults.fetch)?,
             max_bytes: self.parse(
-                "SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES",
+                settings::LARGE_PAYLOAD_MAX_BYTES,
                 defaults.max_bytes,
                 "a positive number of bytes",
             )?,
-            delete_after: self.flag("SQS_ONCE_LARGE_PAYLOAD_DELETE", defaults.delete_after)?,
-            memory: self.parse("SQS_ONCE_LARGE_PAYLOAD_MEMORY", defaults.memory, "a positive number of bytes")?,
-            bucket: self.text("SQS_ONCE_LARGE_PAYLOAD_BUCKET").map(|bucket| bucket.trim().to_owned()),
-            threshold: self.parse("SQS_ONCE_LARGE_PAYLOAD_THRESHOLD", defaults.threshold, "a number of bytes")?,
+            delete_after: self.flag(settings::LARGE_PAYLOAD_DELETE, defaults.delete_after)?,
+            memory: self.parse(settings::LARGE_PAYLOAD_MEMORY, defaults.memory, "a positive number of bytes")?,
+            bucket: self.text(settings::LARGE_PAYLOAD_BUCKET).map(|bucket| bucket.trim().to_owned()),
+            threshold: self.parse(settings::LARGE_PAYLOAD_THRESHOLD, defaults.threshold, "a number of bytes")?,
         };
         if options.memory < options.max_bytes {
             return Err(self.invalid(
-                "SQS_ONCE_LARGE_PAYLOAD_MEMORY",
+                settings::LARGE_PAYLOAD_MEMORY,
                 format!(
                     "at least SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES ({}): room for the largest payload",
                     options.max_bytes
@@ -556,16 +473,16 @@ impl Env<'_> {
         }
         if options.bucket.is_some() && !cfg!(feature = "s3") {
             return Err(self.invalid(
-                "SQS_ONCE_LARGE_PAYLOAD_BUCKET",
+                settings::LARGE_PAYLOAD_BUCKET,
                 "nothing: this program was built without sqs-once's `s3` feature, which writes to S3",
             ));
         }
         if options.max_bytes == 0 {
-            return Err(self.invalid("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "a positive number of bytes"));
+            return Err(self.invalid(settings::LARGE_PAYLOAD_MAX_BYTES, "a positive number of bytes"));
         }
         if options.delete_after && !options.fetch {
             return Err(self.invalid(
-                "SQS_ONCE_LARGE_PAYLOAD_DELETE",
+                settings::LARGE_PAYLOAD_DELETE,
                 "false while SQS_ONCE_LARGE_PAYLOADS is off: no payload is read, so none is deleted",
             ));
         }
@@ -578,21 +495,21 @@ impl Env<'_> {
         let in_lambda = lambda.in_lambda();
         let file = || {
             #[cfg(feature = "sqlite")]
-            return Some(StoreChoice::File(self.text("SQS_ONCE_STORE_PATH").unwrap_or(LOCAL_STORE_PATH.into()).into()));
+            return Some(StoreChoice::File(self.text(settings::STORE_PATH).unwrap_or(LOCAL_STORE_PATH.into()).into()));
             #[cfg(not(feature = "sqlite"))]
             None
         };
-        let store = match self.text("SQS_ONCE_STORE").as_deref() {
-            None if self.text("SQS_ONCE_TABLE").is_some() => self.dynamodb("SQS_ONCE_TABLE", key_prefix)?,
+        let store = match self.text(settings::STORE).as_deref() {
+            None if self.text(settings::TABLE).is_some() => self.dynamodb(settings::TABLE, key_prefix)?,
             // A store given to the builder will do; without one, the consumer refuses to start.
             None if in_lambda => StoreChoice::Unnamed,
             // A file's path is a store named too.
-            None if self.text("SQS_ONCE_STORE_PATH").is_some() => file().unwrap_or(StoreChoice::Unchosen),
+            None if self.text(settings::STORE_PATH).is_some() => file().unwrap_or(StoreChoice::Unchosen),
             None => StoreChoice::Unchosen,
-            Some("dynamodb") => self.dynamodb("SQS_ONCE_STORE", key_prefix)?,
-            Some("file") => file().ok_or_else(|| self.invalid("SQS_ONCE_STORE", STORES))?,
+            Some("dynamodb") => self.dynamodb(settings::STORE, key_prefix)?,
+            Some("file") => file().ok_or_else(|| self.invalid(settings::STORE, STORES))?,
             Some("memory") => StoreChoice::Memory,
-            Some(_) => return Err(self.invalid("SQS_ONCE_STORE", STORES)),
+            Some(_) => return Err(self.invalid(settings::STORE, STORES)),
         };
         if in_lambda && !store.fits_lambda() {
             return Err(StoreChoice::Unnamed.refusal());
@@ -605,22 +522,20 @@ impl Env<'_> {
     fn keys(&self, key_prefix: String, envelope: EnvelopeKind, in_code: Option<KeySpec>) -> Result<Keys, ConfigError> {
         let spec = match in_code {
             Some(spec) => spec,
-            None => {
-                self.parse_with("SQS_ONCE_KEY", KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?
-            }
+            None => self.parse_with(settings::KEY, KeySpec::default(), |e: <KeySpec as FromStr>::Err| e.to_string())?,
         };
         if spec.reads_envelope() && envelope == EnvelopeKind::None {
-            return Err(self.invalid("SQS_ONCE_KEY", "no envelope.<path> part while SQS_ONCE_ENVELOPE is none"));
+            return Err(self.invalid(settings::KEY, "no envelope.<path> part while SQS_ONCE_ENVELOPE is none"));
         }
-        let on_missing = self.parse("SQS_ONCE_ON_MISSING_KEY", OnMissingKey::default(), "fail or message-id")?;
-        Ok(Keys::of(spec, key_prefix).hashed(self.flag("SQS_ONCE_HASH_KEYS", true)?).on_missing(on_missing))
+        let on_missing = self.parse(settings::ON_MISSING_KEY, OnMissingKey::default(), "fail or message-id")?;
+        Ok(Keys::of(spec, key_prefix).hashed(self.flag(settings::HASH_KEYS, true)?).on_missing(on_missing))
     }
 
     /// How often the outbox is swept for entries left unsent; `None` when
     /// `SQS_ONCE_OUTBOX_SWEEP_SECS` is 0.
     fn outbox_sweep(&self) -> Result<Option<Duration>, ConfigError> {
         let every = self.parse(
-            "SQS_ONCE_OUTBOX_SWEEP_SECS",
+            settings::OUTBOX_SWEEP_SECS,
             DEFAULT_OUTBOX_SWEEP.as_secs(),
             "a number of seconds (0 turns the sweep off)",
         )?;
@@ -632,17 +547,17 @@ impl Env<'_> {
     /// than meant: a bare word that is no level (`verbose`) is a target's
     /// name to the filter, and turns every other line off.
     fn log_filter(&self) -> Result<(), ConfigError> {
-        let Some(filter) = self.text("SQS_ONCE_LOG") else { return Ok(()) };
+        let Some(filter) = self.text(settings::LOG) else { return Ok(()) };
         let expected = "a level (trace, debug, info, warn, error, off) or target=level directives, comma-separated \
                         (info,sqs_once=debug)";
         if let Err(error) = tracing_subscriber::EnvFilter::try_new(&filter) {
-            return Err(self.invalid("SQS_ONCE_LOG", format!("{expected}: {error}")));
+            return Err(self.invalid(settings::LOG, format!("{expected}: {error}")));
         }
         let bare_word = |directive: &&str| !directive.is_empty() && !directive.contains(['=', '[']);
         let not_a_level = |directive: &&str| directive.parse::<tracing::level_filters::LevelFilter>().is_err();
         match filter.split(',').map(str::trim).filter(bare_word).find(not_a_level) {
             None => Ok(()),
-            Some(word) => Err(self.invalid("SQS_ONCE_LOG", format!("{expected}; `{word}` is neither"))),
+            Some(word) => Err(self.invalid(settings::LOG, format!("{expected}; `{word}` is neither"))),
         }
     }
 
@@ -685,26 +600,26 @@ impl Env<'_> {
     /// `SQS_ONCE_TABLE_SORT_KEY`, `SQS_ONCE_TABLE_PARTITION_VALUE`).
     #[cfg(feature = "dynamodb")]
     fn table_layout(&self, key_prefix: &str) -> Result<TableLayout, ConfigError> {
-        let table = self.text("SQS_ONCE_TABLE").ok_or_else(|| {
-            self.invalid("SQS_ONCE_TABLE", "the name of the DynamoDB claim table, which SQS_ONCE_STORE=dynamodb needs")
+        let table = self.text(settings::TABLE).ok_or_else(|| {
+            self.invalid(settings::TABLE, "the name of the DynamoDB claim table, which SQS_ONCE_STORE=dynamodb needs")
         })?;
         let defaults = Attributes::default();
         let name = |variable: &str, default: String| self.text(variable).unwrap_or(default);
-        let partition = name("SQS_ONCE_ATTR_ID", defaults.id);
-        let (id, key) = match self.text("SQS_ONCE_TABLE_SORT_KEY") {
+        let partition = name(settings::ATTR_ID, defaults.id);
+        let (id, key) = match self.text(settings::TABLE_SORT_KEY) {
             None => (partition, TableKey::Partition),
             Some(sort_key) => {
-                let partition_value = name("SQS_ONCE_TABLE_PARTITION_VALUE", format!("idempotency#{key_prefix}"));
+                let partition_value = name(settings::TABLE_PARTITION_VALUE, format!("idempotency#{key_prefix}"));
                 (sort_key, TableKey::Sorted { partition_attribute: partition, partition_value })
             }
         };
         let attributes = Attributes {
             id,
-            expiry: name("SQS_ONCE_ATTR_EXPIRY", defaults.expiry),
-            lease: name("SQS_ONCE_ATTR_IN_PROGRESS_EXPIRY", defaults.lease),
-            status: name("SQS_ONCE_ATTR_STATUS", defaults.status),
-            data: name("SQS_ONCE_ATTR_DATA", defaults.data),
-            validation: name("SQS_ONCE_ATTR_VALIDATION", defaults.validation),
+            expiry: name(settings::ATTR_EXPIRY, defaults.expiry),
+            lease: name(settings::ATTR_IN_PROGRESS_EXPIRY, defaults.lease),
+            status: name(settings::ATTR_STATUS, defaults.status),
+            data: name(settings::ATTR_DATA, defaults.data),
+            validation: name(settings::ATTR_VALIDATION, defaults.validation),
         };
         Ok(TableLayout { table, attributes, key })
     }
@@ -714,19 +629,19 @@ impl Env<'_> {
     /// default is the function name).
     fn metrics(&self, lambda: &Environment) -> Result<MetricsConfig, ConfigError> {
         let defaults = MetricsConfig::default();
-        let dimensions = match self.text("SQS_ONCE_METRICS_DIMENSIONS") {
+        let dimensions = match self.text(settings::METRICS_DIMENSIONS) {
             Some(pairs) => pairs
                 .split(',')
                 .map(|pair| match pair.split_once('=') {
                     Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().into(), value.trim().into())),
-                    _ => Err(self.invalid("SQS_ONCE_METRICS_DIMENSIONS", "comma-separated Name=Value pairs")),
+                    _ => Err(self.invalid(settings::METRICS_DIMENSIONS, "comma-separated Name=Value pairs")),
                 })
                 .collect::<Result<_, _>>()?,
             None => lambda.function_name.clone().map(|name| ("FunctionName".into(), name)).into_iter().collect(),
         };
         Ok(MetricsConfig {
-            enabled: self.flag("SQS_ONCE_METRICS", defaults.enabled)?,
-            namespace: self.text("SQS_ONCE_METRICS_NAMESPACE").unwrap_or(defaults.namespace),
+            enabled: self.flag(settings::METRICS, defaults.enabled)?,
+            namespace: self.text(settings::METRICS_NAMESPACE).unwrap_or(defaults.namespace),
             dimensions,
         })
     }
@@ -742,13 +657,13 @@ impl Env<'_> {
         };
         let defaults = RedeliveryPolicy::default();
         let backoff = defaults.retry_backoff.unwrap_or_default();
-        let base = seconds("SQS_ONCE_RETRY_BASE_SECS", backoff.base.as_secs())?;
-        let max = seconds("SQS_ONCE_RETRY_MAX_SECS", backoff.max.as_secs())?;
+        let base = seconds(settings::RETRY_BASE_SECS, backoff.base.as_secs())?;
+        let max = seconds(settings::RETRY_MAX_SECS, backoff.max.as_secs())?;
         if max < base {
-            return Err(self.invalid("SQS_ONCE_RETRY_MAX_SECS", "at least SQS_ONCE_RETRY_BASE_SECS"));
+            return Err(self.invalid(settings::RETRY_MAX_SECS, "at least SQS_ONCE_RETRY_BASE_SECS"));
         }
         let mut policy = defaults;
-        policy.conflict_backoff = self.flag("SQS_ONCE_CONFLICT_BACKOFF", policy.conflict_backoff)?;
+        policy.conflict_backoff = self.flag(settings::CONFLICT_BACKOFF, policy.conflict_backoff)?;
         policy.longest_delay = max;
         policy.retry_backoff = (!base.is_zero()).then_some(RetryBackoff { base, max });
         policy.dead_letter_queue = self.dead_letter_queue()?;
@@ -760,7 +675,7 @@ impl Env<'_> {
     /// the program set it.
     fn visibility_timeout(&self, in_code: Option<Duration>) -> Result<Option<Duration>, ConfigError> {
         const SECONDS: &str = "the source queue's visibility timeout in seconds, at most 43200 (12 hours)";
-        const NAME: &str = "SQS_ONCE_VISIBILITY_TIMEOUT_SECS";
+        const NAME: &str = settings::VISIBILITY_TIMEOUT_SECS;
         let timeout = match in_code {
             Some(timeout) => timeout,
             None if self.text(NAME).is_none() => return Ok(None),
@@ -776,12 +691,12 @@ impl Env<'_> {
     /// `SQS_ONCE_DLQ_URL`: a queue URL, or nothing. (Run locally by SAM, a
     /// template's `!Ref` of a queue arrives as the queue's logical id.)
     fn dead_letter_queue(&self) -> Result<Option<String>, ConfigError> {
-        let Some(url) = self.text("SQS_ONCE_DLQ_URL") else { return Ok(None) };
+        let Some(url) = self.text(settings::DLQ_URL) else { return Ok(None) };
         let path = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
         match path.map(|path| path.split('/').filter(|part| !part.is_empty()).count()) {
             Some(3..) => Ok(Some(url)),
             _ => Err(self.invalid(
-                "SQS_ONCE_DLQ_URL",
+                settings::DLQ_URL,
                 "a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME); run by `sam local invoke`, a template's \
                  !Ref of a queue is its logical id: give the local queue's URL in env.json",
             )),
@@ -870,44 +785,6 @@ mod tests {
         } else {
             assert_eq!(bucket.unwrap_err().name, "SQS_ONCE_LARGE_PAYLOAD_BUCKET", "without `s3`, refused at the start");
         }
-    }
-
-    #[test]
-    fn an_unknown_name_is_taken_for_the_setting_it_most_likely_meant_and_a_decisive_one_stops_the_start() {
-        let names = [
-            "SQS_ONCE_KEYS",
-            "SQS_ONCE_TABEL",
-            "SQS_ONCE_TABLE_NAME",
-            "SQS_ONCE_IDEMPOTENCY_KEY",
-            "SQS_ONCE_DLQ",
-            "SQS_ONCE_CONCURENCY",
-            "SQS_ONCE_PAYMENT_URL",
-            "SQS_ONCE_KEY",
-            "SQS_ONCE_ORDERS_TABLE",
-            "AWS_REGION",
-        ];
-        let unknown = Unknown::among(names.into_iter().map(String::from), &["SQS_ONCE_ORDERS_TABLE"]);
-        let taken: Vec<(&str, &str, bool)> =
-            unknown.iter().map(|unknown| (unknown.name.as_str(), unknown.meant, unknown.decides())).collect();
-        assert_eq!(
-            taken,
-            [
-                ("SQS_ONCE_KEYS", "SQS_ONCE_KEY", true),
-                ("SQS_ONCE_TABEL", "SQS_ONCE_TABLE", true),
-                ("SQS_ONCE_TABLE_NAME", "SQS_ONCE_TABLE", true),
-                ("SQS_ONCE_IDEMPOTENCY_KEY", "SQS_ONCE_KEY", true),
-                ("SQS_ONCE_DLQ", "SQS_ONCE_DLQ_URL", true),
-                ("SQS_ONCE_CONCURENCY", "SQS_ONCE_CONCURRENCY", false),
-                ("SQS_ONCE_PAYMENT_URL", "SQS_ONCE_QUEUE_URL", false),
-            ],
-            "a setting, a handler's own declared name and another prefix are left alone"
-        );
-        let refusal = unknown[2].clone().refusal();
-        assert_eq!(refusal.name, "SQS_ONCE_TABLE_NAME");
-        assert!(refusal.expected.contains("Did you mean SQS_ONCE_TABLE?"), "{refusal}");
-        assert_eq!(settings().count(), 49, "docs/configuration.md's table lists every setting");
-        assert!(settings().any(|name| name == "SQS_ONCE_OUTBOX_SWEEP_SECS"));
-        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]

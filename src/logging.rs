@@ -7,7 +7,7 @@ use tracing_subscriber::{
     Layer, Registry, filter::filter_fn, layer::SubscriberExt, registry::LookupSpan, util::SubscriberInitExt,
 };
 
-use crate::environment::Environment;
+use crate::{config::settings, environment::Environment};
 
 /// A layer beside the log lines' that records spans (the `opentelemetry`
 /// feature's), with its own filter.
@@ -46,7 +46,7 @@ where
     S: tracing::Subscriber + for<'span> LookupSpan<'span>,
 {
     let environment = Environment::current();
-    let filter = ["SQS_ONCE_LOG", "RUST_LOG"]
+    let filter = [settings::LOG, "RUST_LOG"]
         .iter()
         .find_map(|name| tracing_subscriber::EnvFilter::try_from_env(name).ok())
         .unwrap_or_else(|| {

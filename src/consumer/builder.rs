@@ -17,7 +17,7 @@ use super::{Consumer, StartupError};
 #[cfg(feature = "dynamodb")]
 mod dynamodb;
 use crate::{
-    config::{Config, ConfigError, Fixed, StoreChoice},
+    config::{Config, ConfigError, Fixed, StoreChoice, settings},
     destinations::AwsDestinations,
     redelivery::Redelivery,
     sqs::Sqs,
@@ -124,7 +124,7 @@ impl Builder {
         (self.fixed.key, self.invalid_key) = match spec.parse::<KeySpec>() {
             Ok(parsed) => (Some((parsed, spec.trim().to_owned())), None),
             Err(error) => {
-                (None, Some(ConfigError { name: "SQS_ONCE_KEY", value: spec.to_owned(), expected: error.to_string() }))
+                (None, Some(ConfigError { name: settings::KEY, value: spec.to_owned(), expected: error.to_string() }))
             }
         };
         self
