@@ -1,17 +1,18 @@
-//! Concurrent store calls gathered into batch requests.
+//! Concurrent calls gathered into the requests of an AWS batch API.
 //!
-//! The engine runs many records at once, and each makes its own claim and
-//! completion call. A [`Batcher`] lets every such call wait for its own
-//! answer while the requests themselves go out together, as a database
-//! groups commits: a [`Window`] of requests is on the wire at once, and the
+//! sqs-once runs many records at once, and each makes calls of its own: its
+//! claim and completion in DynamoDB, its messages' sends. A [`Batcher`] lets
+//! every such call wait for its own answer while the requests themselves go
+//! out together (`BatchExecuteStatement`, `SendMessageBatch`), as a database
+//! groups commits: a window of requests is on the wire at once, and the
 //! calls that arrive meanwhile gather for the next one, up to
-//! [`BatchCall::LIMIT`] per request.
+//! [`BatchCall::LIMIT`] per request (and [`BatchCall::MAX_BYTES`]).
 //!
-//! How many requests go out at once follows what the store answers, as TCP
+//! How many requests go out at once follows what the service answers, as TCP
 //! Vegas sizes a connection's window: one more while answers come as fast as
 //! the fastest seen and calls are waiting for a slot, one fewer when answers
-//! slow down (requests queue inside the store), half when the store
-//! throttles or fails. A store on the other side of the world gets many
+//! slow down (requests queue inside the service), half when the service
+//! throttles or fails. A service on the other side of the world gets many
 //! requests at once; one that is busy gets few, and fuller ones.
 //!
 //! Nothing waits on a timer. A lone call on a quiet batcher is sent at once;
@@ -32,24 +33,28 @@ use tokio::{
 };
 
 use self::window::{Signal, Slot, Window};
-use sqs_once_core::store::StoreError;
 
 mod window;
 
 /// One kind of batch request.
 #[async_trait]
-pub(super) trait BatchCall: Send + Sync + 'static {
+pub trait BatchCall: Send + Sync + 'static {
     /// What one caller asks for.
     type Input: Send + 'static;
     /// What one caller gets back.
     type Output: Send + 'static;
+    /// Why a caller got no output.
+    type Error: Send + 'static;
     /// Most inputs in one request.
     const LIMIT: usize;
-    /// Requests on the wire at once before the first answers say more (see
-    /// [`Window`]), counting only those answered within
+    /// Most bytes of inputs in one request, as [`bytes`](Self::bytes) counts
+    /// them: an input larger alone goes in a request of its own.
+    const MAX_BYTES: usize = usize::MAX;
+    /// Requests on the wire at once before the first answers say more,
+    /// counting only those answered within
     /// [`SLOW_AFTER`](Self::SLOW_AFTER) so far.
     const IN_FLIGHT: usize;
-    /// Most requests on the wire at once, however fast the store answers.
+    /// Most requests on the wire at once, however fast the service answers.
     const MAX_IN_FLIGHT: usize = 16;
     /// How long a request may be out before the calls behind it stop waiting
     /// for it: well above a healthy answer.
@@ -59,19 +64,25 @@ pub(super) trait BatchCall: Send + Sync + 'static {
     /// the same item (DynamoDB refuses such a batch as a whole).
     fn item(input: &Self::Input) -> &str;
 
+    /// An input's size towards [`MAX_BYTES`](Self::MAX_BYTES).
+    fn bytes(_input: &Self::Input) -> usize {
+        0
+    }
+
     /// Sends one request for `inputs` and answers each, in order. An error of
     /// the request as a whole is every input's answer.
-    async fn call(&self, inputs: Vec<Self::Input>) -> Vec<Result<Self::Output, StoreError>>;
+    async fn call(&self, inputs: Vec<Self::Input>) -> Vec<Result<Self::Output, Self::Error>>;
 
-    /// Whether an answer says the store is overloaded (it throttled the
-    /// input): fewer requests go out at once. An unavailable store always
-    /// counts.
-    fn throttled(_output: &Self::Output) -> bool {
-        false
-    }
+    /// The answer of a call whose request ended without answering it (its
+    /// task was dropped, or the service answered fewer inputs): `reason`.
+    fn unanswered(reason: String) -> Self::Error;
+
+    /// Whether an answer says the service is overloaded (it throttled the
+    /// input, or could not be reached): fewer requests go out at once.
+    fn congested(result: &Result<Self::Output, Self::Error>) -> bool;
 }
 
-type Reply<C> = oneshot::Sender<Result<<C as BatchCall>::Output, StoreError>>;
+type Reply<C> = oneshot::Sender<Result<<C as BatchCall>::Output, <C as BatchCall>::Error>>;
 type Waiting<C> = (<C as BatchCall>::Input, Reply<C>);
 
 /// Calls waiting for a request, and whether a task is sending them.
@@ -82,17 +93,22 @@ struct Queue<C: BatchCall> {
 
 impl<C: BatchCall> Queue<C> {
     /// The next request: up to `C::LIMIT` waiting calls about distinct
-    /// items, oldest first; the others keep their place.
+    /// items within `C::MAX_BYTES`, oldest first; the others keep their
+    /// place.
     fn next_request(&mut self) -> Vec<Waiting<C>> {
         let mut request: Vec<Waiting<C>> = Vec::with_capacity(C::LIMIT.min(self.waiting.len()));
         let mut skipped = VecDeque::new();
+        let mut bytes = 0;
         while request.len() < C::LIMIT {
             let Some(entry) = self.waiting.pop_front() else { break };
             // A scan of at most `LIMIT` items costs less than a set's copies and hashes.
             let item = C::item(&entry.0);
-            if request.iter().any(|(input, _)| C::item(input) == item) {
+            let size = C::bytes(&entry.0);
+            let too_large = !request.is_empty() && bytes + size > C::MAX_BYTES;
+            if too_large || request.iter().any(|(input, _)| C::item(input) == item) {
                 skipped.push_back(entry);
             } else {
+                bytes += size;
                 request.push(entry);
             }
         }
@@ -104,7 +120,7 @@ impl<C: BatchCall> Queue<C> {
 
 /// Gathers concurrent calls into requests of a [`BatchCall`]. It runs on a
 /// Tokio runtime with timers (see [`BatchCall::SLOW_AFTER`]).
-pub(super) struct Batcher<C: BatchCall> {
+pub struct Batcher<C: BatchCall> {
     shared: Arc<Shared<C>>,
 }
 
@@ -127,7 +143,7 @@ impl<C: BatchCall> Shared<C> {
 
 impl<C: BatchCall> Batcher<C> {
     /// A batcher sending its requests through `call`.
-    pub(super) fn new(call: Arc<C>) -> Self {
+    pub fn new(call: Arc<C>) -> Self {
         let queue = Queue { waiting: VecDeque::new(), flushing: false };
         let shared = Shared {
             call,
@@ -143,7 +159,7 @@ impl<C: BatchCall> Batcher<C> {
     ///
     /// Requests run in tasks of their own, so a caller that stops waiting
     /// never takes the other inputs of its request down with it.
-    pub(super) async fn submit(&self, input: C::Input) -> Result<C::Output, StoreError> {
+    pub async fn submit(&self, input: C::Input) -> Result<C::Output, C::Error> {
         let (answer, answered) = oneshot::channel();
         let start_flushing = {
             let mut queue = self.shared.queue.lock();
@@ -153,19 +169,18 @@ impl<C: BatchCall> Batcher<C> {
         if start_flushing {
             tokio::spawn(flush(Arc::clone(&self.shared)));
         }
-        answered.await.unwrap_or_else(|_| Err(StoreError::unavailable("a batch request ended without an answer")))
+        answered.await.unwrap_or_else(|_| Err(C::unanswered("a batch request ended without an answer".to_owned())))
     }
 
     /// Whether calls go out without waiting for a slot now.
-    #[cfg(test)]
-    pub(super) fn urgent(&self) -> bool {
+    pub fn urgent(&self) -> bool {
         self.shared.urgent()
     }
 
     /// An answer is due by `until`: what is waiting goes out now, and until
     /// then every call goes out without waiting for a free slot (requests
     /// still hold at most [`BatchCall::LIMIT`] calls).
-    pub(super) fn expedite(&self, until: Instant) {
+    pub fn expedite(&self, until: Instant) {
         *self.shared.urgent_until.lock() = Some(until);
         self.shared.expedited.notify_waiters();
     }
@@ -235,20 +250,17 @@ async fn send<C: BatchCall>(call: Arc<C>, waiting: Vec<Waiting<C>>, mut slot: Sl
     };
     let mut results = results.into_iter();
     for answer in answers {
-        let result = results.next().unwrap_or_else(|| {
-            Err(StoreError::unavailable(format!("a batch request of {count} answered fewer inputs")))
-        });
+        let result = results
+            .next()
+            .unwrap_or_else(|| Err(C::unanswered(format!("a batch request of {count} answered fewer inputs"))));
         // A caller that stopped waiting no longer needs its answer.
         let _ = answer.send(result);
     }
 }
 
-/// What a request's answers say about the store.
-fn signal<C: BatchCall>(results: &[Result<C::Output, StoreError>], pressed: bool) -> Signal {
-    let congested = results.iter().any(|result| match result {
-        Ok(output) => C::throttled(output),
-        Err(error) => matches!(error, StoreError::Unavailable(_)),
-    });
+/// What a request's answers say about the service.
+fn signal<C: BatchCall>(results: &[Result<C::Output, C::Error>], pressed: bool) -> Signal {
+    let congested = results.iter().any(C::congested);
     if congested { Signal::Congested } else { Signal::Answered { pressed } }
 }
 
@@ -266,6 +278,7 @@ mod tests {
     impl BatchCall for Echo {
         type Input = String;
         type Output = String;
+        type Error = String;
         const LIMIT: usize = 3;
         const IN_FLIGHT: usize = 2;
 
@@ -273,13 +286,18 @@ mod tests {
             input.split('#').next().unwrap_or(input)
         }
 
-        async fn call(&self, inputs: Vec<String>) -> Vec<Result<String, StoreError>> {
+        fn unanswered(reason: String) -> String {
+            reason
+        }
+
+        fn congested(result: &Result<Self::Output, String>) -> bool {
+            result.is_err()
+        }
+
+        async fn call(&self, inputs: Vec<String>) -> Vec<Result<String, String>> {
             self.0.lock().push(inputs.clone());
             tokio::task::yield_now().await;
-            inputs
-                .into_iter()
-                .map(|input| if input.ends_with('!') { Err(StoreError::unavailable(input)) } else { Ok(input) })
-                .collect()
+            inputs.into_iter().map(|input| if input.ends_with('!') { Err(input) } else { Ok(input) }).collect()
         }
     }
 
@@ -335,6 +353,7 @@ mod tests {
     impl<const SLOW_MS: u64> BatchCall for Hanging<SLOW_MS> {
         type Input = String;
         type Output = String;
+        type Error = String;
         const LIMIT: usize = 3;
         const IN_FLIGHT: usize = 2;
         const SLOW_AFTER: Duration = Duration::from_millis(SLOW_MS);
@@ -343,7 +362,15 @@ mod tests {
             input
         }
 
-        async fn call(&self, inputs: Vec<String>) -> Vec<Result<String, StoreError>> {
+        fn unanswered(reason: String) -> String {
+            reason
+        }
+
+        fn congested(result: &Result<Self::Output, String>) -> bool {
+            result.is_err()
+        }
+
+        async fn call(&self, inputs: Vec<String>) -> Vec<Result<String, String>> {
             self.0.lock().push(inputs.clone());
             if inputs.iter().any(|input| input.ends_with('~')) {
                 std::future::pending::<()>().await;
@@ -425,6 +452,7 @@ mod tests {
     impl<const ROUND_TRIP_MS: u64, const THROTTLES: bool> BatchCall for Far<ROUND_TRIP_MS, THROTTLES> {
         type Input = String;
         type Output = ();
+        type Error = String;
         const LIMIT: usize = 5;
         const IN_FLIGHT: usize = 4;
 
@@ -432,11 +460,15 @@ mod tests {
             input
         }
 
-        fn throttled((): &()) -> bool {
-            THROTTLES
+        fn unanswered(reason: String) -> String {
+            reason
         }
 
-        async fn call(&self, inputs: Vec<String>) -> Vec<Result<(), StoreError>> {
+        fn congested(result: &Result<(), String>) -> bool {
+            THROTTLES || result.is_err()
+        }
+
+        async fn call(&self, inputs: Vec<String>) -> Vec<Result<(), String>> {
             use std::sync::atomic::Ordering::SeqCst;
             let out = self.out.fetch_add(1, SeqCst) + 1;
             self.most_out.fetch_max(out, SeqCst);
@@ -483,12 +515,21 @@ mod tests {
         impl BatchCall for Double {
             type Input = String;
             type Output = u64;
+            type Error = String;
             const LIMIT: usize = 25;
             const IN_FLIGHT: usize = 4;
             fn item(input: &String) -> &str {
                 input
             }
-            async fn call(&self, inputs: Vec<String>) -> Vec<Result<u64, StoreError>> {
+
+            fn unanswered(reason: String) -> String {
+                reason
+            }
+
+            fn congested(result: &Result<Self::Output, String>) -> bool {
+                result.is_err()
+            }
+            async fn call(&self, inputs: Vec<String>) -> Vec<Result<u64, String>> {
                 self.0.lock().push(inputs.len());
                 inputs.iter().map(|input| Ok(input.parse::<u64>().unwrap() * 2)).collect()
             }
@@ -499,5 +540,49 @@ mod tests {
         let answers = futures::future::join_all((0..30).map(|n| batcher.submit(n.to_string()))).await;
         assert_eq!(answers[29].as_ref().unwrap(), &58);
         assert_eq!(*double.0.lock(), [25, 5]); // 30 calls, 2 requests
+    }
+
+    #[tokio::test]
+    async fn a_request_holds_inputs_within_its_bytes_and_one_larger_alone() {
+        /// Counts each input's length as its bytes, ten at most a request.
+        #[derive(Default)]
+        struct Sized(Mutex<Vec<Vec<String>>>);
+
+        #[async_trait::async_trait]
+        impl BatchCall for Sized {
+            type Input = String;
+            type Output = ();
+            type Error = String;
+            const LIMIT: usize = 10;
+            const MAX_BYTES: usize = 10;
+            const IN_FLIGHT: usize = 1;
+            fn item(input: &String) -> &str {
+                input
+            }
+            fn bytes(input: &String) -> usize {
+                input.len()
+            }
+            async fn call(&self, inputs: Vec<String>) -> Vec<Result<(), String>> {
+                let answers = inputs.iter().map(|_| Ok(())).collect();
+                self.0.lock().push(inputs);
+                answers
+            }
+            fn unanswered(reason: String) -> String {
+                reason
+            }
+            fn congested(result: &Result<(), String>) -> bool {
+                result.is_err()
+            }
+        }
+
+        let sized = Arc::new(Sized::default());
+        let batcher = Batcher::new(Arc::clone(&sized));
+        let inputs = ["aaaa", "bbbb", "cccc", "dddddddddddd", "e"];
+        let answers = futures::future::join_all(inputs.iter().map(|input| batcher.submit((*input).to_owned()))).await;
+        assert!(answers.iter().all(Result::is_ok));
+        let requests: Vec<Vec<String>> = sized.0.lock().clone();
+        let sizes: Vec<usize> = requests.iter().map(|request| request.iter().map(String::len).sum()).collect();
+        // The first request is full at 9 bytes of 10: `cccc` waits for the next, `e` fits; the 12 bytes go alone.
+        assert_eq!(sizes, [9, 4, 12], "{requests:?}");
     }
 }

@@ -2,7 +2,7 @@
 //! shares: the DynamoDB store's client and the consumer's SQS, SNS,
 //! EventBridge and S3 clients. A crate of its own, below the DynamoDB store
 //! and the consumer, because `sqs-once` without its DynamoDB store still
-//! makes the others, and the engine (`sqs-once-core`) makes no AWS request.
+//! makes the others, and the engine (`sqs-once-engine`) makes no AWS request.
 //!
 //! Loaded once per process from the SDK's default chain, so `AWS_REGION`,
 //! credentials and per-service endpoints (`AWS_ENDPOINT_URL_DYNAMODB`,
@@ -10,10 +10,16 @@
 //! are short on purpose: a call that does not answer in seconds fails its
 //! record long before a Lambda timeout would fail the whole batch.
 //!
+//! Beside the settings, the [`batched`] module gathers concurrent calls
+//! into the requests of the AWS batch APIs, for the store's statements and
+//! the outbox's sends alike.
+//!
 //! Use it through `sqs-once`; its API changes with sqs-once's own, at the
 //! same version.
 
 use std::time::Duration;
+
+pub mod batched;
 
 use aws_config::{BehaviorVersion, SdkConfig, retry::RetryConfig, timeout::TimeoutConfig};
 use aws_smithy_runtime_api::client::result::SdkError;

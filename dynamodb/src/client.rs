@@ -145,7 +145,7 @@ pub fn with_limits(client: Client) -> Client {
 /// [`StoreError::Rejected`] when DynamoDB refused the request for what it
 /// holds (`ValidationException`: sending it again cannot succeed), else
 /// [`StoreError::Unavailable`].
-pub(super) fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
+pub(crate) fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
     if error.code() == Some("ValidationException") {
         return StoreError::Rejected(described(&error));
     }
@@ -153,7 +153,7 @@ pub(super) fn unavailable(error: impl std::error::Error + ProvideErrorMetadata) 
 }
 
 /// What DynamoDB did with a conditional write.
-pub(super) enum Conditional {
+pub(crate) enum Conditional {
     /// The condition held and the write applied.
     Applied,
     /// The condition failed: the item it failed on, when DynamoDB returned
@@ -164,7 +164,7 @@ pub(super) enum Conditional {
 
 /// The answer to a conditional `PutItem`, `UpdateItem` or `DeleteItem`:
 /// applied, refused by its condition, or the store's error.
-pub(super) fn conditional<T, E: ConditionFailure>(
+pub(crate) fn conditional<T, E: ConditionFailure>(
     sent: Result<T, SdkError<E, HttpResponse>>,
 ) -> Result<Conditional, StoreError> {
     let Err(error) = sent else { return Ok(Conditional::Applied) };
@@ -176,7 +176,7 @@ pub(super) fn conditional<T, E: ConditionFailure>(
 
 /// The errors of the operations that take a condition, each with a variant
 /// of its own for a failed one.
-pub(super) trait ConditionFailure: std::error::Error + ProvideErrorMetadata + Sized {
+pub(crate) trait ConditionFailure: std::error::Error + ProvideErrorMetadata + Sized {
     /// The failed condition, or the service's error.
     fn condition_failed(error: SdkError<Self, HttpResponse>) -> Result<ConditionalCheckFailedException, Self>;
 }
@@ -197,7 +197,7 @@ macro_rules! condition_failure {
 condition_failure!(PutItemError, UpdateItemError, DeleteItemError);
 
 /// An SDK failure in one line, naming DynamoDB.
-pub(super) fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
+pub(crate) fn described(error: &(impl std::error::Error + ProvideErrorMetadata)) -> String {
     format!("DynamoDB: {}", sqs_once_aws::describe(error))
 }
 
@@ -206,7 +206,7 @@ pub(super) fn described(error: &(impl std::error::Error + ProvideErrorMetadata))
 /// read from the wall clock at the attempt, since an attempt held by a
 /// freeze goes out at the thaw. The answer is an error, and the commit is
 /// given up (its record was reported failed, and its redelivery decides).
-pub(super) fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
+pub(crate) fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
     let send_by_ms = send_by_ms?;
     let now_ms = sqs_once_core::clock::epoch_ms(std::time::SystemTime::now());
     (now_ms > send_by_ms).then(|| {
@@ -216,4 +216,13 @@ pub(super) fn too_late(send_by_ms: Option<u64>) -> Option<StoreError> {
              DynamoDB's token window has passed; given up unsent, the record's redelivery decides"
         ))
     })
+}
+
+/// Whether a query failed because the table has no such index (DynamoDB:
+/// `ValidationException`, "The table does not have the specified index"),
+/// as opposed to any other failure that merely mentions the index (access
+/// denied on it, throttling, an index still being built).
+pub(crate) fn no_such_index(error: &impl ProvideErrorMetadata) -> bool {
+    error.code() == Some("ValidationException")
+        && error.message().is_some_and(|message| message.contains("does not have the specified index"))
 }

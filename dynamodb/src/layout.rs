@@ -7,8 +7,10 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 
-use super::Item;
 use sqs_once_core::store::{ClaimStatus, Finish, StoreError, StoredClaim};
+
+/// A DynamoDB item: attribute names and values.
+pub(crate) type Item = HashMap<String, AttributeValue>;
 
 /// Names of the attributes a claim is stored in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +62,7 @@ pub(crate) const OPEN_STATUS: &str = "open_status";
 /// second), and a throttled index throttles the table's writes. Sixteen
 /// values per status take some 16,000 index writes a second before any one
 /// is hot, and cost a listing sixteen small queries per status.
-pub(super) const OPEN_SHARDS: u32 = 16;
+pub(crate) const OPEN_SHARDS: u32 = 16;
 
 /// The [`OPEN_STATUS`] value of an open claim: its status and a stable shard
 /// of its id (FNV-1a, so every process and version agrees).
@@ -69,18 +71,18 @@ pub(crate) fn open_partition(status: ClaimStatus, id: &str) -> String {
 }
 
 /// `prefix` and a stable shard of `id` (FNV-1a).
-pub(super) fn sharded(prefix: &str, id: &str) -> String {
+pub(crate) fn sharded(prefix: &str, id: &str) -> String {
     let hash = id.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
     format!("{prefix}#{}", hash % OPEN_SHARDS)
 }
 
 /// Every [`OPEN_STATUS`] value claims of `status` can have: the shards, and
 /// the bare status that versions before the sharding wrote.
-pub(super) fn open_partitions(status: ClaimStatus) -> impl Iterator<Item = String> {
+pub(crate) fn open_partitions(status: ClaimStatus) -> impl Iterator<Item = String> {
     (0..OPEN_SHARDS).map(move |shard| shard_of(status.as_str(), shard)).chain([status.as_str().to_owned()])
 }
 
-pub(super) fn shard_of(prefix: &str, shard: u32) -> String {
+pub(crate) fn shard_of(prefix: &str, shard: u32) -> String {
     format!("{prefix}#{shard}")
 }
 
@@ -88,13 +90,13 @@ pub(super) fn shard_of(prefix: &str, shard: u32) -> String {
 pub(crate) const OPEN_INDEX: &str = "open-claims";
 
 /// Attributes this project adds to the Powertools layout.
-pub(super) const TOKEN: &str = "token";
-pub(super) const HOLDER: &str = "holder";
-pub(super) const ATTEMPT: &str = "attempt";
-pub(super) const MESSAGE_ID: &str = "message_id";
-pub(super) const CLAIMED_AT: &str = "claimed_at";
-pub(super) const UPDATED_AT: &str = "updated_at";
-pub(super) const ERROR: &str = "error";
+pub(crate) const TOKEN: &str = "token";
+pub(crate) const HOLDER: &str = "holder";
+pub(crate) const ATTEMPT: &str = "attempt";
+pub(crate) const MESSAGE_ID: &str = "message_id";
+pub(crate) const CLAIMED_AT: &str = "claimed_at";
+pub(crate) const UPDATED_AT: &str = "updated_at";
+pub(crate) const ERROR: &str = "error";
 
 /// How claims map onto the table's primary key.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -137,12 +139,12 @@ impl TableLayout {
         Self { table: table.into(), attributes: Attributes::default(), key: TableKey::default() }
     }
 
-    pub(super) fn key(&self, id: &str) -> Item {
+    pub(crate) fn key(&self, id: &str) -> Item {
         self.key_fields(id).map(|(name, value)| (name.to_owned(), s(value))).collect()
     }
 
     /// The key attributes of `id`'s item, as names and values.
-    pub(super) fn key_fields<'a>(&'a self, id: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> {
+    pub(crate) fn key_fields<'a>(&'a self, id: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> {
         let partition = match &self.key {
             TableKey::Partition => None,
             TableKey::Sorted { partition_attribute, partition_value } => {
@@ -156,14 +158,14 @@ impl TableLayout {
 /// How claims are encoded as items.
 impl TableLayout {
     /// The item that stores `record`.
-    pub(super) fn write_item(&self, claim: &StoredClaim) -> Item {
+    pub(crate) fn write_item(&self, claim: &StoredClaim) -> Item {
         self.fields(claim).into_iter().map(|(name, value)| (name.to_owned(), value)).collect()
     }
 
     /// The attributes of the item that stores `record`, as names and
     /// values: what [`Self::write_item`] holds, without a map to build
     /// where a statement lists them.
-    pub(super) fn fields<'a>(&'a self, record: &'a StoredClaim) -> Vec<(&'a str, AttributeValue)> {
+    pub(crate) fn fields<'a>(&'a self, record: &'a StoredClaim) -> Vec<(&'a str, AttributeValue)> {
         let names = &self.attributes;
         let key = self.key_fields(&record.id).map(|(name, value)| (name, s(value)));
         let required =
@@ -186,7 +188,7 @@ impl TableLayout {
     }
 
     /// The record `item` stores.
-    pub(super) fn read_item(&self, item: &Item) -> Result<StoredClaim, StoreError> {
+    pub(crate) fn read_item(&self, item: &Item) -> Result<StoredClaim, StoreError> {
         let names = &self.attributes;
         let id = text(item, &names.id).unwrap_or_default();
         let malformed = |reason: String| StoreError::Malformed { id: id.clone(), reason };
@@ -222,25 +224,25 @@ impl TableLayout {
 /// The conditional `UpdateItem` that finishes a claim, as its parts: the
 /// single request and the claim's action in a transaction send the same.
 #[derive(Debug, Clone)]
-pub(super) struct FinishUpdate {
-    pub(super) update: String,
-    pub(super) condition: &'static str,
-    pub(super) names: HashMap<String, String>,
-    pub(super) values: HashMap<String, AttributeValue>,
+pub(crate) struct FinishUpdate {
+    pub(crate) update: String,
+    pub(crate) condition: &'static str,
+    pub(crate) names: HashMap<String, String>,
+    pub(crate) values: HashMap<String, AttributeValue>,
 }
 
 /// The condition of a write that takes a key over: [`StoredClaim::is_free`]
 /// at `now_ms`, as a condition expression with its names and values.
 #[derive(Debug, Clone)]
-pub(super) struct FreeCondition {
-    pub(super) condition: &'static str,
-    pub(super) names: HashMap<String, String>,
-    pub(super) values: HashMap<String, AttributeValue>,
+pub(crate) struct FreeCondition {
+    pub(crate) condition: &'static str,
+    pub(crate) names: HashMap<String, String>,
+    pub(crate) values: HashMap<String, AttributeValue>,
 }
 
 impl TableLayout {
     /// The key's record is free at `now_ms`.
-    pub(super) fn free_condition(&self, now_ms: u64) -> FreeCondition {
+    pub(crate) fn free_condition(&self, now_ms: u64) -> FreeCondition {
         let names = &self.attributes;
         let aliases = [
             ("#id", names.id.as_str()),
@@ -264,7 +266,7 @@ impl TableLayout {
     }
 
     /// Finishes the in-progress claim `id` under `token` as `finish` says.
-    pub(super) fn finish_update(&self, id: &str, token: &str, finish: &Finish) -> FinishUpdate {
+    pub(crate) fn finish_update(&self, id: &str, token: &str, finish: &Finish) -> FinishUpdate {
         let names = &self.attributes;
         let mut set = vec!["#status = :status", "#expiry = :expiry", "#updated = :updated"];
         let mut aliases = vec![
@@ -311,7 +313,7 @@ impl TableLayout {
 
 /// A value as DynamoDB holds it: strings, numbers, booleans, null, lists
 /// and maps.
-pub(super) fn attribute_value(value: &Value) -> AttributeValue {
+pub(crate) fn attribute_value(value: &Value) -> AttributeValue {
     match value {
         Value::Null => AttributeValue::Null(true),
         Value::Bool(flag) => AttributeValue::Bool(*flag),
@@ -324,15 +326,15 @@ pub(super) fn attribute_value(value: &Value) -> AttributeValue {
     }
 }
 
-pub(super) fn s(value: impl Into<String>) -> AttributeValue {
+pub(crate) fn s(value: impl Into<String>) -> AttributeValue {
     AttributeValue::S(value.into())
 }
 
-pub(super) fn n(value: impl ToString) -> AttributeValue {
+pub(crate) fn n(value: impl ToString) -> AttributeValue {
     AttributeValue::N(value.to_string())
 }
 
-pub(super) fn text(item: &Item, name: &str) -> Option<String> {
+pub(crate) fn text(item: &Item, name: &str) -> Option<String> {
     match item.get(name) {
         Some(AttributeValue::S(value)) => Some(value.clone()),
         _ => None,

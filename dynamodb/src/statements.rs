@@ -31,10 +31,11 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use super::batched::{BatchCall, Batcher};
-use super::{
-    ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, attribute_value, client::too_late, described, n,
-    open_partition, s, text,
+use sqs_once_aws::batched::{BatchCall, Batcher};
+
+use crate::{
+    client::{described, too_late},
+    layout::{ERROR, Item, OPEN_STATUS, TOKEN, TableLayout, UPDATED_AT, attribute_value, n, open_partition, s, text},
 };
 use sqs_once_core::{
     store::{ClaimStatus, Finish, StoreError, StoredClaim},
@@ -49,11 +50,11 @@ use sqs_once_core::{
 /// first round trip, as a TCP connection's initial window sends a short
 /// answer at once; a store that queues them shrinks the window within a
 /// few answers.
-pub(super) const IN_FLIGHT: usize = 8;
+pub(crate) const IN_FLIGHT: usize = 8;
 
 /// A write statement about one item.
 #[derive(Clone)]
-pub(super) struct Statement {
+pub(crate) struct Statement {
     item: String,
     request: BatchStatementRequest,
     /// The last moment (epoch milliseconds) it may be sent, for a commit's
@@ -65,7 +66,7 @@ pub(super) struct Statement {
 
 /// What DynamoDB did with a [`Statement`].
 #[derive(Debug)]
-pub(super) enum Written {
+pub(crate) enum Written {
     /// The write took effect.
     Applied,
     /// Its condition did not hold (or, for an insert, the item exists); the
@@ -75,9 +76,9 @@ pub(super) enum Written {
 
 /// The batched requests of one store, and whether DynamoDB lets it use them.
 #[derive(Debug)]
-pub(super) struct Batches {
+pub(crate) struct Batches {
     writes: Batcher<Statements>,
-    pub(super) reads: Batcher<Reads>,
+    pub(crate) reads: Batcher<Reads>,
     refused: Arc<AtomicBool>,
     /// The commits that keep their key in a handler's item
     /// ([`kept_key_update`]), apart from the claim table's writes: a
@@ -94,7 +95,7 @@ const ITEMS_GRANT: &str = "grant dynamodb:PartiQLUpdate on the handler's tables 
                            HandlerTableArns names) to send the commits that keep their key in an item in batches";
 
 impl Batches {
-    pub(super) fn new(client: &Client, layout: &Arc<TableLayout>) -> Self {
+    pub(crate) fn new(client: &Client, layout: &Arc<TableLayout>) -> Self {
         let refused = Arc::new(AtomicBool::new(false));
         let statements = |refused: &Arc<AtomicBool>, grant| {
             Batcher::new(Arc::new(Statements { client: client.clone(), refused: Arc::clone(refused), grant }))
@@ -113,14 +114,14 @@ impl Batches {
     /// Whether DynamoDB refused a batched request as single requests would
     /// not be refused (see [`note_refusal`]): the store then makes single
     /// requests for the rest of the process.
-    pub(super) fn refused(&self) -> bool {
+    pub(crate) fn refused(&self) -> bool {
         self.refused.load(Ordering::Relaxed)
     }
 
     /// Sends the statement `build` makes together with the other writes
     /// waiting, and sends it again while DynamoDB throttles it (see
     /// [`retrying`]); each attempt joins the next request.
-    pub(super) async fn write(&self, build: impl Fn() -> Result<Statement, StoreError>) -> Result<Written, StoreError> {
+    pub(crate) async fn write(&self, build: impl Fn() -> Result<Statement, StoreError>) -> Result<Written, StoreError> {
         retrying(|| async { self.writes.submit(build()?).await }).await
     }
 
@@ -128,7 +129,7 @@ impl Batches {
     /// together with the others waiting, as [`write`](Self::write) sends a
     /// claim's; `None` when it is to be the single request (see
     /// [`or_single`](Self::or_single)).
-    pub(super) async fn write_to_item(&self, statement: Statement) -> Option<Result<Written, StoreError>> {
+    pub(crate) async fn write_to_item(&self, statement: Statement) -> Option<Result<Written, StoreError>> {
         if self.items_refused.load(Ordering::Relaxed) {
             return None;
         }
@@ -143,7 +144,7 @@ impl Batches {
     }
 
     /// The item a refused statement met: as DynamoDB returned it, or read now.
-    pub(super) async fn refused_item(&self, id: &str, returned: Option<Item>) -> Result<Option<Item>, StoreError> {
+    pub(crate) async fn refused_item(&self, id: &str, returned: Option<Item>) -> Result<Option<Item>, StoreError> {
         match returned {
             Some(item) => Ok(Some(item)),
             None => self.reads.submit(id.to_owned()).await,
@@ -153,12 +154,12 @@ impl Batches {
     /// A batched call's result, or `None` when the single request must be
     /// made instead: batching was refused, or DynamoDB rejected this
     /// statement for its data (the single request then says for itself).
-    pub(super) fn or_single<T>(&self, result: Result<T, StoreError>) -> Option<Result<T, StoreError>> {
+    pub(crate) fn or_single<T>(&self, result: Result<T, StoreError>) -> Option<Result<T, StoreError>> {
         single_unless_refused(&self.refused, result)
     }
 
     /// The answer is due by `until`: see [`Batcher::expedite`].
-    pub(super) fn expedite(&self, until: tokio::time::Instant) {
+    pub(crate) fn expedite(&self, until: tokio::time::Instant) {
         self.writes.expedite(until);
         self.reads.expedite(until);
         self.items.expedite(until);
@@ -178,7 +179,7 @@ fn single_unless_refused<T>(refused: &AtomicBool, result: Result<T, StoreError>)
 }
 
 /// `BatchExecuteStatement`, 25 write statements per request.
-pub(super) struct Statements {
+pub(crate) struct Statements {
     client: Client,
     refused: Arc<AtomicBool>,
     /// What a refusal for want of permission asks of the policy.
@@ -189,6 +190,7 @@ pub(super) struct Statements {
 impl BatchCall for Statements {
     type Input = Statement;
     type Output = Attempt;
+    type Error = StoreError;
     const LIMIT: usize = 25;
     const IN_FLIGHT: usize = IN_FLIGHT;
 
@@ -196,8 +198,12 @@ impl BatchCall for Statements {
         &input.item
     }
 
-    fn throttled(output: &Attempt) -> bool {
-        matches!(output, Attempt::Again(_))
+    fn unanswered(reason: String) -> StoreError {
+        StoreError::unavailable(reason)
+    }
+
+    fn congested(result: &Result<Attempt, StoreError>) -> bool {
+        matches!(result, Ok(Attempt::Again(_)) | Err(StoreError::Unavailable(_)))
     }
 
     async fn call(&self, inputs: Vec<Statement>) -> Vec<Result<Attempt, StoreError>> {
@@ -247,7 +253,7 @@ fn missing() -> Result<Attempt, StoreError> {
 
 /// What DynamoDB's answer to one statement means.
 #[derive(Debug)]
-pub(super) enum Attempt {
+pub(crate) enum Attempt {
     /// Applied or refused: the statement's outcome.
     Done(Written),
     /// Throttled, or failed inside DynamoDB: the statement was not applied,
@@ -313,7 +319,7 @@ where
 /// Pauses between attempts, spaced as the SDK spaces its retries: doubling
 /// from [`sqs_once_aws::INITIAL_BACKOFF`] to [`sqs_once_aws::MAX_BACKOFF`], each
 /// between half and all of its step.
-pub(super) struct Backoff(Duration);
+pub(crate) struct Backoff(Duration);
 
 impl Default for Backoff {
     fn default() -> Self {
@@ -322,14 +328,14 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    pub(super) async fn wait(&mut self) {
+    pub(crate) async fn wait(&mut self) {
         tokio::time::sleep(self.0.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
         self.0 = (self.0 * 2).min(sqs_once_aws::MAX_BACKOFF);
     }
 }
 
 /// Strongly consistent `BatchGetItem`, 100 keys per request.
-pub(super) struct Reads {
+pub(crate) struct Reads {
     client: Client,
     layout: Arc<TableLayout>,
     refused: Arc<AtomicBool>,
@@ -339,11 +345,20 @@ pub(super) struct Reads {
 impl BatchCall for Reads {
     type Input = String;
     type Output = Option<Item>;
+    type Error = StoreError;
     const LIMIT: usize = 100;
     const IN_FLIGHT: usize = IN_FLIGHT;
 
     fn item(input: &String) -> &str {
         input
+    }
+
+    fn unanswered(reason: String) -> StoreError {
+        StoreError::unavailable(reason)
+    }
+
+    fn congested(result: &Result<Option<Item>, StoreError>) -> bool {
+        matches!(result, Err(StoreError::Unavailable(_)))
     }
 
     async fn call(&self, ids: Vec<String>) -> Vec<Result<Option<Item>, StoreError>> {
@@ -431,7 +446,7 @@ fn note_refusal(refused: &AtomicBool, code: Option<&str>, message: Option<&str>,
 
 impl TableLayout {
     /// Claims a key no record holds: `INSERT` fails on an existing item.
-    pub(super) fn insert(&self, record: &StoredClaim) -> Result<Statement, StoreError> {
+    pub(crate) fn insert(&self, record: &StoredClaim) -> Result<Statement, StoreError> {
         let fields = self.fields(record);
         let mut statement = Partiql::new("INSERT INTO ", &self.table, fields.len());
         statement.text(" VALUE {");
@@ -443,7 +458,7 @@ impl TableLayout {
     }
 
     /// [`super::DynamoDbStore`]'s finishing `UpdateItem`, as a statement.
-    pub(super) fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Statement, StoreError> {
+    pub(crate) fn finish(&self, id: &str, token: &str, finish: &Finish) -> Result<Statement, StoreError> {
         let names = &self.attributes;
         let mut set = vec![
             (names.status.as_str(), s(finish.status.as_str())),
@@ -470,14 +485,14 @@ impl TableLayout {
     }
 
     /// [`super::DynamoDbStore`]'s releasing `DeleteItem`, as a statement.
-    pub(super) fn release(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
+    pub(crate) fn release(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
         let mut statement = Partiql::new("DELETE FROM ", &self.table, 4);
         self.held_by(&mut statement, id, token);
         statement.build(id)
     }
 
     /// [`super::DynamoDbStore`]'s deletion of a sent outbox entry, as a statement.
-    pub(super) fn delete_outbox(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
+    pub(crate) fn delete_outbox(&self, id: &str, token: &str) -> Result<Statement, StoreError> {
         let mut statement = Partiql::new("DELETE FROM ", &self.table, 3);
         self.of_item(&mut statement, id);
         statement.text(" AND ").identifier(TOKEN).text(" = ").parameter(s(token));
@@ -517,7 +532,7 @@ impl TableLayout {
 /// a `NOT`, it would refuse what the request applies), the caller sends a
 /// refusal that the item's keys do not explain as the single request,
 /// which decides.
-pub(super) fn kept_key_update(
+pub(crate) fn kept_key_update(
     update: &Update,
     key: &KeyInItem,
     item: &str,
@@ -761,7 +776,7 @@ mod tests {
     fn an_insert_names_every_attribute_of_the_item_before_its_value() {
         let mut layout = TableLayout::new("claims");
         layout.attributes.status = "it's".into();
-        let record = super::super::tests::failed_claim("k", 5);
+        let record = crate::store::tests::failed_claim("k", 5);
         let statement = layout.insert(&record).unwrap();
         let text = statement.request.statement();
         assert!(text.starts_with("INSERT INTO \"claims\" VALUE {"), "{text}");

@@ -14,7 +14,11 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use super::{DynamoDbStore, OPEN_INDEX, OPEN_STATUS, TableKey, unavailable};
+use super::DynamoDbStore;
+use crate::{
+    client::unavailable,
+    layout::{OPEN_INDEX, OPEN_STATUS, TableKey},
+};
 use sqs_once_core::store::StoreError;
 
 /// Whether DynamoDB says `table` does not exist (`ResourceNotFoundException`

@@ -36,14 +36,11 @@ use aws_sdk_dynamodb::{
     types::{AttributeValue, ReturnValuesOnConditionCheckFailure},
 };
 
-use super::{
-    DynamoDbStore, Item,
-    admin::table_missing,
-    attribute_value,
+use super::{DynamoDbStore, admin::table_missing, transact::Expression};
+use crate::{
     client::{described, too_late, unavailable},
-    n,
+    layout::{Item, attribute_value, n},
     statements::{self, Written},
-    transact::Expression,
 };
 use sqs_once_core::{
     store::{Cancellation, Commit, Committed, StoreError},

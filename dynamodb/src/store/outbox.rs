@@ -31,11 +31,13 @@ use std::collections::{HashMap, HashSet};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use futures::StreamExt;
 
-use super::{
-    DynamoDbStore, Item, OPEN_INDEX, OPEN_STATUS,
-    client::{Conditional, conditional, unavailable},
-    layout::{CLAIMED_AT, MESSAGE_ID, OPEN_SHARDS, TOKEN, TableLayout, n, s, shard_of, sharded, text},
-    no_such_index, released_unless,
+use super::{DynamoDbStore, claims::released_unless};
+use crate::{
+    client::{Conditional, conditional, no_such_index, unavailable},
+    layout::{
+        CLAIMED_AT, Item, MESSAGE_ID, OPEN_INDEX, OPEN_SHARDS, OPEN_STATUS, TOKEN, TableLayout, n, s, shard_of,
+        sharded, text,
+    },
     statements::Written,
 };
 use sqs_once_core::store::{Fenced, OutboxEntry, OutboxQuery, StoreError, SweepPart, UnreadableEntry};

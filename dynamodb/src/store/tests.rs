@@ -11,10 +11,11 @@ use std::{
 
 use testkit::dynamodb::Reply;
 
-use super::{
-    DynamoDbStore, TableLayout,
-    client::{RequestCounter, RequestCounts, client_from},
-    layout::OPEN_SHARDS,
+use super::DynamoDbStore;
+use crate::{
+    TableLayout,
+    client::{RequestCounter, RequestCounts, client_from, with_limits},
+    layout::{Item, OPEN_SHARDS},
 };
 use sqs_once_core::{
     BoxHandler, Handler, HandlerError, HandlerResult, Record,
@@ -63,7 +64,7 @@ async fn a_client_given_gets_the_timeouts_it_lacks() {
         .await;
     let client = aws_sdk_dynamodb::Client::new(&loaded);
     assert_eq!(client.config().timeout_config().unwrap().operation_timeout(), None);
-    let limited = super::with_limits(client);
+    let limited = with_limits(client);
     assert_eq!(operation_timeout(limited.config().timeout_config()), OPERATION_TIMEOUT);
     let attempt = limited.config().timeout_config().unwrap().operation_attempt_timeout();
     assert_eq!(attempt, Some(ATTEMPT_TIMEOUT));
@@ -881,7 +882,7 @@ async fn failed_claims_alone_are_in_the_index_and_every_listing_is_exact() {
 }
 
 /// A failed claim of `id`, claimed at `claimed_at_ms`.
-pub(super) fn failed_claim(id: &str, claimed_at_ms: u64) -> sqs_once_core::store::StoredClaim {
+pub(crate) fn failed_claim(id: &str, claimed_at_ms: u64) -> sqs_once_core::store::StoredClaim {
     sqs_once_core::store::StoredClaim {
         id: id.into(),
         status: ClaimStatus::Failed,
@@ -1068,7 +1069,7 @@ async fn unsent_runs(store: &DynamoDbStore, runs: usize, messages: usize, bytes:
 }
 
 /// Puts `item`, sent again while a loaded DynamoDB Local times it out.
-async fn put_outbox_item(store: &DynamoDbStore, item: super::Item) {
+async fn put_outbox_item(store: &DynamoDbStore, item: Item) {
     for attempt in 1.. {
         let put = store.client.put_item().table_name(&store.layout.table).set_item(Some(item.clone())).send().await;
         match put {
@@ -1151,10 +1152,7 @@ impl sqs_once_core::destinations::Destinations for Recorded {
 
 #[tokio::test]
 async fn a_run_never_sends_past_an_earlier_entry_it_cannot_read_or_did_not_list() {
-    use super::{
-        OPEN_STATUS,
-        layout::{s, sharded},
-    };
+    use crate::layout::{OPEN_STATUS, s, sharded};
     use sqs_once_engine::outbox::{Outbox, OutboxTimes};
     let (store, _) = fresh_table().await;
     let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/q";
@@ -1231,7 +1229,7 @@ async fn due_runs_in_every_shard(
         let claim = format!("{prefix}-{n:06}");
         let body = format!("{claim} {}", "x".repeat(bytes.saturating_sub(claim.len() + 1)));
         let entry = OutboxEntry::of_run(&claim, "t", "m", &[Message::sqs(queue, body)], 0, 0).remove(0);
-        let count = counts.entry(super::layout::sharded("OUTBOX", super::outbox::run_of(&entry.id))).or_insert(0);
+        let count = counts.entry(crate::layout::sharded("OUTBOX", super::outbox::run_of(&entry.id))).or_insert(0);
         if *count < per_shard {
             *count += 1;
             entries.push(entry);

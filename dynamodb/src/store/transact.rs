@@ -25,11 +25,10 @@ use aws_sdk_dynamodb::{
     },
 };
 
-use super::{
-    DynamoDbStore, Item,
-    admin::table_missing,
-    attribute_value,
+use super::{DynamoDbStore, admin::table_missing};
+use crate::{
     client::{described, too_late, unavailable},
+    layout::{Item, attribute_value},
     statements::Backoff,
 };
 use sqs_once_core::{

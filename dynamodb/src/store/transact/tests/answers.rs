@@ -19,7 +19,7 @@ use sqs_once_engine::testing::{Claim, ClaimRequest, Claims, Lease};
 
 use crate::{
     DynamoDbStore, TableLayout,
-    tests::{fresh_table, store_through},
+    store::tests::{fresh_table, store_through},
 };
 use sqs_once_core::store::{
     ClaimAdmin, ClaimQuery, ClaimStore, Committed, Fenced, MemoryStore, OutboxQuery, OutboxStore, StoreError,
