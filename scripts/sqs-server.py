@@ -13,10 +13,15 @@ group's messages in turn found the group held by the ones after it, and
 the group's *last* message came back first (SQS hands out its first). Here
 a message in flight is one whose visibility timeout has not ended.
 
+moto 5.2.5 drops the system attributes of each `SendMessageBatch` entry,
+which SQS keeps as it does `SendMessage`'s (`AWSTraceHeader`, the X-Ray
+context of a traced producer): here each entry's are sent with its message.
+
 Everything else is moto as published.
 """
 
 import sys
+import threading
 
 from moto.core.utils import unix_time
 from moto.server import main
@@ -40,6 +45,30 @@ def pending_message_groups(self):
 
 
 Queue.pending_message_groups = property(pending_message_groups)
+
+sent_one_by_one = SQSBackend.send_message_batch
+# One batch at a time: the entries' attributes reach `send_message` through the backend, which the server's threads share.
+batch_lock = threading.Lock()
+
+
+def send_message_batch(self, queue_name, entries):
+    # moto's batch sends each entry with `send_message`, in order, once each, without its system attributes.
+    attributes = iter([entry.get("MessageSystemAttributes") for entry in entries.values()])
+    send_message = self.send_message
+
+    def with_system_attributes(*args, **kwargs):
+        kwargs.setdefault("system_attributes", next(attributes, None))
+        return send_message(*args, **kwargs)
+
+    with batch_lock:
+        self.send_message = with_system_attributes
+        try:
+            return sent_one_by_one(self, queue_name, entries)
+        finally:
+            del self.send_message
+
+
+SQSBackend.send_message_batch = send_message_batch
 
 if __name__ == "__main__":
     sys.exit(main())

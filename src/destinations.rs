@@ -8,7 +8,8 @@ use aws_config::{Region, SdkConfig};
 #[cfg(any(feature = "sns", feature = "eventbridge"))]
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
-use crate::sqs::{OutgoingMessage, Sqs};
+use crate::sqs::{BATCH_BYTES, BATCH_LIMIT, OutgoingMessage, Sqs, SqsError};
+use sqs_once_aws::batched::{BatchCall, Batcher};
 use sqs_once_core::{
     destinations::{Destinations, SendError},
     payload::SIZE_ATTRIBUTE,
@@ -56,6 +57,8 @@ pub(crate) struct AwsDestinations {
 #[derive(Debug)]
 struct Clients {
     sqs: Sqs,
+    /// The sends to each queue, gathered into `SendMessageBatch` requests.
+    queues: Mutex<HashMap<String, Arc<Batcher<QueueSends>>>>,
     #[cfg(feature = "sns")]
     sns: aws_sdk_sns::Client,
     #[cfg(feature = "eventbridge")]
@@ -70,6 +73,7 @@ impl Clients {
         let config = sqs_once_aws::sending(config);
         Self {
             sqs: Sqs::new(&config),
+            queues: Mutex::default(),
             #[cfg(feature = "sns")]
             sns: aws_sdk_sns::Client::new(&config),
             #[cfg(feature = "eventbridge")]
@@ -139,7 +143,11 @@ impl Clients {
             deduplication_id: fifo.then(|| outbox_id.to_owned()),
             trace_header: trace_header(message, propagators),
         };
-        self.sqs.send(queue_url, outgoing).await.map_err(|error| judged(&error.reason, error.to_string()))
+        let sends = Arc::clone(self.queues.lock().entry(queue_url.to_owned()).or_insert_with(|| {
+            Arc::new(Batcher::new(Arc::new(QueueSends { sqs: self.sqs.clone(), queue_url: queue_url.to_owned() })))
+        }));
+        let sent = sends.submit((outbox_id.to_owned(), outgoing)).await;
+        sent.map_err(|error| judged(&error.reason, error.to_string()))
     }
 
     #[cfg(feature = "sns")]
@@ -195,6 +203,50 @@ impl Clients {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// The messages sent to one queue at the same time, gathered into
+/// `SendMessageBatch` requests: ten messages for the price of one request
+/// (SQS bills a request of up to 64 KiB of messages as one), each message
+/// answered on its own. The outbox sends a run's messages one after
+/// another, so a request never holds two of one run, and a FIFO queue's
+/// groups keep their order.
+#[derive(Debug)]
+struct QueueSends {
+    sqs: Sqs,
+    queue_url: String,
+}
+
+#[async_trait]
+impl BatchCall for QueueSends {
+    /// A message and its outbox id.
+    type Input = (String, OutgoingMessage);
+    type Output = ();
+    type Error = SqsError;
+    const LIMIT: usize = BATCH_LIMIT;
+    const MAX_BYTES: usize = BATCH_BYTES;
+    const IN_FLIGHT: usize = 4;
+
+    fn item((outbox_id, _): &Self::Input) -> &str {
+        outbox_id
+    }
+
+    fn bytes((_, message): &Self::Input) -> usize {
+        message.bytes()
+    }
+
+    async fn call(&self, inputs: Vec<Self::Input>) -> Vec<Result<(), SqsError>> {
+        let messages: Vec<OutgoingMessage> = inputs.into_iter().map(|(_, message)| message).collect();
+        self.sqs.send_batch(&self.queue_url, &messages).await
+    }
+
+    fn unanswered(reason: String) -> SqsError {
+        SqsError { operation: "SendMessageBatch", reason, transient: true }
+    }
+
+    fn congested(result: &Result<(), SqsError>) -> bool {
+        result.as_ref().is_err_and(|error| error.transient)
     }
 }
 
@@ -422,11 +474,71 @@ mod tests {
             deduplication_id: None,
             trace_header: None,
         };
-        assert!(own.send(&url, outgoing("through us-east-1")).await.is_err());
+        assert!(own.send_batch(&url, &[outgoing("through us-east-1")]).await[0].is_err());
         AwsDestinations::new(&config).send("an-outbox-id", &Message::sqs(&url, "across")).await.unwrap();
         let received =
             europe.receive_message().queue_url(created.queue_url().unwrap()).wait_time_seconds(1).send().await.unwrap();
         let bodies: Vec<&str> = received.messages().iter().filter_map(|message| message.body()).collect();
         assert_eq!(bodies, ["across"]);
+    }
+
+    /// Service settings that read no environment variable, so that a
+    /// configuration's endpoint wins over `AWS_ENDPOINT_URL_SQS`.
+    #[derive(Debug)]
+    struct NoEnvironment;
+
+    impl aws_types::service_config::LoadServiceConfig for NoEnvironment {
+        fn load_config(&self, _key: aws_types::service_config::ServiceConfigKey<'_>) -> Option<String> {
+            None
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sends_at_once_share_batch_requests_and_each_entry_is_answered_on_its_own() {
+        use testkit::faults::{FaultMix, FaultProxy, SQS};
+        let queue = Queue::create(false, 30).await;
+        let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the SQS server");
+        // A fifth of the entries of each `SendMessageBatch` fail on their own, as SQS's `InternalError` does.
+        let failing = FaultMix { statement_error: 0.2, ..FaultMix::default() };
+        let proxy = FaultProxy::start(&endpoint, SQS, failing, &["SendMessageBatch"], 11).await;
+        let config = testkit::aws_config().await.to_builder().service_config(NoEnvironment).endpoint_url(&proxy.url);
+        let destinations = AwsDestinations::new(&config.build());
+        let messages: Vec<Message> = (0..50).map(|n| Message::sqs(queue.url(), n.to_string())).collect();
+        let ids: Vec<String> = (0..50).map(|n| format!("outbox-{n}")).collect();
+        let send = |n: usize| destinations.send(&ids[n], &messages[n]);
+        let answers = futures::future::join_all((0..50).map(send)).await;
+        let failed: Vec<usize> = (0..50).filter(|n| answers[*n].is_err()).collect();
+        assert!(!failed.is_empty() && failed.len() < 50, "some entries failed, the others were sent: {failed:?}");
+        for n in &failed {
+            let error = answers[*n].as_ref().unwrap_err();
+            assert!(!error.refused && error.reason.contains("InternalError"), "{error}: to be sent again");
+        }
+        let received = |messages: Vec<aws_sdk_sqs::types::Message>| -> Vec<usize> {
+            let mut bodies: Vec<usize> =
+                messages.iter().map(|message| message.body().unwrap().parse().unwrap()).collect();
+            bodies.sort_unstable();
+            bodies
+        };
+        let sent: Vec<usize> = (0..50).filter(|n| !failed.contains(n)).collect();
+        assert_eq!(received(queue.drain().await), sent, "exactly the entries answered as sent arrived");
+        let requests = proxy.injected.of("SendMessageBatch");
+        assert!(requests <= 8, "50 sends at once in {requests} requests");
+
+        // Sent again, the failed ones arrive too (the proxy refuses a fifth of them again; a third round is spare).
+        let mut left = failed;
+        for _ in 0..5 {
+            let answers = futures::future::join_all(left.iter().map(|n| send(*n))).await;
+            let arrived: Vec<usize> = received(queue.drain().await);
+            let with = |ok: bool| -> Vec<usize> {
+                left.iter().zip(&answers).filter(|(_, answer)| answer.is_ok() == ok).map(|(n, _)| *n).collect()
+            };
+            let (sent, failed) = (with(true), with(false));
+            assert_eq!(arrived, sent);
+            left = failed;
+            if left.is_empty() {
+                return;
+            }
+        }
+        panic!("entries never sent: {left:?}");
     }
 }

@@ -26,12 +26,18 @@ use aws_sdk_sqs::{
     types::{
         BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue,
         MessageSystemAttributeNameForSends, MessageSystemAttributeValue, QueueAttributeName,
+        SendMessageBatchRequestEntry,
     },
 };
 use futures::future::join_all;
 
 /// Entries per batched SQS call, as SQS allows.
-const BATCH_LIMIT: usize = 10;
+pub(crate) const BATCH_LIMIT: usize = 10;
+
+/// The most bytes of messages one `SendMessageBatch` holds, bodies and
+/// attributes as SQS counts them ([`OutgoingMessage::bytes`]): 1 MiB, the
+/// largest message too.
+pub(crate) const BATCH_BYTES: usize = 1024 * 1024;
 
 /// The longest visibility timeout SQS accepts: 12 hours.
 pub(crate) const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
@@ -94,6 +100,19 @@ pub(crate) struct OutgoingMessage {
     /// The trace context in X-Ray's form, sent as the `AWSTraceHeader`
     /// system attribute (which counts against no limit of attributes).
     pub trace_header: Option<String>,
+}
+
+impl OutgoingMessage {
+    /// Its size as SQS counts it against a request's limit: the body, and
+    /// each attribute's name, data type and value.
+    pub(crate) fn bytes(&self) -> usize {
+        let attributes = self.attributes.iter().map(|(name, value)| {
+            let data =
+                value.string_value().map_or(0, str::len) + value.binary_value().map_or(0, |blob| blob.as_ref().len());
+            name.len() + value.data_type().len() + data
+        });
+        self.body.len() + attributes.sum::<usize>()
+    }
 }
 
 /// An SQS client as the consumer uses it.
@@ -205,6 +224,29 @@ impl Sqs {
         };
         in_batches(OPERATION, changes, entry, |entries| async move {
             let call = self.client.change_message_visibility_batch().queue_url(queue_url).set_entries(Some(entries));
+            call.send().await.map(|output| output.failed).map_err(|error| SqsError::new(OPERATION, error))
+        })
+        .await
+    }
+
+    /// Sends `messages` to one queue, in `SendMessageBatch` requests of at
+    /// most [`BATCH_LIMIT`] (a caller keeps each within [`BATCH_BYTES`]),
+    /// and answers each: a request that failed fails its messages, otherwise
+    /// the entries SQS names as failed did.
+    pub(crate) async fn send_batch(&self, queue_url: &str, messages: &[OutgoingMessage]) -> Vec<Result<(), SqsError>> {
+        const OPERATION: &str = "SendMessageBatch";
+        let entry = |id: String, message: &OutgoingMessage| {
+            SendMessageBatchRequestEntry::builder()
+                .id(id)
+                .message_body(&message.body)
+                .set_message_attributes(Some(message.attributes.clone()).filter(|attributes| !attributes.is_empty()))
+                .set_message_group_id(message.group_id.clone())
+                .set_message_deduplication_id(message.deduplication_id.clone())
+                .set_message_system_attributes(message.trace_header.clone().map(trace_header))
+                .build()
+        };
+        in_batches(OPERATION, messages, entry, |entries| async move {
+            let call = self.client.send_message_batch().queue_url(queue_url).set_entries(Some(entries));
             call.send().await.map(|output| output.failed).map_err(|error| SqsError::new(OPERATION, error))
         })
         .await

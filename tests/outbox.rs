@@ -188,3 +188,86 @@ async fn a_destination_slower_than_an_attempt_gets_each_message_once() {
     let left = outbox.entries(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap();
     assert!(left.is_empty(), "sent, so deleted: {left:?}");
 }
+
+/// A consumer whose SQS requests go through `proxy`, keeping claims in memory, and whose handler stages
+/// `messages(record)`.
+async fn consumer_through<F>(proxy: &testkit::faults::FaultProxy, messages: F) -> Consumer
+where
+    F: Fn(&Record) -> Vec<Message> + Send + Sync + 'static,
+{
+    let sdk = testkit::aws_config().await.to_builder().service_config(NoEnvironment).endpoint_url(&proxy.url).build();
+    let messages = Arc::new(messages);
+    let handler = handler_fn(move |record: Record| {
+        let messages = Arc::clone(&messages);
+        async move {
+            for message in messages(&record) {
+                record.transaction().send(message)?;
+            }
+            Ok(None)
+        }
+    });
+    let config = Config::from_lookup(|name| match name {
+        "SQS_ONCE_STORE" => Some("memory".to_owned()),
+        _ => std::env::var(name).ok(),
+    })
+    .unwrap();
+    let store: Arc<dyn ClaimStore> = Arc::new(MemoryStore::default());
+    Consumer::builder().config(config).sdk_config(sdk).store(store).build(handler).await.unwrap()
+}
+
+/// A batch of `count` records, bodies `0`, `1`, ….
+fn batch_of(count: usize) -> Vec<sqs_once::event::EventRecord> {
+    let records: Vec<Value> = (0..count)
+        .map(|n| json!({ "messageId": format!("m-{n}"), "body": n.to_string(), "eventSource": "aws:sqs" }))
+        .collect();
+    parse_event(&json!({ "Records": records }).to_string()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_a_hundred_notices_leaves_in_about_ten_requests() {
+    let queue = Queue::create(false, 30).await;
+    let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the SQS server");
+    let proxy = testkit::faults::FaultProxy::start(&endpoint, testkit::faults::SQS, Default::default(), &[], 0).await;
+    let url = queue.url().to_owned();
+    let consumer = consumer_through(&proxy, move |record| vec![Message::sqs(&url, record.body.to_string())]).await;
+    let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(20), request_id: "r".into() };
+    let answer = consumer.process(&batch_of(100), &invocation).await;
+    assert!(testing::failures(&answer.report).is_empty(), "{:?}", answer.report);
+    let mut bodies: Vec<usize> =
+        queue.drain().await.iter().map(|message| message.body().unwrap().parse().unwrap()).collect();
+    bodies.sort_unstable();
+    assert_eq!(bodies, (0..100).collect::<Vec<_>>(), "each notice once");
+    let (batches, singles) = (proxy.injected.of("SendMessageBatch"), proxy.injected.of("SendMessage"));
+    assert_eq!(singles, 0);
+    assert!((10..=15).contains(&batches), "{batches} SendMessageBatch requests for 100 notices");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_queue_gets_each_runs_messages_in_order_across_requests() {
+    let queue = Queue::create(true, 30).await;
+    let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the SQS server");
+    let proxy = testkit::faults::FaultProxy::start(&endpoint, testkit::faults::SQS, Default::default(), &[], 0).await;
+    let url = queue.url().to_owned();
+    // 30 runs of 4 messages each, all in one of three groups: 120 messages, more than one request holds.
+    let consumer = consumer_through(&proxy, move |record| {
+        let run = record.body.to_string();
+        let group = format!("g{}", run.parse::<usize>().unwrap() % 3);
+        (0..4).map(|n| Message::sqs(&url, format!("{run}.{n}")).group(&group)).collect()
+    })
+    .await;
+    let invocation = Invocation { deadline: SystemTime::now() + Duration::from_secs(20), request_id: "r".into() };
+    let answer = consumer.process(&batch_of(30), &invocation).await;
+    assert!(testing::failures(&answer.report).is_empty(), "{:?}", answer.report);
+    let received = queue.drain().await;
+    assert_eq!(received.len(), 120, "each message once");
+    for run in 0..30 {
+        let sent: Vec<&str> = received
+            .iter()
+            .filter_map(|message| message.body())
+            .filter(|body| body.split('.').next() == Some(&run.to_string()))
+            .collect();
+        let expected: Vec<String> = (0..4).map(|n| format!("{run}.{n}")).collect();
+        assert_eq!(sent, expected, "run {run}'s messages in the order it staged them");
+    }
+    assert!(proxy.injected.of("SendMessageBatch") < 60, "{:?}", proxy.injected.report());
+}

@@ -430,7 +430,7 @@ async fn statements(state: &State, request: &Message, server: &mut Option<BufRea
 const BATCH_STATEMENTS: &[&str] = &["BatchExecuteStatement"];
 
 /// The SQS batch calls whose entries succeed or fail one by one.
-const SQS_BATCHES: &[&str] = &["DeleteMessageBatch", "ChangeMessageVisibilityBatch"];
+const SQS_BATCHES: &[&str] = &["DeleteMessageBatch", "ChangeMessageVisibilityBatch", "SendMessageBatch"];
 
 /// Whether this statement or entry is refused on its own: drawn, or the
 /// first of a run (so every run meets the fault).
