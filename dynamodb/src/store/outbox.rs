@@ -535,21 +535,25 @@ impl DynamoDbStore {
     }
 
     /// Deletes the sent entry `id` if `token` holds its sending lease or
-    /// committed it. A sweeper's lease is its lease's item, deleted first; the
-    /// committing run's is the entry's own token (or a sender's, written by a
-    /// version that kept leases in the entry), checked by the entry's
-    /// deletion. One that is gone counts as deleted.
+    /// committed it. A sweeper's lease is its lease's item: the entry goes
+    /// first, then the lease, so that no other sweeper finds the entry
+    /// without a lease in between and takes and sends it again (a lease
+    /// without its entry is taken by no one: a take finds no entry to send).
+    /// (A sender's lease an earlier version kept in the entry is its sender's
+    /// too: the entry it sent goes.) The committing run's lease is the
+    /// entry's own token, checked by the entry's deletion. One that is gone
+    /// counts as deleted.
     pub(super) async fn delete_outbox_entry(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         if token != OutboxEntry::committing_token(id) {
-            match self.release_lease(id, token).await? {
-                Conditional::Applied => {
-                    self.delete_sent(id, None).await?;
-                    return Ok(Fenced::Applied);
+            self.delete_sent(id, None).await?;
+            return Ok(match self.release_lease(id, token).await {
+                Ok(Conditional::Refused(Some(_))) => Fenced::Refused,
+                Ok(_) => Fenced::Applied,
+                Err(error) => {
+                    tracing::debug!(id, %error, "outbox: the sent entry is deleted; its lease's item is left to its TTL");
+                    Fenced::Applied
                 }
-                Conditional::Refused(Some(_)) => return Ok(Fenced::Refused),
-                // No lease's item: the entry was sent and deleted, or its lease is in the entry.
-                Conditional::Refused(None) => {}
-            }
+            });
         }
         if let Some(batches) = self.batched() {
             let deleted = batches.write(|| self.layout.delete_outbox(id, token)).await;

@@ -1375,3 +1375,35 @@ async fn taking_an_entry_over_writes_its_lease_not_its_message() {
     assert_eq!(created.get_item(&super::outbox::lease_id(&leased[0].id)).await.unwrap(), None);
     assert_eq!(created.entries(&everything).await.unwrap().len(), 9);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_entry_goes_before_its_lease_so_no_other_sweeper_takes_it_in_between() {
+    // Sweeper A's deletions go through a proxy that holds each half a second; sweeper B, listing the entry before
+    // A took it, tries to take it throughout. Deleting the lease first, B took it between the two deletions and,
+    // finding the entry still there, would have sent it again.
+    use testkit::faults::{DYNAMODB, FaultMix, FaultProxy};
+    let (b, _) = fresh_table().await;
+    let upstream = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").expect("DynamoDB Local");
+    let proxy = FaultProxy::start(&upstream, DYNAMODB, FaultMix::default(), &[], 0).await;
+    let a = store_through(&proxy.url, b.layout().clone()).await.batching(false);
+    unsent_runs(&b, 1, 1, 100).await;
+    let listed = b.entries(&OutboxQuery { due_at_ms: None, limit: 10 }).await.unwrap();
+    let entry = listed.first().expect("one entry due");
+    let taken = a.take_entry(entry, "a", SystemClock.now_ms() + 15_000).await.unwrap().expect("A takes it");
+    proxy.hold_finishing(Duration::from_millis(500));
+    let deleting = tokio::spawn({
+        let (a, id) = (a.clone(), taken.id.clone());
+        async move { a.entry_sent(&id, "a").await }
+    });
+    let mut tries = 0;
+    while !deleting.is_finished() {
+        let took = b.take_entry(entry, "b", SystemClock.now_ms() + 15_000).await.unwrap();
+        assert_eq!(took, None, "B took the entry A sent, while A deleted it (try {tries})");
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(deleting.await.unwrap().unwrap(), Fenced::Applied);
+    assert!(tries >= 10, "B tried throughout A's two held deletions: {tries}");
+    assert_eq!(b.get_item(&entry.id).await.unwrap(), None, "the entry is gone");
+    assert_eq!(b.take_entry(entry, "b", SystemClock.now_ms() + 15_000).await.unwrap(), None, "and taken by no one");
+}
