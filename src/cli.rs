@@ -535,7 +535,19 @@ async fn outbox(
     let entries = store.entries(&OutboxQuery { due_at_ms: None, limit }).await?;
     let unreadable = store.unreadable(limit).await?;
     let now_ms = SystemClock.now_ms();
-    let leased: Vec<&OutboxEntry> = entries.iter().filter(|entry| !entry.is_due(now_ms)).collect();
+    let (released, leased): (Vec<&OutboxEntry>, Vec<&OutboxEntry>) =
+        entries.iter().filter(|entry| !entry.is_due(now_ms)).partition(|entry| entry.is_released());
+    if let Some(last) = released.iter().map(|entry| entry.lease_until_ms).max() {
+        // Held by no one: their last send failed (logged above when this command sent them).
+        eprintln!(
+            "{} entr{} failed to send and {} sent again by sweeps from {} at the latest, or at once by `claims \
+             outbox --send`",
+            released.len(),
+            if released.len() == 1 { "y" } else { "ies" },
+            if released.len() == 1 { "is" } else { "are" },
+            timestamp(last)
+        );
+    }
     if let Some(last) = leased.iter().map(|entry| entry.lease_until_ms).max() {
         // A sweep sends no entry another sender holds: say until when, or "sent 0" reads as a failure.
         eprintln!(
@@ -556,6 +568,7 @@ async fn outbox(
                     "message_id": entry.message_id,
                     "destination": entry.message.destination,
                     "due": entry.is_due(now_ms),
+                    "released": entry.is_released(),
                     "lease_until_ms": entry.lease_until_ms,
                     "created_at_ms": entry.created_at_ms,
                     "body": entry.message.body,
@@ -569,8 +582,12 @@ async fn outbox(
     let mut rows =
         vec![["ID", "MESSAGE ID", "DESTINATION", "STATE", "LEASED UNTIL", "CREATED", "BYTES"].map(String::from)];
     rows.extend(entries.iter().map(|entry| {
-        let (state, until) =
-            if entry.is_due(now_ms) { ("due", "-".to_owned()) } else { ("leased", timestamp(entry.lease_until_ms)) };
+        let (state, until) = match (entry.is_due(now_ms), entry.is_released()) {
+            (true, _) => ("due", "-".to_owned()),
+            // Held by no one: sent again from then, or by `--send` now.
+            (false, true) => ("retry", timestamp(entry.lease_until_ms)),
+            (false, false) => ("leased", timestamp(entry.lease_until_ms)),
+        };
         [
             entry.id.clone(),
             entry.message_id.clone(),

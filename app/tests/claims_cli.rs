@@ -409,3 +409,38 @@ async fn an_outbox_entry_this_version_cannot_read_is_listed_apart_and_the_others
     let left = setup.run(&["claims", "outbox", "--json"]);
     assert_eq!(serde_json::from_slice::<Value>(&left.stdout).unwrap(), json!([]), "{}", text(&left));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_send_right_after_the_queue_is_created_sends_every_refused_notice() {
+    // Three ledger credits on DynamoDB whose notices go to a queue that does not exist yet: each send refused.
+    let setup = Setup::dynamodb().await;
+    let name = format!("created-later-{}", uuid::Uuid::new_v4().simple());
+    let url = format!("{}/123456789012/{name}", common::sqs::endpoint());
+    let credits: Vec<(String, Value)> =
+        (0..3).map(|n| (format!("m-{n}"), json!({"account": format!("a{n}"), "amount": 1}))).collect();
+    let credits: Vec<(&str, Value)> = credits.iter().map(|(id, body)| (id.as_str(), body.clone())).collect();
+    let event = setup.event("credits.json", &credits);
+    let ledger_table = common::dynamodb::items_table().await;
+    let mut invoke = setup.command(&["invoke", event.to_str().unwrap()]);
+    invoke
+        .env("SQS_ONCE_HANDLER", "ledger")
+        .env("SQS_ONCE_LEDGER_TABLE", &ledger_table)
+        .env("SQS_ONCE_LEDGER_NOTIFY_URL", &url)
+        .env("SQS_ONCE_OUTBOX_SWEEP_SECS", "0");
+    let output = invoke.output().unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(text(&output).contains("OutboxRefused"), "{}", text(&output));
+    let listed = setup.run(&["claims", "outbox"]);
+    assert!(String::from_utf8_lossy(&listed.stderr).contains("3 entries failed to send"), "{}", text(&listed));
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("retry"), "{}", text(&listed));
+
+    // The operator creates the queue and sends at once: every notice goes, none waits for a lease no one holds.
+    common::sqs::client().await.create_queue().queue_name(&name).send().await.unwrap();
+    let queue = common::sqs::Queue::existing(&url).await;
+    let sent = setup.run(&["claims", "outbox", "--send"]);
+    assert!(sent.status.success(), "{}", text(&sent));
+    assert!(String::from_utf8_lossy(&sent.stderr).contains("sent 3 message(s)"), "{}", text(&sent));
+    assert_eq!(queue.drain().await.len(), 3);
+    let left = setup.run(&["claims", "outbox", "--json"]);
+    assert_eq!(serde_json::from_slice::<Value>(&left.stdout).unwrap(), json!([]), "{}", text(&left));
+}

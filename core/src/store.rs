@@ -575,6 +575,20 @@ pub trait OutboxStore: Send + Sync {
         lease_until_ms: u64,
     ) -> Result<Option<OutboxEntry>, StoreError>;
 
+    /// Gives `entry`'s sending lease up after a send that failed, if
+    /// `entry.token` still holds it: no sender holds the entry from then on
+    /// (its token [`OutboxEntry::RELEASED`]), a sweep takes it again from
+    /// `retry_at_ms` as it would at a lease's end, and an operator's
+    /// `sqs-once claims outbox --send` at once, rather than wait out a lease
+    /// nobody is using. `Refused` when another sender holds it now.
+    ///
+    /// By default a take by the released token; the DynamoDB store writes
+    /// the lease alone, without the take's read of the entry.
+    async fn release_entry(&self, entry: &OutboxEntry, retry_at_ms: u64) -> Result<Fenced, StoreError> {
+        let taken = self.take_entry(entry, OutboxEntry::RELEASED, retry_at_ms).await?;
+        Ok(if taken.is_some() { Fenced::Applied } else { Fenced::Refused })
+    }
+
     /// Deletes the sent entry `id`, if it is still leased to `token` or
     /// `token` is the committing run's ([`OutboxEntry::committing_token`]),
     /// which deletes each message it sent, taken over since or not; another

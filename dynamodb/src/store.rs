@@ -232,6 +232,10 @@ impl OutboxStore for DynamoDbStore {
         self.take_outbox_entry(entry, token, lease_until_ms).await
     }
 
+    async fn release_entry(&self, entry: &OutboxEntry, retry_at_ms: u64) -> Result<Fenced, StoreError> {
+        self.release_outbox_entry(entry, retry_at_ms).await
+    }
+
     async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
         self.delete_outbox_entry(id, token).await
     }

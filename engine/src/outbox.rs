@@ -46,7 +46,7 @@ use crate::claim::SENDING_LEASE;
 const LEASE_SPARE: Duration = Duration::from_secs(1);
 
 use sqs_once_core::{
-    clock::Clock,
+    clock::{Clock, duration_ms},
     destinations::{Destinations, SendError},
     store::{Fenced, OutboxEntry, OutboxStore, StoreError},
 };
@@ -261,23 +261,42 @@ impl Outbox {
     /// Sends the entries of one run, in order, each while its lease and
     /// `window` leave room for the send and the deletion after it, and
     /// deletes each once sent. The first that cannot be sent stops the rest,
-    /// which keep their order for a later sweep. Returns how many were sent.
+    /// which keep their order for a later sweep; when its send failed, its
+    /// lease and theirs are given up ([`release`](Self::release)). Returns
+    /// how many were sent.
     pub(crate) async fn deliver(&self, entries: &[OutboxEntry], window: &SendWindow) -> usize {
         let _under_way = UnderWay::new(&self.delivering);
-        let mut sent = 0;
-        for entry in entries {
+        for (sent, entry) in entries.iter().enumerate() {
             let Some(times) = window.times_now(self.times) else {
                 tracing::debug!(id = %entry.id, "outbox: no time left to send before the answer; a sweep sends it");
                 self.note_left_unsent();
-                break;
+                return sent;
             };
             if !self.send(entry, times).await {
                 self.note_left_unsent();
-                break;
+                self.release(&entries[sent..], times.delete).await;
+                return sent;
             }
-            sent += 1;
         }
-        sent
+        entries.len()
+    }
+
+    /// Gives up the leases of `entries` (a run's, the first of which failed
+    /// to send), each within `time`: no one waits for a lease no sender is
+    /// using. A sweep sends them again a sending lease from now, as it would
+    /// once the leases ended, and an operator's `claims outbox --send` at
+    /// once. One that cannot be given up keeps its lease until it ends.
+    async fn release(&self, entries: &[OutboxEntry], time: Duration) {
+        let retry_at_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
+        // The last first: while the first is held, a sweep takes none after it.
+        for entry in entries.iter().rev() {
+            let released = tokio::time::timeout(time, self.store.release_entry(entry, retry_at_ms)).await;
+            if let Err(error) =
+                released.unwrap_or_else(|_| Err(StoreError::unavailable(format!("no answer within {time:?}"))))
+            {
+                tracing::debug!(id = %entry.id, %error, "outbox: the lease could not be given up; it ends on its own");
+            }
+        }
     }
 
     /// Waits until no delivery is under way, or until `until`: a process
@@ -323,9 +342,10 @@ impl Outbox {
                 self.counters.refused.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(
                     id = %entry.id, message_id = %entry.message_id, destination, %error,
-                    "OutboxRefused: the destination refused the message for good as it stands; it stays in the outbox \
-                     and every sweep sends it again until someone acts (check the function's permissions and the \
-                     destination, or drop it: sqs-once claims outbox --drop ID --force)"
+                    "OutboxRefused: the destination refused the message for good as it stands; it stays in the outbox, \
+                     and sweeps send it again until someone acts (check the function's permissions and the \
+                     destination, then send it at once: sqs-once claims outbox --send; or drop it: sqs-once claims \
+                     outbox --drop ID --force)"
                 );
             } else {
                 tracing::warn!(

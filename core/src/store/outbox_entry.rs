@@ -115,6 +115,19 @@ impl OutboxEntry {
         hex::encode(Sha256::digest(stored_id.as_bytes()))
     }
 
+    /// The token of an entry no sender holds: its sender gave the lease up
+    /// after a send that failed ([`OutboxStore::release_entry`]). A sweep
+    /// takes it again once its lease's end has passed, an operator's
+    /// `sqs-once claims outbox --send` at once.
+    ///
+    /// [`OutboxStore::release_entry`]: crate::store::OutboxStore::release_entry
+    pub const RELEASED: &'static str = "released";
+
+    /// Whether no sender holds it ([`RELEASED`](Self::RELEASED)).
+    pub fn is_released(&self) -> bool {
+        self.token == Self::RELEASED
+    }
+
     /// Whether another sender may take the entry over at `now_ms`.
     pub fn is_due(&self, now_ms: u64) -> bool {
         self.lease_until_ms < now_ms

@@ -503,6 +503,42 @@ impl DynamoDbStore {
         token: &str,
         lease_until_ms: u64,
     ) -> Result<Option<OutboxEntry>, StoreError> {
+        if let Conditional::Refused(_) = self.write_lease(entry, token, lease_until_ms).await? {
+            return Ok(None);
+        }
+        if let Some(item) = self.get_item(&entry.id).await?.filter(is_outbox) {
+            let taken = self.layout.read_outbox(&item)?;
+            return Ok(Some(OutboxEntry { token: token.to_owned(), lease_until_ms, ..taken }));
+        }
+        self.release_lease(&entry.id, token).await?;
+        Ok(None)
+    }
+
+    /// Gives `entry`'s lease up until `retry_at_ms`
+    /// ([`OutboxStore::release_entry`](sqs_once_core::store::OutboxStore::release_entry)):
+    /// its lease's item, written as a take writes it, without the take's
+    /// read of the entry.
+    pub(super) async fn release_outbox_entry(
+        &self,
+        entry: &OutboxEntry,
+        retry_at_ms: u64,
+    ) -> Result<Fenced, StoreError> {
+        Ok(match self.write_lease(entry, OutboxEntry::RELEASED, retry_at_ms).await? {
+            Conditional::Applied => Fenced::Applied,
+            Conditional::Refused(_) => Fenced::Refused,
+        })
+    }
+
+    /// Writes `entry`'s lease's item for `token` until `lease_until_ms`, if
+    /// no one has taken it since it was listed (the token it was listed with
+    /// holds it, or no lease's item does: the committing run's lease is in the
+    /// entry).
+    async fn write_lease(
+        &self,
+        entry: &OutboxEntry,
+        token: &str,
+        lease_until_ms: u64,
+    ) -> Result<Conditional, StoreError> {
         let result = self
             .client
             .update_item()
@@ -523,15 +559,7 @@ impl DynamoDbStore {
             .expression_attribute_values(":seen", s(&entry.token))
             .send()
             .await;
-        if let Conditional::Refused(_) = conditional(result)? {
-            return Ok(None);
-        }
-        if let Some(item) = self.get_item(&entry.id).await?.filter(is_outbox) {
-            let taken = self.layout.read_outbox(&item)?;
-            return Ok(Some(OutboxEntry { token: token.to_owned(), lease_until_ms, ..taken }));
-        }
-        self.release_lease(&entry.id, token).await?;
-        Ok(None)
+        conditional(result)
     }
 
     /// Deletes the sent entry `id` if `token` holds its sending lease or

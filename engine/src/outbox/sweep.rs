@@ -172,7 +172,7 @@ impl Outbox {
         let outbox = Arc::clone(self);
         let sweeping = window.clone();
         let task = tokio::spawn(async move {
-            if let Err(error) = outbox.sweep_within(&sweeping).await {
+            if let Err(error) = outbox.sweep_within(&sweeping, false).await {
                 tracing::warn!(%error, "outbox: the sweep could not read the outbox; the next one tries again");
             }
             outbox.schedule.lock().running = None;
@@ -202,16 +202,18 @@ impl Outbox {
     /// reads, and sends them, the entries of one run in order, each send
     /// ending by `sends_end_by`. Notes the oldest unsent entry's age it read.
     pub async fn sweep(&self, sends_end_by: Option<Instant>) -> Result<Swept, StoreError> {
-        self.sweep_within(&SendWindow::ending_by(sends_end_by)).await
+        self.sweep_within(&SendWindow::ending_by(sends_end_by), false).await
     }
 
     /// Sweeps until a whole pass over the outbox sends nothing, as `sqs-once
-    /// claims outbox --send` does: a sweep reads a bounded part of it.
-    /// Returns how many messages it sent.
+    /// claims outbox --send` does: a sweep reads a bounded part of it. An
+    /// entry no sender holds is sent at once, however long before its retry
+    /// time: the operator's command after a fix sends every message a
+    /// refusal left. Returns how many messages it sent.
     pub async fn send_due(&self) -> Result<usize, StoreError> {
         let (mut sent, mut sent_in_pass) = (0, 0);
         loop {
-            let swept = self.sweep(None).await?;
+            let swept = self.sweep_within(&SendWindow::ending_by(None), true).await?;
             sent += swept.sent;
             sent_in_pass += swept.sent;
             if swept.passed {
@@ -223,9 +225,11 @@ impl Outbox {
         }
     }
 
-    /// [`sweep`](Self::sweep), its sends started within `window`.
-    async fn sweep_within(&self, window: &SendWindow) -> Result<Swept, StoreError> {
+    /// [`sweep`](Self::sweep), its sends started within `window`; `eager`,
+    /// entries no sender holds are due whatever their retry time.
+    async fn sweep_within(&self, window: &SendWindow, eager: bool) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
+        let due = |entry: &OutboxEntry| entry.is_due(now_ms) || (eager && entry.is_released());
         let SweepPart { entries: listed, passed, .. } = self.store.sweep_part(SWEEP_LIMIT).await?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
         {
@@ -234,7 +238,17 @@ impl Outbox {
             schedule.oldest_age = Some(Duration::from_millis(oldest.map_or(0, |at| now_ms.saturating_sub(at))));
             schedule.pass_oldest_ms = if passed { None } else { oldest };
         }
-        let leased = listed.iter().filter(|entry| !entry.is_due(now_ms)).map(|entry| entry.lease_until_ms);
+        let waiting = listed.iter().filter(|entry| !due(entry));
+        let (released, leased): (Vec<&OutboxEntry>, Vec<&OutboxEntry>) = waiting.partition(|entry| entry.is_released());
+        if let Some(retry_at_ms) = released.iter().map(|entry| entry.lease_until_ms).max() {
+            tracing::info!(
+                entries = released.len(),
+                retry_in_ms = retry_at_ms.saturating_sub(now_ms),
+                "outbox: entries whose last send failed are sent again once their retry time has come (sqs-once \
+                 claims outbox --send sends them now)"
+            );
+        }
+        let leased = leased.iter().map(|entry| entry.lease_until_ms);
         let (held, held_until_ms) = leased.fold((0, 0), |(count, last), until| (count + 1, last.max(until)));
         if held > 0 {
             // Otherwise a sweep that sends nothing reads as one that failed.
@@ -258,7 +272,7 @@ impl Outbox {
                 .iter()
                 .enumerate()
                 .take_while(|(n, entry)| {
-                    entry.is_due(now_ms) && (*n == 0 || entry.place() == entries[n - 1].place().map(|place| place + 1))
+                    due(entry) && (*n == 0 || entry.place() == entries[n - 1].place().map(|place| place + 1))
                 })
                 .count();
             entries.truncate(due);

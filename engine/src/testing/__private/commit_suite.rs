@@ -343,6 +343,44 @@ pub async fn outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder(
     assert_eq!(m.outbox().entry_sent(&second.id, "sweeper-3").await.unwrap(), Fenced::Applied, "gone");
 }
 
+/// Checks that an entry whose holder gave its lease up after a failed send
+/// is held by no one: listed under the released token until its retry time,
+/// no longer its former holder's, and taken at once under that token (as an
+/// operator's `claims outbox --send` takes it), by the committing run's
+/// lease and a sweeper's alike.
+pub async fn a_released_entry_is_held_by_no_one_and_taken_under_its_released_token(
+    store: Arc<dyn ClaimStore>,
+    table: String,
+) {
+    let m = Machine::plain(store);
+    let writes = vec![Delete::new(&table, account(&fresh("lena"))).into()];
+    let messages = vec![Message::sqs(QUEUE, "released"), Message::sqs(QUEUE, "taken, then released")];
+    let (lease, committed) = commit(&m, &fresh("k-released"), writes, messages).await;
+    assert_eq!(committed.unwrap(), Committed::Applied);
+    let listed = || async {
+        let entries = m.outbox().entries(&OutboxQuery { due_at_ms: None, limit: 1000 }).await.unwrap();
+        entries.into_iter().filter(|entry| entry.claim_id == lease.id).collect::<Vec<_>>()
+    };
+    let entries = listed().await;
+    let (first, second) = (&entries[0], &entries[1]);
+    let retry_at_ms = m.clock.now_ms() + 15_000;
+    assert_eq!(m.outbox().release_entry(first, retry_at_ms).await.unwrap(), Fenced::Applied, "its run gives it up");
+    let taken = m.outbox().take_entry(second, "sweeper", retry_at_ms).await.unwrap().expect("taken over");
+    assert_eq!(m.outbox().release_entry(&taken, retry_at_ms).await.unwrap(), Fenced::Applied, "its sweeper too");
+    for entry in listed().await {
+        assert!(entry.is_released() && entry.lease_until_ms == retry_at_ms, "held by no one: {entry:?}");
+        assert!(!entry.is_due(m.clock.now_ms()), "a sweep waits for its retry time");
+    }
+    assert_eq!(m.outbox().release_entry(first, retry_at_ms).await.unwrap(), Fenced::Refused, "no longer its run's");
+    assert_eq!(m.outbox().release_entry(&taken, retry_at_ms).await.unwrap(), Fenced::Refused, "nor the sweeper's");
+    for entry in listed().await {
+        let now = m.outbox().take_entry(&entry, "operator", retry_at_ms).await.unwrap();
+        assert_eq!(now.map(|taken| taken.token), Some("operator".to_owned()), "taken at once, as it was released");
+        assert_eq!(m.outbox().entry_sent(&entry.id, "operator").await.unwrap(), Fenced::Applied);
+    }
+    assert!(listed().await.is_empty());
+}
+
 /// Checks that a message as large as staging lets through, a JSON body
 /// whose quotes would double its size escaped, commits and is listed whole.
 pub async fn a_message_as_large_as_staging_allows_commits_whole(store: Arc<dyn ClaimStore>, table: String) {
@@ -469,6 +507,7 @@ macro_rules! commit_suite {
             conditions_judge_as_dynamodb_does,
             adding_to_what_is_not_a_number_is_rejected,
             outbox_entries_are_taken_over_when_due_and_deleted_by_their_holder,
+            a_released_entry_is_held_by_no_one_and_taken_under_its_released_token,
             a_message_as_large_as_staging_allows_commits_whole,
             an_unclaimed_commit_completes_a_free_key_with_its_writes,
             of_two_unclaimed_commits_of_a_key_one_applies,
