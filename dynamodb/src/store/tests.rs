@@ -1347,13 +1347,14 @@ async fn taking_an_entry_over_writes_its_lease_not_its_message() {
     let destinations = Arc::new(RefusingOne::default());
     sweeper(store.clone(), Arc::clone(&destinations)).sweep(None).await.unwrap();
     let swept = meter.take();
-    assert_eq!(swept.requests.get("UpdateItem"), Some(&10), "each entry taken over once: {swept:?}");
+    // Each entry taken over once, and its lease given up once its send was refused.
+    assert_eq!(swept.requests.get("UpdateItem"), Some(&20), "each entry taken over once: {swept:?}");
     // A take rewrote the whole entry before: 100 units in the table and 100 in the index, each.
     let table_writes = swept.writes() - swept.index_writes();
     assert_eq!(
         (table_writes, swept.index_writes()),
-        (10.0, 10.0),
-        "a unit for each lease, and its index entry: {swept:?}"
+        (20.0, 20.0),
+        "a unit for each lease written (taken, then released), and its index entry: {swept:?}"
     );
     assert!(destinations.0.lock().unwrap().is_empty(), "every send refused");
     // The entries as the commit wrote them; listed under the sweeper's leases.
