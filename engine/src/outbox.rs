@@ -46,7 +46,7 @@ use crate::claim::SENDING_LEASE;
 const LEASE_SPARE: Duration = Duration::from_secs(1);
 
 use sqs_once_core::{
-    clock::{Clock, duration_ms},
+    clock::Clock,
     destinations::{Destinations, SendError},
     store::{Fenced, OutboxEntry, OutboxStore, StoreError},
 };
@@ -281,16 +281,15 @@ impl Outbox {
         entries.len()
     }
 
-    /// Gives up the leases of `entries` (a run's, the first of which failed
-    /// to send), each within `time`: no one waits for a lease no sender is
-    /// using. A sweep sends them again a sending lease from now, as it would
-    /// once the leases ended, and an operator's `claims outbox --send` at
-    /// once. One that cannot be given up keeps its lease until it ends.
+    /// Gives up the leases of `entries` (a run's, the first of which could
+    /// not be sent), each within `time`: no one waits for a lease no sender
+    /// is using. A sweep sends them again when their leases would have
+    /// ended, as before, and an operator's `claims outbox --send` at once.
+    /// One that cannot be given up keeps its lease until it ends.
     async fn release(&self, entries: &[OutboxEntry], time: Duration) {
-        let retry_at_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
         // The last first: while the first is held, a sweep takes none after it.
         for entry in entries.iter().rev() {
-            let released = tokio::time::timeout(time, self.store.release_entry(entry, retry_at_ms)).await;
+            let released = tokio::time::timeout(time, self.store.release_entry(entry, entry.lease_until_ms)).await;
             if let Err(error) =
                 released.unwrap_or_else(|_| Err(StoreError::unavailable(format!("no answer within {time:?}"))))
             {
