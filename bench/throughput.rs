@@ -9,7 +9,7 @@
 //! throughput ledger  --table T --records N --concurrency C --writes staged|direct
 //! throughput delay-proxy --upstream URL --round-trip-ms MS [--tls]
 //! throughput meter --upstream URL
-//! throughput lambda --binary PATH --table T --event FILE --invocations N [--same-ids]
+//! throughput lambda --binary PATH --table T --event FILE --invocations N [--same-ids] [--pause-ms MS]
 //! throughput environments --binary PATH --table T --event FILE --environments E --at-once A --invocations N
 //! ```
 //!
@@ -38,7 +38,9 @@
 //! binary as Lambda does, against testkit's Runtime API, with this process's
 //! environment (endpoint, `SSL_CERT_FILE`, the handler `SQS_ONCE_HANDLER`
 //! names, `demo` by default) and table T, and sends it the event N times
-//! (fresh message ids each time, or the same with `--same-ids`); it prints
+//! (fresh message ids each time, or the same with `--same-ids`), MS
+//! milliseconds apart (0 by default: a warm environment's idle time, in
+//! which the outbox's sweep interval passes); it prints
 //! `{"init_ms": …, "batches_ms": […], "failed": […]}`: process start to the
 //! first request for an event, then each event's delivery to its answer, and
 //! how many records each answer reported failed. `environments` starts E
@@ -116,7 +118,9 @@ async fn bench(args: Vec<String>) {
             let event = std::fs::read_to_string(option("event")).unwrap();
             let invocations = option("invocations").parse().unwrap();
             let same_ids = args.iter().any(|arg| arg == "--same-ids");
-            println!("{}", lambda(&option("binary"), &option("table"), &event, invocations, same_ids).await);
+            let pause = args.iter().position(|arg| arg == "--pause-ms").map(|at| args[at + 1].parse().unwrap());
+            let pause = Duration::from_millis(pause.unwrap_or(0));
+            println!("{}", lambda(&option("binary"), &option("table"), &event, invocations, same_ids, pause).await);
             return;
         }
         _ => {}
@@ -202,9 +206,10 @@ async fn meter(upstream: &str) {
 /// The function `binary` as Lambda runs it: its init time, then each of
 /// `invocations` copies of `event` (fresh message ids, unless `same_ids`:
 /// then each copy after the first is all duplicates) from delivery to
-/// answer, in milliseconds, and the records each answer reported failed.
-/// The handler is `SQS_ONCE_HANDLER`'s, `demo` when it is not set.
-async fn lambda(binary: &str, table: &str, event: &str, invocations: usize, same_ids: bool) -> Value {
+/// answer, in milliseconds, and the records each answer reported failed;
+/// `pause` between an answer and the next delivery. The handler is
+/// `SQS_ONCE_HANDLER`'s, `demo` when it is not set.
+async fn lambda(binary: &str, table: &str, event: &str, invocations: usize, same_ids: bool, pause: Duration) -> Value {
     let api = testkit::runtime_api::RuntimeApi::start().await;
     let started = tokio::time::Instant::now();
     let handler = std::env::var("SQS_ONCE_HANDLER").unwrap_or_else(|_| "demo".to_owned());
@@ -218,6 +223,9 @@ async fn lambda(binary: &str, table: &str, event: &str, invocations: usize, same
     let init = api.initialized_at().expect("the function asked for an event") - started;
     let (mut batches, mut failed) = (Vec::new(), Vec::new());
     for invocation in 0..invocations {
+        if invocation > 0 {
+            tokio::time::sleep(pause).await;
+        }
         let prefix = if same_ids { String::new() } else { format!("{invocation}-") };
         let event = event.replace("\"messageId\": \"", &format!("\"messageId\": \"{prefix}"));
         let event: Value = serde_json::from_str(&event).unwrap();
