@@ -569,6 +569,7 @@ async fn outbox(
                     "destination": entry.message.destination,
                     "due": entry.is_due(now_ms),
                     "released": entry.is_released(),
+                    "failed_sends": entry.failed_sends(),
                     "lease_until_ms": entry.lease_until_ms,
                     "created_at_ms": entry.created_at_ms,
                     "body": entry.message.body,

@@ -577,15 +577,21 @@ pub trait OutboxStore: Send + Sync {
 
     /// Gives `entry`'s sending lease up after a send that failed, if
     /// `entry.token` still holds it: no sender holds the entry from then on
-    /// (its token [`OutboxEntry::RELEASED`]), a sweep takes it again from
+    /// (its token [`OutboxEntry::released_token`] of `failed_sends`, the
+    /// failed sends in a row so far), a sweep takes it again from
     /// `retry_at_ms` as it would at a lease's end, and an operator's
     /// `sqs-once claims outbox --send` at once, rather than wait out a lease
     /// nobody is using. `Refused` when another sender holds it now.
     ///
     /// By default a take by the released token; the DynamoDB store writes
     /// the lease alone, without the take's read of the entry.
-    async fn release_entry(&self, entry: &OutboxEntry, retry_at_ms: u64) -> Result<Fenced, StoreError> {
-        let taken = self.take_entry(entry, OutboxEntry::RELEASED, retry_at_ms).await?;
+    async fn release_entry(
+        &self,
+        entry: &OutboxEntry,
+        failed_sends: u32,
+        retry_at_ms: u64,
+    ) -> Result<Fenced, StoreError> {
+        let taken = self.take_entry(entry, &OutboxEntry::released_token(failed_sends), retry_at_ms).await?;
         Ok(if taken.is_some() { Fenced::Applied } else { Fenced::Refused })
     }
 

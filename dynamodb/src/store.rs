@@ -232,8 +232,13 @@ impl OutboxStore for DynamoDbStore {
         self.take_outbox_entry(entry, token, lease_until_ms).await
     }
 
-    async fn release_entry(&self, entry: &OutboxEntry, retry_at_ms: u64) -> Result<Fenced, StoreError> {
-        self.release_outbox_entry(entry, retry_at_ms).await
+    async fn release_entry(
+        &self,
+        entry: &OutboxEntry,
+        failed_sends: u32,
+        retry_at_ms: u64,
+    ) -> Result<Fenced, StoreError> {
+        self.release_outbox_entry(entry, failed_sends, retry_at_ms).await
     }
 
     async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {

@@ -440,8 +440,8 @@ impl Engine {
     /// with the finishing writes that failed sent again beside them and, in
     /// a process Lambda freezes, the outbox swept. At the cut-off no handler
     /// starts and those running are cancelled; every run reports by the time
-    /// the finishing writes must be done, and the sweep's sends end by then
-    /// too. Returns each record's report, in event order.
+    /// the finishing writes must be done. The sweep's sends are cut as the
+    /// runs end: the answer waits only for their deletions. Returns each record's report, in event order.
     async fn run_batch<'a>(
         &self,
         records: &'a [EventRecord],
@@ -453,7 +453,7 @@ impl Engine {
         // Declared after `state` and `opened`, which the runs borrow.
         let runs: Runs<'a> = Mutex::new(HashMap::new());
         // Entries left unsent by any process are swept while the batch runs, by a process Lambda freezes.
-        let sweep = self.sweeps_beside_batches().and_then(|outbox| outbox.sweep_if_due(Some(budget.writes_by())));
+        let sweep = self.sweeps_beside_batches().and_then(|outbox| outbox.sweep_beside_batch(budget.writes_by()));
         let done = Done::default();
         let groups_run = async {
             let reports = join_all(groups.iter().map(|group| self.run_group(records, opened, group, state, &runs)));
@@ -474,9 +474,9 @@ impl Engine {
             Err(_) => self.at_cutoff(state, work).await,
         };
         if let Some(sweep) = sweep {
-            // The batch's work is done: the sweep takes no more entries, and the sends of those it took (each cut to
-            // end by `writes_by`) end before the answer, so that none is in flight when Lambda freezes the process.
-            sweep.stop_taking();
+            // The batch's work is done: the sweep takes no more entries and its sends in flight are cut, so that the
+            // answer waits for none of them and none is in flight when Lambda freezes the process.
+            sweep.cut();
             let _ = timeout_at(budget.writes_by(), sweep.finished()).await;
         }
         let mut reports: Vec<(usize, RecordReport)> = reports.into_iter().flatten().collect();

@@ -28,13 +28,17 @@
 //! and the DynamoDB store's outbox items and requests are in its own
 //! `outbox` module.
 
+mod avoided;
 mod sweep;
+
+#[cfg(test)]
+pub(crate) use avoided::AVOIDED_FOR;
 
 use parking_lot::Mutex;
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -45,8 +49,25 @@ use crate::claim::SENDING_LEASE;
 /// the steps between them, and clocks that differ.
 const LEASE_SPARE: Duration = Duration::from_secs(1);
 
+/// The period of the template's outbox sweep schedule by default
+/// (`OutboxSweepMinutes` 5): what waits for the schedule's sweep to have
+/// tried again waits about this long.
+const SCHEDULE_PERIOD: Duration = Duration::from_secs(300);
+
+/// How long an entry waits before a sweep sends it again after
+/// `failed_sends` failed sends in a row: a sending lease after the first,
+/// doubled with each failure after it, at most the schedule's period. So a
+/// destination that refuses for good (a missing queue, a permission) costs
+/// a backlog one take of each entry every five minutes, shared by every
+/// sender, not one at every sweep; and once it is mended, every entry goes
+/// within that period and a sweep, or at once by `claims outbox --send`.
+pub(crate) fn retry_after(failed_sends: u32) -> Duration {
+    let doublings = failed_sends.saturating_sub(1).min(16);
+    SENDING_LEASE.saturating_mul(1 << doublings).min(SCHEDULE_PERIOD)
+}
+
 use sqs_once_core::{
-    clock::Clock,
+    clock::{Clock, duration_ms},
     destinations::{Destinations, SendError},
     store::{Fenced, OutboxEntry, OutboxStore, StoreError},
 };
@@ -124,6 +145,11 @@ pub struct Outbox {
     /// within it, whichever batch the run belongs to (a commit answered
     /// late, once the next invocation has thawed the process).
     current: Mutex<SendWindow>,
+    /// Destinations batches' sweeps leave alone for now.
+    avoided: avoided::Avoided,
+    /// Runs whose messages found no time left in their window, for the next
+    /// ([`deliver_run`](Self::deliver_run)).
+    held: Mutex<Vec<Vec<OutboxEntry>>>,
 }
 
 /// How many deliveries are under way, and a wake-up as each ends.
@@ -160,37 +186,71 @@ const LEAST_SEND_WINDOW: Duration = Duration::from_secs(1);
 /// another sender may send again after the lease. So a send starts only
 /// while at least [`LEAST_SEND_WINDOW`] is left before the answer, and the
 /// send and its deletion are cut to end by then, each within its own time
-/// too. A sweep beside a batch also takes no entry once the window is
-/// closed (the batch's own work is done), so that the answer waits only for
-/// the sends of entries taken before. What does not start stays due, for
-/// the next sweep or the schedule's.
-#[derive(Debug, Clone, Default)]
+/// too.
+///
+/// A sweep beside a batch adds nothing to the batch's answer: once the
+/// batch's own work is done, its window is [closed](Self::close): it takes
+/// no more entries, and its sends still in flight are cut (their entries
+/// stay under the sweep's lease, due again when it ends; a destination may
+/// get such a message twice, with the same outbox id). The destination of a
+/// send cut or failed is learnt ([`avoided`]), and batches' sweeps leave it
+/// alone for a while. What does not start stays due, for the next sweep or
+/// the schedule's.
+#[derive(Debug, Clone)]
 pub(crate) struct SendWindow {
     /// Sends and deletions end by this; `None` for a process that is never frozen.
     ends_by: Option<tokio::time::Instant>,
-    closed: Arc<AtomicBool>,
+    /// Whether a batch's answer closes it: a sweep beside the batch.
+    beside_batch: bool,
+    closed: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for SendWindow {
+    fn default() -> Self {
+        Self::ending_by(None)
+    }
 }
 
 impl SendWindow {
     /// A window whose sends end by `ends_by` (`None`: any time).
     pub(crate) fn ending_by(ends_by: Option<tokio::time::Instant>) -> Self {
-        Self { ends_by, closed: Arc::default() }
+        Self { ends_by, beside_batch: false, closed: Arc::new(tokio::sync::watch::Sender::new(false)) }
     }
 
-    /// No entry is taken from now on; the sends of those taken end.
+    /// The window of a sweep beside a batch that answers by `ends_by`.
+    fn beside_batch(ends_by: tokio::time::Instant) -> Self {
+        Self { beside_batch: true, ..Self::ending_by(Some(ends_by)) }
+    }
+
+    /// No entry is taken from now on, and the sends in flight are cut.
     pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Relaxed);
+        self.closed.send_replace(true);
+    }
+
+    /// `work`'s output, or `None` when the window closes first: the work
+    /// is cut there.
+    async fn unless_closed<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        let mut closed = self.closed.subscribe();
+        tokio::select! {
+            biased;
+            // The sender lives in `self`, so the wait ends only by the close.
+            _ = closed.wait_for(|closed| *closed) => None,
+            done = work => Some(done),
+        }
     }
 
     /// Whether an entry may be taken now, to be sent.
     fn takes(&self, times: OutboxTimes) -> bool {
-        !self.closed.load(Ordering::Relaxed) && self.times_now(times).is_some()
+        self.times_now(times).is_some()
     }
 
     /// The times a send starting now has, within `times`: the deletion
     /// keeps up to half of what is left, the send the rest. `None` when no
-    /// send may start.
+    /// send may start: the window is closed, or too little of it is left.
     fn times_now(&self, times: OutboxTimes) -> Option<OutboxTimes> {
+        if *self.closed.borrow() {
+            return None;
+        }
         let Some(ends_by) = self.ends_by else { return Some(times) };
         let left = ends_by.saturating_duration_since(tokio::time::Instant::now());
         if left < LEAST_SEND_WINDOW {
@@ -228,6 +288,8 @@ impl Outbox {
             schedule: Mutex::new(sweep::Schedule::starting_now()),
             delivering: Delivering::default(),
             current: Mutex::default(),
+            avoided: avoided::Avoided::default(),
+            held: Mutex::default(),
         }
     }
 
@@ -258,38 +320,88 @@ impl Outbox {
         self.counters.failed.load(Ordering::Relaxed)
     }
 
+    /// A committed run's messages, sent as [`deliver`](Self::deliver)
+    /// sends them; those left for want of time in `window` (a commit whose
+    /// answer came once its batch had answered, or too close to it) are
+    /// held for the next window this process sends in, a batch's or the
+    /// schedule's sweep's ([`deliver_held`](Self::deliver_held)), rather
+    /// than wait for their lease to end and a sweep.
+    pub(crate) async fn deliver_run(&self, entries: &[OutboxEntry], window: &SendWindow) {
+        let (sent, out_of_time) = self.deliver(entries, 0, window).await;
+        if out_of_time {
+            self.held.lock().push(entries[sent..].to_vec());
+        }
+    }
+
+    /// Sends, within `window`, the runs' messages held for want of time in
+    /// an earlier one.
+    pub(crate) async fn deliver_held(&self, window: &SendWindow) {
+        let held = std::mem::take(&mut *self.held.lock());
+        if held.is_empty() {
+            return;
+        }
+        tracing::debug!(runs = held.len(), "outbox: sending the messages of commits answered after their batch");
+        futures::future::join_all(held.iter().map(|entries| self.deliver_run(entries, window))).await;
+    }
+
     /// Sends the entries of one run, in order, each while its lease and
     /// `window` leave room for the send and the deletion after it, and
     /// deletes each once sent. The first that cannot be sent stops the rest,
-    /// which keep their order for a later sweep; when its send failed, its
-    /// lease and theirs are given up ([`release`](Self::release)). Returns
-    /// how many were sent.
-    pub(crate) async fn deliver(&self, entries: &[OutboxEntry], window: &SendWindow) -> usize {
+    /// which keep their order for a later sweep; when its send failed (its
+    /// sends had failed `failed_before` times in a row), its lease and
+    /// theirs are given up ([`release`](Self::release)). Returns how many
+    /// were sent, and whether it stopped for want of time in `window`.
+    async fn deliver(&self, entries: &[OutboxEntry], failed_before: u32, window: &SendWindow) -> (usize, bool) {
         let _under_way = UnderWay::new(&self.delivering);
         for (sent, entry) in entries.iter().enumerate() {
             let Some(times) = window.times_now(self.times) else {
-                tracing::debug!(id = %entry.id, "outbox: no time left to send before the answer; a sweep sends it");
+                tracing::debug!(id = %entry.id, "outbox: no time left to send before the answer; sent later");
                 self.note_left_unsent();
-                return sent;
+                return (sent, true);
             };
-            if !self.send(entry, times).await {
-                self.note_left_unsent();
-                self.release(&entries[sent..], times.delete).await;
-                return sent;
+            match self.send(entry, times, window).await {
+                Sending::Sent => {}
+                Sending::Failed => {
+                    self.note_left_unsent();
+                    let failed_sends = if sent == 0 { failed_before + 1 } else { 1 };
+                    let retry_at_ms = self.clock.now_ms() + duration_ms(retry_after(failed_sends));
+                    self.release(&entries[sent..], failed_sends, |_| retry_at_ms, times.delete).await;
+                    return (sent, false);
+                }
+                // Nothing failed: each is due again at its lease's end, as it would have been.
+                Sending::NoRoom => {
+                    self.note_left_unsent();
+                    let failed_sends = if sent == 0 { failed_before.max(1) } else { 1 };
+                    self.release(&entries[sent..], failed_sends, |entry| entry.lease_until_ms, times.delete).await;
+                    return (sent, false);
+                }
+                // The batch answers now: no write is started after it, and the lease ends on its own.
+                Sending::Cut => {
+                    self.note_left_unsent();
+                    return (sent, false);
+                }
             }
         }
-        entries.len()
+        (entries.len(), false)
     }
 
     /// Gives up the leases of `entries` (a run's, the first of which could
-    /// not be sent), each within `time`: no one waits for a lease no sender
-    /// is using. A sweep sends them again when their leases would have
-    /// ended, as before, and an operator's `claims outbox --send` at once.
-    /// One that cannot be given up keeps its lease until it ends.
-    async fn release(&self, entries: &[OutboxEntry], time: Duration) {
+    /// not be sent, its sends having failed `failed_sends` times in a row),
+    /// each within `time`: no one waits for a lease no sender is using. A
+    /// sweep sends each again from its `retry_at_ms`, and an operator's
+    /// `claims outbox --send` at once. One that cannot be given up keeps its
+    /// lease until it ends.
+    async fn release(
+        &self,
+        entries: &[OutboxEntry],
+        failed_sends: u32,
+        retry_at_ms: impl Fn(&OutboxEntry) -> u64,
+        time: Duration,
+    ) {
         // The last first: while the first is held, a sweep takes none after it.
         for entry in entries.iter().rev() {
-            let released = tokio::time::timeout(time, self.store.release_entry(entry, entry.lease_until_ms)).await;
+            let released = self.store.release_entry(entry, failed_sends, retry_at_ms(entry));
+            let released = tokio::time::timeout(time, released).await;
             if let Err(error) =
                 released.unwrap_or_else(|_| Err(StoreError::unavailable(format!("no answer within {time:?}"))))
             {
@@ -319,23 +431,36 @@ impl Outbox {
         self.counters.left_unsent.store(true, Ordering::Relaxed);
     }
 
-    /// Sends one entry and deletes it, each within its time of `times`;
-    /// whether it was sent.
-    async fn send(&self, entry: &OutboxEntry, times: OutboxTimes) -> bool {
+    /// Sends one entry and deletes it, each within its time of `times`, the
+    /// send cut if `window` closes first.
+    async fn send(&self, entry: &OutboxEntry, times: OutboxTimes, window: &SendWindow) -> Sending {
         if !entry.has_room_to_send(self.clock.now_ms(), times.room()) {
             tracing::info!(id = %entry.id, "outbox: too little of the sending lease is left; the next sweep sends it");
-            return false;
+            return Sending::NoRoom;
         }
         let destination = entry.message.destination.name();
-        let sent = tokio::time::timeout(times.send, self.destinations.send(&entry.outbox_id(), &entry.message))
-            .await
-            .unwrap_or_else(|_| {
-                Err(SendError::failed(format!(
-                    "no answer within {:?} (it may have arrived: a later send carries the same outbox id)",
-                    times.send
-                )))
-            });
+        let started = tokio::time::Instant::now();
+        let outbox_id = entry.outbox_id();
+        let sending = tokio::time::timeout(times.send, self.destinations.send(&outbox_id, &entry.message));
+        let Some(sent) = window.unless_closed(sending).await else {
+            self.avoided.avoid(destination);
+            tracing::info!(
+                id = %entry.id, destination, after_ms = started.elapsed().as_millis(),
+                "outbox: the destination had not answered when the batch's work was done; the send is cut so that \
+                 the answer does not wait (it may have arrived: the next send carries the same outbox id), the \
+                 entry is due again when its lease ends, and batches' sweeps leave the destination to the \
+                 schedule's for a while"
+            );
+            return Sending::Cut;
+        };
+        let sent = sent.unwrap_or_else(|_| {
+            Err(SendError::failed(format!(
+                "no answer within {:?} (it may have arrived: a later send carries the same outbox id)",
+                times.send
+            )))
+        });
         if let Err(error) = sent {
+            self.avoided.avoid(destination);
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             if error.refused {
                 self.counters.refused.fetch_add(1, Ordering::Relaxed);
@@ -352,8 +477,9 @@ impl Outbox {
                     "OutboxFailed: the message could not be sent; it stays in the outbox for the next sweep"
                 );
             }
-            return false;
+            return Sending::Failed;
         }
+        self.avoided.answered(destination, started.elapsed());
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
         let deleted = tokio::time::timeout(times.delete, self.store.entry_sent(&entry.id, &entry.token)).await;
         let deleted =
@@ -369,8 +495,26 @@ impl Outbox {
                  outbox id"
             ),
         }
-        true
+        Sending::Sent
     }
+
+    /// Whether a sweep with `window` leaves `destination` alone: beside a
+    /// batch, once learnt slow or failing.
+    fn avoids(&self, window: &SendWindow, destination: &str) -> bool {
+        window.beside_batch && self.avoided.avoids(destination)
+    }
+}
+
+/// How one entry's send ended.
+enum Sending {
+    /// Sent (its entry deleted, or left for a sweep to delete).
+    Sent,
+    /// Not sent: refused, or failed.
+    Failed,
+    /// Not sent: too little of its lease was left for the send and the deletion.
+    NoRoom,
+    /// Cut as the window closed: the batch beside which it went answers.
+    Cut,
 }
 
 #[cfg(test)]
@@ -506,7 +650,7 @@ mod tests {
         // would land after it. A healthy sweeper looks once the lease has ended.
         let delivered = async {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            committer.deliver(&entries, &SendWindow::default()).await
+            committer.deliver(&entries, 0, &SendWindow::default()).await.0
         };
         let swept = async {
             tokio::time::sleep(SENDING_LEASE + Duration::from_millis(200)).await;
@@ -532,7 +676,7 @@ mod tests {
         ));
         let delivering = tokio::spawn({
             let outbox = Arc::clone(&outbox);
-            async move { outbox.deliver(&entries, &SendWindow::default()).await }
+            async move { outbox.deliver(&entries, 0, &SendWindow::default()).await.0 }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Leaving while the send is under way: the send (1 s) and the deletion (3 s) are waited for.
@@ -544,6 +688,59 @@ mod tests {
         let before = Instant::now();
         outbox.finish_deliveries(before + Duration::from_secs(10)).await;
         assert_eq!(before.elapsed(), Duration::ZERO);
+    }
+
+    /// A destination that refuses every send while `down`, noting when each was tried.
+    #[derive(Default)]
+    struct Refusing {
+        down: std::sync::atomic::AtomicBool,
+        tried: Mutex<Vec<Instant>>,
+    }
+
+    #[async_trait]
+    impl Destinations for Refusing {
+        async fn send(&self, _outbox_id: &str, _message: &Message) -> Result<(), SendError> {
+            self.tried.lock().push(Instant::now());
+            match self.down.load(Ordering::SeqCst) {
+                true => Err(SendError::refused("no such queue")),
+                false => Ok(()),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_entry_is_tried_again_less_and_less_often_and_sent_soon_after_its_destination_is_mended() {
+        let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_now());
+        let store = Arc::new(MemoryStore::default());
+        let destinations = Arc::new(Refusing { down: true.into(), ..Refusing::default() });
+        committed(&store, &["notice"], clock.now_ms()).await;
+        let outbox = Outbox::new(
+            Arc::clone(&store) as Arc<dyn OutboxStore>,
+            Arc::clone(&destinations) as Arc<dyn Destinations>,
+            clock,
+            OutboxTimes::both(Duration::from_secs(5)),
+            None,
+        );
+        // Its run stopped before sending; a sweep every second, for an hour, of a destination that refuses.
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(3600) {
+            outbox.sweep(None).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let tried = destinations.tried.lock().clone();
+        let gaps: Vec<u64> = tried.windows(2).map(|pair| (pair[1] - pair[0]).as_secs()).collect();
+        assert_eq!(gaps[..5], [16, 31, 61, 121, 241], "doubled from a sending lease: {gaps:?}");
+        assert!(gaps[5..].iter().all(|gap| *gap == 301), "then every five minutes: {gaps:?}");
+        assert_eq!(tried.len(), 16, "where a take at every lease's end tried it 225 times");
+        // Mended: the next try, within five minutes, sends it, and nothing is left.
+        destinations.down.store(false, Ordering::SeqCst);
+        let mended = Instant::now();
+        while outbox.sweep(None).await.unwrap().sent == 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert!(mended.elapsed() <= SCHEDULE_PERIOD, "sent {:?} after the mend", mended.elapsed());
+        let query = OutboxQuery { due_at_ms: None, limit: 10 };
+        assert!(store.entries(&query).await.unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

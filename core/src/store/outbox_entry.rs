@@ -14,6 +14,10 @@ use sha2::{Digest, Sha256};
 
 use crate::{clock::duration_ms, transaction::Message};
 
+/// What the token of an entry no sender holds starts with
+/// ([`OutboxEntry::released_token`]); a sender's token is a UUID.
+const RELEASED: &str = "released";
+
 /// One message in the outbox, as the claim store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboxEntry {
@@ -115,17 +119,32 @@ impl OutboxEntry {
         hex::encode(Sha256::digest(stored_id.as_bytes()))
     }
 
-    /// The token of an entry no sender holds: its sender gave the lease up
-    /// after a send that failed ([`OutboxStore::release_entry`]). A sweep
-    /// takes it again once its lease's end has passed, an operator's
-    /// `sqs-once claims outbox --send` at once.
+    /// The token of an entry no sender holds, after `failed_sends` sends of
+    /// it failed (1 at least): its sender gave the lease up
+    /// ([`OutboxStore::release_entry`]). A sweep takes it again once its
+    /// retry time (its lease's end) has passed, an operator's `sqs-once
+    /// claims outbox --send` at once.
     ///
     /// [`OutboxStore::release_entry`]: crate::store::OutboxStore::release_entry
-    pub const RELEASED: &'static str = "released";
+    pub fn released_token(failed_sends: u32) -> String {
+        format!("{RELEASED}.{}", failed_sends.max(1))
+    }
 
-    /// Whether no sender holds it ([`RELEASED`](Self::RELEASED)).
+    /// Whether no sender holds it: its last send failed
+    /// ([`released_token`](Self::released_token)).
     pub fn is_released(&self) -> bool {
-        self.token == Self::RELEASED
+        self.failed_sends() > 0
+    }
+
+    /// How many sends of it failed in a row, as its token says: 0 while a
+    /// sender holds it.
+    pub fn failed_sends(&self) -> u32 {
+        match self.token.strip_prefix(RELEASED) {
+            // Written before the token counted them.
+            Some("") => 1,
+            Some(count) => count.strip_prefix('.').and_then(|count| count.parse().ok()).unwrap_or(0),
+            None => 0,
+        }
     }
 
     /// Whether another sender may take the entry over at `now_ms`.

@@ -514,16 +514,18 @@ impl DynamoDbStore {
         Ok(None)
     }
 
-    /// Gives `entry`'s lease up until `retry_at_ms`
+    /// Gives `entry`'s lease up until `retry_at_ms`, after `failed_sends`
     /// ([`OutboxStore::release_entry`](sqs_once_core::store::OutboxStore::release_entry)):
     /// its lease's item, written as a take writes it, without the take's
     /// read of the entry.
     pub(super) async fn release_outbox_entry(
         &self,
         entry: &OutboxEntry,
+        failed_sends: u32,
         retry_at_ms: u64,
     ) -> Result<Fenced, StoreError> {
-        Ok(match self.write_lease(entry, OutboxEntry::RELEASED, retry_at_ms).await? {
+        let token = OutboxEntry::released_token(failed_sends);
+        Ok(match self.write_lease(entry, &token, retry_at_ms).await? {
             Conditional::Applied => Fenced::Applied,
             Conditional::Refused(_) => Fenced::Refused,
         })

@@ -230,7 +230,7 @@ impl Engine {
             && !entries.is_empty()
         {
             let window = outbox.current_window();
-            outbox.deliver(entries, &window).instrument(spans::send_span(entries.len())).await;
+            outbox.deliver_run(entries, &window).instrument(spans::send_span(entries.len())).await;
         }
     }
 }

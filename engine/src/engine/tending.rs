@@ -20,18 +20,27 @@ use sqs_once_core::store::OutboxEntry;
 impl Engine {
     /// Sends again the finishing writes whose last send failed (see
     /// [`Claims::resend_unconfirmed`]), and the messages of each commit that
-    /// landed, within `window`.
+    /// landed, within `window`, with those of commits whose answer came too
+    /// late for their own window (`Outbox::deliver_run`).
     async fn resend_unconfirmed(&self, window: &SendWindow) {
         let (outbox, window) = (self.inner.outbox.clone(), window.clone());
-        let deliver = move |entries: Vec<OutboxEntry>| {
+        let held = async {
+            if let Some(outbox) = &outbox {
+                outbox.deliver_held(&window).await;
+            }
+        };
+        let deliver = {
             let (outbox, window) = (outbox.clone(), window.clone());
-            async move {
-                if let Some(outbox) = outbox {
-                    outbox.deliver(&entries, &window).await;
+            move |entries: Vec<OutboxEntry>| {
+                let (outbox, window) = (outbox.clone(), window.clone());
+                async move {
+                    if let Some(outbox) = outbox {
+                        outbox.deliver_run(&entries, &window).await;
+                    }
                 }
             }
         };
-        self.inner.claims.resend_unconfirmed(deliver).await;
+        join(held, self.inner.claims.resend_unconfirmed(deliver)).await;
     }
 
     /// While the batch runs (until `done`), sends again the finishing

@@ -9,11 +9,11 @@
 //! once per sweep interval (`SQS_ONCE_OUTBOX_SWEEP_SECS`), the process's
 //! start counting as one, however much the last one left. A Lambda function
 //! whose queue is quiet is invoked for one by the template's schedule (the
-//! outbox sweep event). A sweep beside a batch holds its answer for no more
-//! than the sends of the entries it took while the batch's own work went
-//! on: it takes none after that, and each send and its deletion are cut to
-//! end before the answer is due ([`SendWindow`]), so that none is in flight
-//! when Lambda freezes the process.
+//! outbox sweep event). A sweep beside a batch adds nothing to its answer:
+//! as the batch's own work is done, it takes no more entries and its sends
+//! in flight are cut ([`SendWindow`]), so that none is in flight when
+//! Lambda freezes the process, and batches' sweeps leave the destinations
+//! learnt slow or failing to the schedule's for a while.
 
 use std::{
     collections::BTreeMap,
@@ -76,9 +76,9 @@ impl Sweep {
         self.done.clone().await;
     }
 
-    /// Takes no more entries: the sends of those taken end, the rest wait
-    /// for the next sweep.
-    pub(crate) fn stop_taking(&self) {
+    /// Takes no more entries and cuts the sends in flight: the batch beside
+    /// which it runs answers now. The rest wait for the next sweep.
+    pub(crate) fn cut(&self) {
         self.window.close();
     }
 }
@@ -111,19 +111,30 @@ impl Schedule {
 impl Outbox {
     /// Starts a sweep in a task of its own, if one is due (none has started
     /// for the sweep interval, the process's start counting as one) and none
-    /// is under way, its sends ending by `sends_end_by`. Every process that
-    /// can send calls it: a Lambda function as each batch starts (the
-    /// batch's answer waits for the sends under way when its work is done:
-    /// [`Sweep::stop_taking`]), and a process that is never frozen on a
-    /// timer of its own; a schedule invokes a Lambda function for one when
-    /// its queue is quiet ([`sweep_asked`](Self::sweep_asked)).
+    /// is under way, its sends ending by `sends_end_by`: the timer of a
+    /// process that is never frozen. A process Lambda freezes sweeps beside
+    /// its batches instead ([`sweep_beside_batch`](Self::sweep_beside_batch)),
+    /// and a schedule invokes it for one when its queue is quiet
+    /// ([`sweep_asked`](Self::sweep_asked)).
     pub(crate) fn sweep_if_due(self: &Arc<Self>, sends_end_by: Option<Instant>) -> Option<Sweep> {
+        self.start_if_due(SendWindow::ending_by(sends_end_by))
+    }
+
+    /// Starts a sweep as [`sweep_if_due`](Self::sweep_if_due) does, beside a
+    /// batch that answers by `answer_by`: [`Sweep::cut`] as the batch's work
+    /// is done, and leaving alone the destinations learnt slow or failing.
+    pub(crate) fn sweep_beside_batch(self: &Arc<Self>, answer_by: Instant) -> Option<Sweep> {
+        self.start_if_due(SendWindow::beside_batch(answer_by))
+    }
+
+    fn start_if_due(self: &Arc<Self>, window: SendWindow) -> Option<Sweep> {
         let every = self.sweep_every?;
-        let due = self.schedule.lock().last.is_none_or(|last| last.elapsed() >= every);
-        if !due {
+        let mut schedule = self.schedule.lock();
+        let due = schedule.last.is_none_or(|last| last.elapsed() >= every);
+        if !due || schedule.running.is_some() {
             return None;
         }
-        self.sweep_now(sends_end_by)
+        Some(self.start(&mut schedule, window))
     }
 
     /// Starts a sweep now, as a sweep that is due starts
@@ -230,7 +241,11 @@ impl Outbox {
     async fn sweep_within(&self, window: &SendWindow, eager: bool) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
         let due = |entry: &OutboxEntry| entry.is_due(now_ms) || (eager && entry.is_released());
-        let SweepPart { entries: listed, passed, .. } = self.store.sweep_part(SWEEP_LIMIT).await?;
+        // Cut as the batch beside which it runs answers, as everything a sweep does but a deletion is.
+        let Some(part) = window.unless_closed(self.store.sweep_part(SWEEP_LIMIT)).await else {
+            return Ok(Swept::default());
+        };
+        let SweepPart { entries: listed, passed, .. } = part?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
         {
             let mut schedule = self.schedule.lock();
@@ -278,6 +293,14 @@ impl Outbox {
             entries.truncate(due);
         }
         runs.retain(|_, entries| !entries.is_empty());
+        let before = runs.len();
+        runs.retain(|_, entries| !self.avoids(window, entries[0].message.destination.name()));
+        if runs.len() < before {
+            tracing::info!(
+                runs = before - runs.len(),
+                "outbox: runs whose destination answered slowly or failed lately are left to the schedule's sweep"
+            );
+        }
         if runs.is_empty() {
             return Ok(Swept { sent: 0, passed });
         }
@@ -307,7 +330,7 @@ impl Outbox {
     /// later entry of the run leaves before an earlier one, and none is held
     /// by a take that sends nothing.
     async fn take_and_deliver(&self, entries: Vec<OutboxEntry>, window: &SendWindow) -> usize {
-        if !self.earlier_gone(&entries).await {
+        if window.unless_closed(self.earlier_gone(&entries)).await != Some(true) {
             return 0;
         }
         let mut sent = 0;
@@ -317,7 +340,11 @@ impl Outbox {
             }
             let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
             let token = new_token();
-            let taken = match self.store.take_entry(&entry, &token, lease_until_ms).await {
+            // A take cut in flight may have applied: its entry waits out the lease.
+            let Some(taken) = window.unless_closed(self.store.take_entry(&entry, &token, lease_until_ms)).await else {
+                break;
+            };
+            let taken = match taken {
                 Ok(Some(taken)) => taken,
                 Ok(None) => break,
                 Err(error) => {
@@ -325,7 +352,7 @@ impl Outbox {
                     break;
                 }
             };
-            if self.deliver(std::slice::from_ref(&taken), window).await == 0 {
+            if self.deliver(std::slice::from_ref(&taken), entry.failed_sends(), window).await.0 == 0 {
                 break;
             }
             sent += 1;

@@ -292,8 +292,10 @@ fn sends(world: &World, ledger: &mut Ledger, applications: &[Application]) -> Ve
     let committed_ms: HashMap<u64, u64> =
         applications.iter().map(|application| (application.run, application.applied_ms)).collect();
     let healed_ms = world.healed_ms.load(std::sync::atomic::Ordering::SeqCst);
-    // A sending lease for the sender that stopped, then the next scheduled sweep, and its own time.
-    let bound_ms = duration_ms(SENDING_LEASE + world.scenario.schedule_every) + 60_000;
+    // A sending lease for the sender that stopped, or the longest retry time of a send that failed before the
+    // faults healed, then the next scheduled sweep, and its own time.
+    let waits = SENDING_LEASE.max(crate::outbox::retry_after(u32::MAX));
+    let bound_ms = duration_ms(waits + world.scenario.schedule_every) + 60_000;
     let mut violations = Vec::new();
     let mut send_ms = Vec::new();
     for run in &ledger.runs {

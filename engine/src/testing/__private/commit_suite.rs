@@ -364,15 +364,18 @@ pub async fn a_released_entry_is_held_by_no_one_and_taken_under_its_released_tok
     let entries = listed().await;
     let (first, second) = (&entries[0], &entries[1]);
     let retry_at_ms = m.clock.now_ms() + 15_000;
-    assert_eq!(m.outbox().release_entry(first, retry_at_ms).await.unwrap(), Fenced::Applied, "its run gives it up");
+    let outbox = m.outbox();
+    let release = |entry, failed_sends| outbox.release_entry(entry, failed_sends, retry_at_ms);
+    assert_eq!(release(first, 1).await.unwrap(), Fenced::Applied, "its run gives it up");
     let taken = m.outbox().take_entry(second, "sweeper", retry_at_ms).await.unwrap().expect("taken over");
-    assert_eq!(m.outbox().release_entry(&taken, retry_at_ms).await.unwrap(), Fenced::Applied, "its sweeper too");
-    for entry in listed().await {
+    assert_eq!(release(&taken, 3).await.unwrap(), Fenced::Applied, "its sweeper too, its third failed send");
+    for (entry, failed_sends) in listed().await.into_iter().zip([1, 3]) {
         assert!(entry.is_released() && entry.lease_until_ms == retry_at_ms, "held by no one: {entry:?}");
+        assert_eq!(entry.failed_sends(), failed_sends, "the failed sends counted: {entry:?}");
         assert!(!entry.is_due(m.clock.now_ms()), "a sweep waits for its retry time");
     }
-    assert_eq!(m.outbox().release_entry(first, retry_at_ms).await.unwrap(), Fenced::Refused, "no longer its run's");
-    assert_eq!(m.outbox().release_entry(&taken, retry_at_ms).await.unwrap(), Fenced::Refused, "nor the sweeper's");
+    assert_eq!(release(first, 2).await.unwrap(), Fenced::Refused, "no longer its run's");
+    assert_eq!(release(&taken, 4).await.unwrap(), Fenced::Refused, "nor the sweeper's");
     for entry in listed().await {
         let now = m.outbox().take_entry(&entry, "operator", retry_at_ms).await.unwrap();
         assert_eq!(now.map(|taken| taken.token), Some("operator".to_owned()), "taken at once, as it was released");
