@@ -440,8 +440,8 @@ impl Engine {
     /// with the finishing writes that failed sent again beside them and, in
     /// a process Lambda freezes, the outbox swept. At the cut-off no handler
     /// starts and those running are cancelled; every run reports by the time
-    /// the finishing writes must be done. The sweep's sends are cut as the
-    /// runs end: the answer waits only for their deletions. Returns each record's report, in event order.
+    /// the finishing writes must be done. The sweep's sends are cut a moment
+    /// after the runs end (`outbox::CUT_GRACE`). Returns each record's report, in event order.
     async fn run_batch<'a>(
         &self,
         records: &'a [EventRecord],
@@ -474,8 +474,8 @@ impl Engine {
             Err(_) => self.at_cutoff(state, work).await,
         };
         if let Some(sweep) = sweep {
-            // The batch's work is done: the sweep takes no more entries and its sends in flight are cut, so that the
-            // answer waits for none of them and none is in flight when Lambda freezes the process.
+            // The batch's work is done: the sweep takes no more entries and its sends still in flight a moment later
+            // are cut, so that the answer waits for no slow one and none is in flight when Lambda freezes the process.
             sweep.cut();
             let _ = timeout_at(budget.writes_by(), sweep.finished()).await;
         }

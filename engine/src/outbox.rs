@@ -176,6 +176,13 @@ impl Drop for UnderWay<'_> {
     }
 }
 
+/// How long a batch's answer waits, once its own work is done, for the
+/// sends its sweep has in flight: long enough for a destination that
+/// answers in milliseconds, so that a send about to end is not cut (and
+/// sent twice); a destination still unanswered by then is slow, and is
+/// learnt so.
+pub(crate) const CUT_GRACE: Duration = Duration::from_millis(250);
+
 /// The least time before its window ends that a send starts in: room for
 /// one request and the deletion after it, each usually a few milliseconds.
 const LEAST_SEND_WINDOW: Duration = Duration::from_secs(1);
@@ -188,11 +195,12 @@ const LEAST_SEND_WINDOW: Duration = Duration::from_secs(1);
 /// send and its deletion are cut to end by then, each within its own time
 /// too.
 ///
-/// A sweep beside a batch adds nothing to the batch's answer: once the
-/// batch's own work is done, its window is [closed](Self::close): it takes
-/// no more entries, and its sends still in flight are cut (their entries
-/// stay under the sweep's lease, due again when it ends; a destination may
-/// get such a message twice, with the same outbox id). The destination of a
+/// A sweep beside a batch adds at most a moment to the batch's answer: once
+/// the batch's own work is done, its window is [closed](Self::close): it
+/// takes no more entries, and its sends still unanswered [`CUT_GRACE`]
+/// later are cut (their entries stay under the sweep's lease, due again
+/// when it ends; a destination may get such a message twice, with the same
+/// outbox id). The destination of a
 /// send cut or failed is learnt ([`avoided`]), and batches' sweeps leave it
 /// alone for a while. What does not start stays due, for the next sweep or
 /// the schedule's.
@@ -222,35 +230,39 @@ impl SendWindow {
         Self { beside_batch: true, ..Self::ending_by(Some(ends_by)) }
     }
 
-    /// No entry is taken from now on, and the sends in flight are cut.
+    /// No entry is taken from now on, and the sends in flight are cut
+    /// [`CUT_GRACE`] later.
     pub(crate) fn close(&self) {
         self.closed.send_replace(true);
     }
 
-    /// `work`'s output, or `None` when the window closes first: the work
-    /// is cut there.
-    async fn unless_closed<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+    /// `send`'s output, or `None` when it has not ended [`CUT_GRACE`] after
+    /// the window closed: it is cut there.
+    async fn unless_cut<T>(&self, send: impl Future<Output = T>) -> Option<T> {
         let mut closed = self.closed.subscribe();
+        let cut = async {
+            // The sender lives in `self`, so the wait ends only by the close.
+            let _ = closed.wait_for(|closed| *closed).await;
+            tokio::time::sleep(CUT_GRACE).await;
+        };
         tokio::select! {
             biased;
-            // The sender lives in `self`, so the wait ends only by the close.
-            _ = closed.wait_for(|closed| *closed) => None,
-            done = work => Some(done),
+            () = cut => None,
+            done = send => Some(done),
         }
     }
 
-    /// Whether an entry may be taken now, to be sent.
+    /// Whether an entry may be taken now, to be sent. One taken before the
+    /// window closed is still sent, within [`CUT_GRACE`] of the close: held
+    /// by its take, it would otherwise wait out a lease for nothing.
     fn takes(&self, times: OutboxTimes) -> bool {
-        self.times_now(times).is_some()
+        !*self.closed.borrow() && self.times_now(times).is_some()
     }
 
     /// The times a send starting now has, within `times`: the deletion
     /// keeps up to half of what is left, the send the rest. `None` when no
-    /// send may start: the window is closed, or too little of it is left.
+    /// send may start.
     fn times_now(&self, times: OutboxTimes) -> Option<OutboxTimes> {
-        if *self.closed.borrow() {
-            return None;
-        }
         let Some(ends_by) = self.ends_by else { return Some(times) };
         let left = ends_by.saturating_duration_since(tokio::time::Instant::now());
         if left < LEAST_SEND_WINDOW {
@@ -442,7 +454,7 @@ impl Outbox {
         let started = tokio::time::Instant::now();
         let outbox_id = entry.outbox_id();
         let sending = tokio::time::timeout(times.send, self.destinations.send(&outbox_id, &entry.message));
-        let Some(sent) = window.unless_closed(sending).await else {
+        let Some(sent) = window.unless_cut(sending).await else {
             self.avoided.avoid(destination);
             tracing::info!(
                 id = %entry.id, destination, after_ms = started.elapsed().as_millis(),

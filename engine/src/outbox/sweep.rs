@@ -9,11 +9,12 @@
 //! once per sweep interval (`SQS_ONCE_OUTBOX_SWEEP_SECS`), the process's
 //! start counting as one, however much the last one left. A Lambda function
 //! whose queue is quiet is invoked for one by the template's schedule (the
-//! outbox sweep event). A sweep beside a batch adds nothing to its answer:
-//! as the batch's own work is done, it takes no more entries and its sends
-//! in flight are cut ([`SendWindow`]), so that none is in flight when
-//! Lambda freezes the process, and batches' sweeps leave the destinations
-//! learnt slow or failing to the schedule's for a while.
+//! outbox sweep event). A sweep beside a batch holds its answer for no more
+//! than a moment: as the batch's own work is done, it takes no more entries,
+//! and its sends still unanswered [`CUT_GRACE`](super::CUT_GRACE) later are
+//! cut ([`SendWindow`]), so that none is in flight when Lambda freezes the
+//! process; batches' sweeps leave a destination learnt slow or failing to
+//! the schedule's for a while.
 
 use std::{
     collections::BTreeMap,
@@ -76,8 +77,9 @@ impl Sweep {
         self.done.clone().await;
     }
 
-    /// Takes no more entries and cuts the sends in flight: the batch beside
-    /// which it runs answers now. The rest wait for the next sweep.
+    /// Takes no more entries, and cuts the sends still in flight a moment
+    /// later: the batch beside which it runs answers. The rest wait for the
+    /// next sweep.
     pub(crate) fn cut(&self) {
         self.window.close();
     }
@@ -241,11 +243,7 @@ impl Outbox {
     async fn sweep_within(&self, window: &SendWindow, eager: bool) -> Result<Swept, StoreError> {
         let now_ms = self.clock.now_ms();
         let due = |entry: &OutboxEntry| entry.is_due(now_ms) || (eager && entry.is_released());
-        // Cut as the batch beside which it runs answers, as everything a sweep does but a deletion is.
-        let Some(part) = window.unless_closed(self.store.sweep_part(SWEEP_LIMIT)).await else {
-            return Ok(Swept::default());
-        };
-        let SweepPart { entries: listed, passed, .. } = part?;
+        let SweepPart { entries: listed, passed, .. } = self.store.sweep_part(SWEEP_LIMIT).await?;
         let oldest = listed.iter().map(|entry| entry.created_at_ms).min();
         {
             let mut schedule = self.schedule.lock();
@@ -330,7 +328,7 @@ impl Outbox {
     /// later entry of the run leaves before an earlier one, and none is held
     /// by a take that sends nothing.
     async fn take_and_deliver(&self, entries: Vec<OutboxEntry>, window: &SendWindow) -> usize {
-        if window.unless_closed(self.earlier_gone(&entries)).await != Some(true) {
+        if !self.earlier_gone(&entries).await {
             return 0;
         }
         let mut sent = 0;
@@ -340,11 +338,7 @@ impl Outbox {
             }
             let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
             let token = new_token();
-            // A take cut in flight may have applied: its entry waits out the lease.
-            let Some(taken) = window.unless_closed(self.store.take_entry(&entry, &token, lease_until_ms)).await else {
-                break;
-            };
-            let taken = match taken {
+            let taken = match self.store.take_entry(&entry, &token, lease_until_ms).await {
                 Ok(Some(taken)) => taken,
                 Ok(None) => break,
                 Err(error) => {

@@ -1,5 +1,5 @@
 //! The outbox beside batches, in paused time: a slow destination's backlog
-//! adds nothing to a batch's answer, none of its sends is in flight when the
+//! adds at most a moment to a batch's answer, none of its sends is in flight when the
 //! answer goes out (Lambda would freeze it there), batches leave it to the
 //! schedule's sweep until it answers quickly or a while has passed, a sweep
 //! is not started again by every batch, and a process that is never frozen
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::{
     clocks::PausedClock,
-    outbox::{AVOIDED_FOR, OutboxTimes},
+    outbox::{AVOIDED_FOR, CUT_GRACE, OutboxTimes},
 };
 use sqs_once_core::{
     destinations::{Destinations, SendError},
@@ -187,11 +187,11 @@ impl Consumer {
 async fn a_slow_destinations_backlog_adds_nothing_to_a_batchs_answer_and_the_schedules_sweep_sends_it() {
     let consumer = Consumer::new().with_backlog().await;
     // A batch that stages nothing, with ten seconds to answer: its sweep starts 16 runs at once, each send taking
-    // 2 s. The batch's work is done in 100 ms, and it answers then: the sends are cut, none left in flight.
+    // 2 s. The batch's work is done in 100 ms, and it answers a moment later: the sends are cut, none in flight.
     let work = || json!({"work_ms": 100});
     let (report, took, in_flight) = consumer.batch(vec![message("quiet-1", work())], SECS_10).await;
     assert!(report.response().batch_item_failures.is_empty());
-    assert_eq!(took, Duration::from_millis(100), "answered as its own work was done");
+    assert_eq!(took, Duration::from_millis(100) + CUT_GRACE, "answered a moment after its own work was done");
     assert_eq!(in_flight, 0, "no send in flight when the answer goes out");
     assert_eq!(consumer.destination.sent.load(Ordering::SeqCst), 0);
     assert_eq!(consumer.destination.started.load(Ordering::SeqCst), 16, "one send of each of 16 runs, cut");
@@ -214,7 +214,7 @@ async fn batches_sweep_towards_a_destination_again_once_it_answers_quickly_or_a_
     let consumer = Consumer::new().with_backlog().await;
     let work = || json!({"work_ms": 100});
     let (_, took, _) = consumer.batch(vec![message("cut", work())], SECS_10).await;
-    assert_eq!((took, consumer.destination.sent.load(Ordering::SeqCst)), (Duration::from_millis(100), 0));
+    assert_eq!((took, consumer.destination.sent.load(Ordering::SeqCst)), (Duration::from_millis(100) + CUT_GRACE, 0));
     // The destination is quick again, but no batch has heard from it: they leave it alone for five minutes, then
     // sweep towards it again and send the whole backlog, with no schedule.
     consumer.destination.quick.store(true, Ordering::SeqCst);
