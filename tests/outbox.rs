@@ -24,32 +24,6 @@ use sqs_once::{
 };
 use testkit::sqs::Queue;
 
-/// An SNS topic delivering raw messages to `queue`; its ARN.
-async fn topic_to(queue: &Queue) -> String {
-    let sns = aws_sdk_sns::Client::new(&testkit::aws_config().await);
-    let name = format!("t-{}", uuid::Uuid::new_v4().simple());
-    let topic = sns.create_topic().name(name).send().await.unwrap().topic_arn.unwrap();
-    sns.subscribe()
-        .topic_arn(&topic)
-        .protocol("sqs")
-        .endpoint(&queue.info.arn)
-        .attributes("RawMessageDelivery", "true")
-        .send()
-        .await
-        .unwrap();
-    topic
-}
-
-/// A rule on the default bus delivering events of `source` to `queue`.
-async fn rule_to(queue: &Queue, source: &str) {
-    let events = aws_sdk_eventbridge::Client::new(&testkit::aws_config().await);
-    let rule = format!("r-{}", uuid::Uuid::new_v4().simple());
-    let pattern = json!({ "source": [source] }).to_string();
-    events.put_rule().name(&rule).event_pattern(pattern).event_bus_name("default").send().await.unwrap();
-    let target = aws_sdk_eventbridge::types::Target::builder().id("queue").arn(&queue.info.arn).build().unwrap();
-    events.put_targets().rule(&rule).targets(target).send().await.unwrap();
-}
-
 /// A consumer on the memory store, as the settings describe one, whose
 /// handler stages `messages` for every record.
 async fn consumer(messages: Vec<Message>) -> Consumer {
@@ -89,9 +63,9 @@ async fn messages_reach_queues_topics_and_buses_with_their_outbox_id() {
         Queue::create(false, 30).await,
         Queue::create(false, 30).await,
     );
-    let topic = topic_to(&from_topic).await;
+    let topic = from_topic.subscribed_topic().await;
     let source = format!("shop.{}", uuid::Uuid::new_v4().simple());
-    rule_to(&from_bus, &source).await;
+    from_bus.receive_events_of(&source).await;
     let consumer = consumer(vec![
         Message::sqs(direct.url(), "to the queue").attribute("kind", "direct"),
         Message::sqs(fifo.url(), "to the fifo queue").group("g-1"),
@@ -140,16 +114,6 @@ async fn messages_reach_queues_topics_and_buses_with_their_outbox_id() {
     assert_eq!(ids.len(), 4);
 }
 
-/// Service settings that read no environment variable.
-#[derive(Debug)]
-struct NoEnvironment;
-
-impl aws_types::service_config::LoadServiceConfig for NoEnvironment {
-    fn load_config(&self, _key: aws_types::service_config::ServiceConfigKey<'_>) -> Option<String> {
-        None
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_slower_than_an_attempt_gets_each_message_once() {
     // A queue whose requests take 3 s, past the SDK's 2 s attempt: a send the attempt's timeout cut off had landed,
@@ -157,8 +121,7 @@ async fn a_destination_slower_than_an_attempt_gets_each_message_once() {
     let queue = Queue::create(false, 30).await;
     let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the SQS server");
     let slow = testkit::delay::DelayProxy::slow_service(&endpoint, Duration::from_secs(3)).await.unwrap();
-    // The environment's AWS_ENDPOINT_URL_SQS would win over the configuration's endpoint.
-    let sdk = testkit::aws_config().await.to_builder().service_config(NoEnvironment).endpoint_url(&slow.url).build();
+    let sdk = testkit::aws_config_through(&slow.url).await;
     let handler = handler_fn({
         let url = queue.url().to_owned();
         move |record: Record| {
@@ -195,7 +158,7 @@ async fn consumer_through<F>(proxy: &testkit::faults::FaultProxy, messages: F) -
 where
     F: Fn(&Record) -> Vec<Message> + Send + Sync + 'static,
 {
-    let sdk = testkit::aws_config().await.to_builder().service_config(NoEnvironment).endpoint_url(&proxy.url).build();
+    let sdk = testkit::aws_config_through(&proxy.url).await;
     let messages = Arc::new(messages);
     let handler = handler_fn(move |record: Record| {
         let messages = Arc::clone(&messages);

@@ -4,7 +4,9 @@
 //! resets the connection before forwarding it, answers `500` or a throttling
 //! `400` without forwarding it, holds the answer back past the client's
 //! attempt timeout, or refuses single statements of a
-//! `BatchExecuteStatement` with the transient codes DynamoDB uses.
+//! `BatchExecuteStatement` with the transient codes DynamoDB uses, or
+//! single entries of an SQS, SNS or EventBridge batch call as those services
+//! fail them.
 //! `SQS_ONCE_FAULTS_TRACE` prints each request's operation and fault.
 //!
 //! In front of DynamoDB Local it also answers as DynamoDB does where the
@@ -78,6 +80,8 @@ pub struct Service {
     error_prefix: &'static str,
     throttling: &'static str,
     returns_refused_items: bool,
+    /// Requests are forms and answers XML (AWS's query protocol), not JSON.
+    query: bool,
 }
 
 /// DynamoDB.
@@ -85,11 +89,24 @@ pub const DYNAMODB: Service = Service {
     error_prefix: "com.amazonaws.dynamodb.v20120810#",
     throttling: "ProvisionedThroughputExceededException",
     returns_refused_items: true,
+    query: false,
 };
 
 /// SQS (JSON protocol).
-pub const SQS: Service =
-    Service { error_prefix: "com.amazonaws.sqs#", throttling: "ThrottlingException", returns_refused_items: false };
+pub const SQS: Service = Service {
+    error_prefix: "com.amazonaws.sqs#",
+    throttling: "ThrottlingException",
+    returns_refused_items: false,
+    query: false,
+};
+
+/// SNS (query protocol).
+pub const SNS: Service =
+    Service { error_prefix: "", throttling: "Throttled", returns_refused_items: false, query: true };
+
+/// EventBridge (JSON protocol).
+pub const EVENTBRIDGE: Service =
+    Service { error_prefix: "", throttling: "ThrottlingException", returns_refused_items: false, query: false };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -142,7 +159,10 @@ impl Injected {
     /// The fault kinds of `mix` that were never injected (statement errors
     /// only where batch calls came, the only requests they apply to).
     pub fn missing(&self, mix: &FaultMix) -> Vec<&'static str> {
-        let batches = [BATCH_STATEMENTS, SQS_BATCHES].iter().flat_map(|ops| ops.iter()).any(|op| self.of(op) > 0);
+        let batches = [BATCH_STATEMENTS, SQS_BATCHES, &[PUBLISH_BATCH, PUT_EVENTS]]
+            .iter()
+            .flat_map(|ops| ops.iter())
+            .any(|op| self.of(op) > 0);
         [
             ("lost_answer", mix.lost_answer, &self.lost_answer),
             ("reset", mix.reset, &self.reset),
@@ -223,6 +243,13 @@ impl State {
     }
 
     fn error(&self, status: u16, code: &str, message: &str) -> Vec<u8> {
+        if self.service.query {
+            let body = format!(
+                "<ErrorResponse><Error><Type>Receiver</Type><Code>{code}</Code><Message>{message}</Message></Error>\
+                 <RequestId>injected</RequestId></ErrorResponse>"
+            );
+            return http_response(status, &body);
+        }
         let body = json!({ "__type": format!("{}{code}", self.service.error_prefix), "message": message });
         http_response(status, &body.to_string())
     }
@@ -321,7 +348,7 @@ async fn serve(client: TcpStream, state: Arc<State>) {
     let mut server: Option<BufReader<TcpStream>> = None;
     while let Some(request) = read_message(&mut client).await {
         state.injected.requests.fetch_add(1, Ordering::SeqCst);
-        let operation = request.target.rsplit('.').next().unwrap_or_default().to_owned();
+        let operation = request.operation();
         *state.injected.operations.lock().unwrap().entry(operation.clone()).or_default() += 1;
         let hold = state.hold_finishing_ms.load(Ordering::SeqCst);
         if hold > 0 && finishes(&operation, &request) {
@@ -359,6 +386,14 @@ async fn serve(client: TcpStream, state: Arc<State>) {
                     None => return,
                 }
             }
+            Fault::None if operation == PUBLISH_BATCH => match publishes(&state, &request, &mut server).await {
+                Some(answer) => answer,
+                None => return,
+            },
+            Fault::None if operation == PUT_EVENTS => match events(&state, &request, &mut server).await {
+                Some(answer) => answer,
+                None => return,
+            },
             Fault::None | Fault::LostAnswer | Fault::Slow => {
                 let Some(answer) = forward(&state, &request.raw, &mut server).await else { return };
                 match fault {
@@ -465,6 +500,105 @@ async fn entries(state: &State, request: &Message, server: &mut Option<BufReader
     Some(http_response(200, &answer.to_string()))
 }
 
+/// SNS's batch call, whose entries succeed or fail one by one.
+const PUBLISH_BATCH: &str = "PublishBatch";
+
+/// An SNS `PublishBatch` with entries failed on their own, as SNS answers
+/// with a 200 and a `Failed` list (here `InternalError`, not the sender's
+/// fault): the other entries are forwarded, renumbered (their ids kept), and
+/// both lists merged.
+async fn publishes(state: &State, request: &Message, server: &mut Option<BufReader<TcpStream>>) -> Option<Vec<u8>> {
+    const MEMBER: &str = "PublishBatchRequestEntries.member.";
+    let body = std::str::from_utf8(&request.body).ok()?;
+    let fields: Vec<(&str, &str)> = body.split('&').map(|field| field.split_once('=').unwrap_or((field, ""))).collect();
+    fn member(name: &str) -> Option<(&str, &str)> {
+        name.strip_prefix(MEMBER).and_then(|rest| rest.split_once('.'))
+    }
+    let mut members: Vec<&str> = Vec::new();
+    for (number, _) in fields.iter().filter_map(|(name, _)| member(name)) {
+        if !members.contains(&number) {
+            members.push(number);
+        }
+    }
+    let (refused, kept): (Vec<&str>, Vec<&str>) = members.into_iter().partition(|_| refuse_one(state));
+    let renumbered = |number: &str| kept.iter().position(|kept| *kept == number).map(|at| at + 1);
+    let forwarded: Vec<String> = fields
+        .iter()
+        .filter_map(|(name, value)| match member(name) {
+            Some((number, field)) => renumbered(number).map(|number| format!("{MEMBER}{number}.{field}={value}")),
+            None => Some(format!("{name}={value}")),
+        })
+        .collect();
+    let (mut successful, mut failed) = (String::new(), String::new());
+    if !kept.is_empty() {
+        let answer = forward(state, &request.with_body(&forwarded.join("&")), server).await?;
+        if !answer.head.starts_with("HTTP/1.1 200") {
+            return Some(answer.raw);
+        }
+        let answer = String::from_utf8_lossy(&answer.body);
+        (successful, failed) = (inner(&answer, "Successful").to_owned(), inner(&answer, "Failed").to_owned());
+    }
+    for number in refused {
+        state.injected.statement_error.fetch_add(1, Ordering::SeqCst);
+        let id = fields.iter().find(|(name, _)| *name == format!("{MEMBER}{number}.Id")).map_or("", |(_, id)| id);
+        failed += &format!(
+            "<member><Id>{id}</Id><Code>InternalError</Code><Message>injected: entry failed</Message>\
+             <SenderFault>false</SenderFault></member>"
+        );
+    }
+    let answer = format!(
+        "<PublishBatchResponse xmlns=\"http://sns.amazonaws.com/doc/2010-03-31/\"><PublishBatchResult>\
+         <Successful>{successful}</Successful><Failed>{failed}</Failed></PublishBatchResult>\
+         <ResponseMetadata><RequestId>injected</RequestId></ResponseMetadata></PublishBatchResponse>"
+    );
+    Some(http_response(200, &answer))
+}
+
+/// What `xml` holds between the first `<element>` and its end; nothing if
+/// it has no such element (or an empty one, `<element/>`).
+fn inner<'x>(xml: &'x str, element: &str) -> &'x str {
+    let (open, close) = (format!("<{element}>"), format!("</{element}>"));
+    let Some(start) = xml.find(&open).map(|at| at + open.len()) else { return "" };
+    xml[start..].find(&close).map_or("", |end| &xml[start..start + end])
+}
+
+/// EventBridge's batch call, whose entries succeed or fail one by one.
+const PUT_EVENTS: &str = "PutEvents";
+
+/// An EventBridge `PutEvents` with entries failed on their own, as
+/// EventBridge answers with a 200, an error code in each failed entry's
+/// place and their count (here `InternalFailure`, which it names
+/// retryable): the other entries are forwarded, and the answers merged in
+/// the request's order.
+async fn events(state: &State, request: &Message, server: &mut Option<BufReader<TcpStream>>) -> Option<Vec<u8>> {
+    let mut body: Value = serde_json::from_slice(&request.body).ok()?;
+    let entries = body["Entries"].as_array()?.clone();
+    let refused: Vec<bool> = entries.iter().map(|_| refuse_one(state)).collect();
+    let kept: Vec<Value> =
+        entries.iter().zip(&refused).filter(|(_, refused)| !**refused).map(|(e, _)| e.clone()).collect();
+    let (mut answers, mut failed) = (Vec::new().into_iter(), 0);
+    if !kept.is_empty() {
+        body["Entries"] = Value::Array(kept);
+        let answer = forward(state, &request.with_body(&body.to_string()), server).await?;
+        if !answer.head.starts_with("HTTP/1.1 200") {
+            return Some(answer.raw);
+        }
+        let answer: Value = serde_json::from_slice(&answer.body).ok()?;
+        failed = answer["FailedEntryCount"].as_u64().unwrap_or(0);
+        answers = answer["Entries"].as_array()?.clone().into_iter();
+    }
+    let mut answer = |refused: &bool| match refused {
+        true => {
+            state.injected.statement_error.fetch_add(1, Ordering::SeqCst);
+            failed += 1;
+            json!({ "ErrorCode": "InternalFailure", "ErrorMessage": "injected: entry failed" })
+        }
+        false => answers.next().unwrap_or(Value::Null),
+    };
+    let entries: Vec<Value> = refused.iter().map(&mut answer).collect();
+    Some(http_response(200, &json!({ "FailedEntryCount": failed, "Entries": entries }).to_string()))
+}
+
 /// The item a refused statement met, read now with a consistent `GetItem`:
 /// the statement's table (its first quoted name) at the key its `id`
 /// parameter names.
@@ -524,6 +658,17 @@ pub struct Message {
 }
 
 impl Message {
+    /// The operation a request asks for: its target's last part (AWS's JSON
+    /// protocols), or its form's `Action` (the query protocol).
+    pub fn operation(&self) -> String {
+        if let Some(operation) = self.target.rsplit('.').next().filter(|operation| !operation.is_empty()) {
+            return operation.to_owned();
+        }
+        let body = String::from_utf8_lossy(&self.body);
+        let action = body.split('&').find_map(|field| field.strip_prefix("Action="));
+        action.unwrap_or_default().to_owned()
+    }
+
     /// The same request with another body.
     pub(crate) fn with_body(&self, body: &str) -> Vec<u8> {
         [reframed(&self.head, body.len()).as_bytes(), body.as_bytes()].concat()
@@ -616,9 +761,11 @@ async fn read_chunks(stream: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
     }
 }
 
+/// An answer of `status` with `body`, typed as XML or JSON as it reads.
 fn http_response(status: u16, body: &str) -> Vec<u8> {
+    let content_type = if body.starts_with('<') { "text/xml" } else { "application/x-amz-json-1.0" };
     format!(
-        "HTTP/1.1 {status} Injected\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: {}\r\n\r\n{body}",
+        "HTTP/1.1 {status} Injected\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()

@@ -33,6 +33,23 @@ pub async fn aws_config() -> aws_config::SdkConfig {
     aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https).load().await
 }
 
+/// [`aws_config`] with every service's endpoint at `url` (a proxy's),
+/// whatever the environment's `AWS_ENDPOINT_URL_SQS` and the like say.
+pub async fn aws_config_through(url: &str) -> aws_config::SdkConfig {
+    aws_config().await.to_builder().service_config(NoEnvironment).endpoint_url(url).build()
+}
+
+/// Service settings that read no environment variable, so that a
+/// configuration's endpoint wins over `AWS_ENDPOINT_URL_SQS` and the like.
+#[derive(Debug)]
+struct NoEnvironment;
+
+impl aws_types::service_config::LoadServiceConfig for NoEnvironment {
+    fn load_config(&self, _key: aws_types::service_config::ServiceConfigKey<'_>) -> Option<String> {
+        None
+    }
+}
+
 /// SQS records of a Lambda event with these JSON bodies, their message ids
 /// `m-0000`, `m-0001`… in order.
 pub fn records(bodies: impl IntoIterator<Item = serde_json::Value>) -> Vec<serde_json::Value> {

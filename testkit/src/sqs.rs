@@ -92,6 +92,27 @@ impl Queue {
         Self { client, info: QueueInfo { url: url.to_owned(), arn, fifo } }
     }
 
+    /// A new SNS topic delivering raw messages to this queue; its ARN.
+    pub async fn subscribed_topic(&self) -> String {
+        let sns = aws_sdk_sns::Client::new(&crate::aws_config().await);
+        let name = format!("t-{}", uuid::Uuid::new_v4().simple());
+        let topic = sns.create_topic().name(name).send().await.unwrap().topic_arn.unwrap();
+        let subscribe = sns.subscribe().topic_arn(&topic).protocol("sqs").endpoint(&self.info.arn);
+        subscribe.attributes("RawMessageDelivery", "true").send().await.unwrap();
+        topic
+    }
+
+    /// A new rule on the default bus delivering events of `source` to this
+    /// queue.
+    pub async fn receive_events_of(&self, source: &str) {
+        let events = aws_sdk_eventbridge::Client::new(&crate::aws_config().await);
+        let rule = format!("r-{}", uuid::Uuid::new_v4().simple());
+        let pattern = serde_json::json!({ "source": [source] }).to_string();
+        events.put_rule().name(&rule).event_pattern(pattern).event_bus_name("default").send().await.unwrap();
+        let target = aws_sdk_eventbridge::types::Target::builder().id("queue").arn(&self.info.arn).build().unwrap();
+        events.put_targets().rule(&rule).targets(target).send().await.unwrap();
+    }
+
     /// The queue's URL.
     pub fn url(&self) -> &str {
         &self.info.url
