@@ -9,6 +9,8 @@
 //! throughput ledger  --table T --records N --concurrency C --writes staged|direct
 //! throughput delay-proxy --upstream URL --round-trip-ms MS [--tls]
 //! throughput meter --upstream URL
+//! throughput sqs-counter --upstream URL
+//! throughput send-ceiling --queue-url URL --bodies FILE --concurrency C
 //! throughput lambda --binary PATH --table T --event FILE --invocations N [--same-ids] [--pause-ms MS]
 //! throughput environments --binary PATH --table T --event FILE --environments E --at-once A --invocations N
 //! ```
@@ -34,6 +36,14 @@
 //! serves until its standard input closes. `meter` puts testkit's capacity
 //! meter in front of URL, prints `{"url": …}`, and for each line of its
 //! standard input prints the units DynamoDB charged since the line before.
+//! `sqs-counter` puts testkit's fault proxy, injecting nothing, in front of
+//! the SQS server at URL, prints `{"url": …}`, and for each line of its
+//! standard input prints the requests of each operation so far.
+//! `send-ceiling` is the server's rate of messages sent with
+//! `SendMessageBatch` by a minimal client: the bodies of FILE (a JSON array
+//! of strings), each with one string attribute as the outbox's messages
+//! carry their outbox id, ten a request, C requests in flight; it prints
+//! `{"messages": …, "seconds": …, "requests": …, "failed": …}`.
 //! `lambda` runs the function
 //! binary as Lambda does, against testkit's Runtime API, with this process's
 //! environment (endpoint, `SSL_CERT_FILE`, the handler `SQS_ONCE_HANDLER`
@@ -103,6 +113,14 @@ async fn bench(args: Vec<String>) {
             return network(&option("upstream"), round_trip, args.iter().any(|arg| arg == "--tls")).await;
         }
         Some("meter") => return meter(&option("upstream")).await,
+        Some("sqs-counter") => return sqs_counter(&option("upstream")).await,
+        Some("send-ceiling") => {
+            let bodies: Vec<String> =
+                serde_json::from_str(&std::fs::read_to_string(option("bodies")).unwrap()).unwrap();
+            let concurrency = option("concurrency").parse().unwrap();
+            println!("{}", send_ceiling(&option("queue-url"), bodies, concurrency).await);
+            return;
+        }
         Some("environments") => {
             let event = std::fs::read_to_string(option("event")).unwrap();
             let number = |name: &str| option(name).parse::<usize>().unwrap();
@@ -160,7 +178,7 @@ async fn bench(args: Vec<String>) {
         }
         other => {
             panic!(
-                "unknown mode {other:?}: expected ceiling, batched-ceiling, engine, ledger, delay-proxy, meter or lambda"
+                "unknown mode {other:?}: expected ceiling, batched-ceiling, engine, ledger, delay-proxy, meter, sqs-counter, send-ceiling or lambda"
             )
         }
     }
@@ -179,6 +197,45 @@ async fn network(upstream: &str, round_trip: Duration, tls: bool) {
     };
     println!("{}", json!({ "url": url, "certificate": certificate }));
     let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut Vec::new()).await;
+}
+
+/// Serves testkit's fault proxy, injecting nothing, in front of the SQS
+/// server at `upstream`: prints its URL, then, for each line read from
+/// standard input, the requests of each operation so far (JSON), until
+/// standard input closes.
+async fn sqs_counter(upstream: &str) {
+    use testkit::faults::{FaultMix, FaultProxy, SQS};
+    use tokio::io::AsyncBufReadExt;
+    let proxy = FaultProxy::start(upstream, SQS, FaultMix::default(), &[], 0).await;
+    println!("{}", json!({ "url": proxy.url }));
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(_)) = lines.next_line().await {
+        println!("{}", json!(*proxy.injected.operations.lock().unwrap()));
+    }
+}
+
+/// Sends `bodies` to `queue_url` with `SendMessageBatch`, ten a request,
+/// `concurrency` requests in flight: the server's rate of sends.
+async fn send_ceiling(queue_url: &str, bodies: Vec<String>, concurrency: usize) -> Value {
+    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+    let client = testkit::sqs::client().await;
+    let entry = |(n, body): (usize, &String)| {
+        let id = MessageAttributeValue::builder().data_type("String").string_value(format!("{n:064x}")).build();
+        let entry = SendMessageBatchRequestEntry::builder().id(n.to_string()).message_body(body);
+        entry.message_attributes("sqs_once_outbox_id", id.unwrap()).build().unwrap()
+    };
+    let started = Instant::now();
+    let requests = bodies.chunks(10).map(|chunk| {
+        let entries: Vec<_> = chunk.iter().enumerate().map(entry).collect();
+        let send = client.send_message_batch().queue_url(queue_url).set_entries(Some(entries)).send();
+        async move { send.await.map_or(chunk.len(), |output| output.failed().len()) }
+    });
+    let failed: Vec<usize> = stream::iter(requests).buffer_unordered(concurrency).collect().await;
+    let seconds = started.elapsed().as_secs_f64();
+    json!({
+        "messages": bodies.len(), "seconds": seconds, "requests": bodies.len().div_ceil(10),
+        "failed": failed.iter().sum::<usize>(),
+    })
 }
 
 /// Serves testkit's capacity meter in front of `upstream`: prints its URL,

@@ -536,6 +536,17 @@ pub trait OutboxStore: Send + Sync {
         Ok(SweepPart { passed: entries.len() < limit, entries })
     }
 
+    /// The sweep of the part [`sweep_part`](Self::sweep_part) last read
+    /// handled every entry it listed (sent it, or left it to its retry time
+    /// or to the sender holding it): the next part goes on after it. A sweep
+    /// cut short before it took every due entry it listed does not call it,
+    /// so the next reads the same part again, less what was sent. A store
+    /// that keeps where the next part starts for every sweeper keeps it here
+    /// (the DynamoDB store does, unless another sweeper moved it since this
+    /// one read it). By default nothing, as for a store that reads its
+    /// outbox from its start.
+    async fn sweep_part_handled(&self) {}
+
     /// Entries the store holds and cannot read, at most `limit`, which
     /// [`entries`](Self::entries) and [`sweep_listing`](Self::sweep_listing)
     /// skip: for operators (`sqs-once claims outbox`). By default none, as

@@ -59,7 +59,7 @@ pub struct DynamoDbStore {
     batches: Option<Arc<Batches>>,
     /// The outbox shards this process's sweeps read to their end since
     /// their last pass (see [`outbox::SweepPasses`]).
-    outbox_passes: Arc<outbox::SweepPasses>,
+    outbox_progress: Arc<outbox::SweepProgress>,
     /// The windows of the items whose keys this process's commits kept (see
     /// [`in_item`]).
     windows: Arc<in_item::Windows>,
@@ -70,7 +70,14 @@ impl DynamoDbStore {
     pub fn new(client: Client, layout: TableLayout) -> Self {
         let layout = Arc::new(layout);
         let batches = Some(Arc::new(Batches::new(&client, &layout)));
-        Self { client, layout, return_old_item: true, batches, outbox_passes: Arc::default(), windows: Arc::default() }
+        Self {
+            client,
+            layout,
+            return_old_item: true,
+            batches,
+            outbox_progress: Arc::default(),
+            windows: Arc::default(),
+        }
     }
 
     /// Whether the writes of concurrent records go out together in
@@ -213,6 +220,10 @@ impl OutboxStore for DynamoDbStore {
 
     async fn sweep_part(&self, limit: usize) -> Result<SweepPart, StoreError> {
         self.outbox_sweep_part(limit).await
+    }
+
+    async fn sweep_part_handled(&self) {
+        self.keep_sweep_position().await;
     }
 
     async fn unreadable(&self, limit: usize) -> Result<Vec<UnreadableEntry>, StoreError> {

@@ -531,6 +531,8 @@ enum Sending {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+
     use async_trait::async_trait;
     use tokio::time::Instant;
 
@@ -778,6 +780,55 @@ mod tests {
         assert_eq!(store.inner.entry_sent(&entries[1].id, &entries[1].token).await.unwrap(), Fenced::Applied);
         assert_eq!(outbox.sweep(None).await.unwrap().sent, 1);
         assert_eq!(*destinations.sent.lock(), ["first", "third"]);
+    }
+
+    /// The memory store, counting the sweeps that handed their part in.
+    #[derive(Default)]
+    struct Handing {
+        inner: MemoryStore,
+        handled: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl OutboxStore for Handing {
+        async fn entries(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>, StoreError> {
+            self.inner.entries(query).await
+        }
+        async fn sweep_part_handled(&self) {
+            self.handled.fetch_add(1, Ordering::SeqCst);
+        }
+        async fn take_entry(
+            &self,
+            entry: &OutboxEntry,
+            token: &str,
+            lease_until_ms: u64,
+        ) -> Result<Option<OutboxEntry>, StoreError> {
+            self.inner.take_entry(entry, token, lease_until_ms).await
+        }
+        async fn entry_sent(&self, id: &str, token: &str) -> Result<Fenced, StoreError> {
+            self.inner.entry_sent(id, token).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_cut_short_leaves_its_part_to_the_next_sweep() {
+        let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_now());
+        let store = Arc::new(Handing::default());
+        committed(&store.inner, &["first", "second"], clock.now_ms()).await;
+        let destinations = Arc::new(SlowSends { sending: Duration::ZERO, sent: Mutex::default() });
+        let times = OutboxTimes::both(Duration::from_secs(5));
+        let outbox = Outbox::new(Arc::clone(&store) as Arc<dyn OutboxStore>, destinations, clock, times, None);
+        tokio::time::sleep(SENDING_LEASE + Duration::from_secs(1)).await;
+        let handled = || store.handled.load(Ordering::SeqCst);
+        // Too little time left to send: nothing is taken, and the part is not handed in.
+        let too_soon = Instant::now() + LEAST_SEND_WINDOW / 2;
+        assert_eq!(outbox.sweep(Some(too_soon)).await.unwrap().sent, 0);
+        assert_eq!(handled(), 0, "the next sweep reads the same part");
+        assert_eq!(outbox.sweep(None).await.unwrap().sent, 2);
+        assert_eq!(handled(), 1);
+        // Nothing due is a part handled too.
+        assert_eq!(outbox.sweep(None).await.unwrap().sent, 0);
+        assert_eq!(handled(), 2);
     }
 
     /// An outbox read in parts, as the DynamoDB store reads it: each sweep the next part.

@@ -96,15 +96,43 @@ const POSITION_ID: &str = "sqs-once.outbox-sweep-position";
 /// position item: the key the next scan starts after.
 const POSITION_AFTER: &str = "after";
 
+/// The attribute of a position item that counts its writes: a sweeper
+/// keeps the position it reached only if no other sweeper kept one since it
+/// read it, so a slow sweeper never moves it back.
+const POSITION_VERSION: &str = "version";
+
 /// The item that keeps where the next sweep's scan of a table without the
 /// index starts, as [`POSITION_ID`] does for the index's pages.
 const SCAN_POSITION_ID: &str = "sqs-once.outbox-sweep-scan-position";
 
-/// The shards this process's sweeps read to their end since their last
-/// pass over the whole outbox ended (see [`SweepPart::passed`]).
+/// What this process's sweeps keep between the parts they read.
 #[derive(Debug, Default)]
-pub(super) struct SweepPasses {
+pub(super) struct SweepProgress {
+    /// The shards read to their end since the last pass over the whole
+    /// outbox ended (see [`SweepPart::passed`]).
     ended: Mutex<HashSet<String>>,
+    /// Where the part after the one last read starts, kept once its sweep
+    /// handled it ([`OutboxStore::sweep_part_handled`](sqs_once_core::store::OutboxStore::sweep_part_handled)).
+    next: Mutex<Option<NextPart>>,
+}
+
+/// Where a sweep's next part starts, once the one read is handled.
+#[derive(Debug)]
+struct NextPart {
+    /// The position item: [`POSITION_ID`] or [`SCAN_POSITION_ID`].
+    id: &'static str,
+    /// Its `after` (each shard's next start, or the scan's start key), the
+    /// start when `None`.
+    after: Option<Item>,
+    /// Its version as read, `None` when it had none.
+    read: Option<u64>,
+}
+
+/// A position item as read: where the next part starts, and its version.
+#[derive(Debug, Default)]
+struct Position {
+    after: Option<Item>,
+    version: Option<u64>,
 }
 
 /// One shard's sweep page: the entries its items hold, and the id the next
@@ -245,7 +273,8 @@ impl DynamoDbStore {
             "the table has no {OPEN_INDEX} index: a sweep reads up to 16 MB of the whole table for outbox entries \
              (create-table makes it)"
         );
-        let mut start = self.scan_position().await;
+        let position = self.position(SCAN_POSITION_ID).await;
+        let mut start = position.after;
         let mut items = Vec::new();
         for _ in 0..OPEN_SHARDS {
             // Limit counts the items read, before the filter: never more than `limit` come back.
@@ -274,35 +303,61 @@ impl DynamoDbStore {
             }
         }
         let ended = start.is_none();
-        self.keep_scan_position(start).await;
+        *self.outbox_progress.next.lock() =
+            Some(NextPart { id: SCAN_POSITION_ID, after: start, read: position.version });
         Ok((items, ended))
     }
 
-    /// Where the next sweep's scan of a table without the index starts: the
-    /// key the last one stopped after; the table's start when there is none
-    /// or it cannot be read.
-    async fn scan_position(&self) -> Option<Item> {
-        let key = self.layout.key(SCAN_POSITION_ID);
+    /// Where the next sweep part starts, as the position item `id` keeps it
+    /// for every sweeper; the start when there is none or it cannot be read.
+    async fn position(&self, id: &str) -> Position {
+        let key = self.layout.key(id);
         let read = self.client.get_item().table_name(&self.layout.table).set_key(Some(key)).send().await;
-        match read.map(|output| output.item.unwrap_or_default().remove(POSITION_AFTER)) {
-            Ok(Some(AttributeValue::M(after))) => Some(after),
-            Ok(_) => None,
+        let mut item = match read {
+            Ok(output) => output.item.unwrap_or_default(),
             Err(error) => {
-                tracing::warn!(error = %unavailable(error), "outbox: cannot read where the last sweep's scan ended");
-                None
+                tracing::warn!(error = %unavailable(error), "outbox: cannot read where the last sweep ended; sweeping from the start");
+                return Position::default();
             }
+        };
+        let version = item.get(POSITION_VERSION).and_then(|version| version.as_n().ok()?.parse().ok());
+        match item.remove(POSITION_AFTER) {
+            Some(AttributeValue::M(after)) => Position { after: Some(after), version },
+            _ => Position { after: None, version },
         }
     }
 
-    /// Keeps where the next sweep's scan starts (`None`: at the table's start).
-    async fn keep_scan_position(&self, after: Option<Item>) {
-        let mut item = self.layout.key(SCAN_POSITION_ID);
+    /// [`OutboxStore::sweep_part_handled`](sqs_once_core::store::OutboxStore::sweep_part_handled):
+    /// keeps where the part after the one last read starts, unless another
+    /// sweeper kept a position since this one read it (it is further on, or
+    /// reads the same part again: either way rework, never an entry
+    /// skipped). One that cannot be kept is logged: the next sweep reads the
+    /// same part again.
+    pub(super) async fn keep_sweep_position(&self) {
+        let Some(NextPart { id, after, read }) = self.outbox_progress.next.lock().take() else { return };
+        let mut item = self.layout.key(id);
+        item.insert(POSITION_VERSION.to_owned(), AttributeValue::N((read.unwrap_or(0) + 1).to_string()));
         if let Some(after) = after {
             item.insert(POSITION_AFTER.to_owned(), AttributeValue::M(after));
         }
-        let kept = self.client.put_item().table_name(&self.layout.table).set_item(Some(item)).send().await;
-        if let Err(error) = kept {
-            tracing::warn!(error = %unavailable(error), "outbox: cannot keep where this sweep's scan ended");
+        let put = self.client.put_item().table_name(&self.layout.table).set_item(Some(item));
+        let put = put.expression_attribute_names("#version", POSITION_VERSION);
+        let put = match read {
+            Some(read) => put
+                .condition_expression("#version = :read")
+                .expression_attribute_values(":read", AttributeValue::N(read.to_string())),
+            None => put.condition_expression("attribute_not_exists(#version)"),
+        };
+        match conditional(put.send().await) {
+            Ok(Conditional::Applied) => {}
+            Ok(Conditional::Refused(_)) => {
+                tracing::debug!(
+                    "outbox: another sweeper kept where its sweep ended since this one read it; theirs stands"
+                );
+            }
+            Err(error) => {
+                tracing::warn!(%error, "outbox: cannot keep where this sweep ended; the next one reads the same part");
+            }
         }
     }
 
@@ -380,10 +435,17 @@ impl DynamoDbStore {
     /// A page of every outbox shard, from where the last sweep's ended,
     /// and whether this process's sweeps have now read every shard to its
     /// end since their last pass; `None` when the table has no index. The
-    /// position goes on only once every page was read: a shard that failed
-    /// is read again from where it was.
+    /// position goes on once the sweep handled the pages
+    /// ([`keep_sweep_position`](Self::keep_sweep_position)), and only if every
+    /// page was read: a shard that failed is read again from where it was.
     async fn sweep_pages(&self) -> Result<Option<(Vec<OutboxEntry>, bool)>, StoreError> {
-        let positions = self.sweep_positions().await;
+        let position = self.position(POSITION_ID).await;
+        let positions: HashMap<String, String> = position
+            .after
+            .iter()
+            .flatten()
+            .filter_map(|(shard, id)| Some((shard.clone(), id.as_s().ok()?.clone())))
+            .collect();
         let pages = outbox_partitions().map(|shard| {
             let after = positions.get(&shard).cloned();
             self.sweep_page(shard, after)
@@ -398,50 +460,17 @@ impl DynamoDbStore {
                 None => ended.push(page.shard),
             }
         }
-        if next != positions {
-            self.keep_sweep_positions(next).await;
-        }
-        let mut passes = self.outbox_passes.ended.lock();
+        *self.outbox_progress.next.lock() = (next != positions).then(|| {
+            let after = next.into_iter().map(|(shard, id)| (shard, s(id))).collect();
+            NextPart { id: POSITION_ID, after: Some(after), read: position.version }
+        });
+        let mut passes = self.outbox_progress.ended.lock();
         passes.extend(ended);
         let passed = passes.len() >= outbox_partitions().count();
         if passed {
             passes.clear();
         }
         Ok(Some((entries, passed)))
-    }
-
-    /// Where each shard's next sweep page starts, as the last sweep left
-    /// it; every shard at its start when the position cannot be read.
-    async fn sweep_positions(&self) -> HashMap<String, String> {
-        let read = self
-            .client
-            .get_item()
-            .table_name(&self.layout.table)
-            .set_key(Some(self.layout.key(POSITION_ID)))
-            .send()
-            .await;
-        let item = match read {
-            Ok(output) => output.item.unwrap_or_default(),
-            Err(error) => {
-                tracing::warn!(error = %unavailable(error), "outbox: cannot read where the last sweep ended; sweeping from each shard's start");
-                return HashMap::new();
-            }
-        };
-        let Some(AttributeValue::M(after)) = item.get(POSITION_AFTER) else { return HashMap::new() };
-        after.iter().filter_map(|(shard, id)| Some((shard.clone(), id.as_s().ok()?.clone()))).collect()
-    }
-
-    /// Keeps where each shard's next sweep page starts, for the next
-    /// sweeper. One that cannot be kept is logged: the next sweep reads the
-    /// same pages again.
-    async fn keep_sweep_positions(&self, next: HashMap<String, String>) {
-        let mut item = self.layout.key(POSITION_ID);
-        let after = next.into_iter().map(|(shard, id)| (shard, s(id))).collect();
-        item.insert(POSITION_AFTER.to_owned(), AttributeValue::M(after));
-        let kept = self.client.put_item().table_name(&self.layout.table).set_item(Some(item)).send().await;
-        if let Err(error) = kept {
-            tracing::warn!(error = %unavailable(error), "outbox: cannot keep where this sweep ended; the next one reads the same pages");
-        }
     }
 
     /// One page of `shard`, after `after` (or from its start), its last run

@@ -32,7 +32,7 @@ use sqs_once_engine::{
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Value, json};
 use sqs_once_core::store::{
-    ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Fenced, OutboxEntry, OutboxQuery, OutboxStore,
+    ClaimAdmin, ClaimQuery, ClaimStatus, ClaimStore, Fenced, OutboxEntry, OutboxQuery, OutboxStore, SweepPart,
 };
 use sqs_once_core::transaction::{Condition, Key, Message, Update};
 
@@ -1101,6 +1101,7 @@ async fn a_sweep_reads_a_bounded_page_of_a_backlog_and_the_next_goes_on_from_the
         let before = requests.snapshot();
         let listed = store.sweep_listing(1_600).await.unwrap();
         let after = requests.snapshot();
+        store.sweep_part_handled().await;
         assert_eq!(after.query - before.query, 16, "one page of each shard");
         // The bodies are left to the take: a sweep holds the bodies of the entries it sends, not of its part.
         let bytes: usize = listed.iter().map(|entry| entry.message.body.len()).sum();
@@ -1304,6 +1305,32 @@ async fn sending_what_is_due_goes_through_every_page_of_every_shard() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweeps_position_moves_on_once_its_part_is_handled_and_never_back() {
+    let (store, _) = fresh_table_with(patient_client().await).await;
+    // 240 runs of one 200 KB entry: about five to a megabyte page, three parts of 16 pages.
+    unsent_runs(&store, 240, 1, 200 * 1024).await;
+    let process = || DynamoDbStore::new(store.client.clone(), (*store.layout).clone());
+    let ids = |part: SweepPart| -> BTreeSet<String> { part.entries.into_iter().map(|entry| entry.id).collect() };
+    // A sweep cut short does not hand its part in: the next sweep, anyone's, reads the same part, so entries it
+    // listed and did not take are not skipped until a pass comes round.
+    let first = ids(process().sweep_part(1_600).await.unwrap());
+    assert!(!first.is_empty() && first.len() < 240, "a part: {}", first.len());
+    assert_eq!(ids(process().sweep_part(1_600).await.unwrap()), first);
+    // Two sweepers read it. One handles it, then the next part, while the other is still at the first.
+    let (slow, quick) = (process(), process());
+    assert_eq!(ids(slow.sweep_part(1_600).await.unwrap()), first);
+    assert_eq!(ids(quick.sweep_part(1_600).await.unwrap()), first);
+    quick.sweep_part_handled().await;
+    let second = ids(quick.sweep_part(1_600).await.unwrap());
+    assert!(second.is_disjoint(&first), "the next part");
+    quick.sweep_part_handled().await;
+    // The slow one's would move the position back to the second part's start: it is dropped.
+    slow.sweep_part_handled().await;
+    let third = ids(process().sweep_part(1_600).await.unwrap());
+    assert!(!third.is_empty() && third.is_disjoint(&second), "the third part, not the second again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_without_the_index_is_swept_a_bounded_part_at_a_time_every_part_in_turn() {
     use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
     // A claim table made by hand, without the open-claims index.
@@ -1326,6 +1353,7 @@ async fn a_table_without_the_index_is_swept_a_bounded_part_at_a_time_every_part_
         let before = requests.snapshot();
         let part = cold.sweep_part(1_600).await.unwrap();
         let scans = requests.snapshot().scan - before.scan;
+        cold.sweep_part_handled().await;
         assert!(scans <= 16, "{scans} scan pages");
         let bytes: usize = part.entries.iter().map(|entry| entry.message.body.len()).sum();
         assert_eq!(bytes, 0, "the bodies are left to the take");

@@ -42,7 +42,12 @@ use sqs_once_core::{
 /// the DynamoDB store's pages hold (16 shards of 100).
 const SWEEP_LIMIT: usize = 1_600;
 
-/// Runs whose entries are sent at once during a sweep.
+/// Runs whose entries are sent at once during a sweep: enough that the sends
+/// to one destination share batch requests, few enough that the bodies held
+/// at once stay small (each run holds the body of the entry it is sending)
+/// and a slow DynamoDB answers the takes and deletions in time (64 at once
+/// against DynamoDB Local on two cores left half a drain's deletions
+/// unanswered, each entry then sent again: `bench/outbox-cost`).
 const SWEEP_CONCURRENCY: usize = 16;
 
 /// What one sweep did.
@@ -300,6 +305,7 @@ impl Outbox {
             );
         }
         if runs.is_empty() {
+            self.store.sweep_part_handled().await;
             return Ok(Swept { sent: 0, passed });
         }
         tracing::info!(entries = runs.values().map(Vec::len).sum::<usize>(), "outbox: sending entries left unsent");
@@ -307,17 +313,23 @@ impl Outbox {
         let sent = futures::stream::iter(runs.into_values().map(|entries| {
             let cut_short = &cut_short;
             async move {
-                if !window.takes(self.times) {
+                let (sent, cut) = self.take_and_deliver(entries, window).await;
+                if cut {
                     cut_short.store(true, Ordering::Relaxed);
-                    return 0;
                 }
-                self.take_and_deliver(entries, window).await
+                sent
             }
         }))
         .buffer_unordered(SWEEP_CONCURRENCY)
         .fold(0, |total, sent| async move { total + sent })
         .await;
-        Ok(Swept { sent, passed: passed && !cut_short.load(Ordering::Relaxed) })
+        // A sweep cut short leaves the store's position where it was: the entries it listed and did not take are
+        // the next sweep's, not skipped until a pass comes round.
+        let cut_short = cut_short.load(Ordering::Relaxed);
+        if !cut_short {
+            self.store.sweep_part_handled().await;
+        }
+        Ok(Swept { sent, passed: passed && !cut_short })
     }
 
     /// Takes over one run's due entries, in order, each just before it is
@@ -326,15 +338,19 @@ impl Outbox {
     /// entries after it), it was sent and deleted since the listing (which
     /// the next sweep's listing shows), or its send failed. Either way no
     /// later entry of the run leaves before an earlier one, and none is held
-    /// by a take that sends nothing.
-    async fn take_and_deliver(&self, entries: Vec<OutboxEntry>, window: &SendWindow) -> usize {
+    /// by a take that sends nothing. Returns how many it sent, and whether
+    /// `window` stopped taking before the run's end.
+    async fn take_and_deliver(&self, entries: Vec<OutboxEntry>, window: &SendWindow) -> (usize, bool) {
+        if !window.takes(self.times) {
+            return (0, true);
+        }
         if !self.earlier_gone(&entries).await {
-            return 0;
+            return (0, false);
         }
         let mut sent = 0;
         for entry in entries {
             if !window.takes(self.times) {
-                break;
+                return (sent, true);
             }
             let lease_until_ms = self.clock.now_ms() + duration_ms(SENDING_LEASE);
             let token = new_token();
@@ -351,7 +367,7 @@ impl Outbox {
             }
             sent += 1;
         }
-        sent
+        (sent, false)
     }
 
     /// Whether the message before a run's first listed one is gone (sent),

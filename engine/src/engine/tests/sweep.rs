@@ -184,7 +184,7 @@ impl Consumer {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_slow_destinations_backlog_adds_nothing_to_a_batchs_answer_and_the_schedules_sweep_sends_it() {
+async fn a_slow_destinations_backlog_holds_a_batchs_answer_a_moment_at_most_and_the_schedules_sweep_sends_it() {
     let consumer = Consumer::new().with_backlog().await;
     // A batch that stages nothing, with ten seconds to answer: its sweep starts 16 runs at once, each send taking
     // 2 s. The batch's work is done in 100 ms, and it answers a moment later: the sends are cut, none in flight.
